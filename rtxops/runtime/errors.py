@@ -1,0 +1,17 @@
+"""Errors raised by the runtime package."""
+from __future__ import annotations
+
+
+class RuntimeErrorBase(Exception):
+    """Base class of every error the runtime raises on purpose."""
+
+
+class PlanError(RuntimeErrorBase, ValueError):
+    """A plan is malformed, refers to unknown ops/variants, or is older than the running one."""
+
+
+class RegistryError(RuntimeErrorBase, KeyError):
+    """An op or variant name is not registered."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""

@@ -1,0 +1,1 @@
+"""Built-in ops, one module each. A module exports ``SPEC`` (an OpSpec) and ``VARIANTS``."""

@@ -1,0 +1,114 @@
+"""The two contracts of the runtime: :class:`OpSpec` (what an op is) and :class:`Variant` (one way
+to compute it)."""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .bucket import Bucket
+
+Args = tuple[tuple, dict]
+REFERENCE = "reference"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+DEFAULT_TOLERANCES = {
+    torch.float32: Tolerance(1e-5, 1.3e-5),
+    torch.float64: Tolerance(1e-7, 1e-7),
+    torch.bfloat16: Tolerance(1.6e-2, 1.6e-2),
+    torch.float16: Tolerance(1e-3, 1e-3),
+}
+DEFAULT_GRAD_TOLERANCES = {
+    torch.float32: Tolerance(1e-4, 1e-4),
+    torch.float64: Tolerance(1e-7, 1e-7),
+    torch.bfloat16: Tolerance(3e-2, 3e-2),
+    torch.float16: Tolerance(2e-3, 2e-3),
+}
+
+
+@dataclass
+class OpSpec:
+    """An op: its reference, how calls map to buckets, and how close other variants must come.
+
+    ``bucket(*args, **kwargs)`` receives a call exactly as the caller made it (the reference's
+    signature) and returns the hot-path key ``(dtype, device_type, *dims)`` or ``None`` when the
+    call is outside what the variants take; such calls run the reference untouched.
+    ``example_inputs(bucket, seed)`` makes real inputs for a bucket (correctness gate, tests).
+    """
+
+    name: str
+    reference: Callable[..., Any]
+    bucket: Callable[..., tuple | None]
+    dims: tuple[str, ...]
+    example_inputs: Callable[[Bucket, int], Args]
+    tolerances: dict[torch.dtype, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    grad_tolerances: dict[torch.dtype, Tolerance] = field(
+        default_factory=lambda: dict(DEFAULT_GRAD_TOLERANCES)
+    )
+    description: str = ""
+
+    def to_bucket(self, key: tuple) -> Bucket:
+        return Bucket.from_key(self.name, self.dims, key)
+
+    def tolerance(self, dtype: torch.dtype, grad: bool = False) -> Tolerance:
+        table = self.grad_tolerances if grad else self.tolerances
+        return table.get(dtype, table[torch.float32])
+
+
+@dataclass
+class Variant:
+    """One implementation of an op.
+
+    ``build(config, bucket)`` returns a callable with the reference's signature that supports
+    autograd. Built callables are cached by the dispatcher per (variant, config, bucket).
+    """
+
+    op: str
+    name: str
+    family: str
+    build: Callable[[dict, Bucket], Callable[..., Any]]
+    config_space: dict[str, list] = field(default_factory=dict)
+    devices: frozenset[str] = frozenset({"cpu", "cuda"})
+    dtypes: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16, torch.float16})
+    deterministic: bool = True
+    interpreter_only_on_cpu: bool = False
+    description: str = ""
+
+    @property
+    def default_config(self) -> dict:
+        return {k: v[0] for k, v in self.config_space.items()}
+
+    def configs(self) -> Iterator[dict]:
+        """Every point of the config space (one empty config when there is none)."""
+        keys = sorted(self.config_space)
+        for values in itertools.product(*(self.config_space[k] for k in keys)):
+            yield dict(zip(keys, values))
+
+    def check_config(self, config: dict) -> str | None:
+        """Return why ``config`` is outside the space, or None when it is inside."""
+        for k, v in config.items():
+            if k not in self.config_space:
+                return f"unknown config key {k!r} (space: {sorted(self.config_space) or 'none'})"
+            if v not in self.config_space[k]:
+                return f"config {k}={v!r} not in {self.config_space[k]!r}"
+        return None
+
+    def supports(self, bucket: Bucket) -> bool:
+        return bucket.device in self.devices and bucket.torch_dtype in self.dtypes
+
+    @property
+    def source_hash(self) -> str:
+        """sha256 of the source file that defines this variant (telemetry, tuning DB, bundles)."""
+        module = inspect.getmodule(self.build)
+        source = inspect.getsource(module) if module else self.name
+        return hashlib.sha256(source.encode()).hexdigest()
