@@ -1,0 +1,60 @@
+"""Start the runtime inside a job process from ``RTXOPS_*`` environment variables.
+
+``RTXOPS_PLAN``     path of a plan JSON file to run with (default: every op on its reference)
+``RTXOPS_SUMMARY``  path where the per-slot summary JSON is written when the process exits
+``RTXOPS_VERIFY_FIRST_CALL``  ``0`` turns off the first-call check of non-reference variants
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+from pathlib import Path
+
+DIRECTORY = str(Path(__file__).resolve().parent)
+
+
+def start() -> None:
+    """Enable the runtime for this process as the environment asks."""
+    from ..dispatcher import Dispatcher
+    from ..errors import RuntimeErrorBase
+    from ..patching import enable
+    from ..plan import Plan
+
+    dispatcher: Dispatcher = enable(verify_first_call=os.environ.get("RTXOPS_VERIFY_FIRST_CALL", "1") != "0")
+    plan_path = os.environ.get("RTXOPS_PLAN")
+    if plan_path:
+        try:
+            dispatcher.install_plan(Plan.from_json(Path(plan_path).read_text()))
+            dispatcher.apply_pending()
+        except (OSError, RuntimeErrorBase) as e:
+            print(f"rtxops: plan {plan_path} not installed, running the reference plan: {e}",
+                  file=sys.stderr)
+    summary_path = os.environ.get("RTXOPS_SUMMARY")
+    if summary_path:
+        atexit.register(_write_summary, dispatcher, summary_path)
+
+
+def _write_summary(dispatcher, path: str) -> None:
+    from ..summary import summarize
+
+    try:
+        Path(path).write_text(json.dumps(summarize(dispatcher)))
+    except Exception as e:  # the job's own exit status matters more than our summary
+        print(f"rtxops: could not write summary: {e}", file=sys.stderr)
+
+
+def child_environment(env: dict[str, str], *, plan: str | None = None,
+                      summary: str | None = None) -> dict[str, str]:
+    """``env`` plus what a child process needs to start with the runtime enabled."""
+    out = dict(env)
+    out["RTXOPS_ENABLE"] = "1"
+    package_root = str(Path(DIRECTORY).parents[2])
+    paths = [DIRECTORY, package_root] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
+    out["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    if plan:
+        out["RTXOPS_PLAN"] = str(Path(plan).resolve())
+    if summary:
+        out["RTXOPS_SUMMARY"] = summary
+    return out

@@ -1,0 +1,31 @@
+"""Loaded by every Python process started under ``rtxops run`` (this folder leads PYTHONPATH).
+
+Turns the runtime on before the user's script runs, then hands over to any other
+``sitecustomize`` that this one shadows."""
+import importlib.util
+import os
+import sys
+
+
+def _chain_next_sitecustomize() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        if not entry or os.path.abspath(entry) == here:
+            continue
+        candidate = os.path.join(entry, "sitecustomize.py")
+        if os.path.isfile(candidate):
+            spec = importlib.util.spec_from_file_location("_rtxops_chained_sitecustomize", candidate)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return
+
+
+_chain_next_sitecustomize()
+
+if os.environ.get("RTXOPS_ENABLE") == "1":
+    try:
+        from rtxops.runtime.bootstrap import start
+
+        start()
+    except Exception as e:  # never stop the user's program because rtxops is missing or broken
+        print(f"rtxops: runtime not enabled: {type(e).__name__}: {e}", file=sys.stderr)

@@ -1,0 +1,477 @@
+"""The dispatcher: routes each call of a patched site to the variant its plan names.
+
+Hot path (per call): the op's bucket function, one dict lookup, the routed callable. Everything
+else (resolving the plan, building variants, first-call verification, disabling a broken variant)
+happens on a route miss, once per (site, bucket) and plan version.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import traceback
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import Any, Callable
+
+import torch
+
+from .bucket import Bucket
+from .errors import PlanError
+from .memory import rss_bytes
+from .plan import Plan, default_plan
+from .readings import CallStats, Readings, Slot
+from .registry import Registry, default_registry
+from .spec import REFERENCE, OpSpec, Variant
+
+log = logging.getLogger("rtxops.runtime")
+_is_compiling = torch.compiler.is_compiling
+
+EXPLORE_PERIOD = 1000  # explore shares are laid out over this many calls, deterministically
+
+
+@dataclass(frozen=True)
+class Choice:
+    variant: Variant
+    config: dict
+    weight: float = 1.0
+
+    @property
+    def config_json(self) -> str:
+        return json.dumps(self.config, sort_keys=True, separators=(",", ":"))
+
+
+class FunctionSite:
+    """A function replaced by a dispatching wrapper (``F.rms_norm``, a module's ``apply_rotary_pos_emb``).
+
+    ``reference`` is the function the caller would have called; routes take its signature.
+    """
+
+    kind = "function"
+
+    def __init__(self, dispatcher: Dispatcher, op: OpSpec, name: str, reference: Callable) -> None:
+        self.dispatcher, self.op, self.name, self.reference = dispatcher, op, name, reference
+        self.routes: dict[tuple, Callable] = {}
+        self.wrapper = self._make_wrapper()
+
+    def _make_wrapper(self) -> Callable:
+        bucket, routes, ref, miss = self.op.bucket, self.routes, self.reference, self._miss
+
+        def dispatching(*args, **kwargs):
+            if _is_compiling():
+                return ref(*args, **kwargs)
+            key = bucket(*args, **kwargs)
+            if key is None:
+                return ref(*args, **kwargs)
+            route = routes.get(key)
+            if route is None:
+                route = miss(key)
+            return route(*args, **kwargs)
+
+        dispatching.__name__ = getattr(ref, "__name__", self.op.name)
+        dispatching.__doc__ = getattr(ref, "__doc__", None)
+        dispatching.__wrapped__ = ref  # type: ignore[attr-defined]
+        return dispatching
+
+    def _miss(self, key: tuple) -> Callable:
+        return self.dispatcher._resolve(self, key)
+
+    # the three kinds of route this site can hold ------------------------------------------
+    def timed(self, fn: Callable, slot: int, on_error: Callable | None) -> Callable:
+        record = self.dispatcher.readings.record
+        if on_error is None:
+            def route(*args, **kwargs):
+                t0 = perf_counter_ns()
+                out = fn(*args, **kwargs)
+                record(slot, t0, perf_counter_ns() - t0)
+                return out
+        else:
+            def route(*args, **kwargs):
+                t0 = perf_counter_ns()
+                try:
+                    out = fn(*args, **kwargs)
+                except Exception as e:  # a tuned kernel never kills the job
+                    return on_error(e, args, kwargs)
+                record(slot, t0, perf_counter_ns() - t0)
+                return out
+        return route
+
+    needs_reference_check = False
+
+    def reference_fn(self) -> Callable:
+        return self.reference
+
+    def run_reference(self, args: tuple, kwargs: dict) -> Any:
+        return self.reference(*args, **kwargs)
+
+    def run_variant(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, int]:
+        """Run ``fn`` as a route would; return its output and the op's own time in ns."""
+        t0 = perf_counter_ns()
+        out = fn(*args, **kwargs)
+        return out, perf_counter_ns() - t0
+
+
+class ModuleSite(FunctionSite):
+    """A module class whose forward is hand-written math for an op (an RMSNorm, a gated MLP).
+
+    ``split(module, *args, **kwargs)`` returns ``(canonical_args, post)``: the op's arguments and
+    ``post(module, out)`` that finishes the forward (None when the op is the whole forward), or None
+    when the call does not fit. Routes take ``(module, parts, args, kwargs)``. Each class is checked
+    against its own forward on the first call of every bucket; one mismatch puts the class back on
+    its own forward for good.
+    """
+
+    kind = "module"
+
+    def __init__(self, dispatcher, op, name, cls: type, split: Callable, whole_forward: bool) -> None:
+        self.cls, self.split, self.whole_forward = cls, split, whole_forward
+        self.original_forward = cls.forward
+        self.failed: str | None = None
+        super().__init__(dispatcher, op, name, self.original_forward)
+
+    def _make_wrapper(self) -> Callable:
+        bucket, routes, original, split, miss = (
+            self.op.bucket, self.routes, self.original_forward, self.split, self._miss,
+        )
+
+        def forward(module, *args, **kwargs):
+            if _is_compiling():
+                return original(module, *args, **kwargs)
+            parts = split(module, *args, **kwargs)
+            key = None if parts is None else bucket(*parts[0])
+            if key is None:
+                return original(module, *args, **kwargs)
+            route = routes.get(key)
+            if route is None:
+                route = miss(key)
+            return route(module, parts, args, kwargs)
+
+        forward.__wrapped__ = original  # type: ignore[attr-defined]
+        return forward
+
+    @property
+    def needs_reference_check(self) -> bool:
+        return not self.whole_forward
+
+    def reference_fn(self) -> Callable:
+        """The class's own forward when the op is the whole forward, else the op's reference."""
+        return self.original_forward if self.whole_forward else self.op.reference
+
+    def timed(self, fn: Callable, slot: int, on_error: Callable | None) -> Callable:
+        record = self.dispatcher.readings.record
+        if fn is self.original_forward:
+            def whole(module, parts, args, kwargs):
+                t0 = perf_counter_ns()
+                out = fn(module, *args, **kwargs)
+                record(slot, t0, perf_counter_ns() - t0)
+                return out
+            return whole
+
+        def route(module, parts, args, kwargs):  # time only the op, not the rest of the forward
+            canonical, post = parts
+            t0 = perf_counter_ns()
+            try:
+                out = fn(*canonical)
+            except Exception as e:
+                if on_error is None:
+                    raise
+                return on_error(e, (module, parts, args, kwargs), {})
+            record(slot, t0, perf_counter_ns() - t0)
+            return out if post is None else post(module, out)
+
+        return route
+
+    def run_reference(self, a: tuple, k: dict) -> Any:
+        module, _, args, kwargs = a
+        return self.original_forward(module, *args, **kwargs)
+
+    def run_variant(self, fn: Callable, a: tuple, k: dict) -> tuple[Any, int]:
+        module, (canonical, post), _, _ = a
+        t0 = perf_counter_ns()
+        out = fn(*canonical)
+        elapsed = perf_counter_ns() - t0
+        return (out if post is None else post(module, out)), elapsed
+
+    def give_up(self, reason: str) -> None:
+        """Put the class back on its original forward for good."""
+        self.failed = reason
+        if self.cls.__dict__.get("forward") is self.wrapper:
+            self.cls.forward = self.original_forward
+        self.routes.clear()
+        log.warning("rtxops: %s stays on its own forward: %s", self.name, reason)
+
+
+class Dispatcher:
+    """Holds the running plan, the sites, the build cache and what was disabled."""
+
+    def __init__(self, registry: Registry | None = None, readings: Readings | None = None,
+                 verify_first_call: bool = True) -> None:
+        self.registry = registry or default_registry()
+        self.readings: Readings = readings if readings is not None else CallStats()
+        self.verify_first_call = verify_first_call
+        self.plan: Plan = default_plan()
+        self.pending: Plan | None = None
+        self.step = 0
+        self.sites: list[FunctionSite] = []
+        self.slots: list[Slot] = []
+        self._slot_ids: dict[tuple, int] = {}
+        self._builds: dict[tuple, Callable] = {}
+        self.disabled: dict[tuple, str] = {}  # (op, variant, config, bucket) -> reason
+        self.plan_rejections: list[str] = []
+        self.on_miss: Callable[[], None] | None = None
+        self._lock = threading.RLock()
+
+    # ---- sites ----------------------------------------------------------------------------
+    def function_site(self, op: str, name: str, reference: Callable) -> FunctionSite:
+        site = FunctionSite(self, self.registry.op(op), name, reference)
+        self.sites.append(site)
+        return site
+
+    def module_site(self, op: str, cls: type, split: Callable, whole_forward: bool) -> ModuleSite:
+        name = f"module:{cls.__module__}.{cls.__qualname__}"
+        site = ModuleSite(self, self.registry.op(op), name, cls, split, whole_forward)
+        self.sites.append(site)
+        return site
+
+    # ---- plans ----------------------------------------------------------------------------
+    def install_plan(self, plan: Plan) -> None:
+        """Validate ``plan`` and queue it for the next optimizer-step boundary.
+
+        Raises :class:`PlanError` (and keeps the running plan) when it is invalid or not newer
+        than the running or already-queued plan.
+        """
+        with self._lock:
+            try:
+                newest = self.pending.version if self.pending else self.plan.version
+                if plan.version <= newest:
+                    raise PlanError(
+                        f"plan version {plan.version} is not newer than version {newest}; "
+                        f"keeping version {self.plan.version}"
+                    )
+                plan.validate(self.registry)
+            except PlanError as e:
+                self.plan_rejections.append(str(e))
+                raise
+            self.pending = plan
+
+    def apply_pending(self) -> bool:
+        """Swap in the queued plan now (the step hook calls this). True when a swap happened."""
+        with self._lock:
+            plan = self.pending
+            if plan is None or (plan.effective_step is not None and self.step < plan.effective_step):
+                return False
+            old, self.plan, self.pending = self.plan, plan, None
+            for site in self.sites:
+                site.routes.clear()
+        self.readings.swap(self.step, old.version, plan.version, plan.digest)
+        log.info("plan %s -> %s at step %s", old.version, plan.version, self.step)
+        return True
+
+    def on_step(self) -> None:
+        """Optimizer-step boundary: count the step, apply a queued plan, report the step."""
+        self.step += 1
+        if self.pending is not None:
+            self.apply_pending()
+        self.readings.step(self.step, perf_counter_ns(), self.plan.version, rss_bytes())
+
+    def set_readings(self, readings: Readings) -> None:
+        """Send readings elsewhere; routes are rebuilt so the hot path calls the new sink."""
+        with self._lock:
+            self.readings = readings
+            for slot in self.slots:
+                readings.register_slot(slot)
+            for site in self.sites:
+                site.routes.clear()
+
+    # ---- resolution (route miss) ----------------------------------------------------------
+    def choices(self, op: OpSpec, bucket: Bucket) -> list[Choice]:
+        """The (variant, config, weight) arms the running plan asks for in ``bucket``."""
+        entry = self.plan.entry(op.name, bucket.id)
+        if entry is not None:
+            arms = [(entry.variant, dict(entry.config), 1.0 - sum(a.weight for a in entry.explore))]
+            arms += [(a.variant, dict(a.config), a.weight) for a in entry.explore]
+        else:
+            arms = [(self.plan.defaults.get(op.name, REFERENCE), {}, 1.0)]
+        out = []
+        for name, config, weight in arms:
+            variant = self.registry.variant(op.name, name)
+            choice = Choice(variant, {**variant.default_config, **config}, weight)
+            usable = variant.supports(bucket) and (
+                op.name, name, choice.config_json, bucket.id) not in self.disabled
+            if not usable:
+                choice = Choice(self.registry.variant(op.name, REFERENCE), {}, weight)
+            out.append(choice)
+        return out
+
+    def _resolve(self, site: FunctionSite, key: tuple) -> Callable:
+        if self.on_miss is not None:
+            self.on_miss()
+        with self._lock:
+            bucket = site.op.to_bucket(key)
+            routes = [self._route(site, bucket, key, c) for c in self.choices(site.op, bucket)]
+            if len(routes) == 1:
+                route = routes[0][0]
+            else:
+                route = _explore_route([r for r, _ in routes], [w for _, w in routes])
+            site.routes[key] = route
+            return route
+
+    def _slot(self, site: FunctionSite, choice: Choice, bucket: Bucket) -> int:
+        k = (site.name, choice.variant.name, choice.config_json, bucket.id)
+        slot = self._slot_ids.get(k)
+        if slot is None:
+            slot = self._slot_ids[k] = len(self.slots)
+            info = Slot(slot, site.op.name, choice.variant.name, choice.config_json, bucket.id,
+                        site.name, choice.variant.family)
+            self.slots.append(info)
+            self.readings.register_slot(info)
+        return slot
+
+    def _route(self, site: FunctionSite, bucket: Bucket, key: tuple, choice: Choice):
+        slot = self._slot(site, choice, bucket)
+        if choice.variant.name == REFERENCE:
+            fn = site.reference_fn()
+            fast = site.timed(fn, slot, None)
+            if site.needs_reference_check:
+                return self._probation(site, key, fn, fast, slot, None, choice), choice.weight
+            return fast, choice.weight
+        disable_key = (bucket.op, choice.variant.name, choice.config_json, bucket.id)
+        try:
+            fn = self._cached_build(choice, bucket, slot)
+        except Exception as e:
+            self._disable(site, disable_key, slot, f"build failed: {_describe(e)}")
+            return site.timed(site.reference_fn(), self._slot(site, _reference(self, site), bucket),
+                              None), choice.weight
+
+        def on_error(exc: BaseException, args: tuple, kwargs: dict):
+            self._disable(site, disable_key, slot, f"raised {_describe(exc)}")
+            return site.run_reference(args, kwargs)
+
+        fast = site.timed(fn, slot, on_error)
+        if not self.verify_first_call:
+            return fast, choice.weight
+        return self._probation(site, key, fn, fast, slot, disable_key, choice), choice.weight
+
+    def _cached_build(self, choice: Choice, bucket: Bucket, slot: int) -> Callable:
+        k = (bucket.op, choice.variant.name, choice.config_json, bucket.id)
+        fn = self._builds.get(k)
+        if fn is not None:
+            self.readings.build(slot, 0, True)
+            return fn
+        t0 = perf_counter_ns()
+        fn = self._builds[k] = choice.variant.build(choice.config, bucket)
+        self.readings.build(slot, perf_counter_ns() - t0, False)
+        return fn
+
+    def _probation(self, site, key, fn, fast, slot, disable_key, choice) -> Callable:
+        """First call of a non-reference route: run it and the site's reference, compare, then
+        either keep the fast route or disable the variant and answer with the reference."""
+        tol = site.op.tolerance
+
+        def first_call(*args, **kwargs):
+            expected = site.run_reference(args, kwargs)
+            t0 = perf_counter_ns()
+            try:
+                got, elapsed = site.run_variant(fn, args, kwargs)
+            except Exception as e:
+                problem = f"raised {_describe(e)}"
+            else:
+                problem = _compare(got, expected, tol)
+            if problem:
+                if isinstance(site, ModuleSite):
+                    site.give_up(f"{choice.variant.name}: {problem}")
+                if disable_key is not None:
+                    self._disable(site, disable_key, slot, f"first call differs from reference: {problem}")
+                else:
+                    self.readings.error(slot, problem)
+                return expected
+            self.readings.record(slot, t0, elapsed)
+            if site.routes.get(key) is first_call:
+                site.routes[key] = fast
+            else:  # part of an explore route: swap ourselves out of it
+                _replace_in_explore(site.routes.get(key), first_call, fast)
+            return got
+
+        return first_call
+
+    def _disable(self, site: FunctionSite, key: tuple, slot: int, reason: str) -> None:
+        with self._lock:
+            self.disabled[key] = reason
+            for s in self.sites:
+                if s.op.name == key[0]:
+                    for k in [k for k in s.routes if s.op.to_bucket(k).id == key[3]]:
+                        del s.routes[k]
+        log.warning("rtxops: disabled %s/%s %s on %s: %s", key[0], key[1], key[2], key[3], reason)
+        self.readings.error(slot, reason)
+
+    # ---- introspection --------------------------------------------------------------------
+    def site_named(self, name: str) -> FunctionSite:
+        return next(s for s in self.sites if s.name == name)
+
+
+def _reference(dispatcher: Dispatcher, site: FunctionSite) -> Choice:
+    return Choice(dispatcher.registry.variant(site.op.name, REFERENCE), {})
+
+
+def _explore_route(routes: list[Callable], weights: list[float]) -> Callable:
+    """Deterministic weighted round robin over ``routes`` (no RNG on the hot path)."""
+    schedule: list[Callable] = []
+    for i, w in enumerate(weights):
+        schedule += [routes[i]] * max(0, round(w * EXPLORE_PERIOD))
+    schedule = (schedule + [routes[0]] * EXPLORE_PERIOD)[:EXPLORE_PERIOD]
+    # interleave so a share of 10 % means every 10th call, not 100 calls in a row
+    schedule = [schedule[(i * 7919) % EXPLORE_PERIOD] for i in range(EXPLORE_PERIOD)]
+    counter = [0]
+
+    def explore(*args, **kwargs):
+        n = counter[0] = (counter[0] + 1) % EXPLORE_PERIOD
+        return schedule[n](*args, **kwargs)
+
+    explore.schedule = schedule  # type: ignore[attr-defined]
+    return explore
+
+
+def _replace_in_explore(route, old: Callable, new: Callable) -> None:
+    schedule = getattr(route, "schedule", None)
+    if schedule is not None:
+        for i, r in enumerate(schedule):
+            if r is old:
+                schedule[i] = new
+
+
+def _flat_tensors(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _flat_tensors(o)]
+    return []
+
+
+def _compare(got: Any, expected: Any, tol: Callable) -> str | None:
+    """Why ``got`` is not ``expected`` within the op's tolerance, or None when it is."""
+    gs, es = _flat_tensors(got), _flat_tensors(expected)
+    if len(gs) != len(es):
+        return f"returned {len(gs)} tensors, reference {len(es)}"
+    with torch.no_grad():
+        for g, e in zip(gs, es):
+            if g.shape != e.shape or g.dtype != e.dtype:
+                return f"returned {tuple(g.shape)} {g.dtype}, reference {tuple(e.shape)} {e.dtype}"
+            if not e.is_floating_point():
+                if not torch.equal(g, e):
+                    return "integer output differs"
+                continue
+            g32, e32 = g.detach().float(), e.detach().float()
+            bad = torch.isnan(g32) & ~torch.isnan(e32)
+            if bad.any():
+                return f"{int(bad.sum())} NaN values where the reference has none"
+            t = tol(e.dtype)
+            if not torch.allclose(g32, e32, atol=t.atol, rtol=t.rtol, equal_nan=True):
+                diff = (g32 - e32).abs().nan_to_num(0).max().item()
+                return f"max abs difference {diff:.3g} beyond atol={t.atol} rtol={t.rtol}"
+    return None
+
+
+def _describe(e: BaseException) -> str:
+    frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    where = f" at {frame.filename}:{frame.lineno}" if frame else ""
+    return f"{type(e).__name__}: {e}{where}"

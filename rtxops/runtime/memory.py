@@ -1,0 +1,51 @@
+"""Memory readings: process RSS (CPU, per step) and the CUDA allocator (per call / per step)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process, read from /proc (cheap) or psutil elsewhere."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+
+def cuda_stats(device: int | None = None) -> dict[str, float]:
+    """Allocator figures for one CUDA device; empty without CUDA."""
+    if not torch.cuda.is_available():
+        return {}
+    s = torch.cuda.memory_stats(device)
+    allocated = s.get("allocated_bytes.all.current", 0)
+    reserved = s.get("reserved_bytes.all.current", 0)
+    return {
+        "allocated": allocated,
+        "reserved": reserved,
+        "peak": s.get("allocated_bytes.all.peak", 0),
+        "fragmentation": 1 - allocated / reserved if reserved else 0.0,
+        "alloc_retries": s.get("num_alloc_retries", 0),
+        "ooms": s.get("num_ooms", 0),
+    }
+
+
+class CudaCallMemory:
+    """Per-call allocated-bytes delta and peak on CUDA (the peak counter is reset per call)."""
+
+    def __init__(self, device: int | None = None) -> None:
+        self.device = device
+
+    def begin(self) -> int:
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return torch.cuda.memory_allocated(self.device)
+
+    def end(self, before: int) -> tuple[int, int]:
+        after = torch.cuda.memory_allocated(self.device)
+        return after - before, torch.cuda.max_memory_allocated(self.device) - before

@@ -1,0 +1,239 @@
+"""Zero-code integration: ``enable()`` patches torch and known module classes; ``disable()`` undoes it.
+
+Patched:
+- ``torch.nn.functional`` functions (see ``originals.PATCHABLE``);
+- module classes whose forward is hand-written op math, matched by name and attributes
+  (RMSNorm modules, gated SiLU MLPs): those defined before ``enable()`` and those defined after
+  (through ``nn.Module.__init_subclass__``);
+- module-level functions named ``apply_rotary_pos_emb`` (Hugging Face convention) in loaded modules
+  and in ``__main__``, looked for again whenever a new bucket is seen.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch import nn
+
+from . import originals
+from .dispatcher import Dispatcher
+from .plan import Plan
+from .readings import Readings
+from .registry import Registry
+
+FUNCTIONAL_OPS = {
+    "rms_norm": "rms_norm",
+    "layer_norm": "layer_norm",
+    "softmax": "softmax",
+    "gelu": "gelu",
+    "silu": "silu",
+    "cross_entropy": "cross_entropy",
+    "scaled_dot_product_attention": "attention",
+    "linear": "linear",
+}
+ROPE_FUNCTION_NAMES = ("apply_rotary_pos_emb",)
+
+_lock = threading.RLock()
+_active: _Patch | None = None
+
+
+def enable(plan: Plan | None = None, readings: Readings | None = None,
+           registry: Registry | None = None, verify_first_call: bool = True) -> Dispatcher:
+    """Route torch's hot ops through a new :class:`Dispatcher` and return it.
+
+    With no plan every op runs its reference, so behaviour is unchanged. Calling ``enable()``
+    while enabled returns the active dispatcher.
+    """
+    global _active
+    with _lock:
+        if _active is None:
+            dispatcher = Dispatcher(registry, readings, verify_first_call)
+            _active = _Patch(dispatcher)
+            _active.apply()
+        if plan is not None:
+            _active.dispatcher.install_plan(plan)
+            _active.dispatcher.apply_pending()
+        return _active.dispatcher
+
+
+def disable() -> None:
+    """Restore every patched function, class and hook; torch behaves exactly as before."""
+    global _active
+    with _lock:
+        if _active is not None:
+            _active.undo()
+            _active = None
+
+
+def active() -> Dispatcher | None:
+    return _active.dispatcher if _active else None
+
+
+# ---- module patterns ------------------------------------------------------------------------
+def _eps_of(module) -> float | None:
+    for name in ("variance_epsilon", "eps", "epsilon"):
+        value = getattr(module, name, None)
+        if isinstance(value, float):
+            return value
+    return None
+
+
+def _split_rms_norm(module, hidden_states=None, *args, **kwargs):
+    weight = getattr(module, "weight", None)
+    if hidden_states is None or args or kwargs or not isinstance(hidden_states, torch.Tensor):
+        return None
+    if weight is None or weight.dim() != 1 or hidden_states.dim() == 0 or \
+            weight.shape[0] != hidden_states.shape[-1]:
+        return None
+    eps = _eps_of(module)
+    if eps is None:
+        return None
+    return (hidden_states, (hidden_states.shape[-1],), weight, eps), None
+
+
+_MLP_LAYOUTS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
+
+
+def _mlp_layout(module):
+    for names in _MLP_LAYOUTS:
+        layers = [getattr(module, n, None) for n in names]
+        if all(isinstance(m, nn.Linear) for m in layers):
+            return layers
+    return None
+
+
+def _split_gated_mlp(module, x=None, *args, **kwargs):
+    if x is None or args or kwargs or not isinstance(x, torch.Tensor):
+        return None
+    layers = _mlp_layout(module)
+    if layers is None:
+        return None
+    gate, up, down = layers
+    return (gate(x), up(x)), _down_projection(down)
+
+
+def _down_projection(down):
+    return lambda module, h: down(h)
+
+
+def _is_rms_norm_class(cls: type) -> bool:
+    return "rmsnorm" in cls.__name__.lower() and not cls.__module__.startswith("torch.")
+
+
+_MLP_NAME = re.compile(r"mlp|feedforward|feed_forward|ffn", re.IGNORECASE)
+
+
+def _is_gated_mlp_class(cls: type) -> bool:
+    return bool(_MLP_NAME.search(cls.__name__)) and not cls.__module__.startswith("torch.")
+
+
+MODULE_PATTERNS: list[tuple[str, Callable[[type], bool], Callable, bool]] = [
+    # (op, class test, split, op is the whole forward)
+    ("rms_norm", _is_rms_norm_class, _split_rms_norm, True),
+    ("swiglu", _is_gated_mlp_class, _split_gated_mlp, False),
+]
+
+
+class _Patch:
+    """Everything one ``enable()`` changed, so ``disable()`` can put it back."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self.functional: dict[str, Callable] = {}
+        self.classes: dict[type, Callable] = {}
+        self.functions: dict[tuple[object, str], Callable] = {}
+        self.step_hook = None
+        self.init_subclass = None
+        self._seen_modules = 0
+
+    def apply(self) -> None:
+        d = self.dispatcher
+        for fname, op in FUNCTIONAL_OPS.items():
+            self.functional[fname] = getattr(F, fname)
+            setattr(F, fname, d.function_site(op, f"F.{fname}", originals.original(fname)).wrapper)
+        for cls in _all_subclasses(nn.Module):
+            self.patch_class(cls)
+        self._hook_new_classes()
+        self.scan_functions()
+        self.step_hook = register_optimizer_step_post_hook(
+            lambda optimizer, args, kwargs: d.on_step()
+        )
+        d.on_miss = self.scan_functions  # new buckets are a cheap moment to look for new modules
+
+    def undo(self) -> None:
+        for fname, fn in self.functional.items():
+            setattr(F, fname, fn)
+        for cls, forward in self.classes.items():
+            if "forward" in cls.__dict__:
+                cls.forward = forward
+        for (namespace, name), fn in self.functions.items():
+            _set(namespace, name, fn)
+        if self.step_hook is not None:
+            self.step_hook.remove()
+        if self.init_subclass is not None:
+            if self.init_subclass is _NO_OWN_INIT_SUBCLASS:
+                del nn.Module.__init_subclass__
+            else:
+                nn.Module.__init_subclass__ = self.init_subclass
+        self.dispatcher.on_miss = None
+
+    def patch_class(self, cls: type) -> None:
+        if cls in self.classes or "forward" not in cls.__dict__:
+            return
+        for op, matches, split, whole in MODULE_PATTERNS:
+            if matches(cls):
+                site = self.dispatcher.module_site(op, cls, split, whole)
+                self.classes[cls] = cls.forward
+                cls.forward = site.wrapper
+                return
+
+    def _hook_new_classes(self) -> None:
+        patch = self
+        own = nn.Module.__dict__.get("__init_subclass__")
+        self.init_subclass = own if own is not None else _NO_OWN_INIT_SUBCLASS
+
+        def __init_subclass__(cls, **kwargs):
+            super(nn.Module, cls).__init_subclass__(**kwargs)
+            patch.patch_class(cls)
+
+        nn.Module.__init_subclass__ = classmethod(__init_subclass__)
+
+    def scan_functions(self) -> None:
+        """Patch ``apply_rotary_pos_emb``-style functions in modules loaded since the last scan."""
+        modules = list(sys.modules.values())
+        fresh = modules[self._seen_modules:] if len(modules) >= self._seen_modules else modules
+        self._seen_modules = len(modules)
+        main = sys.modules.get("__main__")
+        for module in ([main] if main is not None else []) + fresh:
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for name in ROPE_FUNCTION_NAMES:
+                fn = namespace.get(name)
+                if callable(fn) and (module, name) not in self.functions and \
+                        getattr(fn, "__module__", None) == module.__name__:
+                    self.functions[(module, name)] = fn
+                    site = self.dispatcher.function_site("rope", f"fn:{module.__name__}.{name}", fn)
+                    _set(module, name, site.wrapper)
+
+
+_NO_OWN_INIT_SUBCLASS = object()
+
+
+def _set(namespace, name: str, value) -> None:
+    setattr(namespace, name, value)
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out, todo = [], [cls]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in out:
+                out.append(sub)
+                todo.append(sub)
+    return out

@@ -1,0 +1,110 @@
+"""The readings interface: where the dispatcher reports what it measured.
+
+The dispatcher calls :meth:`Readings.record` once per routed call (hot path) and the other methods
+off the hot path. The telemetry package plugs in a recorder with the same methods; the runtime's own
+:class:`CallStats` keeps per-slot totals for ``rtxops run``'s summary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What one routed (site, variant, config, bucket) is; slots are numbered from 0."""
+
+    id: int
+    op: str
+    variant: str
+    config: str  # canonical JSON of the config
+    bucket: str
+    site: str
+    family: str
+    phase: str = "fwd"
+
+
+class Readings:
+    """Base readings sink: ignores everything. Subclasses override what they keep."""
+
+    def register_slot(self, slot: Slot) -> None: ...
+
+    def record(self, slot: int, start_ns: int, duration_ns: int) -> None: ...
+
+    def build(self, slot: int, duration_ns: int, cache_hit: bool) -> None: ...
+
+    def error(self, slot: int, message: str) -> None: ...
+
+    def step(self, step: int, end_ns: int, plan_version: int, rss_bytes: int) -> None: ...
+
+    def swap(self, step: int, old_version: int, new_version: int, digest: str) -> None: ...
+
+
+@dataclass
+class CallStats(Readings):
+    """Per-slot call counts and time; enough for the run summary and tests."""
+
+    slots: list[Slot] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+    total_ns: list[int] = field(default_factory=list)
+    build_misses: list[int] = field(default_factory=list)
+    errors: list[tuple[int, str]] = field(default_factory=list)
+    steps: int = 0
+    peak_rss: int = 0
+    swaps: list[tuple[int, int, int, str]] = field(default_factory=list)
+
+    def register_slot(self, slot: Slot) -> None:
+        self.slots.append(slot)
+        self.calls.append(0)
+        self.total_ns.append(0)
+        self.build_misses.append(0)
+
+    def record(self, slot: int, start_ns: int, duration_ns: int) -> None:
+        self.calls[slot] += 1
+        self.total_ns[slot] += duration_ns
+
+    def build(self, slot: int, duration_ns: int, cache_hit: bool) -> None:
+        if not cache_hit:
+            self.build_misses[slot] += 1
+
+    def error(self, slot: int, message: str) -> None:
+        self.errors.append((slot, message))
+
+    def step(self, step: int, end_ns: int, plan_version: int, rss_bytes: int) -> None:
+        self.steps = step
+        self.peak_rss = max(self.peak_rss, rss_bytes)
+
+    def swap(self, step: int, old_version: int, new_version: int, digest: str) -> None:
+        self.swaps.append((step, old_version, new_version, digest))
+
+
+class Fanout(Readings):
+    """Sends every reading to several sinks (e.g. the summary and the telemetry recorder)."""
+
+    def __init__(self, *sinks: Readings) -> None:
+        self.sinks = sinks
+        if len(sinks) == 1:
+            self.record = sinks[0].record  # type: ignore[method-assign]
+
+    def register_slot(self, slot):
+        for s in self.sinks:
+            s.register_slot(slot)
+
+    def record(self, slot, start_ns, duration_ns):
+        for s in self.sinks:
+            s.record(slot, start_ns, duration_ns)
+
+    def build(self, slot, duration_ns, cache_hit):
+        for s in self.sinks:
+            s.build(slot, duration_ns, cache_hit)
+
+    def error(self, slot, message):
+        for s in self.sinks:
+            s.error(slot, message)
+
+    def step(self, step, end_ns, plan_version, rss_bytes):
+        for s in self.sinks:
+            s.step(step, end_ns, plan_version, rss_bytes)
+
+    def swap(self, step, old_version, new_version, digest):
+        for s in self.sinks:
+            s.swap(step, old_version, new_version, digest)

@@ -1,0 +1,64 @@
+"""What the runtime did in a process: per op, bucket and variant, calls and time."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .dispatcher import Dispatcher, ModuleSite
+from .readings import CallStats
+
+
+def summarize(dispatcher: Dispatcher) -> dict:
+    """A JSON-ready summary of ``dispatcher``'s readings (needs :class:`CallStats` readings)."""
+    stats = _call_stats(dispatcher)
+    rows = []
+    if stats is not None:
+        for slot in stats.slots:
+            if stats.calls[slot.id] or stats.build_misses[slot.id]:
+                rows.append({
+                    "op": slot.op, "bucket": slot.bucket, "variant": slot.variant,
+                    "config": slot.config, "site": slot.site, "calls": stats.calls[slot.id],
+                    "total_ns": stats.total_ns[slot.id], "builds": stats.build_misses[slot.id],
+                })
+    return {
+        "steps": dispatcher.step,
+        "plan_version": dispatcher.plan.version,
+        "plan_digest": dispatcher.plan.digest,
+        "peak_rss_bytes": stats.peak_rss if stats else 0,
+        "slots": rows,
+        "disabled": [
+            {"op": k[0], "variant": k[1], "config": k[2], "bucket": k[3], "reason": reason}
+            for k, reason in dispatcher.disabled.items()
+        ],
+        "modules_on_own_forward": [
+            {"site": s.name, "reason": s.failed}
+            for s in dispatcher.sites if isinstance(s, ModuleSite) and s.failed
+        ],
+        "plan_rejections": list(dispatcher.plan_rejections),
+    }
+
+
+def per_op(summary: dict) -> list[dict]:
+    """Rows per op: calls, time, share of routed time, and the variant each bucket ran."""
+    total = sum(r["total_ns"] for r in summary["slots"]) or 1
+    ops: dict[str, dict] = defaultdict(lambda: {"calls": 0, "total_ns": 0, "buckets": {}})
+    for r in summary["slots"]:
+        o = ops[r["op"]]
+        o["calls"] += r["calls"]
+        o["total_ns"] += r["total_ns"]
+        b = o["buckets"].setdefault(r["bucket"], {})
+        b[r["variant"]] = b.get(r["variant"], 0) + r["calls"]
+    out = []
+    for op, o in sorted(ops.items(), key=lambda kv: -kv[1]["total_ns"]):
+        out.append({"op": op, "calls": o["calls"], "total_ns": o["total_ns"],
+                    "share": o["total_ns"] / total, "buckets": o["buckets"]})
+    return out
+
+
+def _call_stats(dispatcher: Dispatcher) -> CallStats | None:
+    r = dispatcher.readings
+    if isinstance(r, CallStats):
+        return r
+    for s in getattr(r, "sinks", ()):
+        if isinstance(s, CallStats):
+            return s
+    return None

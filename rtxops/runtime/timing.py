@@ -1,0 +1,49 @@
+"""Timing readings. CPU: ``perf_counter_ns`` around the call. CUDA: events recorded around the call
+and resolved later, off the hot path, without a device synchronize."""
+from __future__ import annotations
+
+from collections import deque
+from time import perf_counter_ns
+from typing import Callable
+
+import torch
+
+now_ns = perf_counter_ns
+
+
+class CudaEventTimer:
+    """Records (start, end) event pairs per call; :meth:`drain` reports those the GPU has finished."""
+
+    def __init__(self, record: Callable[[int, int, int], None], max_pending: int = 65536) -> None:
+        self._record = record
+        self._pending: deque = deque()
+        self.max_pending = max_pending
+        self.dropped = 0
+
+    def wrap(self, fn: Callable, slot: int) -> Callable:
+        pending = self._pending
+        Event = torch.cuda.Event
+
+        def timed(*args, **kwargs):
+            start, end = Event(enable_timing=True), Event(enable_timing=True)
+            host_ns = perf_counter_ns()
+            start.record()
+            out = fn(*args, **kwargs)
+            end.record()
+            if len(pending) < self.max_pending:
+                pending.append((slot, host_ns, start, end))
+            else:
+                self.dropped += 1
+            return out
+
+        return timed
+
+    def drain(self) -> int:
+        """Report every finished pair in order; stop at the first unfinished one. Returns count."""
+        n = 0
+        pending = self._pending
+        while pending and pending[0][3].query():
+            slot, host_ns, start, end = pending.popleft()
+            self._record(slot, host_ns, int(start.elapsed_time(end) * 1e6))
+            n += 1
+        return n
