@@ -44,18 +44,23 @@ class Choice:
 class FunctionSite:
     """A function replaced by a dispatching wrapper (``F.rms_norm``, a module's ``apply_rotary_pos_emb``).
 
-    ``reference`` is the function the caller would have called; routes take its signature.
+    ``reference`` is the function the caller would have called. A route is a tuple
+    ``(fn, slot, on_error)``: the wrapper times ``fn`` and records it under ``slot`` (``-1``: the
+    route records itself), and hands exceptions to ``on_error`` (None: they propagate, as the
+    reference's own errors must).
     """
 
     kind = "function"
+    needs_reference_check = False
 
     def __init__(self, dispatcher: Dispatcher, op: OpSpec, name: str, reference: Callable) -> None:
         self.dispatcher, self.op, self.name, self.reference = dispatcher, op, name, reference
-        self.routes: dict[tuple, Callable] = {}
+        self.routes: dict[tuple, Any] = {}
         self.wrapper = self._make_wrapper()
 
     def _make_wrapper(self) -> Callable:
         bucket, routes, ref, miss = self.op.bucket, self.routes, self.reference, self._miss
+        record_cell = self.dispatcher.record_cell
 
         def dispatching(*args, **kwargs):
             if _is_compiling():
@@ -66,40 +71,59 @@ class FunctionSite:
             route = routes.get(key)
             if route is None:
                 route = miss(key)
-            return route(*args, **kwargs)
+            fn, slot, on_error = route
+            t0 = perf_counter_ns()
+            try:
+                out = fn(*args, **kwargs)
+            except Exception as e:
+                if on_error is None:
+                    raise
+                return on_error(e, args, kwargs)
+            if slot >= 0:
+                record_cell[0](slot, t0, perf_counter_ns() - t0)
+            return out
 
         dispatching.__name__ = getattr(ref, "__name__", self.op.name)
+        dispatching.__qualname__ = dispatching.__name__
         dispatching.__doc__ = getattr(ref, "__doc__", None)
         dispatching.__wrapped__ = ref  # type: ignore[attr-defined]
         return dispatching
 
-    def _miss(self, key: tuple) -> Callable:
+    def _miss(self, key: tuple) -> Any:
         return self.dispatcher._resolve(self, key)
-
-    # the three kinds of route this site can hold ------------------------------------------
-    def timed(self, fn: Callable, slot: int, on_error: Callable | None) -> Callable:
-        record = self.dispatcher.readings.record
-        if on_error is None:
-            def route(*args, **kwargs):
-                t0 = perf_counter_ns()
-                out = fn(*args, **kwargs)
-                record(slot, t0, perf_counter_ns() - t0)
-                return out
-        else:
-            def route(*args, **kwargs):
-                t0 = perf_counter_ns()
-                try:
-                    out = fn(*args, **kwargs)
-                except Exception as e:  # a tuned kernel never kills the job
-                    return on_error(e, args, kwargs)
-                record(slot, t0, perf_counter_ns() - t0)
-                return out
-        return route
-
-    needs_reference_check = False
 
     def reference_fn(self) -> Callable:
         return self.reference
+
+    def timed(self, fn: Callable, slot: int, on_error: Callable | None) -> Any:
+        return (fn, slot, on_error)
+
+    def self_recording(self, fn: Callable) -> Any:
+        return (fn, -1, None)
+
+    def explore(self, routes: list, weights: list[float]) -> Any:
+        schedule = _explore_schedule(routes, weights)
+        record_cell, counter = self.dispatcher.record_cell, [0]
+
+        def explore(*args, **kwargs):
+            n = counter[0] = (counter[0] + 1) % EXPLORE_PERIOD
+            fn, slot, on_error = schedule[n]
+            t0 = perf_counter_ns()
+            try:
+                out = fn(*args, **kwargs)
+            except Exception as e:
+                if on_error is None:
+                    raise
+                return on_error(e, args, kwargs)
+            if slot >= 0:
+                record_cell[0](slot, t0, perf_counter_ns() - t0)
+            return out
+
+        explore.schedule = schedule  # type: ignore[attr-defined]
+        return self.self_recording(explore)
+
+    def installed(self, key: tuple) -> Any:
+        return self.routes.get(key)
 
     def run_reference(self, args: tuple, kwargs: dict) -> Any:
         return self.reference(*args, **kwargs)
@@ -157,13 +181,26 @@ class ModuleSite(FunctionSite):
         """The class's own forward when the op is the whole forward, else the op's reference."""
         return self.original_forward if self.whole_forward else self.op.reference
 
+    def self_recording(self, fn: Callable) -> Callable:
+        return fn
+
+    def explore(self, routes: list, weights: list[float]) -> Callable:
+        schedule, counter = _explore_schedule(routes, weights), [0]
+
+        def explore(module, parts, args, kwargs):
+            n = counter[0] = (counter[0] + 1) % EXPLORE_PERIOD
+            return schedule[n](module, parts, args, kwargs)
+
+        explore.schedule = schedule  # type: ignore[attr-defined]
+        return explore
+
     def timed(self, fn: Callable, slot: int, on_error: Callable | None) -> Callable:
-        record = self.dispatcher.readings.record
+        record_cell = self.dispatcher.record_cell
         if fn is self.original_forward:
             def whole(module, parts, args, kwargs):
                 t0 = perf_counter_ns()
                 out = fn(module, *args, **kwargs)
-                record(slot, t0, perf_counter_ns() - t0)
+                record_cell[0](slot, t0, perf_counter_ns() - t0)
                 return out
             return whole
 
@@ -176,7 +213,7 @@ class ModuleSite(FunctionSite):
                 if on_error is None:
                     raise
                 return on_error(e, (module, parts, args, kwargs), {})
-            record(slot, t0, perf_counter_ns() - t0)
+            record_cell[0](slot, t0, perf_counter_ns() - t0)
             return out if post is None else post(module, out)
 
         return route
@@ -208,6 +245,7 @@ class Dispatcher:
                  verify_first_call: bool = True) -> None:
         self.registry = registry or default_registry()
         self.readings: Readings = readings if readings is not None else CallStats()
+        self.record_cell = [self.readings.record]  # the hot path reads the sink through this cell
         self.verify_first_call = verify_first_call
         self.plan: Plan = default_plan()
         self.pending: Plan | None = None
@@ -278,6 +316,7 @@ class Dispatcher:
         """Send readings elsewhere; routes are rebuilt so the hot path calls the new sink."""
         with self._lock:
             self.readings = readings
+            self.record_cell[0] = readings.record
             for slot in self.slots:
                 readings.register_slot(slot)
             for site in self.sites:
@@ -312,7 +351,7 @@ class Dispatcher:
             if len(routes) == 1:
                 route = routes[0][0]
             else:
-                route = _explore_route([r for r, _ in routes], [w for _, w in routes])
+                route = site.explore([r for r, _ in routes], [w for _, w in routes])
             site.routes[key] = route
             return route
 
@@ -386,13 +425,15 @@ class Dispatcher:
                     self.readings.error(slot, problem)
                 return expected
             self.readings.record(slot, t0, elapsed)
-            if site.routes.get(key) is first_call:
+            installed = site.routes.get(key)
+            if installed is route:
                 site.routes[key] = fast
-            else:  # part of an explore route: swap ourselves out of it
-                _replace_in_explore(site.routes.get(key), first_call, fast)
+            else:  # one arm of an explore route: swap ourselves out of its schedule
+                _replace_in_explore(installed, route, fast)
             return got
 
-        return first_call
+        route = site.self_recording(first_call)
+        return route
 
     def _disable(self, site: FunctionSite, key: tuple, slot: int, reason: str) -> None:
         with self._lock:
@@ -413,26 +454,19 @@ def _reference(dispatcher: Dispatcher, site: FunctionSite) -> Choice:
     return Choice(dispatcher.registry.variant(site.op.name, REFERENCE), {})
 
 
-def _explore_route(routes: list[Callable], weights: list[float]) -> Callable:
-    """Deterministic weighted round robin over ``routes`` (no RNG on the hot path)."""
-    schedule: list[Callable] = []
-    for i, w in enumerate(weights):
-        schedule += [routes[i]] * max(0, round(w * EXPLORE_PERIOD))
+def _explore_schedule(routes: list, weights: list[float]) -> list:
+    """Routes laid out over EXPLORE_PERIOD calls by weight, interleaved (no RNG on the hot path):
+    a 10 % share is every tenth call, not a hundred calls in a row."""
+    schedule: list = []
+    for route, w in zip(routes, weights):
+        schedule += [route] * max(0, round(w * EXPLORE_PERIOD))
     schedule = (schedule + [routes[0]] * EXPLORE_PERIOD)[:EXPLORE_PERIOD]
-    # interleave so a share of 10 % means every 10th call, not 100 calls in a row
-    schedule = [schedule[(i * 7919) % EXPLORE_PERIOD] for i in range(EXPLORE_PERIOD)]
-    counter = [0]
-
-    def explore(*args, **kwargs):
-        n = counter[0] = (counter[0] + 1) % EXPLORE_PERIOD
-        return schedule[n](*args, **kwargs)
-
-    explore.schedule = schedule  # type: ignore[attr-defined]
-    return explore
+    return [schedule[(i * 7919) % EXPLORE_PERIOD] for i in range(EXPLORE_PERIOD)]
 
 
-def _replace_in_explore(route, old: Callable, new: Callable) -> None:
-    schedule = getattr(route, "schedule", None)
+def _replace_in_explore(route, old, new) -> None:
+    fn = route[0] if isinstance(route, tuple) else route
+    schedule = getattr(fn, "schedule", None)
     if schedule is not None:
         for i, r in enumerate(schedule):
             if r is old:

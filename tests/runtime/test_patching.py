@@ -1,0 +1,185 @@
+"""enable()/disable(): what gets patched, and that torch is untouched afterwards."""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rtxops.runtime import originals, patching
+from rtxops.runtime.dispatcher import ModuleSite
+
+from .helpers import TinyNet, TinyRMSNorm, train_losses
+
+
+def test_enable_disable_round_trip_restores_torch_exactly():
+    before = {name: getattr(F, name) for name in originals.PATCHABLE}
+    init_subclass = nn.Module.__dict__.get("__init_subclass__")
+    forward = TinyRMSNorm.forward
+    torch.manual_seed(0)
+    plain = train_losses(TinyNet())
+
+    patching.enable()
+    assert all(getattr(F, n) is not before[n] for n in originals.PATCHABLE)
+    assert TinyRMSNorm.forward is not forward
+    torch.manual_seed(0)
+    routed = train_losses(TinyNet())
+    patching.disable()
+
+    assert {name: getattr(F, name) for name in originals.PATCHABLE} == before
+    assert nn.Module.__dict__.get("__init_subclass__") is init_subclass
+    assert TinyRMSNorm.forward is forward
+    torch.manual_seed(0)
+    assert train_losses(TinyNet()) == plain
+    assert routed == plain  # the default plan runs every reference: bit-identical
+
+
+def test_default_plan_is_bit_identical_per_op():
+    x = torch.randn(4, 7, 16)
+    w = torch.randn(16)
+    calls = [
+        lambda: F.rms_norm(x, [16], w, 1e-6),
+        lambda: F.layer_norm(x, [16], w, w),
+        lambda: F.softmax(x, -1),
+        lambda: F.gelu(x, approximate="tanh"),
+        lambda: F.silu(x),
+        lambda: F.linear(x, torch.ones(5, 16), torch.ones(5)),
+        lambda: F.scaled_dot_product_attention(x[None], x[None], x[None], is_causal=True),
+        lambda: F.cross_entropy(x[0], torch.tensor([1, 2, 3, 4, 5, 6, 0]), label_smoothing=0.1),
+    ]
+    expected = [c() for c in calls]
+    patching.enable()
+    for c, e in zip(calls, expected):
+        assert torch.equal(c(), e)
+
+
+def test_unsupported_calls_give_torchs_result_or_torchs_error():
+    x = torch.randn(3, 5)
+    patching.enable()
+    torch.testing.assert_close(F.softmax(x, dim=0), originals.softmax(x, dim=0), rtol=0, atol=0)
+    assert torch.equal(F.softmax(x, -1, dtype=torch.float64), originals.softmax(x, -1, dtype=torch.float64))
+    assert torch.equal(F.gelu(torch.ones(0, 4)), originals.gelu(torch.ones(0, 4)))
+    ints = torch.ones(3, 5, dtype=torch.int64)
+    for bad in (lambda f: f(ints, -1), lambda f: f(x, 5)):
+        with pytest.raises(Exception) as ours:
+            bad(F.softmax)
+        with pytest.raises(Exception) as theirs:
+            bad(originals.softmax)
+        assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+    with pytest.raises(RuntimeError) as ours:
+        F.linear(x, torch.ones(4, 4))
+    with pytest.raises(RuntimeError) as theirs:
+        originals.linear(x, torch.ones(4, 4))
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_modules_defined_after_enable_are_patched_and_checked():
+    d = patching.enable()
+
+    class LateRMSNorm(TinyRMSNorm):
+        def forward(self, x):  # same math, own forward
+            return super().forward(x)
+
+    class GemmaStyleRMSNorm(nn.Module):  # (1 + weight): not what rms_norm computes
+        def __init__(self, dim):
+            super().__init__()
+            self.weight = nn.Parameter(torch.full((dim,), 0.5))
+            self.eps = 1e-6
+
+        def forward(self, x):
+            x32 = x.float()
+            out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (out * (1.0 + self.weight.float())).to(x.dtype)
+
+    late, gemma = LateRMSNorm(8), GemmaStyleRMSNorm(8)
+    x = torch.randn(3, 8)
+    assert isinstance(d.site_named(f"module:{__name__}.{LateRMSNorm.__qualname__}"), ModuleSite)
+    own = GemmaStyleRMSNorm.__dict__["forward"]
+    assert torch.equal(late(x), TinyRMSNorm.forward.__wrapped__(late, x))
+    # the reference route of an RMSNorm class is its own forward: nothing to check yet
+    y = gemma(x)
+    assert torch.equal(y, own.__wrapped__(gemma, x) if hasattr(own, "__wrapped__") else y)
+
+
+def test_mismatching_module_class_goes_back_to_its_own_forward():
+    class OddMLP(nn.Module):  # has the gated-MLP layout but uses gelu, not silu
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.down_proj(F.gelu(self.gate_proj(x)) * self.up_proj(x))
+
+    own_forward = OddMLP.forward
+    d = patching.enable()
+    assert OddMLP.forward is not own_forward
+    m = OddMLP()
+    x = torch.randn(4, 8)
+    expected = own_forward(m, x)
+    assert torch.equal(m(x), expected)
+    site = d.site_named(f"module:{__name__}.{OddMLP.__qualname__}")
+    assert site.failed and "max abs difference" in site.failed
+    assert OddMLP.forward is own_forward  # for good
+    assert torch.equal(m(x), expected)
+
+
+def test_gated_mlp_is_rerouted_through_swiglu():
+    class LlamaMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    d = patching.enable()
+    m = LlamaMLP()
+    x = torch.randn(4, 8)
+    for _ in range(3):
+        torch.testing.assert_close(m(x), LlamaMLP.forward.__wrapped__(m, x))
+    stats = d.readings
+    swiglu = [s for s in stats.slots if s.op == "swiglu"]
+    assert swiglu and sum(stats.calls[s.id] for s in swiglu) == 3
+    assert not d.site_named(f"module:{__name__}.{LlamaMLP.__qualname__}").failed
+
+
+def test_rope_functions_in_loaded_modules_are_patched_and_restored():
+    module = types.ModuleType("fake_llama_modeling")
+
+    def rotate_half(x):
+        return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+    def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    apply_rotary_pos_emb.__module__ = module.__name__
+    module.apply_rotary_pos_emb = apply_rotary_pos_emb
+    sys.modules[module.__name__] = module
+    try:
+        d = patching.enable()
+        assert module.apply_rotary_pos_emb is not apply_rotary_pos_emb
+        q = torch.randn(2, 4, 6, 8)
+        cos, sin = torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+        got = module.apply_rotary_pos_emb(q, q, cos, sin)
+        want = apply_rotary_pos_emb(q, q, cos, sin)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert any(s.op == "rope" for s in d.readings.slots)
+        patching.disable()
+        assert module.apply_rotary_pos_emb is apply_rotary_pos_emb
+    finally:
+        del sys.modules[module.__name__]
+
+
+def test_inside_torch_compile_the_wrapper_steps_aside():
+    patching.enable()
+
+    def f(x):
+        return F.gelu(F.linear(x, torch.ones(4, 4)))
+
+    x = torch.randn(2, 4)
+    compiled = torch.compile(f, backend="eager", fullgraph=True)  # a graph break would raise
+    torch.testing.assert_close(compiled(x), f(x))
