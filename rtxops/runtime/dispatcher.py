@@ -382,14 +382,23 @@ class Dispatcher:
             return site.timed(site.reference_fn(), self._slot(site, _reference(self, site), bucket),
                               None), choice.weight
 
+        reference_slot = self._slot(site, _reference(self, site), bucket)
+
         def on_error(exc: BaseException, args: tuple, kwargs: dict):
             self._disable(site, disable_key, slot, f"raised {_describe(exc)}")
-            return site.run_reference(args, kwargs)
+            return self._timed_reference(site, reference_slot, args, kwargs)
 
         fast = site.timed(fn, slot, on_error)
         if not self.verify_first_call:
             return fast, choice.weight
-        return self._probation(site, key, fn, fast, slot, disable_key, choice), choice.weight
+        return self._probation(site, key, fn, fast, slot, disable_key, choice,
+                               reference_slot), choice.weight
+
+    def _timed_reference(self, site: FunctionSite, slot: int, args: tuple, kwargs: dict) -> Any:
+        t0 = perf_counter_ns()
+        out = site.run_reference(args, kwargs)
+        self.readings.record(slot, t0, perf_counter_ns() - t0)
+        return out
 
     def _cached_build(self, choice: Choice, bucket: Bucket, slot: int) -> Callable:
         k = (bucket.op, choice.variant.name, choice.config_json, bucket.id)
@@ -402,13 +411,16 @@ class Dispatcher:
         self.readings.build(slot, perf_counter_ns() - t0, False)
         return fn
 
-    def _probation(self, site, key, fn, fast, slot, disable_key, choice) -> Callable:
-        """First call of a non-reference route: run it and the site's reference, compare, then
-        either keep the fast route or disable the variant and answer with the reference."""
+    def _probation(self, site, key, fn, fast, slot, disable_key, choice,
+                   reference_slot: int | None = None) -> Any:
+        """First call of a route that is not the site's own code: run it and the site's reference,
+        compare, then keep the fast route, or disable the variant and answer with the reference."""
         tol = site.op.tolerance
 
         def first_call(*args, **kwargs):
+            t_ref = perf_counter_ns()
             expected = site.run_reference(args, kwargs)
+            t_ref = perf_counter_ns() - t_ref
             t0 = perf_counter_ns()
             try:
                 got, elapsed = site.run_variant(fn, args, kwargs)
@@ -423,6 +435,8 @@ class Dispatcher:
                     self._disable(site, disable_key, slot, f"first call differs from reference: {problem}")
                 else:
                     self.readings.error(slot, problem)
+                if reference_slot is not None:
+                    self.readings.record(reference_slot, t0 - t_ref, t_ref)
                 return expected
             self.readings.record(slot, t0, elapsed)
             installed = site.routes.get(key)

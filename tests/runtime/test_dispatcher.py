@@ -1,0 +1,159 @@
+"""Dispatch rules: plan routing, swaps at step boundaries, broken variants, explore shares."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rtxops.runtime import patching
+from rtxops.runtime.errors import PlanError
+from rtxops.runtime.plan import ExploreArm, Plan
+from rtxops.runtime.registry import load_builtin
+from rtxops.runtime.spec import Variant
+
+from .helpers import TinyNet, bucket_id, plan_for, train_losses
+
+GELU_BUCKET = bucket_id("gelu", torch.randn(16, 64))
+LN_BUCKET = bucket_id("layer_norm", torch.randn(16, 64), [64], torch.ones(64), torch.ones(64))
+
+
+def _calls(dispatcher, op: str) -> dict[str, int]:
+    stats = dispatcher.readings
+    out: dict[str, int] = {}
+    for s in stats.slots:
+        if s.op == op and stats.calls[s.id]:
+            out[s.variant] = out.get(s.variant, 0) + stats.calls[s.id]
+    return out
+
+
+def _registry_with(*variants: Variant):
+    registry = load_builtin()
+    for v in variants:
+        registry.add_variant(v)
+    return registry
+
+
+def _raises(*args, **kwargs):
+    raise RuntimeError("kernel exploded")
+
+
+def _nan(input, approximate="none"):
+    return torch.full_like(input, math.nan)
+
+
+BROKEN = [
+    Variant("gelu", "raises", "eager", lambda c, b: _raises),
+    Variant("gelu", "nan", "eager", lambda c, b: _nan),
+    Variant("gelu", "raises_later", "eager", lambda c, b: _ExplodesOnSecondCall()),
+    Variant("gelu", "unbuildable", "eager", lambda c, b: _raises()),
+]
+
+
+class _ExplodesOnSecondCall:
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self, input, approximate="none"):
+        self.n += 1
+        if self.n > 1:
+            raise RuntimeError("second call exploded")
+        return torch.ops.aten.gelu(input)
+
+
+@pytest.mark.parametrize("broken", [v.name for v in BROKEN])
+def test_broken_variant_is_disabled_and_training_matches_reference(broken):
+    torch.manual_seed(0)
+    expected = train_losses(TinyNet(dim=32), steps=4)
+    d = patching.enable(registry=_registry_with(*BROKEN))
+    d.install_plan(plan_for(1, ("gelu", GELU_BUCKET, broken)))
+    d.apply_pending()
+    torch.manual_seed(0)
+    got = train_losses(TinyNet(dim=32), steps=4)
+    assert got == expected
+    (key, reason), = d.disabled.items()
+    assert key[:2] == ("gelu", broken) and key[3] == GELU_BUCKET
+    assert "exploded" in reason or "NaN" in reason or "build failed" in reason
+    assert _calls(d, "gelu").get("reference", 0) >= 3
+
+
+def test_plan_routes_bucket_to_variant_and_other_buckets_to_reference():
+    d = patching.enable()
+    d.install_plan(plan_for(1, ("gelu", GELU_BUCKET, "algebraic")))
+    d.apply_pending()
+    x, other = torch.randn(16, 64), torch.randn(3, 5)
+    for _ in range(4):
+        F.gelu(x)
+        F.gelu(other)
+    assert _calls(d, "gelu") == {"algebraic": 4, "reference": 4}
+
+
+def test_swap_waits_for_the_optimizer_step_boundary():
+    d = patching.enable()
+    model = TinyNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 32)
+    model(x).sum().backward()
+    d.install_plan(plan_for(1, ("gelu", GELU_BUCKET, "eager")))
+    model(x).sum().backward()  # still mid-step: old plan
+    assert d.plan.version == 0 and _calls(d, "gelu") == {"reference": 2}
+    opt.step()
+    assert d.plan.version == 1 and d.step == 1
+    model(x).sum().backward()
+    assert _calls(d, "gelu") == {"reference": 2, "eager": 1}
+    assert d.readings.swaps == [(1, 0, 1, d.plan.digest)]
+
+
+def test_effective_step_delays_the_swap():
+    d = patching.enable()
+    model = TinyNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    plan = plan_for(1, ("gelu", GELU_BUCKET, "eager"))
+    d.install_plan(Plan(plan.version, plan.entries, effective_step=3))
+    for step in range(1, 5):
+        model(torch.randn(16, 32)).sum().backward()
+        opt.step()
+        assert d.plan.version == (1 if step >= 3 else 0)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (plan_for(0), "not newer"),
+    (plan_for(2, ("gelu", GELU_BUCKET, "no_such_variant")), "unknown variant"),
+    (plan_for(2, ("conv", GELU_BUCKET, "eager")), "unknown op"),
+])
+def test_rejected_plan_keeps_the_running_plan(bad, message):
+    d = patching.enable()
+    good = plan_for(1, ("gelu", GELU_BUCKET, "eager"))
+    d.install_plan(good)
+    d.apply_pending()
+    with pytest.raises(PlanError) as e:
+        d.install_plan(bad)
+    assert message in str(e.value)
+    assert d.plan is good and d.pending is None
+    assert d.plan_rejections and message in d.plan_rejections[-1]
+    F.gelu(torch.randn(16, 64))
+    assert _calls(d, "gelu") == {"eager": 1}
+
+
+def test_explore_weights_route_that_share_of_calls():
+    d = patching.enable()
+    entry_plan = plan_for(1, ("gelu", GELU_BUCKET, "eager", {}, [ExploreArm("algebraic", {}, 0.1)]))
+    d.install_plan(entry_plan)
+    d.apply_pending()
+    x = torch.randn(16, 64)
+    for _ in range(1000):
+        F.gelu(x)
+    assert _calls(d, "gelu") == {"eager": 900, "algebraic": 100}
+
+
+def test_variant_with_config_space_gets_its_config():
+    d = patching.enable()
+    d.install_plan(plan_for(1, ("layer_norm", LN_BUCKET, "chunked", {"chunk_rows": 256})))
+    d.apply_pending()
+    x = torch.randn(16, 64, requires_grad=True)
+    y = F.layer_norm(x, [64], torch.ones(64), torch.ones(64))
+    y.sum().backward()
+    slot, = [s for s in d.readings.slots if s.variant == "chunked"]
+    assert slot.config == '{"chunk_rows":256}' and d.readings.calls[slot.id] == 1
+    assert d.readings.build_misses[slot.id] == 1

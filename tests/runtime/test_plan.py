@@ -1,0 +1,83 @@
+"""Plans: canonical JSON, digests, and a clear PlanError for every malformed plan."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rtxops.runtime.errors import PlanError
+from rtxops.runtime.plan import Plan
+from rtxops.runtime.registry import default_registry
+
+GOOD = {
+    "version": 2,
+    "parent": None,
+    "created_at": "2026-11-30T00:00:00+00:00",
+    "defaults": {"gelu": "eager"},
+    "entries": [
+        {"op": "rms_norm", "bucket": "float32/cpu/hidden=64,rows=16", "variant": "chunked",
+         "config": {"chunk_rows": 256},
+         "explore": [{"variant": "fused", "config": {}, "weight": 0.1}]},
+    ],
+}
+
+
+def test_round_trip_is_canonical_and_digest_is_stable():
+    plan = Plan.from_dict(GOOD).validate(default_registry())
+    text = plan.to_json()
+    assert json.loads(text) == GOOD
+    assert text == json.dumps(GOOD, sort_keys=True, separators=(",", ":"))
+    reordered = json.dumps(dict(reversed(list(GOOD.items()))))
+    assert Plan.from_json(reordered).digest == plan.digest
+    child = plan.derive()
+    assert child.version == 3 and child.parent == plan.digest and child.digest != plan.digest
+
+
+def _with(**changes):
+    d = json.loads(json.dumps(GOOD))
+    for path, value in changes.items():
+        target = d
+        keys = path.split("__")
+        for k in keys[:-1]:
+            target = target[int(k)] if k.isdigit() else target[k]
+        if value is KeyError:
+            del target[keys[-1]]
+        else:
+            target[keys[-1]] = value
+    return json.dumps(d)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{", "not valid JSON"),
+    (b"\xff\xfe", "not valid JSON"),
+    ("[1, 2]", "must be a JSON object"),
+    (_with(version=KeyError), "plan.version is missing"),
+    (_with(version="7"), "plan.version must be int"),
+    (_with(version=True), "plan.version must be int"),
+    (_with(version=-1), ">= 0"),
+    (_with(entries="x"), "plan.entries must be list"),
+    (_with(entries__0__op=KeyError), "plan.entries[0].op is missing"),
+    (_with(entries__0__variant=KeyError), "plan.entries[0].variant is missing"),
+    (_with(entries__0__explore__0__weight=1.5), "weight must be in (0, 1]"),
+    (_with(defaults={"gelu": 3}), "must be a variant name"),
+])
+def test_malformed_plans_raise_plan_error(text, message):
+    with pytest.raises(PlanError) as e:
+        Plan.from_json(text)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("text,message", [
+    (_with(entries__0__op="conv9d"), "unknown op 'conv9d'"),
+    (_with(entries__0__variant="warp_speed"), "unknown variant 'warp_speed' for op 'rms_norm'"),
+    (_with(entries__0__config={"chunk_rows": 3}), "chunk_rows=3 not in"),
+    (_with(entries__0__config={"tile": 3}), "unknown config key 'tile'"),
+    (_with(entries__0__bucket="float32-cpu"), "is not of the form"),
+    (_with(entries__0__bucket="float99/cpu/hidden=4"), "unknown dtype 'float99'"),
+    (_with(defaults={"gelu": "nope"}), "plan.defaults.gelu: unknown variant 'nope'"),
+])
+def test_plans_naming_unknown_things_fail_validation(text, message):
+    plan = Plan.from_json(text)
+    with pytest.raises(PlanError) as e:
+        plan.validate(default_registry())
+    assert message in str(e.value)

@@ -1,0 +1,95 @@
+"""``rtxops run`` end to end: real child processes, exit codes and stderr passed through."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RTXOPS = [sys.executable, "-m", "rtxops.cli"]
+
+
+def rtxops_run(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*RTXOPS, "run", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, env={**_env(), "COLUMNS": "200"})
+
+
+def _env():
+    import os
+    return {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
+
+
+def test_example_runs_under_rtxops_with_summary(tmp_path):
+    summary = tmp_path / "summary.json"
+    r = rtxops_run("--json", str(summary), "--", sys.executable, str(ROOT / "examples/train_gpt.py"),
+                   "--steps", "3")
+    assert r.returncode == 0, r.stderr
+    assert "step    3" in r.stdout
+    assert "rtxops: 3 optimizer steps, plan v0" in r.stderr
+    data = json.loads(summary.read_text())
+    ops = {s["op"] for s in data["slots"]}
+    assert {"linear", "rms_norm", "rope", "attention", "swiglu", "cross_entropy"} <= ops
+    assert all(s["variant"] == "reference" for s in data["slots"])
+    assert data["steps"] == 3 and not data["disabled"]
+    # 2 layers x 7 linears + lm_head per forward, 3 forwards; plus the gated-MLP first-call check
+    linear_calls = sum(s["calls"] for s in data["slots"] if s["op"] == "linear")
+    assert linear_calls == 3 * 15 + 3
+    assert sum(s["calls"] for s in data["slots"] if s["op"] == "cross_entropy") == 3
+
+
+def test_exit_code_and_stderr_pass_through(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nprint('out line')\nsys.stderr.write('err line\\n')\nsys.exit(3)\n")
+    r = rtxops_run("--", sys.executable, str(script))
+    assert r.returncode == 3
+    assert r.stdout.startswith("out line")
+    assert "err line" in r.stderr
+
+
+def test_script_that_raises_shows_its_traceback(tmp_path):
+    script = tmp_path / "raises.py"
+    script.write_text("def boom():\n    raise ValueError('broken on purpose')\nboom()\n")
+    r = rtxops_run("--", sys.executable, str(script))
+    assert r.returncode == 1
+    assert "Traceback (most recent call last)" in r.stderr
+    assert "ValueError: broken on purpose" in r.stderr
+
+
+def test_plan_file_routes_the_job(tmp_path):
+    plan = {"version": 1, "defaults": {"rms_norm": "eager", "gelu": "algebraic"}, "entries": []}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch, torch.nn.functional as F\n"
+        "x = torch.randn(8, 16)\n"
+        "for _ in range(5):\n    F.rms_norm(x, [16], torch.ones(16), 1e-6); F.gelu(x)\n"
+    )
+    summary = tmp_path / "s.json"
+    r = rtxops_run("--plan", str(tmp_path / "plan.json"), "--json", str(summary), "--",
+                   sys.executable, str(script))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(summary.read_text())
+    used = {(s["op"], s["variant"]): s["calls"] for s in data["slots"] if s["calls"]}
+    assert used == {("rms_norm", "eager"): 5, ("gelu", "algebraic"): 5}
+    assert data["plan_version"] == 1
+
+
+def test_bad_plan_file_keeps_reference_and_says_why(tmp_path):
+    (tmp_path / "plan.json").write_text('{"version": 1, "defaults": {"gelu": "warp"}}')
+    script = tmp_path / "job.py"
+    script.write_text("import torch, torch.nn.functional as F\nF.gelu(torch.ones(4))\n")
+    r = rtxops_run("--plan", str(tmp_path / "plan.json"), "--", sys.executable, str(script))
+    assert r.returncode == 0
+    assert "not installed" in r.stderr and "unknown variant 'warp'" in r.stderr
+
+
+@pytest.mark.parametrize("args,code", [
+    (["--plan", "/nonexistent/plan.json", "--", sys.executable, "-c", "pass"], 2),
+    (["--", "/nonexistent/binary"], 127),
+])
+def test_usage_errors(args, code):
+    r = rtxops_run(*args)
+    assert r.returncode == code
