@@ -1,8 +1,9 @@
 """The dispatcher: routes each call of a patched site to the variant its plan names.
 
-Hot path (per call): the op's bucket function, one dict lookup, the routed callable. Everything
-else (resolving the plan, building variants, first-call verification, disabling a broken variant)
-happens on a route miss, once per (site, bucket) and plan version.
+Hot path (per call): the op's ``key`` function (an exact, cheap signature of the call), one dict
+lookup, the routed callable. Everything else (the bucket, support checks, resolving the plan,
+building variants, first-call verification, disabling a broken variant) happens on a route miss,
+once per (site, call signature) and plan version.
 """
 from __future__ import annotations
 
@@ -55,22 +56,26 @@ class FunctionSite:
 
     def __init__(self, dispatcher: Dispatcher, op: OpSpec, name: str, reference: Callable) -> None:
         self.dispatcher, self.op, self.name, self.reference = dispatcher, op, name, reference
-        self.routes: dict[tuple, Any] = {}
+        self.routes: dict[Any, Any] = {}  # call key -> route
+        self.bucket_routes: dict[tuple, Any] = {}  # bucket key -> route (shared by call keys)
         self.wrapper = self._make_wrapper()
 
     def _make_wrapper(self) -> Callable:
-        bucket, routes, ref, miss = self.op.bucket, self.routes, self.reference, self._miss
+        call_key, routes, ref, miss = self.op.call_key, self.routes, self.reference, self._miss
         record_cell = self.dispatcher.record_cell
 
         def dispatching(*args, **kwargs):
             if _is_compiling():
                 return ref(*args, **kwargs)
-            key = bucket(*args, **kwargs)
-            if key is None:
+            key = call_key(*args, **kwargs)
+            try:
+                route = routes.get(key)
+            except TypeError:  # an unhashable argument: nothing we route
                 return ref(*args, **kwargs)
-            route = routes.get(key)
             if route is None:
-                route = miss(key)
+                if key is None:
+                    return ref(*args, **kwargs)
+                route = miss(key, args, kwargs)
             fn, slot, on_error = route
             t0 = perf_counter_ns()
             try:
@@ -89,8 +94,12 @@ class FunctionSite:
         dispatching.__wrapped__ = ref  # type: ignore[attr-defined]
         return dispatching
 
-    def _miss(self, key: tuple) -> Any:
-        return self.dispatcher._resolve(self, key)
+    def _miss(self, key, args: tuple, kwargs: dict) -> Any:
+        return self.dispatcher._resolve(self, key, self.op.bucket(*args, **kwargs))
+
+    def unrouted(self) -> Any:
+        """The route of calls the variants do not take: the reference, untimed."""
+        return (self.reference, -1, None)
 
     def reference_fn(self) -> Callable:
         return self.reference
@@ -122,8 +131,19 @@ class FunctionSite:
         explore.schedule = schedule  # type: ignore[attr-defined]
         return self.self_recording(explore)
 
-    def installed(self, key: tuple) -> Any:
-        return self.routes.get(key)
+    def clear(self) -> None:
+        """Forget every route; the next calls resolve again (plan swap, disabled variant)."""
+        self.routes.clear()
+        self.bucket_routes.clear()
+
+    def replace(self, old: Any, new: Any) -> None:
+        """Put ``new`` wherever ``old`` is installed, directly or as an explore arm."""
+        for table in (self.routes, self.bucket_routes):
+            for k, v in table.items():
+                if v is old:
+                    table[k] = new
+                else:
+                    _replace_in_explore(v, old, new)
 
     def run_reference(self, args: tuple, kwargs: dict) -> Any:
         return self.reference(*args, **kwargs)
@@ -154,20 +174,20 @@ class ModuleSite(FunctionSite):
         super().__init__(dispatcher, op, name, self.original_forward)
 
     def _make_wrapper(self) -> Callable:
-        bucket, routes, original, split, miss = (
-            self.op.bucket, self.routes, self.original_forward, self.split, self._miss,
+        call_key, routes, original, split, miss = (
+            self.op.call_key, self.routes, self.original_forward, self.split, self._miss,
         )
 
         def forward(module, *args, **kwargs):
             if _is_compiling():
                 return original(module, *args, **kwargs)
             parts = split(module, *args, **kwargs)
-            key = None if parts is None else bucket(*parts[0])
-            if key is None:
-                return original(module, *args, **kwargs)
+            key = None if parts is None else call_key(*parts[0])
             route = routes.get(key)
             if route is None:
-                route = miss(key)
+                if key is None:
+                    return original(module, *args, **kwargs)
+                route = miss(key, parts[0], {})
             return route(module, parts, args, kwargs)
 
         forward.__wrapped__ = original  # type: ignore[attr-defined]
@@ -183,6 +203,10 @@ class ModuleSite(FunctionSite):
 
     def self_recording(self, fn: Callable) -> Callable:
         return fn
+
+    def unrouted(self) -> Callable:
+        original = self.original_forward
+        return lambda module, parts, args, kwargs: original(module, *args, **kwargs)
 
     def explore(self, routes: list, weights: list[float]) -> Callable:
         schedule, counter = _explore_schedule(routes, weights), [0]
@@ -234,7 +258,7 @@ class ModuleSite(FunctionSite):
         self.failed = reason
         if self.cls.__dict__.get("forward") is self.wrapper:
             self.cls.forward = self.original_forward
-        self.routes.clear()
+        self.clear()
         log.warning("rtxops: %s stays on its own forward: %s", self.name, reason)
 
 
@@ -300,7 +324,7 @@ class Dispatcher:
                 return False
             old, self.plan, self.pending = self.plan, plan, None
             for site in self.sites:
-                site.routes.clear()
+                site.clear()
         self.readings.swap(self.step, old.version, plan.version, plan.digest)
         log.info("plan %s -> %s at step %s", old.version, plan.version, self.step)
         return True
@@ -320,7 +344,7 @@ class Dispatcher:
             for slot in self.slots:
                 readings.register_slot(slot)
             for site in self.sites:
-                site.routes.clear()
+                site.clear()
 
     # ---- resolution (route miss) ----------------------------------------------------------
     def choices(self, op: OpSpec, bucket: Bucket) -> list[Choice]:
@@ -342,16 +366,23 @@ class Dispatcher:
             out.append(choice)
         return out
 
-    def _resolve(self, site: FunctionSite, key: tuple) -> Callable:
+    def _resolve(self, site: FunctionSite, key, bucket_key: tuple | None) -> Any:
+        """Route miss: find (or make) the route of ``bucket_key`` and file it under ``key``."""
         if self.on_miss is not None:
             self.on_miss()
         with self._lock:
-            bucket = site.op.to_bucket(key)
-            routes = [self._route(site, bucket, key, c) for c in self.choices(site.op, bucket)]
-            if len(routes) == 1:
-                route = routes[0][0]
+            if bucket_key is None:
+                route = site.unrouted()
             else:
-                route = site.explore([r for r, _ in routes], [w for _, w in routes])
+                route = site.bucket_routes.get(bucket_key)
+                if route is None:
+                    bucket = site.op.to_bucket(bucket_key)
+                    arms = [self._route(site, bucket, c) for c in self.choices(site.op, bucket)]
+                    if len(arms) == 1:
+                        route = arms[0][0]
+                    else:
+                        route = site.explore([r for r, _ in arms], [w for _, w in arms])
+                    site.bucket_routes[bucket_key] = route
             site.routes[key] = route
             return route
 
@@ -366,13 +397,13 @@ class Dispatcher:
             self.readings.register_slot(info)
         return slot
 
-    def _route(self, site: FunctionSite, bucket: Bucket, key: tuple, choice: Choice):
+    def _route(self, site: FunctionSite, bucket: Bucket, choice: Choice):
         slot = self._slot(site, choice, bucket)
         if choice.variant.name == REFERENCE:
             fn = site.reference_fn()
             fast = site.timed(fn, slot, None)
             if site.needs_reference_check:
-                return self._probation(site, key, fn, fast, slot, None, choice), choice.weight
+                return self._probation(site, fn, fast, slot, None, choice), choice.weight
             return fast, choice.weight
         disable_key = (bucket.op, choice.variant.name, choice.config_json, bucket.id)
         try:
@@ -385,13 +416,16 @@ class Dispatcher:
         reference_slot = self._slot(site, _reference(self, site), bucket)
 
         def on_error(exc: BaseException, args: tuple, kwargs: dict):
+            # the reference raising too means the call itself is wrong: torch's own error, and
+            # the variant stays enabled
+            out = self._timed_reference(site, reference_slot, args, kwargs)
             self._disable(site, disable_key, slot, f"raised {_describe(exc)}")
-            return self._timed_reference(site, reference_slot, args, kwargs)
+            return out
 
         fast = site.timed(fn, slot, on_error)
         if not self.verify_first_call:
             return fast, choice.weight
-        return self._probation(site, key, fn, fast, slot, disable_key, choice,
+        return self._probation(site, fn, fast, slot, disable_key, choice,
                                reference_slot), choice.weight
 
     def _timed_reference(self, site: FunctionSite, slot: int, args: tuple, kwargs: dict) -> Any:
@@ -411,7 +445,7 @@ class Dispatcher:
         self.readings.build(slot, perf_counter_ns() - t0, False)
         return fn
 
-    def _probation(self, site, key, fn, fast, slot, disable_key, choice,
+    def _probation(self, site, fn, fast, slot, disable_key, choice,
                    reference_slot: int | None = None) -> Any:
         """First call of a route that is not the site's own code: run it and the site's reference,
         compare, then keep the fast route, or disable the variant and answer with the reference."""
@@ -439,11 +473,7 @@ class Dispatcher:
                     self.readings.record(reference_slot, t0 - t_ref, t_ref)
                 return expected
             self.readings.record(slot, t0, elapsed)
-            installed = site.routes.get(key)
-            if installed is route:
-                site.routes[key] = fast
-            else:  # one arm of an explore route: swap ourselves out of its schedule
-                _replace_in_explore(installed, route, fast)
+            site.replace(route, fast)
             return got
 
         route = site.self_recording(first_call)
@@ -454,8 +484,7 @@ class Dispatcher:
             self.disabled[key] = reason
             for s in self.sites:
                 if s.op.name == key[0]:
-                    for k in [k for k in s.routes if s.op.to_bucket(k).id == key[3]]:
-                        del s.routes[k]
+                    s.clear()
         log.warning("rtxops: disabled %s/%s %s on %s: %s", key[0], key[1], key[2], key[3], reason)
         self.readings.error(slot, reason)
 

@@ -40,9 +40,12 @@ DEFAULT_GRAD_TOLERANCES = {
 class OpSpec:
     """An op: its reference, how calls map to buckets, and how close other variants must come.
 
-    ``bucket(*args, **kwargs)`` receives a call exactly as the caller made it (the reference's
-    signature) and returns the hot-path key ``(dtype, device_type, *dims)`` or ``None`` when the
-    call is outside what the variants take; such calls run the reference untouched.
+    ``key(*args, **kwargs)`` runs on every call (hot path): it receives the call exactly as the
+    caller made it (the reference's signature) and returns a cheap hashable signature of everything
+    ``bucket`` looks at (shapes, dtypes, devices, flags), or None for calls it cannot describe.
+    ``bucket(*args, **kwargs)`` runs once per new signature: it returns the bucket key
+    ``(dtype, device_type, *dims)`` or None when the call is outside what the variants take; such
+    calls run the reference untouched. Without ``key``, ``bucket`` is used on the hot path.
     ``example_inputs(bucket, seed)`` makes real inputs for a bucket (correctness gate, tests).
     """
 
@@ -56,6 +59,11 @@ class OpSpec:
         default_factory=lambda: dict(DEFAULT_GRAD_TOLERANCES)
     )
     description: str = ""
+    key: Callable[..., Any] | None = None
+
+    @property
+    def call_key(self) -> Callable[..., Any]:
+        return self.key or self.bucket
 
     def to_bucket(self, key: tuple) -> Bucket:
         return Bucket.from_key(self.name, self.dims, key)

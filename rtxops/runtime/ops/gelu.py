@@ -20,6 +20,13 @@ def reference(input, approximate="none"):
     return originals.gelu(input, approximate=approximate)
 
 
+def key(input, approximate="none"):
+    try:
+        return (input.shape, input.dtype, input.device, approximate)
+    except AttributeError:
+        return None
+
+
 def bucket(input, approximate="none"):
     shape = input.shape
     if (
@@ -75,6 +82,7 @@ def _build_chunked(config, b: Bucket):
 
 
 SPEC = OpSpec(
+    key=key,
     name="gelu",
     reference=reference,
     bucket=bucket,

@@ -16,6 +16,15 @@ def reference(input, normalized_shape, weight=None, bias=None, eps=1e-05):
     return originals.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
+def key(input, normalized_shape, weight=None, bias=None, eps=1e-05):
+    try:
+        ns = normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape)
+        return (input.shape, input.dtype, input.device, ns,
+                None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+    except (AttributeError, TypeError):
+        return None
+
+
 def bucket(input, normalized_shape, weight=None, bias=None, eps=1e-05):
     shape = input.shape
     dtype = input.dtype
@@ -84,6 +93,7 @@ def _build_chunked(config, b: Bucket):
 
 
 SPEC = OpSpec(
+    key=key,
     name="layer_norm",
     reference=reference,
     bucket=bucket,

@@ -15,6 +15,14 @@ def reference(input, normalized_shape, weight=None, eps=None):
     return originals.rms_norm(input, normalized_shape, weight, eps)
 
 
+def key(input, normalized_shape, weight=None, eps=None):
+    try:
+        ns = normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape)
+        return (input.shape, input.dtype, input.device, ns, None if weight is None else weight.dtype)
+    except (AttributeError, TypeError):
+        return None
+
+
 def bucket(input, normalized_shape, weight=None, eps=None):
     shape = input.shape
     if (
@@ -68,6 +76,7 @@ def _build_chunked(config, b: Bucket):
 
 
 SPEC = OpSpec(
+    key=key,
     name="rms_norm",
     reference=reference,
     bucket=bucket,

@@ -15,6 +15,13 @@ def reference(input, inplace=False):
     return originals.silu(input, inplace)
 
 
+def key(input, inplace=False):
+    try:
+        return (input.shape, input.dtype, input.device, inplace)
+    except AttributeError:
+        return None
+
+
 def bucket(input, inplace=False):
     shape = input.shape
     if inplace or len(shape) == 0 or input.dtype not in _FLOATS or shape[-1] == 0:
@@ -54,6 +61,7 @@ def _build_chunked(config, b: Bucket):
 
 
 SPEC = OpSpec(
+    key=key,
     name="silu",
     reference=reference,
     bucket=bucket,

@@ -15,6 +15,13 @@ def reference(input, dim=None, _stacklevel=3, dtype=None):
     return originals.softmax(input, dim, _stacklevel, dtype)
 
 
+def key(input, dim=None, _stacklevel=3, dtype=None):
+    try:
+        return (input.shape, input.dtype, input.device, dim, dtype)
+    except AttributeError:
+        return None
+
+
 def bucket(input, dim=None, _stacklevel=3, dtype=None):
     shape = input.shape
     ndim = len(shape)
@@ -68,6 +75,7 @@ def _build_chunked(config, b: Bucket):
 
 
 SPEC = OpSpec(
+    key=key,
     name="softmax",
     reference=reference,
     bucket=bucket,

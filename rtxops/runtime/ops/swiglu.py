@@ -16,6 +16,13 @@ def reference(a, b):
     return originals.silu(a) * b
 
 
+def key(a, b):
+    try:
+        return (a.shape, a.dtype, a.device, b.shape, b.dtype)
+    except AttributeError:
+        return None
+
+
 def bucket(a, b):
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         return None
@@ -65,6 +72,7 @@ def _build_chunked(config, bk: Bucket):
 
 
 SPEC = OpSpec(
+    key=key,
     name="swiglu",
     reference=reference,
     bucket=bucket,

@@ -1,0 +1,55 @@
+"""Step time of examples/train_gpt.py: plain eager vs ``rtxops run`` with the default plan.
+
+Runs the two alternately in fresh processes (pairs), drops warm-up steps, and compares the median
+step time. Prints JSON (and writes it with ``--out``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def step_times(cmd: list[str]) -> list[float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+    return [json.loads(line)["step_s"] for line in out.splitlines() if line.startswith("{")]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--pairs", type=int, default=4)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--out")
+    a = p.parse_args()
+    job = [sys.executable, str(ROOT / "examples/train_gpt.py"), "--json", "--steps", str(a.steps)]
+    runs = {"eager": [], "rtxops": []}
+    for _ in range(a.pairs):
+        for name, cmd in (("eager", job),
+                          ("rtxops", [sys.executable, "-m", "rtxops.cli", "run", "--no-summary", "--", *job])):
+            runs[name].append(step_times(cmd)[a.warmup:])
+    med = {k: statistics.median(t for r in v for t in r) for k, v in runs.items()}
+    pair_ratios = [statistics.median(r) / statistics.median(e) for e, r in zip(runs["eager"], runs["rtxops"])]
+    out = {
+        "bench": "step_overhead",
+        "steps": a.steps, "warmup": a.warmup, "pairs": a.pairs,
+        "median_step_s": med,
+        "overhead": med["rtxops"] / med["eager"] - 1,
+        "pair_overheads": [r - 1 for r in pair_ratios],
+        "target_overhead_max": 0.02,
+    }
+    text = json.dumps(out, indent=2)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""cross_entropy over (N, C) logits and class-index targets:
+``l_i = (1 - e) * (lse(x_i) - x_i[t_i]) + e * (lse(x_i) - mean(x_i))`` with ``e = label_smoothing``,
+``l_i = 0`` where ``t_i == ignore_index``; 'mean' divides the sum by the number of kept rows.
+The input gradient of ``l_i`` is ``softmax(x_i) - (1 - e) * onehot(t_i) - e / C``."""
+from __future__ import annotations
+
+import torch
+
+from .. import originals
+from ..bucket import Bucket, device_type, pow2
+from ..spec import OpSpec, Variant
+from ._compiled import compiled_variant
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+_REDUCTION_NAMES = {v: k for k, v in _REDUCTIONS.items()}
+
+
+def reference(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+              reduction="mean", label_smoothing=0.0):
+    return originals.cross_entropy(input, target, weight, size_average, ignore_index, reduce,
+                                   reduction, label_smoothing)
+
+
+def key(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+        reduction="mean", label_smoothing=0.0):
+    try:
+        return (input.shape, input.dtype, input.device, target.shape, target.dtype, weight is None,
+                size_average, reduce, reduction, label_smoothing, ignore_index)
+    except AttributeError:
+        return None
+
+
+def bucket(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+           reduction="mean", label_smoothing=0.0):
+    if (
+        weight is not None
+        or size_average is not None
+        or reduce is not None
+        or type(reduction) is not str
+        or type(ignore_index) is not int
+        or type(label_smoothing) not in (float, int)
+        or not 0.0 <= label_smoothing <= 1.0
+        or not isinstance(target, torch.Tensor)
+        or target.dtype != torch.int64
+    ):
+        return None
+    shape = input.shape
+    if len(shape) != 2 or target.shape != shape[:1] or input.dtype not in _FLOATS:
+        return None
+    rows, vocab = shape
+    mode = _REDUCTIONS.get(reduction)
+    if mode is None or rows == 0 or vocab == 0:
+        return None
+    return (input.dtype, device_type(input), vocab, pow2(rows), mode, int(label_smoothing > 0))
+
+
+def example_inputs(b: Bucket, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    vocab, rows = b.dim("vocab"), b.dim("rows")
+    x = (2 * torch.randn(rows, vocab, generator=g)).to(b.torch_dtype)
+    t = torch.randint(0, vocab, (rows,), generator=g)
+    t[1:][torch.rand(rows - 1, generator=g) < 0.1] = -100
+    kwargs = {"reduction": _REDUCTION_NAMES[b.dim("reduction")],
+              "label_smoothing": 0.1 if b.dim("smoothing") else 0.0}
+    return (x.to(b.device).requires_grad_(), t.to(b.device)), kwargs
+
+
+def _reduce(loss, keep, reduction):
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / keep.sum()
+
+
+def logsoftmax_nll(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                   reduction="mean", label_smoothing=0.0):
+    """Explicit fp32 log_softmax, gather of the target column, smoothing term, masked reduction."""
+    logp = torch.log_softmax(input.float(), -1)
+    keep = target != ignore_index
+    loss = -logp.gather(1, torch.where(keep, target, 0).unsqueeze(1)).squeeze(1)
+    if label_smoothing > 0:
+        loss = (1 - label_smoothing) * loss - (label_smoothing / input.shape[1]) * logp.sum(-1)
+    loss = torch.where(keep, loss, 0.0)
+    return _reduce(loss, keep, reduction).to(input.dtype)
+
+
+class _ChunkedCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, target, ignore_index, reduction, smoothing, chunk_rows):
+        vocab = input.shape[1]
+        grad = torch.empty(input.shape, dtype=input.dtype, device=input.device)
+        loss = torch.empty(input.shape[0], dtype=torch.float32, device=input.device)
+        keep = target != ignore_index
+        for start in range(0, input.shape[0], chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            x, k = input[rows].float(), keep[rows]
+            t = torch.where(k, target[rows], 0).unsqueeze(1)
+            lse = x.logsumexp(-1, keepdim=True)
+            l = (lse - x.gather(1, t)).squeeze(1)
+            if smoothing > 0:
+                l = (1 - smoothing) * l + smoothing * (lse.squeeze(1) - x.mean(-1))
+            loss[rows] = torch.where(k, l, 0.0)
+            p = (x - lse).exp_()
+            p.scatter_add_(1, t, torch.full_like(t, smoothing - 1, dtype=p.dtype))
+            if smoothing > 0:
+                p.sub_(smoothing / vocab)
+            grad[rows] = p.mul_(k.unsqueeze(1))
+        ctx.reduction = reduction
+        ctx.save_for_backward(grad, keep.sum())
+        return _reduce(loss, keep, reduction).to(input.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad, count = ctx.saved_tensors
+        g = grad_out.float()
+        if ctx.reduction == "none":
+            g = g.unsqueeze(1)
+        elif ctx.reduction == "mean":
+            g = torch.where(count > 0, g / count, 0.0)
+        return (grad.float() * g).to(grad.dtype), None, None, None, None, None
+
+
+def _build_chunked(config, b: Bucket):
+    chunk_rows = config["chunk_rows"]
+
+    def chunked(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                reduction="mean", label_smoothing=0.0):
+        return _ChunkedCE.apply(input, target, ignore_index, reduction, float(label_smoothing),
+                                chunk_rows)
+
+    return chunked
+
+
+SPEC = OpSpec(
+    key=key,
+    name="cross_entropy",
+    reference=reference,
+    bucket=bucket,
+    dims=("vocab", "rows", "reduction", "smoothing"),
+    example_inputs=example_inputs,
+    description="cross entropy of (N, C) logits against class indices (F.cross_entropy)",
+)
+
+VARIANTS = [
+    Variant("cross_entropy", "logsoftmax_nll", "eager", lambda c, b: logsoftmax_nll,
+            description="fp32 log_softmax + gather + smoothing term"),
+    Variant("cross_entropy", "chunked", "chunked", _build_chunked,
+            config_space={"chunk_rows": [256, 1024, 4096]},
+            description="row chunks compute loss and input gradient in the forward; "
+                        "only the gradient (input dtype) is kept for backward"),
+    compiled_variant("cross_entropy", logsoftmax_nll),
+]
+
+
+def cases(dtype: torch.dtype):
+    """Named (args, kwargs) cases for tests: typical and edge shapes."""
+    g = torch.Generator().manual_seed(1)
+
+    def x(rows, vocab):
+        return (2 * torch.randn(rows, vocab, generator=g)).to(dtype).requires_grad_()
+
+    def t(rows, vocab, ignored=()):
+        out = torch.randint(0, vocab, (rows,), generator=g)
+        out[list(ignored)] = -100
+        return out
+
+    wide = (2 * torch.randn(6, 2 * 37, generator=g)).to(dtype)
+    return [
+        ("mean", (x(8, 50), t(8, 50)), {}),
+        ("sum_odd_vocab", (x(5, 33), t(5, 33)), {"reduction": "sum"}),
+        ("one_row", (x(1, 17), t(1, 17)), {}),
+        ("none", (x(7, 40), t(7, 40, ignored=(2,))), {"reduction": "none"}),
+        ("ignored_rows_mean", (x(9, 31), t(9, 31, ignored=(0, 4, 8))), {}),
+        ("ignore_index_in_range", (x(6, 20), torch.tensor([0, 3, 0, 5, 19, 0])),
+         {"ignore_index": 0, "reduction": "sum"}),
+        ("all_ignored_sum", (x(4, 12), t(4, 12, ignored=range(4))), {"reduction": "sum"}),
+        ("all_ignored_none", (x(3, 12), t(3, 12, ignored=range(3))), {"reduction": "none"}),
+        ("smoothing_mean", (x(10, 64), t(10, 64, ignored=(3,))), {"label_smoothing": 0.1}),
+        ("smoothing_none", (x(5, 21), t(5, 21, ignored=(1,))),
+         {"reduction": "none", "label_smoothing": 0.25}),
+        ("smoothing_sum", (x(4, 9), t(4, 9)), {"reduction": "sum", "label_smoothing": 1.0}),
+        ("non_contiguous", (wide[:, ::2].requires_grad_(), t(6, 37)), {}),
+        ("many_rows", (x(600, 24), t(600, 24, ignored=range(0, 600, 7))),
+         {"label_smoothing": 0.05}),
+    ]
