@@ -1,0 +1,35 @@
+# rtxops: the two commands a newcomer needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The CPU build of torch lies on local disk on these machines; any newer range pulls a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_WORKERS ?= 2
+DEMO_STEPS ?= 30
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+demo: install
+	@echo "== rtxops demo: the example GPT under 'rtxops run' (every op on its reference plan) =="
+	$(VENV)/bin/rtxops run -- $(PY) examples/train_gpt.py --steps $(DEMO_STEPS)
+
+test: install
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --durations=15 -p no:cacheprovider
+
+bench: install
+	mkdir -p bench/results
+	$(PY) bench/dispatch_overhead.py --out bench/results/dispatch_overhead.json
+	$(PY) bench/step_overhead.py --out bench/results/step_overhead.json
+
+clean:
+	rm -rf $(VENV) .rtxops .pytest_cache
