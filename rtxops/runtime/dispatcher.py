@@ -20,6 +20,7 @@ import torch
 from .bucket import Bucket
 from .errors import PlanError
 from .memory import rss_bytes
+from .timing import BackwardTimer
 from .plan import Plan, default_plan
 from .readings import CallStats, Readings, Slot
 from .registry import Registry, default_registry
@@ -104,7 +105,7 @@ class FunctionSite:
     def reference_fn(self) -> Callable:
         return self.reference
 
-    def timed(self, fn: Callable, slot: int, on_error: Callable | None) -> Any:
+    def timed(self, fn: Callable, slot: int, on_error: Callable | None, whole: bool | None = None) -> Any:
         return (fn, slot, on_error)
 
     def self_recording(self, fn: Callable) -> Any:
@@ -130,6 +131,24 @@ class FunctionSite:
 
         explore.schedule = schedule  # type: ignore[attr-defined]
         return self.self_recording(explore)
+
+    def arm_backward(self, make_sampler: Callable) -> None:
+        """Make the next call of every timed route also time its backward (then disarm)."""
+        for route in list({id(r): r for r in self.bucket_routes.values()}.values()):
+            fn, slot, on_error = self._parts(route)
+            if slot < 0:
+                continue
+            armed: list = []
+            disarm = lambda armed=armed, route=route: self.replace(armed[0], route)  # noqa: E731
+            armed.append(self.timed(make_sampler(fn, slot, disarm), slot, on_error,
+                                    whole=self._is_whole(route)))
+            self.replace(route, armed[0])
+
+    def _parts(self, route: Any) -> tuple:
+        return route
+
+    def _is_whole(self, route: Any) -> bool | None:
+        return None
 
     def clear(self) -> None:
         """Forget every route; the next calls resolve again (plan swap, disabled variant)."""
@@ -218,15 +237,25 @@ class ModuleSite(FunctionSite):
         explore.schedule = schedule  # type: ignore[attr-defined]
         return explore
 
-    def timed(self, fn: Callable, slot: int, on_error: Callable | None) -> Callable:
+    def _parts(self, route: Any) -> tuple:
+        return getattr(route, "parts", (None, -1, None))
+
+    def _is_whole(self, route: Any) -> bool | None:
+        return getattr(route, "whole", None)
+
+    def timed(self, fn: Callable, slot: int, on_error: Callable | None,
+              whole: bool | None = None) -> Callable:
         record_cell = self.dispatcher.record_cell
-        if fn is self.original_forward:
-            def whole(module, parts, args, kwargs):
+        if whole is None:
+            whole = fn is self.original_forward
+        if whole:
+            def whole_forward(module, parts, args, kwargs):
                 t0 = perf_counter_ns()
                 out = fn(module, *args, **kwargs)
                 record_cell[0](slot, t0, perf_counter_ns() - t0)
                 return out
-            return whole
+            whole_forward.parts, whole_forward.whole = (fn, slot, on_error), True  # type: ignore[attr-defined]
+            return whole_forward
 
         def route(module, parts, args, kwargs):  # time only the op, not the rest of the forward
             canonical, post = parts
@@ -240,6 +269,7 @@ class ModuleSite(FunctionSite):
             record_cell[0](slot, t0, perf_counter_ns() - t0)
             return out if post is None else post(module, out)
 
+        route.parts, route.whole = (fn, slot, on_error), False  # type: ignore[attr-defined]
         return route
 
     def run_reference(self, a: tuple, k: dict) -> Any:
@@ -266,11 +296,12 @@ class Dispatcher:
     """Holds the running plan, the sites, the build cache and what was disabled."""
 
     def __init__(self, registry: Registry | None = None, readings: Readings | None = None,
-                 verify_first_call: bool = True) -> None:
+                 verify_first_call: bool = True, backward_every: int = 8) -> None:
         self.registry = registry or default_registry()
         self.readings: Readings = readings if readings is not None else CallStats()
         self.record_cell = [self.readings.record]  # the hot path reads the sink through this cell
         self.verify_first_call = verify_first_call
+        self.backward_every = backward_every  # time one backward per route every N steps (0: never)
         self.plan: Plan = default_plan()
         self.pending: Plan | None = None
         self.step = 0
@@ -334,6 +365,9 @@ class Dispatcher:
         self.step += 1
         if self.pending is not None:
             self.apply_pending()
+        if self.backward_every and self.step % self.backward_every == 0:
+            for site in self.sites:
+                site.arm_backward(self._backward_sampler)
         self.readings.step(self.step, perf_counter_ns(), self.plan.version, rss_bytes())
 
     def set_readings(self, readings: Readings) -> None:
@@ -487,6 +521,19 @@ class Dispatcher:
                     s.clear()
         log.warning("rtxops: disabled %s/%s %s on %s: %s", key[0], key[1], key[2], key[3], reason)
         self.readings.error(slot, reason)
+
+    def _backward_sampler(self, fn: Callable, slot: int, disarm: Callable[[], None]) -> Callable:
+        readings = self.readings
+
+        def sampled(*args, **kwargs):
+            disarm()
+            if not torch.is_grad_enabled():
+                return fn(*args, **kwargs)
+            timer = BackwardTimer(slot, readings)
+            out = fn(*[timer.mark_input(a) for a in args], **kwargs)
+            return timer.mark_output(out)
+
+        return sampled
 
     # ---- introspection --------------------------------------------------------------------
     def site_named(self, name: str) -> FunctionSite:

@@ -30,6 +30,8 @@ class Readings:
 
     def record(self, slot: int, start_ns: int, duration_ns: int) -> None: ...
 
+    def backward(self, slot: int, start_ns: int, duration_ns: int) -> None: ...
+
     def build(self, slot: int, duration_ns: int, cache_hit: bool) -> None: ...
 
     def error(self, slot: int, message: str) -> None: ...
@@ -89,6 +91,14 @@ class Fanout(Readings):
         self.sinks = sinks
         if len(sinks) == 1:
             self.record = sinks[0].record  # type: ignore[method-assign]
+        elif len(sinks) == 2:
+            first, second = sinks[0].record, sinks[1].record
+
+            def record(slot: int, start_ns: int, duration_ns: int) -> None:
+                first(slot, start_ns, duration_ns)
+                second(slot, start_ns, duration_ns)
+
+            self.record = record  # type: ignore[method-assign]
 
     def register_slot(self, slot):
         for s in self.sinks:
@@ -97,6 +107,10 @@ class Fanout(Readings):
     def record(self, slot, start_ns, duration_ns):
         for s in self.sinks:
             s.record(slot, start_ns, duration_ns)
+
+    def backward(self, slot, start_ns, duration_ns):
+        for s in self.sinks:
+            s.backward(slot, start_ns, duration_ns)
 
     def build(self, slot, duration_ns, cache_hit):
         for s in self.sinks:

@@ -47,3 +47,60 @@ class CudaEventTimer:
             self._record(slot, host_ns, int(start.elapsed_time(end) * 1e6))
             n += 1
         return n
+
+
+class BackwardTimer:
+    """Times the backward of one call: identity marks on its outputs (gradient arrives: backward
+    starts) and on its inputs (gradient leaves: backward ends). Used on sampled calls only, since
+    each mark is an autograd node."""
+
+    def __init__(self, slot: int, readings) -> None:
+        self.slot, self.readings = slot, readings
+        self.start = 0
+        self.pending = 0
+
+    def mark_input(self, x):
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            self.pending += 1
+            return _BackwardEnd.apply(x, self)
+        return x
+
+    def mark_output(self, out):
+        if isinstance(out, torch.Tensor):
+            return _BackwardStart.apply(out, self) if out.requires_grad and self.pending else out
+        if isinstance(out, tuple):
+            return tuple(self.mark_output(o) for o in out)
+        return out
+
+    def _started(self) -> None:
+        if not self.start:
+            self.start = perf_counter_ns()
+
+    def _ended(self) -> None:
+        self.pending -= 1
+        if self.pending == 0 and self.start:
+            self.readings.backward(self.slot, self.start, perf_counter_ns() - self.start)
+
+
+class _BackwardStart(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, timer):
+        ctx.timer = timer
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.timer._started()
+        return grad, None
+
+
+class _BackwardEnd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, timer):
+        ctx.timer = timer
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.timer._ended()
+        return grad, None

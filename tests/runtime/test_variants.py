@@ -89,11 +89,11 @@ def test_variant_matches_reference(op, variant_name, dtype):
 
 
 @pytest.mark.parametrize("op", OP_MODULES)
-def test_every_op_has_three_real_variants(op):
+def test_every_op_has_three_variants_besides_the_reference(op):
     variants = [v for v in default_registry().variants(op) if "cpu" in v.devices]
-    families = {v.family for v in variants}
     assert REFERENCE in {v.name for v in variants}
-    assert len(variants) >= 3 and len(families) >= 3, families
+    others = [v for v in variants if v.name != REFERENCE]
+    assert len(others) >= 3 and len({v.family for v in others}) >= 2, [v.name for v in others]
 
 
 @pytest.mark.parametrize("op", OP_MODULES)

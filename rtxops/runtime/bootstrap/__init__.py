@@ -3,10 +3,13 @@
 ``RTXOPS_PLAN``     path of a plan JSON file to run with (default: every op on its reference)
 ``RTXOPS_SUMMARY``  path where the per-slot summary JSON is written when the process exits
 ``RTXOPS_VERIFY_FIRST_CALL``  ``0`` turns off the first-call check of non-reference variants
+``RTXOPS_READINGS_FACTORY``  ``module:function`` called with the dispatcher to attach more readings
+                             (telemetry); the runtime never imports those packages itself
 """
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
 import sys
@@ -31,6 +34,13 @@ def start() -> None:
         except (OSError, RuntimeErrorBase) as e:
             print(f"rtxops: plan {plan_path} not installed, running the reference plan: {e}",
                   file=sys.stderr)
+    factory = os.environ.get("RTXOPS_READINGS_FACTORY")
+    if factory:
+        try:
+            module, _, name = factory.partition(":")
+            getattr(importlib.import_module(module), name)(dispatcher)
+        except Exception as e:  # the job runs without telemetry rather than not at all
+            print(f"rtxops: telemetry not started ({factory}): {type(e).__name__}: {e}", file=sys.stderr)
     summary_path = os.environ.get("RTXOPS_SUMMARY")
     if summary_path:
         atexit.register(_write_summary, dispatcher, summary_path)
@@ -46,7 +56,7 @@ def _write_summary(dispatcher, path: str) -> None:
 
 
 def child_environment(env: dict[str, str], *, plan: str | None = None,
-                      summary: str | None = None) -> dict[str, str]:
+                      summary: str | None = None, readings_factory: str | None = None) -> dict[str, str]:
     """``env`` plus what a child process needs to start with the runtime enabled."""
     out = dict(env)
     out["RTXOPS_ENABLE"] = "1"
@@ -57,4 +67,6 @@ def child_environment(env: dict[str, str], *, plan: str | None = None,
         out["RTXOPS_PLAN"] = str(Path(plan).resolve())
     if summary:
         out["RTXOPS_SUMMARY"] = summary
+    if readings_factory:
+        out["RTXOPS_READINGS_FACTORY"] = readings_factory
     return out

@@ -1,0 +1,124 @@
+"""Span processing and export: a per-step collecting processor, the export thread, and exporters
+(OTLP/HTTP to the daemon or any collector; DuckDB directly for a process that owns the store)."""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Callable, Sequence
+
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from .recorder import StepRecord
+
+log = logging.getLogger("rtxops.telemetry")
+
+
+class StepProcessor(SpanProcessor):
+    """Collects ended spans until the export thread drains them as one batch."""
+
+    def __init__(self) -> None:
+        self._spans: list[ReadableSpan] = []
+        self._lock = threading.Lock()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        with self._lock:
+            self._spans.append(span)
+
+    def drain(self) -> list[ReadableSpan]:
+        with self._lock:
+            spans, self._spans = self._spans, []
+        return spans
+
+
+class ExportThread:
+    """Takes step records from the training thread (bounded queue, never blocks it), builds their
+    spans and exports them. Every drop is counted: steps the queue refused, spans an exporter
+    failed to deliver."""
+
+    def __init__(self, build: Callable[[StepRecord, dict], int], processor: StepProcessor,
+                 exporter: SpanExporter, max_queue: int = 256) -> None:
+        self._build, self.processor, self.exporter = build, processor, exporter
+        self._queue: queue.Queue = queue.Queue(max_queue)
+        self.steps_dropped = 0
+        self.spans_exported = 0
+        self.spans_failed = 0
+        self.exports_failed = 0
+        self._thread = threading.Thread(target=self._run, name="rtxops-telemetry", daemon=True)
+        self._thread.start()
+
+    def submit(self, rec: StepRecord) -> None:
+        try:
+            self._queue.put_nowait(rec)
+        except queue.Full:
+            self.steps_dropped += 1
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Export everything queued, then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            rec = self._queue.get()
+            if rec is None:
+                return
+            try:
+                self._build(rec, self.counters())
+                self._export(self.processor.drain())
+            except Exception:  # telemetry must never take the job down
+                log.exception("rtxops: building or exporting spans failed")
+
+    def _export(self, spans: Sequence[ReadableSpan]) -> None:
+        if not spans:
+            return
+        try:
+            result = self.exporter.export(spans)
+        except Exception as e:
+            log.warning("rtxops: span export raised %s", e)
+            result = SpanExportResult.FAILURE
+        if result is SpanExportResult.SUCCESS:
+            self.spans_exported += len(spans)
+        else:
+            self.exports_failed += 1
+            self.spans_failed += len(spans)
+
+    def counters(self) -> dict:
+        from . import schema as S
+
+        return {S.DROPPED_STEPS: self.steps_dropped, "rtx.dropped.spans": self.spans_failed}
+
+
+class DuckDBSpanExporter(SpanExporter):
+    """Writes spans straight into a :class:`~rtxops.telemetry.store.Store` through the same OTLP →
+    Arrow conversion as the HTTP receiver."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        from .otlp import encode_readable_spans, to_arrow
+
+        try:
+            self.store.write(to_arrow(encode_readable_spans(spans), time.time_ns()))
+        except Exception as e:
+            log.warning("rtxops: DuckDB export failed: %s", e)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def otlp_http_exporter(daemon_url: str | None, token: str | None) -> SpanExporter:
+    """OTLP/HTTP protobuf exporter: to the standard ``OTEL_EXPORTER_OTLP_*`` endpoint when one is
+    set, else to the rtxops daemon at ``daemon_url`` with its bearer token."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return OTLPSpanExporter()
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    return OTLPSpanExporter(endpoint=daemon_url.rstrip("/") + "/v1/traces", headers=headers, timeout=10)

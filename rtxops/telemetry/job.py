@@ -1,0 +1,117 @@
+"""Telemetry inside a job process: recorder → export thread → spans → exporter.
+
+The runtime bootstrap calls :func:`readings_for_job` (named in ``RTXOPS_READINGS_FACTORY``) so the
+runtime itself never imports this package. Configuration:
+
+``RTXOPS_TELEMETRY``  ``otlp`` (to ``RTXOPS_DAEMON`` or the standard ``OTEL_EXPORTER_OTLP_*``
+                      endpoint), ``duckdb`` (write ``RTXOPS_STORE`` directly), or ``off``
+``RTXOPS_CALL_SAMPLES`` sampled rtx.call spans, ``"per_slot/window_steps"`` (default ``2/10``)
+``RTXOPS_RECORDER_CAPACITY`` call records kept per step (default 65536; more are dropped, counted)
+"""
+from __future__ import annotations
+
+import atexit
+import os
+from dataclasses import dataclass
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from rtxops.runtime.dispatcher import Dispatcher
+from rtxops.runtime.memory import cuda_stats, rss_bytes
+from rtxops.runtime.readings import Fanout
+
+from . import schema as S
+from .exporters import DuckDBSpanExporter, ExportThread, StepProcessor, otlp_http_exporter
+from .recorder import Recorder
+from .resource import job_resource_attributes
+from .spans import CallSampling, SpanBuilder
+
+DEFAULT_DAEMON = "http://127.0.0.1:8765"
+
+
+@dataclass
+class JobTelemetry:
+    """The pieces of one job's telemetry, so tests and shutdown can reach them."""
+
+    recorder: Recorder
+    builder: SpanBuilder
+    thread: ExportThread
+    provider: TracerProvider
+    exporter: SpanExporter
+    store: object | None = None
+
+    def close(self, dispatcher: Dispatcher | None = None) -> None:
+        """Export what is left (the part of a step after the last optimizer step too) and stop."""
+        if dispatcher is not None:
+            self.recorder.flush(dispatcher.plan.version, rss_bytes())
+        self.thread.close()
+        self.exporter.shutdown()
+        if self.store is not None:
+            self.store.close()
+
+
+def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store=None,
+                        sampling: CallSampling | None = None, capacity: int = 1 << 16,
+                        resource: dict | None = None) -> JobTelemetry:
+    """Wire a recorder into ``dispatcher`` that exports through ``exporter``."""
+    provider = TracerProvider(resource=Resource.create(resource or job_resource_attributes()))
+    processor = StepProcessor()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("rtxops")
+    holder: dict = {}
+
+    recorder = Recorder(lambda rec: holder["thread"].submit(rec), capacity=capacity)
+    builder = SpanBuilder(tracer, recorder.slots, _step_attributes, sampling)
+    thread = ExportThread(builder.build, processor, exporter)
+    holder["thread"] = thread
+    current = dispatcher.readings
+    dispatcher.set_readings(Fanout(current, recorder) if current is not None else recorder)
+    return JobTelemetry(recorder, builder, thread, provider, exporter, store)
+
+
+def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
+    """Start telemetry as the environment asks (the runtime bootstrap calls this)."""
+    mode = os.environ.get("RTXOPS_TELEMETRY", "otlp")
+    if mode == "off":
+        return None
+    store = None
+    if mode == "duckdb":
+        from .store import Store, default_path
+
+        store = Store(os.environ.get("RTXOPS_STORE") or default_path())
+        exporter: SpanExporter = DuckDBSpanExporter(store)
+    elif mode == "otlp":
+        exporter = otlp_http_exporter(os.environ.get("RTXOPS_DAEMON", DEFAULT_DAEMON),
+                                      os.environ.get("RTXOPS_TOKEN"))
+    else:
+        raise ValueError(f"RTXOPS_TELEMETRY={mode!r}: expected otlp, duckdb or off")
+    telemetry = start_job_telemetry(
+        dispatcher, exporter, store=store,
+        sampling=CallSampling.parse(os.environ.get("RTXOPS_CALL_SAMPLES")),
+        capacity=int(os.environ.get("RTXOPS_RECORDER_CAPACITY", 1 << 16)),
+    )
+    atexit.register(telemetry.close, dispatcher)
+    return telemetry
+
+
+def _step_attributes() -> dict:
+    attrs: dict = {}
+    cuda = cuda_stats()
+    if cuda:
+        attrs.update({
+            S.CUDA_ALLOCATED: cuda["allocated"], S.CUDA_RESERVED: cuda["reserved"],
+            S.CUDA_FRAGMENTATION: cuda["fragmentation"], S.CUDA_PEAK: cuda["peak"],
+            S.CUDA_ALLOC_RETRIES: cuda["alloc_retries"], S.CUDA_OOMS: cuda["ooms"],
+        })
+    try:
+        from torch._dynamo.utils import counters
+
+        inductor = counters.get("inductor", {})
+        attrs[S.INDUCTOR_FXGRAPH_HITS] = int(inductor.get("fxgraph_cache_hit", 0))
+        attrs[S.INDUCTOR_FXGRAPH_MISSES] = int(inductor.get("fxgraph_cache_miss", 0))
+    except Exception:
+        pass
+    attrs[S.RSS] = rss_bytes()
+    return attrs

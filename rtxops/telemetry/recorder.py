@@ -1,0 +1,117 @@
+"""The hot-path recorder: fixed-width call records in a preallocated buffer.
+
+``record(slot, start_ns, duration_ns)`` is the only telemetry code that runs per call: three array
+stores into a preallocated ``array('q')``, no OpenTelemetry object, no lock, no allocation. At each
+optimizer step the training thread hands the step's records to the export thread as one
+:class:`StepRecord` (a single copy of the used part of the buffer) and starts over.
+"""
+from __future__ import annotations
+
+import threading
+from array import array
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+from typing import Callable
+
+from rtxops.runtime.readings import Readings, Slot
+
+RECORD_WIDTH = 3  # slot, start_ns, duration_ns
+
+
+@dataclass
+class StepRecord:
+    """Everything recorded between two optimizer steps."""
+
+    step: int
+    start_ns: int  # perf_counter_ns
+    end_ns: int
+    plan_version: int
+    rss_bytes: int
+    calls: array  # flat (slot, start_ns, duration_ns) triples
+    backward: list[tuple[int, int, int]] = field(default_factory=list)
+    builds: list[tuple[int, int, int, bool]] = field(default_factory=list)  # slot, start, dur, hit
+    errors: list[tuple[int, str, int]] = field(default_factory=list)  # slot, message, time
+    swaps: list[tuple[int, int, int, str, int]] = field(default_factory=list)
+    dropped_records: int = 0
+
+
+class Recorder(Readings):
+    """Readings sink for telemetry. ``on_step`` receives each finished :class:`StepRecord`."""
+
+    def __init__(self, on_step: Callable[[StepRecord], None], capacity: int = 1 << 16) -> None:
+        self.slots: list[Slot] = []
+        self.on_step = on_step
+        self.capacity = capacity
+        self._lock = threading.Lock()  # guards the slow-path lists only
+        self._start_ns = perf_counter_ns()
+        self._backward: list = []
+        self._builds: list = []
+        self._errors: list = []
+        self._swaps: list = []
+        self.record, self._take = _make_buffer(capacity)
+
+    def register_slot(self, slot: Slot) -> None:
+        self.slots.append(slot)
+
+    def backward(self, slot: int, start_ns: int, duration_ns: int) -> None:
+        with self._lock:
+            self._backward.append((slot, start_ns, duration_ns))
+
+    def build(self, slot: int, duration_ns: int, cache_hit: bool) -> None:
+        with self._lock:
+            self._builds.append((slot, perf_counter_ns() - duration_ns, duration_ns, cache_hit))
+
+    def error(self, slot: int, message: str) -> None:
+        with self._lock:
+            self._errors.append((slot, message, perf_counter_ns()))
+
+    def swap(self, step: int, old_version: int, new_version: int, digest: str) -> None:
+        with self._lock:
+            self._swaps.append((step, old_version, new_version, digest, perf_counter_ns()))
+
+    def step(self, step: int, end_ns: int, plan_version: int, rss_bytes: int) -> None:
+        calls, dropped = self._take()
+        with self._lock:
+            rec = StepRecord(step, self._start_ns, end_ns, plan_version, rss_bytes, calls,
+                             self._backward, self._builds, self._errors, self._swaps, dropped)
+            self._backward, self._builds, self._errors, self._swaps = [], [], [], []
+        self._start_ns = end_ns
+        self.on_step(rec)
+
+    def flush(self, plan_version: int, rss_bytes: int) -> None:
+        """Hand over what was recorded since the last step (at exit, or for a job with no optimizer)."""
+        calls, dropped = self._take()
+        if not calls and not self._builds and not self._errors:
+            return
+        with self._lock:
+            rec = StepRecord(-1, self._start_ns, perf_counter_ns(), plan_version, rss_bytes, calls,
+                             self._backward, self._builds, self._errors, self._swaps, dropped)
+            self._backward, self._builds, self._errors, self._swaps = [], [], [], []
+        self.on_step(rec)
+
+
+def _make_buffer(capacity: int):
+    """A (record, take) pair sharing one preallocated buffer through closure cells."""
+    limit = capacity * RECORD_WIDTH
+    buf = array("q", bytes(8 * limit))
+    pos = 0
+    dropped = 0
+
+    def record(slot: int, start_ns: int, duration_ns: int) -> None:
+        nonlocal pos, dropped
+        i = pos
+        if i < limit:
+            buf[i] = slot
+            buf[i + 1] = start_ns
+            buf[i + 2] = duration_ns
+            pos = i + 3
+        else:
+            dropped += 1
+
+    def take() -> tuple[array, int]:
+        nonlocal pos, dropped
+        out, n = buf[:pos], dropped
+        pos = dropped = 0
+        return out, n
+
+    return record, take

@@ -1,0 +1,104 @@
+"""Span content from a real (tiny) training run: counts and durations equal what was recorded."""
+from __future__ import annotations
+
+import torch
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from rtxops.runtime import patching
+from rtxops.runtime.plan import Plan
+from rtxops.telemetry import schema as S
+from rtxops.telemetry.job import start_job_telemetry
+from rtxops.telemetry.spans import CallSampling
+
+from ..runtime.helpers import TinyNet, train_losses
+
+RESOURCE = {S.SERVICE_NAME: "test", S.JOB_ID: "job-1", S.RANK: 0}
+
+
+def _run(steps: int, capacity: int = 1 << 16, backward_every: int = 2, sampling=None):
+    d = patching.enable(plan=Plan(version=1, defaults={"gelu": "eager"}))
+    d.backward_every = backward_every
+    exporter = InMemorySpanExporter()
+    telemetry = start_job_telemetry(d, exporter, capacity=capacity, resource=RESOURCE,
+                                    sampling=sampling or CallSampling(2, 10))
+    stats = d.readings.sinks[0]
+    train_losses(TinyNet(), steps=steps)
+    telemetry.close(d)
+    return d, stats, exporter.get_finished_spans(), telemetry
+
+
+def _by_name(spans, name):
+    return [s for s in spans if s.name == name]
+
+
+def test_step_and_kernel_spans_match_the_recorded_calls():
+    d, stats, spans, _ = _run(steps=4)
+    steps = _by_name(spans, S.STEP)
+    assert [s.attributes[S.STEP_NUMBER] for s in steps] == [1, 2, 3, 4]
+    kernels = [k for k in _by_name(spans, S.KERNEL) if k.attributes[S.PHASE] == "fwd"]
+    # every kernel span hangs under the step span of its step
+    step_ids = {s.context.span_id: s.attributes[S.STEP_NUMBER] for s in steps}
+    assert all(step_ids[k.parent.span_id] == k.attributes[S.STEP_NUMBER] for k in kernels)
+    for slot in stats.slots:
+        mine = [k for k in kernels if (k.attributes[S.OP], k.attributes[S.VARIANT], k.attributes[S.BUCKET],
+                                       k.attributes[S.SITE]) == (slot.op, slot.variant, slot.bucket, slot.site)]
+        assert sum(k.attributes[S.COUNT] for k in mine) == stats.calls[slot.id]
+        assert sum(k.attributes[S.TOTAL_NS] for k in mine) == stats.total_ns[slot.id]
+        for k in mine:
+            a = k.attributes
+            assert a[S.MIN_NS] <= a[S.TOTAL_NS] / a[S.COUNT] <= a[S.MAX_NS]
+            assert sum(a[S.HIST]) == a[S.COUNT]
+            assert a[S.CACHE_HITS] + a[S.CACHE_MISSES] == a[S.COUNT]
+            assert k.start_time <= k.end_time
+    assert sum(stats.calls) > 0
+    ops = {k.attributes[S.OP] for k in kernels}
+    assert {"linear", "layer_norm", "gelu", "cross_entropy"} <= ops
+    gelu = [k for k in kernels if k.attributes[S.OP] == "gelu"]
+    assert {k.attributes[S.VARIANT] for k in gelu} == {"eager"}
+    misses = {k.attributes[S.STEP_NUMBER]: k.attributes[S.CACHE_MISSES] for k in gelu}
+    assert misses == {1: 1, 2: 0, 3: 0, 4: 0}  # built once, reused after
+
+
+def test_backward_is_timed_on_sampled_steps():
+    _, _, spans, _ = _run(steps=4, backward_every=2)
+    bwd = [k for k in _by_name(spans, S.KERNEL) if k.attributes[S.PHASE] == "bwd"]
+    assert bwd and all(k.attributes[S.SAMPLED] for k in bwd)
+    # armed at the end of steps 2 and 4: the next forward's calls (steps 3 and 5) carry them
+    assert {k.attributes[S.STEP_NUMBER] for k in bwd} <= {3, -1}
+    assert all(k.attributes[S.TOTAL_NS] > 0 for k in bwd)
+    assert {k.attributes[S.OP] for k in bwd} >= {"linear", "gelu"}
+
+
+def test_sampled_call_spans_respect_their_budget():
+    _, stats, spans, _ = _run(steps=6, sampling=CallSampling(1, 3))
+    calls = _by_name(spans, S.CALL)
+    used_slots = [s for s in stats.slots if stats.calls[s.id]]
+    windows = 2  # steps 1-2 in window 0, 3-5 in window 1, 6 in window 2
+    assert len(calls) <= len(used_slots) * (windows + 1)
+    per_window = {}
+    for c in calls:
+        k = (c.attributes[S.STEP_NUMBER] // 3, c.attributes[S.OP], c.attributes[S.VARIANT],
+             c.attributes[S.BUCKET], c.attributes[S.SITE])
+        per_window[k] = per_window.get(k, 0) + 1
+    assert per_window and max(per_window.values()) == 1
+
+
+def test_a_full_recorder_counts_every_dropped_record():
+    capacity = 3  # TinyNet makes 5 routed calls a step
+    _, stats, spans, _ = _run(steps=3, capacity=capacity, backward_every=0)
+    steps = [s for s in _by_name(spans, S.STEP) if s.attributes[S.STEP_NUMBER] > 0]
+    kernels = [k for k in _by_name(spans, S.KERNEL) if k.attributes[S.PHASE] == "fwd"]
+    for step in steps:
+        n = step.attributes[S.STEP_NUMBER]
+        kept = sum(k.attributes[S.COUNT] for k in kernels if k.attributes[S.STEP_NUMBER] == n)
+        assert kept == step.attributes[S.COUNT] == capacity
+        assert kept + step.attributes[S.DROPPED_RECORDS] == 5
+    assert sum(stats.calls) == 5 * len(steps)
+
+
+def test_resource_and_plan_attributes():
+    d, _, spans, _ = _run(steps=1)
+    step, = _by_name(spans, S.STEP)
+    assert step.resource.attributes[S.JOB_ID] == "job-1"
+    assert step.attributes[S.PLAN_VERSION] == d.plan.version
+    assert step.attributes[S.RSS] > 0
