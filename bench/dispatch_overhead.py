@@ -17,7 +17,9 @@ import torch
 
 from rtxops.runtime import originals, patching
 from rtxops.runtime.bucket import Bucket
+from rtxops.runtime.readings import Fanout
 from rtxops.runtime.registry import default_registry
+from rtxops.telemetry.recorder import Recorder
 
 SHAPES = {"small": {"rows": 8, "hidden": 64}, "large": {"rows": 2048, "hidden": 1024}}
 
@@ -70,6 +72,29 @@ def measure(bare, dispatched, args, kwargs, batches: int, n: int) -> dict:
             "added_p90_ns": sorted(diffs)[int(0.9 * (len(diffs) - 1))]}
 
 
+def _measure_ops(dispatcher, quick: bool, batches: int) -> list[dict]:
+    rope_site = dispatcher.function_site("rope", "bench:rope", default_registry().op("rope").reference)
+    results = []
+    with torch.no_grad():
+        for size in SHAPES:
+            n = 20 if quick else (400 if size == "small" else 10)
+            for op in ("rms_norm", "layer_norm", "softmax", "gelu", "silu", "cross_entropy",
+                       "attention", "linear"):
+                fname, args, kwargs = _inputs(op, size)
+                bare = originals.original(fname)
+                wrapped = getattr(torch.nn.functional, fname)
+                assert wrapped is not bare, "dispatcher not enabled"
+                results.append({"op": op, "shape": size, **measure(bare, wrapped, args, kwargs, batches, n)})
+            rows = SHAPES[size]["rows"]
+            bucket = Bucket.parse("rope", f"float32/cpu/head_dim=64,seq={max(8, rows // 16)},rows=4,"
+                                  "unsqueeze_dim=1,same_qk=1")
+            args, kwargs = default_registry().op("rope").example_inputs(bucket, 0)
+            args = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in args)
+            results.append({"op": "rope", "shape": size, **measure(
+                rope_site.reference, rope_site.wrapper, args, kwargs, batches, n)})
+    return results
+
+
 def otel_span_pair_ns(n: int = 20000) -> dict[str, float]:
     """Cost of an OpenTelemetry SDK ``start_span``/``end`` pair, measured two ways: a bare span on a
     provider with no processor, and a span like an ``rtx.call`` would be (six attributes) on a
@@ -114,45 +139,34 @@ def main() -> None:
     a = p.parse_args()
     batches = 5 if a.quick else a.batches
     torch.set_num_threads(1)
-    dispatcher = patching.enable()
-    rope_site = dispatcher.function_site("rope", "bench:rope", default_registry().op("rope").reference)
     results = []
-    with torch.no_grad():
-        for size in SHAPES:
-            n = 400 if size == "small" else 10
-            n = 20 if a.quick else n
-            for op in ("rms_norm", "layer_norm", "softmax", "gelu", "silu", "cross_entropy",
-                       "attention", "linear"):
-                fname, args, kwargs = _inputs(op, size)
-                bare = originals.original(fname)
-                wrapped = getattr(torch.nn.functional, fname)
-                assert wrapped is not bare, "dispatcher not enabled"
-                results.append({"op": op, "shape": size, **measure(bare, wrapped, args, kwargs, batches, n)})
-            rows = SHAPES[size]["rows"]
-            bucket = Bucket.parse("rope", f"float32/cpu/head_dim=64,seq={max(8, rows // 16)},rows=4,"
-                                  "unsqueeze_dim=1,same_qk=1")
-            args, kwargs = default_registry().op("rope").example_inputs(bucket, 0)
-            args = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in args)
-            results.append({"op": "rope", "shape": size, **measure(
-                rope_site.reference, rope_site.wrapper, args, kwargs, batches, n)})
-    patching.disable()
+    for mode in ("dispatch", "dispatch+telemetry"):
+        dispatcher = patching.enable()
+        if mode == "dispatch+telemetry":
+            dispatcher.set_readings(Fanout(dispatcher.readings, Recorder(lambda rec: None)))
+        results += [{"mode": mode, **r} for r in _measure_ops(dispatcher, a.quick, batches)]
+        patching.disable()
     span = otel_span_pair_ns(2000 if a.quick else 20000)
-    small = [r["added_ns"] for r in results if r["shape"] == "small"]
-    median_small = statistics.median(small)
     out = {
         "bench": "dispatch_overhead",
         "machine": {"threads": torch.get_num_threads(), "python": platform.python_version(),
                     "torch": torch.__version__, "platform": platform.platform()},
-        "method": "median over interleaved batches of (dispatched - bare) per call; default plan, "
-                  "CallStats readings; inputs without autograd",
+        "method": "median over interleaved batches of (dispatched - bare) per call; default plan; "
+                  "dispatch = CallStats readings (rtxops run's summary), dispatch+telemetry = "
+                  "CallStats + the hot-path telemetry Recorder; inputs without autograd",
         "otel_span_pair_ns": span,
-        "median_added_ns_small": median_small,
-        "max_added_ns_small": max(small),
-        "ratio_to_bare_otel_span": median_small / span["bare_ns"],
-        "ratio_to_otel_call_span": median_small / span["with_attributes_and_batch_processor_ns"],
         "targets": {"added_ns_max": 3000, "ratio_to_otel_span_max": 0.1},
-        "results": results,
     }
+    for mode in ("dispatch", "dispatch+telemetry"):
+        small = [r["added_ns"] for r in results if r["shape"] == "small" and r["mode"] == mode]
+        med = statistics.median(small)
+        out[mode] = {
+            "median_added_ns_small": med,
+            "max_added_ns_small": max(small),
+            "ratio_to_bare_otel_span": med / span["bare_ns"],
+            "ratio_to_otel_call_span": med / span["with_attributes_and_batch_processor_ns"],
+        }
+    out["results"] = results
     text = json.dumps(out, indent=2)
     print(text)
     if a.out:
