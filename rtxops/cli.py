@@ -17,6 +17,15 @@ from rich.table import Table
 app = typer.Typer(help="rtxops: a self-optimizing runtime for PyTorch training jobs.",
                   no_args_is_help=True, add_completion=False)
 err = Console(stderr=True)
+TELEMETRY_FACTORY = "rtxops.telemetry.job:readings_for_job"
+
+
+def _store_path() -> Path:
+    from rtxops.telemetry.store import default_path
+
+    path = Path(default_path()).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @app.callback()
@@ -30,6 +39,9 @@ def run(
     plan: Optional[Path] = typer.Option(None, help="plan JSON to run with (default: reference)"),
     summary: bool = typer.Option(True, help="print what the runtime did when the job ends"),
     json_summary: Optional[Path] = typer.Option(None, "--json", help="also write the summary JSON here"),
+    telemetry: str = typer.Option(
+        "duckdb", help="where spans go: duckdb (the store in $RTXOPS_HOME), otlp (RTXOPS_DAEMON or "
+                       "OTEL_EXPORTER_OTLP_*), or off"),
 ) -> None:
     """Run COMMAND with the runtime enabled: ``rtxops run -- python train.py ARGS``."""
     from rtxops.runtime.bootstrap import child_environment
@@ -38,9 +50,16 @@ def run(
     if plan is not None and not plan.is_file():
         err.print(f"[red]rtxops: plan file {plan} does not exist[/red]")
         raise typer.Exit(2)
+    if telemetry not in ("duckdb", "otlp", "off"):
+        err.print(f"[red]rtxops: --telemetry {telemetry!r}: expected duckdb, otlp or off[/red]")
+        raise typer.Exit(2)
     with tempfile.TemporaryDirectory(prefix="rtxops-run-") as tmp:
         summary_file = Path(tmp) / "summary.json"
-        env = child_environment(os.environ, plan=str(plan) if plan else None, summary=str(summary_file))
+        env = child_environment(os.environ, plan=str(plan) if plan else None, summary=str(summary_file),
+                                readings_factory=None if telemetry == "off" else TELEMETRY_FACTORY)
+        env["RTXOPS_TELEMETRY"] = telemetry
+        if telemetry == "duckdb":
+            env.setdefault("RTXOPS_STORE", str(_store_path()))
         code = _run_child(command, env)
         data = json.loads(summary_file.read_text()) if summary_file.is_file() else None
     if data is None:
