@@ -55,6 +55,8 @@ class CallStats(Readings):
     swaps: list[tuple[int, int, int, str]] = field(default_factory=list)
 
     def register_slot(self, slot: Slot) -> None:
+        if slot.id < len(self.slots):  # already known (re-registered after set_readings)
+            return
         self.slots.append(slot)
         self.calls.append(0)
         self.total_ns.append(0)

@@ -51,7 +51,8 @@ class Recorder(Readings):
         self.record, self._take = _make_buffer(capacity)
 
     def register_slot(self, slot: Slot) -> None:
-        self.slots.append(slot)
+        if slot.id >= len(self.slots):
+            self.slots.append(slot)
 
     def backward(self, slot: int, start_ns: int, duration_ns: int) -> None:
         with self._lock:
