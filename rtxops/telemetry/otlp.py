@@ -1,0 +1,519 @@
+"""OTLP trace requests → Arrow tables for the store. Pure conversion: no I/O, no threads.
+
+Two entry points do the work: :func:`decode_request` (OTLP protobuf or OTLP/JSON bytes → an
+``ExportTraceServiceRequest``, validated) and :func:`to_arrow` (request → :class:`Batch`).
+:func:`convert` chains them for the receiver; :func:`encode_readable_spans` lets an in-process
+exporter take the same path as the HTTP one.
+
+Speed: attribute values are read through a second, wire-compatible view of the request in which
+all ``KeyValue``s of a scope merge into two flat lists (keys and raw ``AnyValue`` bytes), so the
+per-attribute work is a dict lookup in a cache of decoded values instead of building a protobuf
+wrapper object per attribute.
+"""
+from __future__ import annotations
+
+import base64
+import bisect
+import hashlib
+import itertools
+import json
+import operator
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from . import _wire
+from . import schema as S
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+MAX_ATTRIBUTES = 1024      # per span, event or resource
+MAX_EVENTS = 1024          # per span
+
+
+class TelemetryError(Exception):
+    """Base class of every error the telemetry package raises on purpose."""
+
+
+class TelemetryInputError(TelemetryError, ValueError):
+    """A request body is not a valid OTLP trace export; the message says what is wrong and where."""
+
+
+# ---- the tables ------------------------------------------------------------------------------
+
+_ARROW = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "VARCHAR": pa.string(),
+          "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_()}
+
+
+def column_name(attribute: str) -> str:
+    """Store column of a typed attribute: ``rtx.plan.version`` → ``plan_version``."""
+    return attribute.removeprefix("rtx.").replace(".", "_")
+
+
+SPAN_ATTRIBUTE_COLUMNS = {k: column_name(k) for k in S.TYPED_SPAN_ATTRIBUTES}
+RESOURCE_ATTRIBUTE_COLUMNS = {k: column_name(k) for k in S.TYPED_RESOURCE_ATTRIBUTES}
+SPAN_RESOURCE_COPIES = (S.JOB_ID, S.RANK)   # typed resource columns repeated on every span
+
+RESOURCES_SCHEMA = pa.schema(
+    [("resource_id", pa.int64())]
+    + [(c, _ARROW[S.TYPED_RESOURCE_ATTRIBUTES[k]]) for k, c in RESOURCE_ATTRIBUTE_COLUMNS.items()]
+    + [("attributes", pa.string()), ("schema_url", pa.string()), ("first_seen_ns", pa.int64())])
+
+SPANS_SCHEMA = pa.schema(
+    [("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()),
+     ("name", pa.string()), ("kind", pa.int32()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+     ("duration_ns", pa.int64()), ("status_code", pa.int32()), ("status_message", pa.string()),
+     ("resource_id", pa.int64()), ("scope_name", pa.string())]
+    + [(RESOURCE_ATTRIBUTE_COLUMNS[k], _ARROW[S.TYPED_RESOURCE_ATTRIBUTES[k]]) for k in SPAN_RESOURCE_COPIES]
+    + [(c, _ARROW[S.TYPED_SPAN_ATTRIBUTES[k]]) for k, c in SPAN_ATTRIBUTE_COLUMNS.items()]
+    + [("attributes", pa.string())])
+
+EVENTS_SCHEMA = pa.schema(
+    [("trace_id", pa.string()), ("span_id", pa.string()), ("time_ns", pa.int64()),
+     ("name", pa.string()), ("attributes", pa.string())])
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One request's rows, ready for the store: ``attributes`` columns hold JSON objects."""
+
+    resources: pa.Table
+    spans: pa.Table
+    events: pa.Table
+    span_count: int
+    received_ns: int = 0
+
+    @classmethod
+    def empty(cls, received_ns: int = 0) -> Batch:
+        return cls(RESOURCES_SCHEMA.empty_table(), SPANS_SCHEMA.empty_table(),
+                   EVENTS_SCHEMA.empty_table(), 0, received_ns)
+
+
+# ---- decoding --------------------------------------------------------------------------------
+
+def media_type(content_type: str | None) -> str:
+    """``application/json; charset=utf-8`` → ``application/json``."""
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def decode_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
+    """Parse and validate an OTLP/HTTP trace export body (protobuf or OTLP/JSON)."""
+    kind = media_type(content_type)
+    if kind == PROTOBUF:
+        request = _parse_protobuf(ExportTraceServiceRequest, body)
+    elif kind == JSON:
+        request = _parse_json(body)
+    else:
+        raise TelemetryInputError(f"unsupported content type {content_type!r}: "
+                                  f"send {PROTOBUF} or {JSON}")
+    _validate(request)
+    return request
+
+
+def convert(body: bytes, content_type: str, received_ns: int) -> Batch:
+    """:func:`decode_request` then :func:`to_arrow`; the protobuf path skips building the full
+    request (attribute values are checked while they are converted)."""
+    if media_type(content_type) == PROTOBUF:
+        return to_arrow(_parse_protobuf(_wire.LightRequest, body), received_ns, wire=body)
+    return to_arrow(decode_request(body, content_type), received_ns)
+
+
+def _parse_protobuf(cls: type[Message], body: bytes) -> Message:
+    try:
+        return cls.FromString(body)
+    except DecodeError as e:
+        raise TelemetryInputError(f"body is not a valid OTLP protobuf ExportTraceServiceRequest "
+                                  f"(truncated, corrupt, or a string that is not UTF-8): {e}") from None
+    except RecursionError:
+        raise TelemetryInputError("protobuf nesting is too deep") from None
+
+
+_ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
+
+
+def _parse_json(body: bytes) -> ExportTraceServiceRequest:
+    try:
+        data = json.loads(body)
+    except UnicodeDecodeError as e:
+        raise TelemetryInputError(f"JSON body is not valid UTF-8: {e}") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise TelemetryInputError(f"body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise TelemetryInputError("JSON body must be an object with a 'resourceSpans' array")
+    for where, span in _json_spans(data):
+        _hex_ids_to_base64(span, where)
+        for j, link in enumerate(_json_list(span, "links", where)):
+            _hex_ids_to_base64(link, f"{where}.links[{j}]")
+    try:
+        return json_format.ParseDict(data, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+    except json_format.ParseError as e:
+        raise TelemetryInputError(f"JSON body is not an OTLP ExportTraceServiceRequest: {e}") from None
+    except RecursionError:
+        raise TelemetryInputError("JSON nesting is too deep") from None
+
+
+def _json_list(obj: dict, camel: str, where: str) -> list:
+    snake = "".join("_" + c.lower() if c.isupper() else c for c in camel)
+    value = obj.get(camel, obj.get(snake, []))
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TelemetryInputError(f"{where}.{camel} must be an array")
+    return value
+
+
+def _json_spans(data: dict) -> Iterable[tuple[str, dict]]:
+    for i, rs in enumerate(_json_list(data, "resourceSpans", "request")):
+        where = f"resourceSpans[{i}]"
+        if not isinstance(rs, dict):
+            raise TelemetryInputError(f"{where} must be an object")
+        for j, ss in enumerate(_json_list(rs, "scopeSpans", where)):
+            if not isinstance(ss, dict):
+                raise TelemetryInputError(f"{where}.scopeSpans[{j}] must be an object")
+            for k, span in enumerate(_json_list(ss, "spans", f"{where}.scopeSpans[{j}]")):
+                if not isinstance(span, dict):
+                    raise TelemetryInputError(f"{where}.scopeSpans[{j}].spans[{k}] must be an object")
+                yield f"{where}.scopeSpans[{j}].spans[{k}]", span
+
+
+def _hex_ids_to_base64(obj: dict, where: str) -> None:
+    """OTLP/JSON carries ids as hex strings; protobuf's JSON mapping expects base64."""
+    if not isinstance(obj, dict):
+        raise TelemetryInputError(f"{where} must be an object")
+    for key in _ID_FIELDS:
+        value = obj.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise TelemetryInputError(f"{where}.{key} must be a hex string")
+        try:
+            obj[key] = base64.b64encode(bytes.fromhex(value)).decode()
+        except ValueError:
+            raise TelemetryInputError(f"{where}.{key} is not hex: {value[:40]!r}") from None
+
+
+def _validate(request: ExportTraceServiceRequest) -> None:
+    """Checks the per-span loop of :func:`to_arrow` would otherwise have to repeat."""
+    for i, rs in enumerate(request.resource_spans):
+        if not rs.HasField("resource"):
+            raise TelemetryInputError(f"resource_spans[{i}] has no resource")
+        if len(rs.resource.attributes) > MAX_ATTRIBUTES:
+            raise TelemetryInputError(f"resource_spans[{i}].resource has {len(rs.resource.attributes)} "
+                                      f"attributes; the limit is {MAX_ATTRIBUTES}")
+
+
+# ---- conversion ------------------------------------------------------------------------------
+
+def to_arrow(request: ExportTraceServiceRequest, received_ns: int, *, wire: bytes | None = None) -> Batch:
+    """Rows for the store from a decoded request. ``wire``: the protobuf bytes ``request`` was
+    parsed from, when at hand (saves serializing it again)."""
+    if wire is None:
+        wire = request.SerializeToString()
+    view = _parse_protobuf(_wire.MergedRequest, wire)
+    if len(view.resource_spans) != len(request.resource_spans):
+        raise TelemetryInputError("request and its wire form disagree")
+    out = _Columns()
+    resources: dict[int, list] = {}
+    for i, (rs, rs_view) in enumerate(zip(request.resource_spans, view.resource_spans)):
+        if not rs.HasField("resource"):
+            raise TelemetryInputError(f"resource_spans[{i}] has no resource")
+        resource_id, copies = _resource(rs, i, received_ns, resources)
+        if len(rs_view.scope_spans) != len(rs.scope_spans):
+            raise TelemetryInputError("request and its wire form disagree")
+        for j, (ss, ss_view) in enumerate(zip(rs.scope_spans, rs_view.scope_spans)):
+            if ss.spans:
+                out.add_scope(ss, ss_view.spans, f"resource_spans[{i}].scope_spans[{j}]",
+                              resource_id, copies)
+    return Batch(_resource_table(resources.values()), out.spans_table(), out.events_table(),
+                 out.count, received_ns)
+
+
+def encode_readable_spans(spans: Sequence[Any]) -> ExportTraceServiceRequest:
+    """OTLP request from OpenTelemetry SDK ``ReadableSpan``s (the OTLP exporters' own encoder)."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    return encode_spans(spans)
+
+
+def response(rejected: int = 0, message: str = "") -> ExportTraceServiceResponse:
+    """An ExportTraceServiceResponse; ``rejected`` > 0 makes it a partial success."""
+    resp = ExportTraceServiceResponse()
+    if rejected or message:
+        resp.partial_success.rejected_spans = rejected
+        resp.partial_success.error_message = message
+    return resp
+
+
+def _resource(rs: Any, i: int, received_ns: int, seen: dict[int, list]) -> tuple[int, tuple]:
+    attrs = _attributes_dict(rs.resource.attributes, f"resource_spans[{i}].resource")
+    digest = hashlib.blake2b(orjson.dumps(attrs, option=orjson.OPT_SORT_KEYS), digest_size=8).digest()
+    resource_id = int.from_bytes(digest, "big", signed=True)
+    typed = {c: _typed_scalar(attrs, k, S.TYPED_RESOURCE_ATTRIBUTES[k])
+             for k, c in RESOURCE_ATTRIBUTE_COLUMNS.items()}
+    rest = {k: v for k, v in attrs.items() if k not in RESOURCE_ATTRIBUTE_COLUMNS or
+            typed[RESOURCE_ATTRIBUTE_COLUMNS[k]] is None}
+    if resource_id not in seen:
+        seen[resource_id] = [resource_id, *typed.values(), orjson.dumps(rest).decode(),
+                             rs.schema_url or None, received_ns]
+    return resource_id, tuple(typed[RESOURCE_ATTRIBUTE_COLUMNS[k]] for k in SPAN_RESOURCE_COPIES)
+
+
+def _resource_table(rows: Iterable[list]) -> pa.Table:
+    columns = list(zip(*rows)) or [[] for _ in RESOURCES_SCHEMA]
+    return pa.table([pa.array(c, f.type) for c, f in zip(columns, RESOURCES_SCHEMA)],
+                    schema=RESOURCES_SCHEMA)
+
+
+def _typed_scalar(attrs: dict, key: str, sql_type: str) -> Any:
+    value = attrs.get(key)
+    return value if _fits(value, sql_type) else None
+
+
+def _fits(value: Any, sql_type: str) -> bool:
+    if sql_type == "VARCHAR":
+        return type(value) is str
+    if sql_type in ("BIGINT", "INTEGER"):
+        bits = 63 if sql_type == "BIGINT" else 31
+        return type(value) is int and -(1 << bits) <= value < (1 << bits)
+    if sql_type == "DOUBLE":
+        return type(value) in (int, float)
+    if sql_type == "BOOLEAN":
+        return type(value) is bool
+    return False
+
+
+_SPAN_FIELDS = operator.attrgetter("trace_id", "span_id", "parent_span_id", "name", "kind",
+                                   "start_time_unix_nano", "end_time_unix_nano", "status.code",
+                                   "status.message", "attributes", "events")
+
+
+class _Layout:
+    """Where the typed and the other attributes sit in spans whose keys come in one order."""
+
+    __slots__ = ("typed", "rest_keys", "rest")
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        last = {k: i for i, k in enumerate(keys)}          # a repeated key: the last one wins
+        missing = len(keys)                                 # index of the None padding value
+        self.typed = _getter([last.get(k, missing) for k in SPAN_ATTRIBUTE_COLUMNS])
+        self.rest_keys = tuple(k for k in last if k not in SPAN_ATTRIBUTE_COLUMNS)
+        self.rest = _getter([last[k] for k in self.rest_keys])
+
+
+def _getter(indices: list[int]) -> Any:
+    """``itemgetter`` that always returns a tuple."""
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda values: (values[i],)
+    return operator.itemgetter(*indices) if indices else (lambda values: ())
+
+
+_layouts: dict[tuple[str, ...], _Layout] = {}
+_LAYOUT_CACHE_LIMIT = 4096
+
+
+class _Columns:
+    """Column lists of the spans and events tables, filled one scope at a time."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.fixed: list[list] = [[] for _ in range(9)]
+        self.resource_id: list[int] = []
+        self.scope: list[str | None] = []
+        self.copies: list[list] = [[] for _ in SPAN_RESOURCE_COPIES]
+        self.typed: list[tuple] = []
+        self.rest: list[bytes | None] = []
+        self.events: list[list] = [[] for _ in EVENTS_SCHEMA]
+
+    def add_scope(self, scope_spans: Any, merged: Any, where: str, resource_id: int,
+                  copies: tuple) -> None:
+        spans = scope_spans.spans
+        n = len(spans)
+        rows = list(zip(*map(_SPAN_FIELDS, spans)))
+        for column, values in zip(self.fixed, rows):
+            column.extend(values)
+        counts = list(map(len, rows[9]))
+        _check_ids(rows[0], rows[1], rows[2], where)
+        self.resource_id.extend(itertools.repeat(resource_id, n))
+        self.scope.extend(itertools.repeat(scope_spans.scope.name or None, n))
+        for column, value in zip(self.copies, copies):
+            column.extend(itertools.repeat(value, n))
+        self._attributes(merged.attributes, counts, where)
+        if merged.events:
+            for idx, events in enumerate(rows[10]):
+                if events:
+                    self._events(spans[idx], f"{where}.spans[{idx}]")
+        self.count += n
+
+    def _attributes(self, merged: Any, counts: list[int], where: str) -> None:
+        keys, raws = merged.key[:], merged.value[:]
+        total = sum(counts)
+        if len(keys) != total or len(raws) != total:
+            raise TelemetryInputError(f"{where}: an attribute without a key or value")
+        if max(counts, default=0) > MAX_ATTRIBUTES:
+            k = next(i for i, c in enumerate(counts) if c > MAX_ATTRIBUTES)
+            raise TelemetryInputError(f"{where}.spans[{k}] has {counts[k]} attributes; "
+                                      f"the limit is {MAX_ATTRIBUTES}")
+        values = _decode_values(raws, keys, counts, where)
+        if len(_layouts) > _LAYOUT_CACHE_LIMIT:
+            _layouts.clear()
+        layouts, typed, rest, dumps = _layouts, self.typed, self.rest, orjson.dumps
+        pos = 0
+        for c in counts:
+            end = pos + c
+            layout_keys = tuple(keys[pos:end])
+            layout = layouts.get(layout_keys)
+            if layout is None:
+                layout = layouts[layout_keys] = _Layout(layout_keys)
+            row = values[pos:end]
+            row.append(None)
+            typed.append(layout.typed(row))
+            rest.append(dumps(dict(zip(layout.rest_keys, layout.rest(row)))) if layout.rest_keys else None)
+            pos = end
+
+    def _events(self, span: Any, where: str) -> None:
+        if len(span.events) > MAX_EVENTS:
+            raise TelemetryInputError(f"{where} has {len(span.events)} events; the limit is {MAX_EVENTS}")
+        trace_id, span_id, time_ns, name, attrs = self.events
+        tid, sid = span.trace_id.hex(), span.span_id.hex()
+        for e, event in enumerate(span.events):
+            trace_id.append(tid)
+            span_id.append(sid)
+            time_ns.append(event.time_unix_nano)
+            name.append(event.name)
+            d = _attributes_dict(event.attributes, f"{where}.events[{e}]")
+            attrs.append(orjson.dumps(d).decode() if d else None)
+
+    def spans_table(self) -> pa.Table:
+        trace_id, span_id, parent, name, kind, start, end, code, message = self.fixed
+        start_a = _int64(start, "start_time_unix_nano")
+        end_a = _int64(end, "end_time_unix_nano")
+        parent_a = pa.array(map(bytes.hex, parent), pa.string(), size=len(parent))
+        columns = [pa.array(map(bytes.hex, trace_id), pa.string(), size=len(trace_id)),
+                   pa.array(map(bytes.hex, span_id), pa.string(), size=len(span_id)),
+                   _empty_to_null(parent_a), pa.array(name, pa.string()),
+                   pa.array(kind, pa.int32()), start_a, end_a, pc.subtract(end_a, start_a),
+                   pa.array(code, pa.int32()), _empty_to_null(pa.array(message, pa.string())),
+                   pa.array(self.resource_id, pa.int64()), pa.array(self.scope, pa.string())]
+        columns += [pa.array(c, SPANS_SCHEMA.field(RESOURCE_ATTRIBUTE_COLUMNS[k]).type)
+                    for c, k in zip(self.copies, SPAN_RESOURCE_COPIES)]
+        typed = zip(*self.typed) if self.typed else ([] for _ in SPAN_ATTRIBUTE_COLUMNS)
+        for key, values in zip(SPAN_ATTRIBUTE_COLUMNS, typed):
+            columns.append(_typed_column(list(values), key, self.rest))
+        columns.append(pa.array(self.rest, pa.string()))
+        return pa.table(columns, schema=SPANS_SCHEMA)
+
+    def events_table(self) -> pa.Table:
+        return pa.table([pa.array(c, f.type) for c, f in zip(self.events, EVENTS_SCHEMA)],
+                        schema=EVENTS_SCHEMA)
+
+
+def _check_ids(trace_ids: Sequence[bytes], span_ids: Sequence[bytes], parents: Sequence[bytes],
+               where: str) -> None:
+    for ids, sizes, label in ((trace_ids, {16}, "trace_id"), (span_ids, {8}, "span_id"),
+                              (parents, {0, 8}, "parent_span_id")):
+        if not set(map(len, ids)) <= sizes:
+            k = next(i for i, x in enumerate(ids) if len(x) not in sizes)
+            need = " or ".join(str(n) for n in sorted(sizes))
+            raise TelemetryInputError(f"{where}.spans[{k}].{label} has {len(ids[k])} bytes; "
+                                      f"OTLP needs {need}")
+
+
+def _empty_to_null(array: pa.Array) -> pa.Array:
+    return pc.if_else(pc.equal(array, ""), pa.scalar(None, pa.string()), array)
+
+
+def _int64(values: list[int], label: str) -> pa.Array:
+    try:
+        return pa.array(values, pa.int64())
+    except (OverflowError, pa.ArrowInvalid):
+        raise TelemetryInputError(f"a span's {label} is past the year 2262 (over 2^63 ns)") from None
+
+
+def _typed_column(values: list, key: str, rest: list[bytes | None]) -> pa.Array:
+    """Arrow column of a typed attribute; values of another type go back to the JSON column."""
+    sql_type = S.TYPED_SPAN_ATTRIBUTES[key]
+    arrow_type = _ARROW[sql_type]
+    try:
+        array = pa.array(values)
+        if array.type == arrow_type or array.type == pa.null():
+            return array.cast(arrow_type)
+        if sql_type == "INTEGER" and array.type == pa.int64():
+            return array.cast(arrow_type)
+    except (pa.ArrowException, OverflowError):
+        pass
+    for i, value in enumerate(values):
+        if value is not None and not _fits(value, sql_type):
+            d = orjson.loads(rest[i]) if rest[i] else {}
+            d[key] = value
+            rest[i] = orjson.dumps(d)
+            values[i] = None
+    return pa.array(values, arrow_type)
+
+
+# ---- attribute values ------------------------------------------------------------------------
+
+_value_cache: dict[bytes, Any] = {}
+_VALUE_CACHE_LIMIT = 1 << 16
+_VALUE_ERRORS = (DecodeError, UnicodeDecodeError, ValueError, RecursionError)
+
+
+def _decode_values(raws: list[bytes], keys: list[str], counts: list[int], where: str) -> list:
+    """Python values of raw ``AnyValue`` bytes; decoded values are cached (they repeat a lot)."""
+    cache = _value_cache
+    values = list(map(cache.get, raws))
+    if None not in values:
+        return values
+    if len(cache) > _VALUE_CACHE_LIMIT:
+        cache.clear()
+    missing = [i for i, v in enumerate(values) if v is None and raws[i]]
+    try:
+        decoded = _wire.decode_any_values([raws[i] for i in missing])
+    except _VALUE_ERRORS:
+        _raise_bad_value(raws, keys, counts, missing, where)
+    for i, value in zip(missing, decoded):
+        values[i] = value
+        if value is not None:
+            cache[raws[i]] = value
+    return values
+
+
+def _raise_bad_value(raws: list[bytes], keys: list[str], counts: list[int], candidates: list[int],
+                     where: str) -> None:
+    for i in candidates:
+        try:
+            _wire.any_value(AnyValue.FromString(raws[i]))
+        except _VALUE_ERRORS as e:
+            span = bisect.bisect_right(list(itertools.accumulate(counts)), i)
+            raise TelemetryInputError(f"{where}.spans[{span}] attribute {keys[i]!r}: "
+                                      f"{_reason(e)}") from None
+    raise TelemetryInputError(f"{where}: an attribute value is not a valid AnyValue")
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, UnicodeDecodeError):
+        return "string value is not valid UTF-8"
+    if isinstance(e, DecodeError):
+        return f"value is not a valid AnyValue (corrupt, or a string that is not UTF-8): {e}"
+    if isinstance(e, RecursionError):
+        return "value is nested too deeply"
+    return str(e)
+
+
+def _attributes_dict(attributes: Sequence[Any], where: str) -> dict:
+    if len(attributes) > MAX_ATTRIBUTES:
+        raise TelemetryInputError(f"{where} has {len(attributes)} attributes; the limit is {MAX_ATTRIBUTES}")
+    try:
+        return {kv.key: _wire.any_value(kv.value) for kv in attributes}
+    except ValueError as e:
+        raise TelemetryInputError(f"{where}: {e}") from None

@@ -1,0 +1,487 @@
+"""The DuckDB telemetry store: schema and migrations, the single writer thread, and read queries.
+
+One :class:`Store` per database file and process. Batches (Arrow tables from :mod:`.otlp`) go
+through a bounded queue to one writer thread that inserts them with Arrow, several queued batches
+in one transaction, and resolves each batch's future only after that transaction committed (the
+DuckDB WAL makes a commit durable). Readers get their own cursors. This module is the only place
+in rtxops that writes SQL; the evolve loop and the dashboard call its query methods.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import duckdb
+import pyarrow as pa
+
+from .otlp import Batch, TelemetryError
+
+log = logging.getLogger("rtxops.telemetry.store")
+
+Future = concurrent.futures.Future
+HOUR_NS = 3600 * 10**9
+
+
+class StoreError(TelemetryError):
+    """The store cannot take or serve data."""
+
+
+class StoreBusy(StoreError):
+    """The write queue is full; try again after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class StoreClosed(StoreError):
+    """The store is closed or closing."""
+
+
+def default_path() -> Path:
+    """``$RTXOPS_HOME/rtxops.duckdb`` (``RTXOPS_HOME`` defaults to ``./.rtxops``)."""
+    return Path(os.environ.get("RTXOPS_HOME") or ".rtxops") / "rtxops.duckdb"
+
+
+# ---- schema ----------------------------------------------------------------------------------
+# Migrations are append-only: never edit a released one, add the next version. Attribute columns
+# hold JSON text (VARCHAR rather than the JSON type: the cast would re-parse every row on insert).
+
+_V1 = (
+    """CREATE TABLE resources (
+        resource_id BIGINT PRIMARY KEY, service_name VARCHAR, host_name VARCHAR, job_id VARCHAR,
+        rank INTEGER, process_pid BIGINT, attributes VARCHAR, schema_url VARCHAR,
+        first_seen_ns BIGINT)""",
+    """CREATE TABLE spans (
+        trace_id VARCHAR, span_id VARCHAR, parent_span_id VARCHAR, name VARCHAR, kind INTEGER,
+        start_ns BIGINT, end_ns BIGINT, duration_ns BIGINT, status_code INTEGER,
+        status_message VARCHAR, resource_id BIGINT, scope_name VARCHAR, job_id VARCHAR,
+        rank INTEGER, step BIGINT, plan_version BIGINT, op VARCHAR, variant VARCHAR,
+        config VARCHAR, bucket VARCHAR, site VARCHAR, phase VARCHAR, count BIGINT,
+        total_ns BIGINT, min_ns BIGINT, max_ns BIGINT, attributes VARCHAR)""",
+    """CREATE TABLE span_events (
+        trace_id VARCHAR, span_id VARCHAR, time_ns BIGINT, name VARCHAR, attributes VARCHAR)""",
+    """CREATE TABLE ingest_batches (
+        received_ns BIGINT, committed_ns BIGINT, spans BIGINT, events BIGINT)""",
+    """CREATE VIEW kernel_spans AS
+        SELECT job_id, rank, step, plan_version, op, variant, config, bucket, site, phase,
+               count, total_ns, min_ns, max_ns, start_ns, end_ns, trace_id, span_id,
+               attributes->>'rtx.family' AS family,
+               TRY_CAST(attributes->>'rtx.cache.hits' AS BIGINT) AS cache_hits,
+               TRY_CAST(attributes->>'rtx.cache.misses' AS BIGINT) AS cache_misses,
+               TRY_CAST(attributes->>'rtx.mem.delta_bytes' AS BIGINT) AS mem_delta_bytes,
+               TRY_CAST(attributes->>'rtx.mem.peak_bytes' AS BIGINT) AS mem_peak_bytes,
+               coalesce(TRY_CAST(attributes->>'rtx.sampled' AS BOOLEAN), false) AS sampled,
+               attributes->'rtx.hist_log2_ns' AS hist_log2_ns
+        FROM spans WHERE name = 'rtx.kernel'""",
+    """CREATE VIEW step_times AS
+        SELECT job_id, rank, step, duration_ns, plan_version, start_ns, end_ns, trace_id,
+               count AS calls
+        FROM spans WHERE name = 'rtx.step'""",
+    """CREATE VIEW memory_timeline AS
+        SELECT job_id, rank, step, start_ns,
+               TRY_CAST(attributes->>'rtx.mem.rss_bytes' AS BIGINT) AS rss_bytes,
+               TRY_CAST(attributes->>'rtx.cuda.allocated_bytes' AS BIGINT) AS cuda_allocated_bytes,
+               TRY_CAST(attributes->>'rtx.cuda.reserved_bytes' AS BIGINT) AS cuda_reserved_bytes,
+               TRY_CAST(attributes->>'rtx.cuda.peak_bytes' AS BIGINT) AS cuda_peak_bytes,
+               TRY_CAST(attributes->>'rtx.cuda.fragmentation' AS DOUBLE) AS cuda_fragmentation,
+               TRY_CAST(attributes->>'rtx.cuda.alloc_retries' AS BIGINT) AS cuda_alloc_retries,
+               TRY_CAST(attributes->>'rtx.cuda.ooms' AS BIGINT) AS cuda_ooms
+        FROM spans WHERE name = 'rtx.step'""",
+    """CREATE VIEW swaps AS
+        SELECT job_id, rank, step, start_ns AS at_ns,
+               TRY_CAST(attributes->>'rtx.plan.from' AS BIGINT) AS plan_from,
+               TRY_CAST(attributes->>'rtx.plan.to' AS BIGINT) AS plan_to,
+               attributes->>'rtx.plan.digest' AS plan_digest
+        FROM spans WHERE name = 'rtx.swap'""",
+)
+
+MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
+    (1, "resources, spans, span events, ingest log; kernel/step/memory/swap views", _V1),
+)
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Bring the database to :data:`SCHEMA_VERSION`; returns the version it was at."""
+    con.execute("CREATE TABLE IF NOT EXISTS schema_version "
+                "(version INTEGER PRIMARY KEY, description VARCHAR, applied_ns BIGINT)")
+    found = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        raise StoreError(f"the store's schema is version {found}, newer than this rtxops "
+                         f"understands ({SCHEMA_VERSION}); upgrade rtxops")
+    for version, description, statements in MIGRATIONS:
+        if version <= found:
+            continue
+        con.execute("BEGIN")
+        try:
+            for sql in statements:
+                con.execute(sql)
+            con.execute("INSERT INTO schema_version VALUES (?, ?, ?)",
+                        [version, description, time.time_ns()])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+    return found
+
+
+# ---- the store -------------------------------------------------------------------------------
+
+@dataclass
+class _Pending:
+    batch: Batch
+    future: Future
+
+
+_STOP = object()
+
+
+class Store:
+    """A DuckDB telemetry database with one writer thread (see the module docstring).
+
+    ``max_queue_batches`` / ``max_queue_spans`` bound what waits for the writer: past either,
+    :meth:`submit` refuses with :class:`StoreBusy` and counts the refused spans.
+    ``max_commit_spans`` caps how many queued spans one transaction takes.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, max_queue_batches: int = 256,
+                 max_queue_spans: int = 1_000_000, max_commit_spans: int = 1_000_000) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.max_queue_batches = max_queue_batches
+        self.max_queue_spans = max_queue_spans
+        self.max_commit_spans = max_commit_spans
+        self._con = duckdb.connect(str(self.path))
+        self.migrated_from = migrate(self._con)
+        self._lock = threading.Lock()               # counters, queue bounds, cursor creation
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closing = False
+        self.queue_batches = 0
+        self.queue_spans = 0
+        self.spans_written = 0
+        self.batches_written = 0
+        self.commits = 0
+        self.spans_refused = 0
+        self.batches_refused = 0
+        self.requests_rejected = 0
+        self.spans_rejected = 0
+        self.write_errors = 0
+        self._rate = 200_000.0                       # spans/s, for Retry-After hints
+        self._writer = threading.Thread(target=self._run, args=(self._con.cursor(),),
+                                        name="rtxops-store-writer", daemon=True)
+        self._writer.start()
+
+    # -- writing --
+
+    def submit(self, batch: Batch) -> Future:
+        """Queue ``batch``; the future resolves (to None) once it is committed."""
+        future: Future = Future()
+        with self._lock:
+            if self._closing:
+                raise StoreClosed(f"the store at {self.path} is closed")
+            if (self.queue_batches + 1 > self.max_queue_batches
+                    or self.queue_spans + batch.span_count > self.max_queue_spans):
+                self.spans_refused += batch.span_count
+                self.batches_refused += 1
+                raise StoreBusy(f"the store's write queue is full ({self.queue_batches} batches, "
+                                f"{self.queue_spans} spans waiting)", self._retry_after())
+            self.queue_batches += 1
+            self.queue_spans += batch.span_count
+            self._queue.put(_Pending(batch, future))
+        return future
+
+    def write(self, batch: Batch, timeout: float | None = None) -> None:
+        """Submit ``batch`` and wait until it is committed."""
+        self.submit(batch).result(timeout)
+
+    def note_rejected(self, requests: int = 1, spans: int = 0) -> None:
+        """Count input the receiver turned away as malformed (for :meth:`stats`)."""
+        with self._lock:
+            self.requests_rejected += requests
+            self.spans_rejected += spans
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Write what is queued, checkpoint, and close. Later submits raise :class:`StoreClosed`."""
+        with self._lock:
+            if self._closing:
+                already = True
+            else:
+                already, self._closing = False, True
+                self._queue.put(_STOP)
+        if already:
+            self._writer.join(timeout)
+            return
+        self._writer.join(timeout)
+        if self._writer.is_alive():
+            log.error("rtxops store: the writer did not finish within %ss; closing anyway", timeout)
+            return
+        with contextlib.suppress(duckdb.Error):
+            self._con.execute("CHECKPOINT")
+        self._con.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _retry_after(self) -> float:
+        return max(1.0, min(60.0, self.queue_spans / max(self._rate, 1.0)))
+
+    def _run(self, cur: duckdb.DuckDBPyConnection) -> None:
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            group: list[_Pending] = []
+            spans = 0
+            while True:
+                if item is _STOP:
+                    stop = True
+                    break
+                if item.future.set_running_or_notify_cancel():
+                    group.append(item)
+                    spans += item.batch.span_count
+                else:
+                    self._dequeued(item.batch)
+                if spans >= self.max_commit_spans:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if group:
+                self._commit_group(cur, group)
+        cur.close()
+
+    def _dequeued(self, batch: Batch) -> None:
+        with self._lock:
+            self.queue_batches -= 1
+            self.queue_spans -= batch.span_count
+
+    def _commit_group(self, cur: duckdb.DuckDBPyConnection, group: list[_Pending]) -> None:
+        started = time.perf_counter()
+        try:
+            _insert(cur, [p.batch for p in group])
+        except Exception as e:                       # isolate the batch that failed
+            if len(group) > 1:
+                for pending in group:
+                    self._commit_group(cur, [pending])
+                return
+            with self._lock:
+                self.write_errors += 1
+            self._dequeued(group[0].batch)
+            group[0].future.set_exception(StoreError(f"writing a batch failed: {e}"))
+            return
+        spans = sum(p.batch.span_count for p in group)
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            self.spans_written += spans
+            self.batches_written += len(group)
+            self.commits += 1
+            self.queue_batches -= len(group)
+            self.queue_spans -= spans
+            if spans >= 1000 and elapsed > 0:
+                self._rate = 0.8 * self._rate + 0.2 * spans / elapsed
+        for pending in group:
+            pending.future.set_result(None)
+
+    # -- reading --
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new connection to the same database, for one thread's reads (close it after use)."""
+        with self._lock:
+            if self._closing and not self._writer.is_alive():
+                raise StoreClosed(f"the store at {self.path} is closed")
+            return self._con.cursor()
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """``with store.reader() as cur:`` a cursor that is closed afterwards."""
+        cur = self.cursor()
+        try:
+            yield cur
+        finally:
+            cur.close()
+
+    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> list[dict]:
+        """Run a read query with parameters; rows as dicts."""
+        with self.reader() as cur:
+            result = cur.execute(sql, params or [])
+            names = [d[0] for d in result.description]
+            return [dict(zip(names, row)) for row in result.fetchall()]
+
+    def stats(self) -> dict[str, int]:
+        """Ingest counters of this process (for /metrics and the dashboard)."""
+        with self._lock:
+            return {
+                "spans_written": self.spans_written, "batches_written": self.batches_written,
+                "commits": self.commits, "spans_refused": self.spans_refused,
+                "batches_refused": self.batches_refused,
+                "requests_rejected": self.requests_rejected, "spans_rejected": self.spans_rejected,
+                "write_errors": self.write_errors, "queue_batches": self.queue_batches,
+                "queue_spans": self.queue_spans,
+            }
+
+    # -- the queries the evolve loop and the dashboard need --
+
+    def kernel_stats(self, *, since_ns: int | None = None, until_ns: int | None = None,
+                     job_id: str | None = None, op: str | None = None) -> list[dict]:
+        """Per (job, op, bucket, variant, config, phase) over ``[since_ns, until_ns)`` (default:
+        the last hour): steps, calls, total/mean/min/max ns, and p50/p95 of the per-step mean."""
+        since_ns, until_ns = _window(since_ns, until_ns)
+        return self.query(_KERNEL_STATS, {"since": since_ns, "until": until_ns, "job": job_id, "op": op})
+
+    def step_times(self, *, job_id: str | None = None, since_ns: int | None = None,
+                   limit: int = 10_000) -> list[dict]:
+        """One row per step span: job, rank, step, duration, plan version, start time."""
+        return self.query("""
+            SELECT job_id, rank, step, duration_ns, plan_version, start_ns FROM step_times
+            WHERE ($job IS NULL OR job_id = $job) AND start_ns >= $since
+            ORDER BY start_ns DESC LIMIT $limit""",
+                          {"job": job_id, "since": since_ns or 0, "limit": limit})
+
+    def swaps(self, *, job_id: str | None = None, since_ns: int | None = None) -> list[dict]:
+        """Plan swaps: job, rank, step, time, from/to version, plan digest."""
+        return self.query("""
+            SELECT * FROM swaps WHERE ($job IS NULL OR job_id = $job) AND at_ns >= $since
+            ORDER BY at_ns""", {"job": job_id, "since": since_ns or 0})
+
+    def memory_timeline(self, *, job_id: str | None = None, since_ns: int | None = None,
+                        limit: int = 10_000) -> list[dict]:
+        """RSS and CUDA allocator figures per step (from step spans)."""
+        return self.query("""
+            SELECT * FROM memory_timeline
+            WHERE ($job IS NULL OR job_id = $job) AND start_ns >= $since
+            ORDER BY start_ns DESC LIMIT $limit""",
+                          {"job": job_id, "since": since_ns or 0, "limit": limit})
+
+    def cache_hit_rates(self, *, job_id: str | None = None, since_ns: int | None = None,
+                        until_ns: int | None = None) -> list[dict]:
+        """Hits, misses and hit rate per cache: ``variant`` (the runtime's build cache, per op,
+        variant and bucket, summed over kernel spans), ``inductor.fxgraph`` and
+        ``triton.autotune`` (process-cumulative counters on step spans: the last value seen per
+        job and rank, summed over ranks)."""
+        since_ns, until_ns = _window(since_ns, until_ns)
+        return self.query(_CACHE_HIT_RATES, {"since": since_ns, "until": until_ns, "job": job_id})
+
+    def jobs(self) -> list[dict]:
+        """Jobs seen: resource facts and the span time range per job."""
+        return self.query("""
+            SELECT r.job_id, list(DISTINCT r.service_name) AS services,
+                   list(DISTINCT r.host_name) AS hosts, count(DISTINCT r.rank) AS ranks,
+                   min(r.first_seen_ns) AS first_seen_ns
+            FROM resources r GROUP BY r.job_id ORDER BY first_seen_ns""")
+
+    def ingest_stats(self) -> dict[str, int]:
+        """Spans and batches stored (all time, from the ingest log) plus this process's counters."""
+        row = self.query("""
+            SELECT count(*) AS batches_stored, coalesce(sum(spans), 0) AS spans_stored,
+                   coalesce(sum(events), 0) AS events_stored,
+                   max(committed_ns) AS last_commit_ns
+            FROM ingest_batches""")[0]
+        return {**row, **self.stats()}
+
+
+def _window(since_ns: int | None, until_ns: int | None) -> tuple[int, int]:
+    """Default: the last hour, with a minute's slack for clocks ahead of ours."""
+    now = time.time_ns()
+    return (now - HOUR_NS if since_ns is None else since_ns,
+            now + 60 * 10**9 if until_ns is None else until_ns)
+
+
+def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
+    """One transaction: resources (new ones only), spans, events, and one ingest row per batch."""
+    tables = {
+        "resources": pa.concat_tables([b.resources for b in batches]),
+        "spans": pa.concat_tables([b.spans for b in batches]),
+        "span_events": pa.concat_tables([b.events for b in batches]),
+    }
+    now = time.time_ns()
+    log_rows = pa.table({"received_ns": [b.received_ns for b in batches],
+                         "committed_ns": [now] * len(batches),
+                         "spans": [b.span_count for b in batches],
+                         "events": [b.events.num_rows for b in batches]})
+    cur.execute("BEGIN")
+    try:
+        for name, table in tables.items():
+            if table.num_rows:
+                cur.register("_rtx_batch", table)
+                verb = "INSERT OR IGNORE" if name == "resources" else "INSERT"
+                cur.execute(f"{verb} INTO {name} BY NAME SELECT * FROM _rtx_batch")
+                cur.unregister("_rtx_batch")
+        cur.register("_rtx_batch", log_rows)
+        cur.execute("INSERT INTO ingest_batches BY NAME SELECT * FROM _rtx_batch")
+        cur.unregister("_rtx_batch")
+        cur.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):
+            cur.execute("ROLLBACK")
+        with contextlib.suppress(duckdb.Error):
+            cur.unregister("_rtx_batch")
+        raise
+
+
+_KERNEL_STATS = """
+WITH per_step AS (
+    SELECT job_id, op, bucket, variant, config, phase, rank, step,
+           sum(count) AS calls, sum(total_ns) AS total_ns, min(min_ns) AS min_ns,
+           max(max_ns) AS max_ns, min(start_ns) AS start_ns
+    FROM spans
+    WHERE name = 'rtx.kernel' AND start_ns >= $since AND start_ns < $until
+      AND ($job IS NULL OR job_id = $job) AND ($op IS NULL OR op = $op)
+    GROUP BY ALL
+)
+SELECT job_id, op, bucket, variant, config, phase,
+       count(*) AS steps, sum(calls) AS calls, sum(total_ns) AS total_ns,
+       sum(total_ns) / nullif(sum(calls), 0) AS mean_ns, min(min_ns) AS min_ns, max(max_ns) AS max_ns,
+       quantile_cont(total_ns / nullif(calls, 0), 0.5) AS p50_step_mean_ns,
+       quantile_cont(total_ns / nullif(calls, 0), 0.95) AS p95_step_mean_ns,
+       min(start_ns) AS first_ns, max(start_ns) AS last_ns
+FROM per_step
+GROUP BY ALL
+ORDER BY job_id, op, bucket, phase, mean_ns
+"""
+
+_CACHE_HIT_RATES = """
+WITH variant AS (
+    SELECT job_id, 'variant' AS cache, op, variant, bucket,
+           sum(cache_hits) AS hits, sum(cache_misses) AS misses
+    FROM kernel_spans
+    WHERE start_ns >= $since AND start_ns < $until AND ($job IS NULL OR job_id = $job)
+      AND (cache_hits IS NOT NULL OR cache_misses IS NOT NULL)
+    GROUP BY ALL
+), counters AS (
+    SELECT job_id, rank,
+           arg_max(TRY_CAST(attributes->>'rtx.cache.inductor.fxgraph_hits' AS BIGINT), start_ns) AS fx_hits,
+           arg_max(TRY_CAST(attributes->>'rtx.cache.inductor.fxgraph_misses' AS BIGINT), start_ns) AS fx_misses,
+           arg_max(TRY_CAST(attributes->>'rtx.cache.triton.autotune_hits' AS BIGINT), start_ns) AS tr_hits,
+           arg_max(TRY_CAST(attributes->>'rtx.cache.triton.autotune_misses' AS BIGINT), start_ns) AS tr_misses
+    FROM spans
+    WHERE name = 'rtx.step' AND start_ns >= $since AND start_ns < $until
+      AND ($job IS NULL OR job_id = $job)
+    GROUP BY ALL
+), compilers AS (
+    SELECT job_id, 'inductor.fxgraph' AS cache, NULL AS op, NULL AS variant, NULL AS bucket,
+           sum(fx_hits) AS hits, sum(fx_misses) AS misses
+    FROM counters WHERE fx_hits IS NOT NULL OR fx_misses IS NOT NULL GROUP BY job_id
+    UNION ALL
+    SELECT job_id, 'triton.autotune', NULL, NULL, NULL, sum(tr_hits), sum(tr_misses)
+    FROM counters WHERE tr_hits IS NOT NULL OR tr_misses IS NOT NULL GROUP BY job_id
+)
+SELECT *, hits / nullif(coalesce(hits, 0) + coalesce(misses, 0), 0) AS hit_rate
+FROM (SELECT * FROM variant UNION ALL SELECT * FROM compilers)
+ORDER BY job_id, cache, op, variant, bucket
+"""
