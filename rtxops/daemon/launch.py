@@ -1,0 +1,63 @@
+"""The command line and environment of one attempt of a job."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Mapping
+
+from .errors import JobSpecError
+from .jobs import JobSpec
+from .proctree import TOKEN_VARIABLE
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
+TORCHRUN_ROLE = "rank"
+"""torchrun's role name; it prefixes each worker line with ``[rank<local rank>]:``."""
+
+
+def is_python(executable: str) -> bool:
+    """Whether ``executable`` names a Python interpreter (``python``, ``python3.11``, a venv's ``python``)."""
+    return bool(_PYTHON.match(Path(executable).name))
+
+
+def command_line(spec: JobSpec, torchrun_log_dir: str | os.PathLike[str]) -> list[str]:
+    """What to execute. Raises :class:`JobSpecError` for a command torchrun cannot wrap."""
+    command = list(spec.command)
+    if spec.nproc_per_node == 1:
+        return command
+    options = ["--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.nproc_per_node),
+               "--max-restarts", "0", "--role", TORCHRUN_ROLE, "--tee", "3",
+               "--log-dir", str(torchrun_log_dir)]
+    if not is_python(command[0]):
+        return [sys.executable, "-m", "torch.distributed.run", *options, "--no-python", *command]
+    python, rest = command[0], command[1:]
+    while rest and rest[0] == "-u":
+        rest = rest[1:]
+    if rest[:1] == ["-m"] and len(rest) >= 2:
+        return [python, "-m", "torch.distributed.run", *options, "-m", *rest[1:]]
+    if not rest or rest[0].startswith("-"):
+        raise JobSpecError(
+            "command: with nproc_per_node > 1 a Python command must be `python SCRIPT ARGS` or "
+            "`python -m MODULE ARGS` (set interpreter options through PYTHON* variables in env)")
+    return [python, "-m", "torch.distributed.run", *options, *rest]
+
+
+def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
+                base: Mapping[str, str], extra_env: Mapping[str, str]) -> dict[str, str]:
+    """``base`` (the daemon's environment), then ``extra_env``, then the job's own ``env``; with the
+    runtime enabled as ``rtxops run`` enables it, and the job's identity set last."""
+    env = {**base, **extra_env, **spec.env}
+    if spec.runtime:
+        from rtxops.runtime.bootstrap import child_environment
+
+        env = child_environment(env, plan=spec.plan)
+    else:
+        env.pop("RTXOPS_ENABLE", None)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env["RTXOPS_JOB_ID"] = job_id
+    env["RTXOPS_JOB_ATTEMPT"] = str(attempt)
+    env[TOKEN_VARIABLE] = token
+    if spec.nproc_per_node > 1:
+        env["RTXOPS_LAUNCHER"] = "torchrun"
+    return env

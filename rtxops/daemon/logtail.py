@@ -1,0 +1,102 @@
+"""Follow an attempt's stdout/stderr files and hand over complete lines with a timestamp and a rank.
+
+Jobs write to files, not pipes, so a job outlives a daemon restart (a pipe whose reader died fails
+the job's next write) and the new daemon can go on reading where the old one stopped. Timestamps are
+taken when a line is read: at most ``poll_s`` after it was written.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from .jobs import LAUNCHER_RANK
+
+MAX_LINE_BYTES = 16384
+_RANK_PREFIX = re.compile(rb"^\[rank(\d+)\]:")
+
+Lines = list[tuple[int, int, str]]
+"""``(ts_ns, rank, text)`` in the order read."""
+
+
+def split_rank(line: bytes, torchrun: bool) -> tuple[int, bytes]:
+    """The rank a line belongs to and the line without torchrun's ``[rankN]:`` prefix."""
+    if not torchrun:
+        return 0, line
+    m = _RANK_PREFIX.match(line)
+    return (int(m.group(1)), line[m.end():]) if m else (LAUNCHER_RANK, line)
+
+
+class LogTail:
+    """A thread that polls the files of ``paths`` (stream → file) and calls ``on_lines(stream, lines)``."""
+
+    def __init__(self, paths: dict[str, Path], on_lines: Callable[[str, Lines], None], *,
+                 offsets: dict[str, int] | None = None, torchrun: bool = False, poll_s: float = 0.05,
+                 on_error: Callable[[Exception], None] | None = None) -> None:
+        self.paths = dict(paths)
+        self.offsets = {s: (offsets or {}).get(s, 0) for s in paths}
+        self._on_lines = on_lines
+        self._on_error = on_error
+        self._torchrun = torchrun
+        self._poll_s = poll_s
+        self._partial = {s: b"" for s in paths}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rtxops-logtail", daemon=True)
+
+    def start(self) -> LogTail:
+        self._thread.start()
+        return self
+
+    def committed_offsets(self) -> dict[str, int]:
+        """Bytes of each file handed over as complete lines: where a new tail resumes."""
+        with self._lock:
+            return {s: self.offsets[s] - len(self._partial[s]) for s in self.paths}
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Read what is left (an unterminated last line too) and end the thread."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._poll()
+            self._stop.wait(self._poll_s)
+        self._poll(final=True)
+
+    def _poll(self, final: bool = False) -> None:
+        for stream, path in self.paths.items():
+            try:
+                self._read(stream, path, final)
+            except Exception as e:  # a failing read must not end the tail; the next poll retries
+                if self._on_error:
+                    self._on_error(e)
+
+    def _read(self, stream: str, path: Path, final: bool) -> None:
+        with open(path, "rb") as f:
+            f.seek(self.offsets[stream])
+            data = f.read()
+        if not data and not (final and self._partial[stream]):
+            return
+        buf = self._partial[stream] + data
+        pieces = buf.split(b"\n")
+        rest = pieces.pop()
+        while len(rest) > MAX_LINE_BYTES:
+            pieces.append(rest[:MAX_LINE_BYTES])
+            rest = rest[MAX_LINE_BYTES:]
+        if final and rest:
+            pieces.append(rest)
+            rest = b""
+        now = time.time_ns()
+        lines: Lines = []
+        for raw in pieces:
+            for i in range(0, max(len(raw), 1), MAX_LINE_BYTES):
+                rank, text = split_rank(raw[i:i + MAX_LINE_BYTES], self._torchrun)
+                lines.append((now, rank, text.decode("utf-8", "replace").rstrip("\r")))
+        if lines:
+            self._on_lines(stream, lines)
+        with self._lock:
+            self.offsets[stream] += len(data)
+            self._partial[stream] = rest

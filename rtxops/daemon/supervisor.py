@@ -1,0 +1,626 @@
+"""The job supervisor: launches jobs in sessions of their own, restarts them, kills them, keeps their logs.
+
+Threads: one runner per job (its whole life: launch, watch, kill, classify, back off, restart) and one
+log tail per running attempt. Public methods only take a lock, flip flags and wake runners, so they
+return at once; :meth:`Supervisor.wait`, :meth:`Supervisor.wait_for_logs` and
+:meth:`Supervisor.shutdown` block by design.
+
+States (:class:`~rtxops.daemon.jobs.JobState`)::
+
+    pending → running → succeeded
+                running → restarting → running            crash/OOM (crash budget) or hang (hang budget)
+                running → hung → restarting | failed      no step heartbeat within the hang timeout
+                running → failed                          budget spent, or the command cannot start
+    any non-terminal → cancelling → cancelled             cancel() or shutdown()
+    recovered non-terminal → running (adopted) | lost
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from . import launch, proctree, stacks
+from .errors import JobNotFound, SupervisorClosed
+from .exits import ExitInfo, OomCounters, classify_exit, signal_name
+from .jobs import (STREAMS, Attempt, Job, JobEvent, JobSink, JobSpec, JobState, LogLine, Outcome)
+from .logtail import LogTail
+
+log = logging.getLogger(__name__)
+
+SAVE_EVERY_S = 5.0
+"""While a job runs, its record (log offsets, last step) is saved at most this often."""
+
+
+class Supervisor:
+    """Runs jobs as process trees it owns; see the module docstring for the states.
+
+    ``sink`` persists jobs, logs and events and serves logs back. ``work_dir`` holds each attempt's
+    stdout/stderr files until they are stored. ``extra_env`` goes into every job's environment (the
+    daemon passes RTXOPS_TELEMETRY, RTXOPS_DAEMON, RTXOPS_TOKEN, RTXOPS_READINGS_FACTORY).
+    ``recovered_jobs``: the jobs a previous daemon saved; unfinished ones whose processes still run
+    are re-adopted (watched, heartbeats, cancel, restarts), the others become ``lost``.
+    """
+
+    def __init__(self, sink: JobSink, work_dir: str | os.PathLike[str], *,
+                 extra_env: Mapping[str, str] | None = None, recovered_jobs: Iterable[Job] = (),
+                 tick_s: float = 0.05, log_poll_s: float = 0.05, keep_log_files: bool = False) -> None:
+        self.sink = sink
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.extra_env = dict(extra_env or {})
+        self.tick_s = tick_s
+        self.log_poll_s = log_poll_s
+        self.keep_log_files = keep_log_files
+        self.sink_errors = 0
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._version = 0
+        self._jobs: dict[str, Job] = {}
+        self._runners: dict[str, _Runner] = {}
+        self._save_locks: dict[str, threading.Lock] = {}
+        self._closed = False
+        for job in recovered_jobs:
+            self._recover(job.copy())
+
+    def submit(self, spec: JobSpec) -> Job:
+        """Accept ``spec`` and start its first attempt in the background. Raises JobSpecError for a
+        command that cannot be launched as asked, SupervisorClosed after shutdown began."""
+        launch.command_line(spec, self.work_dir)
+        now = time.time_ns()
+        with self._lock:
+            if self._closed:
+                raise SupervisorClosed("the supervisor is shutting down; no new jobs")
+            job_id = _new_id(self._jobs)
+            job = Job(id=job_id, spec=spec, state=JobState.PENDING, created_at_ns=now, updated_at_ns=now,
+                      token=f"{job_id}.{secrets.token_hex(8)}", log_dir=str(self.work_dir / job_id))
+            self._jobs[job_id] = job
+            self._save_locks[job_id] = threading.Lock()
+            runner = self._runners[job_id] = _Runner(self, job_id)
+        Path(job.log_dir).mkdir(parents=True, exist_ok=True)
+        self._save(job_id)
+        self._event(job_id, "submitted", name=spec.name, command=list(spec.command))
+        runner.start(adopt=False)
+        return self.job(job_id)
+
+    def jobs(self) -> list[Job]:
+        """Every known job, oldest first (copies)."""
+        with self._lock:
+            return [j.copy() for j in sorted(self._jobs.values(), key=lambda j: j.created_at_ns)]
+
+    def job(self, job_id: str) -> Job:
+        """A copy of one job; JobNotFound for an unknown id."""
+        with self._lock:
+            return self._get(job_id).copy()
+
+    def cancel(self, job_id: str) -> Job:
+        """Stop the job for good: SIGTERM to its whole tree, SIGKILL after ``grace_s``. Returns at once;
+        a finished job is returned unchanged."""
+        with self._lock:
+            job = self._get(job_id)
+            runner = self._runners.get(job_id)
+            if job.state.terminal or runner is None or runner.cancel_reason:
+                return job.copy()
+            runner.request_cancel("cancelled by request", job.spec.grace_s)
+            self._set(job, JobState.CANCELLING, reason="cancelled by request")
+        self._save(job_id)
+        self._event(job_id, "cancel_requested")
+        return self.job(job_id)
+
+    def heartbeat(self, job_id: str, step: int, rank: int = 0) -> bool:
+        """Record that ``rank`` of the job finished optimizer step ``step`` (from an rtx.step span).
+        False when the job is unknown or not running (spans of unsupervised jobs land here too)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            runner = self._runners.get(job_id)
+            if job is None or runner is None or job.state is not JobState.RUNNING:
+                return False
+            runner.heartbeats[rank] = time.monotonic()
+            job.last_step = step if job.last_step is None else max(job.last_step, step)
+            job.last_heartbeat_ns = time.time_ns()
+            return True
+
+    def logs(self, job_id: str, *, rank: int | None = None, after_seq: int = 0,
+             limit: int = 1000) -> list[LogLine]:
+        """Stored lines with ``seq > after_seq`` (one rank, or all when None), oldest first."""
+        with self._lock:
+            self._get(job_id)
+        return self.sink.read_logs(job_id, rank=rank, after_seq=after_seq, limit=limit)
+
+    def wait_for_logs(self, job_id: str, *, after_seq: int = 0, rank: int | None = None,
+                      timeout: float = 10.0, limit: int = 1000) -> list[LogLine]:
+        """Like :meth:`logs` but waits up to ``timeout`` for a line. An empty list after the job has
+        finished means no line will ever come (``--follow`` stops)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                version = self._version
+                done = self._get(job_id).state.terminal
+            lines = self.logs(job_id, rank=rank, after_seq=after_seq, limit=limit)
+            remaining = deadline - time.monotonic()
+            if lines or done or remaining <= 0:
+                return lines
+            with self._changed:
+                if self._version == version:
+                    self._changed.wait(remaining)
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        """The job's events, oldest first."""
+        with self._lock:
+            self._get(job_id)
+        return self.sink.read_events(job_id)
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        """Block until the job is in a terminal state or ``timeout`` passes; the job either way."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while not self._get(job_id).state.terminal:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+            return self._get(job_id).copy()
+
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """Accept no more jobs; SIGTERM every job's tree, SIGKILL what is left after ``grace_s``; wait
+        for the runners. Jobs stopped this way end ``cancelled``."""
+        with self._lock:
+            self._closed = True
+            runners = list(self._runners.items())
+            for job_id, runner in runners:
+                job = self._jobs[job_id]
+                if not job.state.terminal and not runner.cancel_reason:
+                    runner.request_cancel("daemon shut down", min(grace_s, job.spec.grace_s))
+                    self._set(job, JobState.CANCELLING, reason="daemon shut down")
+                elif runner.cancel_reason:
+                    runner.grace_s = min(runner.grace_s, grace_s)
+        deadline = time.monotonic() + grace_s + 10.0
+        for _, runner in runners:
+            runner.join(max(0.0, deadline - time.monotonic()))
+        for job_id, runner in runners:
+            if runner.alive:
+                log.warning("job %s: runner still busy after shutdown grace; killing its tree", job_id)
+                with self._lock:
+                    job = self._jobs[job_id]
+                    sid = job.attempt.pid if job.attempt else None
+                proctree.terminate(sid, job.token, 0.0)
+
+    def _recover(self, job: Job) -> None:
+        self._jobs[job.id] = job
+        self._save_locks[job.id] = threading.Lock()
+        if job.state.terminal:
+            return
+        job.log_seq = max(job.log_seq, self._sink_call(0, self.sink.last_log_seq, job.id))
+        attempt = job.attempt
+        alive = True
+        if attempt is None or attempt.outcome is not None:
+            alive = False
+        else:
+            try:
+                alive = _attempt_alive(attempt, job.token)
+            except Exception as e:  # a failing probe never ends a job; the runner probes again
+                self._event(job.id, "probe_error", probe="recover", error=f"{type(e).__name__}: {e}")
+        if alive:
+            job.adopted = True
+            self._set(job, JobState.RUNNING, reason="re-adopted after a daemon restart")
+            self._runners[job.id] = runner = _Runner(self, job.id)
+            self._save(job.id)
+            self._event(job.id, "adopted", pid=attempt.pid, attempt=attempt.number)
+            runner.start(adopt=True)
+            return
+        reason = ("the daemon restarted while the job ran; its exit status is unknown"
+                  if attempt is not None and attempt.outcome is None
+                  else "the daemon restarted before the job's next attempt started")
+        if attempt is not None and attempt.outcome is None:
+            attempt.outcome, attempt.ended_at_ns, attempt.detail = Outcome.LOST, time.time_ns(), reason
+        self._set(job, JobState.LOST, reason=reason)
+        self._save(job.id)
+        self._event(job.id, "lost", reason=reason)
+
+    def _get(self, job_id: str) -> Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        return job
+
+    def _set(self, job: Job, state: JobState, **changes: Any) -> None:
+        """Change a job under the lock and wake waiters (caller holds the lock)."""
+        job.state = state
+        for k, v in changes.items():
+            setattr(job, k, v)
+        job.updated_at_ns = time.time_ns()
+        self._notify()
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
+    def _save(self, job_id: str) -> None:
+        with self._save_locks[job_id]:
+            with self._lock:
+                snapshot = self._jobs[job_id].copy()
+            self._sink_call(None, self.sink.job_saved, snapshot)
+
+    def _event(self, job_id: str, kind: str, /, **detail: Any) -> None:
+        self._sink_call(None, self.sink.event, job_id, time.time_ns(), kind, json.dumps(detail, default=str))
+
+    def _lines(self, job_id: str, attempt: int, stream: str, lines: list[tuple[int, int, str]]) -> None:
+        with self._lock:
+            job = self._jobs[job_id]
+            first = job.log_seq + 1
+            job.log_seq += len(lines)
+        run: list[tuple[int, int, str]] = []
+        for i, (ts, rank, text) in enumerate(lines):
+            run.append((ts, first + i, text))
+            if i + 1 == len(lines) or lines[i + 1][1] != rank:
+                self._sink_call(None, self.sink.log_lines, job_id, attempt, rank, stream, run)
+                run = []
+        self._notify()
+
+    def _sink_call(self, default: Any, fn, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception:
+            with self._lock:
+                self.sink_errors += 1
+            log.exception("job sink %s failed", getattr(fn, "__name__", fn))
+            return default
+
+
+class _Runner:
+    """The thread that drives one job from launch to a terminal state."""
+
+    def __init__(self, sup: Supervisor, job_id: str) -> None:
+        self.sup = sup
+        self.job_id = job_id
+        self.cancel_reason: str | None = None
+        self.grace_s = 0.0
+        self.heartbeats: dict[int, float] = {}
+        self.wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._proc: subprocess.Popen | None = None
+        self._tail: LogTail | None = None
+        self._started_mono = 0.0
+        self._oom_before: OomCounters | None = None
+        self._probe_errors: set[str] = set()
+        self._delay = 0.0
+
+    def start(self, adopt: bool) -> None:
+        target = self._run_adopted if adopt else self._run
+        self._thread = threading.Thread(target=self._guard, args=(target,), daemon=True,
+                                        name=f"rtxops-job-{self.job_id}")
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def request_cancel(self, reason: str, grace_s: float) -> None:
+        """Caller holds the supervisor lock."""
+        self.cancel_reason = reason
+        self.grace_s = grace_s
+        self.wake.set()
+
+    @property
+    def job(self) -> Job:
+        return self.sup._jobs[self.job_id]
+
+    def _guard(self, target) -> None:
+        try:
+            target()
+        except Exception as e:  # a bug here must not leave the job's processes unowned
+            log.exception("job %s: supervisor runner failed", self.job_id)
+            try:
+                proctree.terminate(self._sid(), self.job.token, 0.0, reap=self._reap)
+            finally:
+                with self.sup._lock:
+                    self.sup._set(self.job, JobState.FAILED, reason=f"supervisor error: {type(e).__name__}: {e}")
+                self.sup._save(self.job_id)
+
+    def _run(self) -> None:
+        while True:
+            if self.cancel_reason:
+                return self._finish(JobState.CANCELLED, self.cancel_reason)
+            attempt = self._launch()
+            if attempt is None:
+                return
+            self._follow(attempt, self._watch(attempt))
+            if self._decide(attempt):
+                return
+            if self._backoff():
+                return
+
+    def _run_adopted(self) -> None:
+        with self.sup._lock:
+            attempt = self.job.attempt
+            assert attempt is not None
+            self._started_mono = time.monotonic()
+        self._tail = self._new_tail(attempt, attempt.log_offsets)
+        self._follow(attempt, self._watch(attempt))
+        if self._decide(attempt) or self._backoff():
+            return
+        self._run()
+
+    def _launch(self) -> Attempt | None:
+        sup, job = self.sup, self.job
+        spec = job.spec
+        number = len(job.attempts) + 1
+        job_dir = Path(job.log_dir)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        paths = {s: job_dir / f"attempt-{number}.{s}" for s in STREAMS}
+        argv = launch.command_line(spec, job_dir / f"torchrun-{number}")
+        env = launch.environment(spec, job_id=job.id, token=job.token, attempt=number,
+                                 base=os.environ, extra_env=sup.extra_env)
+        self._oom_before = self._probe("oom_counters", OomCounters.read, None)
+        attempt = Attempt(number=number, started_at_ns=time.time_ns())
+        try:
+            with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
+                self._proc = subprocess.Popen(argv, cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
+                                              stdout=out, stderr=err, start_new_session=True)
+        except OSError as e:
+            attempt.ended_at_ns = time.time_ns()
+            attempt.outcome = Outcome.START_FAILED
+            attempt.exit_code = 127 if isinstance(e, FileNotFoundError) else 126
+            attempt.detail = f"cannot start {argv[0]!r}: {e.strerror or e}"
+            with sup._lock:
+                job.attempts.append(attempt)
+            sup._event(job.id, "exited", attempt=number, outcome=attempt.outcome.value, detail=attempt.detail)
+            self._finish(JobState.FAILED, attempt.detail)
+            return None
+        attempt.pid = self._proc.pid
+        proc = self._probe("start_ticks", proctree.read_proc, None, self._proc.pid)
+        attempt.start_ticks = proc.start_ticks if proc else None
+        self._started_mono = time.monotonic()
+        with sup._lock:
+            self.heartbeats.clear()
+            job.attempts.append(attempt)
+            if not self.cancel_reason:
+                sup._set(job, JobState.RUNNING, next_attempt_at_ns=None)
+        self._tail = self._new_tail(attempt, {})
+        sup._save(job.id)
+        sup._event(job.id, "started", attempt=number, pid=attempt.pid, argv=argv)
+        return attempt
+
+    def _new_tail(self, attempt: Attempt, offsets: dict[str, int]) -> LogTail:
+        paths = {s: Path(self.job.log_dir) / f"attempt-{attempt.number}.{s}" for s in STREAMS}
+
+        def on_lines(stream: str, lines) -> None:
+            self.sup._lines(self.job_id, attempt.number, stream, lines)
+
+        def on_error(e: Exception) -> None:
+            self._probe_error("log_read", e)
+
+        return LogTail(paths, on_lines, offsets=offsets, torchrun=self.job.spec.nproc_per_node > 1,
+                       poll_s=self.sup.log_poll_s, on_error=on_error).start()
+
+    def _watch(self, attempt: Attempt) -> tuple[Outcome | None, int | None]:
+        """Wait for the attempt to end; kill it on cancel or hang. Returns (kill reason, returncode)."""
+        spec = self.job.spec
+        last_save = time.monotonic()
+        while True:
+            ended, rc = self._ended(attempt)
+            if ended:
+                return None, rc
+            if self.cancel_reason:
+                return Outcome.CANCELLED, self._kill(attempt, self.grace_s)
+            hung_for = self._hung_for(spec)
+            if hung_for is not None:
+                self._hang(attempt, hung_for)
+                return Outcome.HUNG, self._kill(attempt, self.grace_s if self.cancel_reason else spec.grace_s)
+            if time.monotonic() - last_save >= SAVE_EVERY_S:
+                self._checkpoint(attempt)
+                last_save = time.monotonic()
+            self.wake.wait(self.sup.tick_s)
+
+    def _ended(self, attempt: Attempt) -> tuple[bool, int | None]:
+        if self._proc is not None:
+            rc = self._proc.poll()
+            return rc is not None, rc
+        try:
+            return not _attempt_alive(attempt, self.job.token), None
+        except Exception as e:  # a failing probe never counts as the job ending
+            self._probe_error("alive", e)
+            return False, None
+
+    def _hung_for(self, spec: JobSpec) -> float | None:
+        if spec.hang_timeout_s is None:
+            return None
+        now = time.monotonic()
+        with self.sup._lock:
+            beats = dict(self.heartbeats)
+        if beats:
+            silent = now - min(beats.values())
+            return silent if silent > spec.hang_timeout_s else None
+        waited = now - self._started_mono
+        return waited if waited > (spec.first_step_timeout_s or spec.hang_timeout_s) else None
+
+    def _hang(self, attempt: Attempt, silent_s: float) -> None:
+        sup, job = self.sup, self.job
+        with sup._lock:
+            if not self.cancel_reason:
+                sup._set(job, JobState.HUNG, reason=f"no step for {silent_s:.1f} s")
+            stepped = sorted(self.heartbeats)
+        sup._save(job.id)
+        sup._event(job.id, "hung", attempt=attempt.number, silent_s=round(silent_s, 3),
+                   ranks_that_stepped=stepped, last_step=job.last_step)
+        procs = self._probe("members", proctree.members, {}, self._sid(), job.token)
+        captured = self._probe("stacks", stacks.capture, None, procs.values())
+        if captured is not None:
+            sup._event(job.id, "stacks", attempt=attempt.number, **captured.to_dict())
+
+    def _kill(self, attempt: Attempt, grace_s: float) -> int | None:
+        report = proctree.terminate(self._sid(), self.job.token, grace_s, reap=self._reap)
+        if report.survivors:
+            self.sup._event(self.job_id, "probe_error", probe="kill",
+                            error=f"processes survived SIGKILL: {report.survivors}")
+        return self._wait_leader()
+
+    def _reap(self) -> None:
+        if self._proc is not None:
+            self._proc.poll()
+
+    def _wait_leader(self) -> int | None:
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _sid(self) -> int | None:
+        attempt = self.job.attempt
+        return attempt.pid if attempt else None
+
+    def _follow(self, attempt: Attempt, result: tuple[Outcome | None, int | None]) -> None:
+        """After the leader ended: kill leftovers, store the last lines, record how the attempt ended."""
+        killed_by, rc = result
+        sup, job = self.sup, self.job
+        if killed_by is None:
+            grace = self.grace_s if self.cancel_reason else job.spec.grace_s
+            report = self._probe("leftovers", proctree.terminate, None, self._sid(), job.token, grace)
+            if report is not None and report.signalled:
+                sup._event(job.id, "leftovers_killed", attempt=attempt.number, sigterm=report.sigterm,
+                           sigkill=report.sigkill)
+        if self._tail is not None:
+            self._tail.stop()
+            offsets = self._tail.committed_offsets()
+            self._tail = None
+        else:
+            offsets = {}
+        info = self._classify(killed_by, rc)
+        with sup._lock:
+            attempt.ended_at_ns = time.time_ns()
+            attempt.outcome, attempt.exit_code, attempt.signal = info.outcome, info.exit_code, info.signal
+            attempt.detail = info.detail
+            attempt.log_offsets = offsets
+        self._proc = None
+        sup._event(job.id, "exited", attempt=attempt.number, outcome=info.outcome.value,
+                   exit_code=info.exit_code, signal=info.signal, detail=info.detail)
+        if not sup.keep_log_files and not sup.sink_errors:
+            for s in STREAMS:
+                Path(job.log_dir, f"attempt-{attempt.number}.{s}").unlink(missing_ok=True)
+            shutil.rmtree(Path(job.log_dir, f"torchrun-{attempt.number}"), ignore_errors=True)
+
+    def _classify(self, killed_by: Outcome | None, rc: int | None) -> ExitInfo:
+        if rc is None:
+            decoded = None
+        elif killed_by is not None:
+            decoded = classify_exit(rc)
+        else:
+            after = self._probe("oom_counters", OomCounters.read, None)
+            evidence = after.moved_since(self._oom_before) if after and self._oom_before else []
+            return classify_exit(rc, evidence)
+        how = ""
+        if decoded is not None:
+            how = f" ({decoded.detail})"
+        if killed_by is Outcome.CANCELLED:
+            return ExitInfo(Outcome.CANCELLED, rc if rc and rc > 0 else None,
+                            signal_name(-rc) if rc and rc < 0 else None, f"{self.cancel_reason}{how}")
+        if killed_by is Outcome.HUNG:
+            return ExitInfo(Outcome.HUNG, rc if rc and rc > 0 else None,
+                            signal_name(-rc) if rc and rc < 0 else None, f"killed after a hang{how}")
+        return ExitInfo(Outcome.LOST, None, None,
+                        "ended while re-adopted after a daemon restart; exit status unknown")
+
+    def _decide(self, attempt: Attempt) -> bool:
+        """Set the next state after an attempt; True when the job is finished."""
+        sup, job, outcome = self.sup, self.job, attempt.outcome
+        spec = job.spec
+        if outcome is Outcome.CANCELLED or (self.cancel_reason and outcome is not Outcome.SUCCEEDED):
+            self._finish(JobState.CANCELLED, self.cancel_reason or "cancelled")
+            return True
+        if outcome is Outcome.SUCCEEDED:
+            self._finish(JobState.SUCCEEDED, attempt.detail)
+            return True
+        if outcome is Outcome.LOST:
+            self._finish(JobState.LOST, attempt.detail)
+            return True
+        hang = outcome is Outcome.HUNG
+        used = job.hang_restarts if hang else job.crash_restarts
+        budget = spec.max_hang_restarts if hang else spec.max_crash_restarts
+        kind = "hang" if hang else "crash"
+        if used >= budget:
+            self._finish(JobState.FAILED, f"{attempt.detail}; {kind} restart budget ({budget}) spent")
+            return True
+        delay = spec.backoff(job.crash_restarts + job.hang_restarts)
+        with sup._lock:
+            if hang:
+                job.hang_restarts += 1
+            else:
+                job.crash_restarts += 1
+            if self.cancel_reason:
+                return False
+            sup._set(job, JobState.RESTARTING, reason=f"{attempt.detail}; restarting in {delay:g} s",
+                     next_attempt_at_ns=time.time_ns() + int(delay * 1e9))
+        sup._save(job.id)
+        sup._event(job.id, "restart_scheduled", kind=kind, delay_s=delay, restarts_left=budget - used - 1)
+        self._delay = delay
+        return False
+
+    def _backoff(self) -> bool:
+        """Wait out the backoff; True when the job was cancelled meanwhile (and is now finished)."""
+        deadline = time.monotonic() + self._delay
+        while not self.cancel_reason:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.wake.wait(min(remaining, self.sup.tick_s * 4))
+        self._finish(JobState.CANCELLED, self.cancel_reason)
+        return True
+
+    def _finish(self, state: JobState, reason: str) -> None:
+        with self.sup._lock:
+            self.sup._set(self.job, state, reason=reason, next_attempt_at_ns=None)
+        self.sup._save(self.job_id)
+        if not self.sup.keep_log_files and not self.sup.sink_errors:
+            try:
+                Path(self.job.log_dir).rmdir()
+            except OSError:
+                pass
+
+    def _checkpoint(self, attempt: Attempt) -> None:
+        if self._tail is not None:
+            with self.sup._lock:
+                attempt.log_offsets = self._tail.committed_offsets()
+        self.sup._save(self.job_id)
+
+    def _probe(self, name: str, fn, default, *args):
+        try:
+            return fn(*args)
+        except Exception as e:  # status probes never fail a job
+            self._probe_error(name, e)
+            return default
+
+    def _probe_error(self, name: str, e: Exception) -> None:
+        if name not in self._probe_errors:
+            self._probe_errors.add(name)
+            log.warning("job %s: probe %s failed: %s", self.job_id, name, e)
+            self.sup._event(self.job_id, "probe_error", probe=name, error=f"{type(e).__name__}: {e}")
+
+
+def _attempt_alive(attempt: Attempt, token: str) -> bool:
+    """Whether any process of the attempt still runs (its leader, its session, its token carriers)."""
+    if attempt.pid is not None:
+        p = proctree.read_proc(attempt.pid)
+        if p is not None and p.alive and (attempt.start_ticks is None or p.start_ticks == attempt.start_ticks):
+            return True
+    return bool(proctree.members(attempt.pid, token))
+
+
+def _new_id(taken: Mapping[str, Any]) -> str:
+    while True:
+        job_id = f"j-{secrets.token_hex(4)}"
+        if job_id not in taken:
+            return job_id
