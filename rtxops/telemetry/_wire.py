@@ -8,12 +8,13 @@ attribute, which is where pure-Python conversion spends its time:
 * :data:`LightRequest`: span attributes stay raw bytes (the per-span view only counts them).
 * :data:`MergedRequest`: every span of a scope merges into one message, so all attribute keys and
   raw ``AnyValue`` bytes of the scope come out as two lists (and its events' bytes as a third).
-* :func:`decode_any_values`: raw ``AnyValue`` bytes → Python values, scalars of one type decoded
-  by a single parse of their concatenation, int arrays by a merged parse per batch.
+* :func:`decode_column`: raw ``AnyValue`` bytes of one attribute across many spans → Python
+  values, by a single parse of their concatenation (they usually share one type).
 """
 from __future__ import annotations
 
 import base64
+import itertools
 import operator
 from typing import Any, Sequence
 
@@ -29,8 +30,8 @@ F = descriptor_pb2.FieldDescriptorProto
 MAX_DEPTH = 32
 
 # first byte of a raw AnyValue = its oneof field's tag
-STRING, BOOL, INT, DOUBLE, ARRAY = 0x0A, 0x10, 0x18, 0x21, 0x2A
-_SCALAR_FIELDS = {STRING: "s", BOOL: "b", INT: "i", DOUBLE: "d"}
+ARRAY = 0x2A
+_SCALAR_FIELDS = {0x0A: "s", 0x10: "b", 0x18: "i", 0x21: "d"}
 
 
 def _copy(module: Any) -> descriptor_pb2.FileDescriptorProto:
@@ -70,8 +71,9 @@ def _request_class(merged: bool) -> type[Message]:
         pool.FindMessageTypeByName(trace_service_pb2.ExportTraceServiceRequest.DESCRIPTOR.full_name))
 
 
-def _value_classes() -> tuple[type[Message], type[Message], type[Message]]:
-    """Scalars (AnyValue fields 1-4 as repeated), and two views of a batch of array values."""
+def _value_classes() -> tuple[type[Message], type[Message]]:
+    """``Scalars``: AnyValue with every field repeated (unpacked, so re-encoding is byte-exact);
+    ``CountedArrays``: concatenated array AnyValues, each array's elements kept as raw bytes."""
     proto = descriptor_pb2.FileDescriptorProto(name="rtxops_wire_values.proto", package="rtxops.wire",
                                                syntax="proto3")
     scalars = proto.message_type.add(name="Scalars")
@@ -79,91 +81,101 @@ def _value_classes() -> tuple[type[Message], type[Message], type[Message]]:
                                ("i", 3, F.TYPE_INT64), ("d", 4, F.TYPE_DOUBLE),
                                ("other", 5, F.TYPE_BYTES), ("kv", 6, F.TYPE_BYTES),
                                ("raw", 7, F.TYPE_BYTES)):
-        scalars.field.add(name=name, number=number, label=F.LABEL_REPEATED, type=kind)
-    merged = proto.message_type.add(name="MergedArray")        # ArrayValue, elements merged
-    merged.field.add(name="values", number=1, label=F.LABEL_OPTIONAL, type=F.TYPE_MESSAGE,
-                     type_name=".rtxops.wire.Scalars")
-    counted = proto.message_type.add(name="CountedArray")      # ArrayValue, elements as bytes
+        field = scalars.field.add(name=name, number=number, label=F.LABEL_REPEATED, type=kind)
+        field.options.packed = False
+    counted = proto.message_type.add(name="CountedArray")
     counted.field.add(name="values", number=1, label=F.LABEL_REPEATED, type=F.TYPE_BYTES)
-    for name, element in (("MergedArrays", "MergedArray"), ("CountedArrays", "CountedArray")):
-        batch = proto.message_type.add(name=name)               # concatenated array AnyValues
-        batch.field.add(name="array_value", number=5, label=F.LABEL_REPEATED,
-                        type=F.TYPE_MESSAGE, type_name=f".rtxops.wire.{element}")
+    batch = proto.message_type.add(name="CountedArrays")
+    batch.field.add(name="array_value", number=5, label=F.LABEL_REPEATED, type=F.TYPE_MESSAGE,
+                    type_name=".rtxops.wire.CountedArray")
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
-    get = lambda n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"rtxops.wire.{n}"))  # noqa: E731
-    return get("Scalars"), get("MergedArrays"), get("CountedArrays")
+    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"rtxops.wire.{n}"))
+                 for n in ("Scalars", "CountedArrays"))
 
 
 LightRequest = _request_class(merged=False)
 MergedRequest = _request_class(merged=True)
-_Scalars, _MergedArrays, _CountedArrays = _value_classes()
+_Scalars, _CountedArrays = _value_classes()
 _values_of = operator.attrgetter("values")
+_all_fields = operator.attrgetter("s", "b", "i", "d", "other", "kv", "raw")
 
 
-def decode_any_values(raws: Sequence[bytes]) -> list:
-    """Python values of raw ``AnyValue`` bytes, in order. Arrays become tuples, kvlists dicts,
-    bytes base64 text, an empty AnyValue None. Raises DecodeError / UnicodeDecodeError /
-    ValueError for a value that is not a valid AnyValue."""
-    out: list = [None] * len(raws)
-    scalar_idx: list[int] = []
-    array_idx: list[int] = []
-    slow_idx: list[int] = []
-    for i, raw in enumerate(raws):
-        tag = raw[0] if raw else None
-        if tag in _SCALAR_FIELDS:
-            scalar_idx.append(i)
-        elif tag == ARRAY:
-            array_idx.append(i)
-        elif raw:
-            slow_idx.append(i)
-    slow_idx += _scalars([raws[i] for i in scalar_idx], scalar_idx, out)
-    slow_idx += _int_arrays([raws[i] for i in array_idx], array_idx, out)
-    for i in slow_idx:
-        out[i] = any_value(AnyValue.FromString(raws[i]))
-    return out
+def decode_column(raws: list[bytes]) -> list | None:
+    """Values of raw ``AnyValue`` bytes that all hold one scalar type, or all hold arrays of one
+    scalar type (arrays come back as tuples), decoded by one parse of their concatenation.
+    None when the column is anything else (mixed types, nulls, kvlists, unusual encodings):
+    decode those one by one with :func:`decode_values`."""
+    if not raws or b"" in raws:
+        return None
+    if raws[0][0] == ARRAY:
+        return _cached_array_column(raws)
+    return _scalar_column(raws)
 
 
-def _scalars(raws: list[bytes], where: list[int], out: list) -> list[int]:
-    """Fills ``out`` from one parse of the concatenated scalars; returns the indices it could not."""
-    if not raws:
-        return []
-    try:
-        parsed = _Scalars.FromString(b"".join(raws))
-    except DecodeError:
-        return where
-    columns = {tag: iter(getattr(parsed, name)) for tag, name in _SCALAR_FIELDS.items()}
-    expected = {tag: 0 for tag in _SCALAR_FIELDS}
-    for raw in raws:
-        expected[raw[0]] += 1
-    if parsed.other or parsed.kv or parsed.raw or any(
-            len(getattr(parsed, name)) != expected[tag] for tag, name in _SCALAR_FIELDS.items()):
-        return where                                    # a value with more than one field
-    for i, raw in zip(where, raws):
-        out[i] = next(columns[raw[0]])
-    return []
+_arrays: dict[bytes, tuple] = {}     # decoded arrays by raw bytes: histograms repeat a lot
+_ARRAY_CACHE_LIMIT = 1 << 15
 
 
-def _int_arrays(raws: list[bytes], where: list[int], out: list) -> list[int]:
-    """Arrays whose elements are all ints, via a counted and a merged parse of the batch."""
-    if not raws:
-        return []
+def _cached_array_column(raws: list[bytes]) -> list | None:
+    values = list(map(_arrays.get, raws))
+    if None not in values:
+        return values
+    missing = [i for i, v in enumerate(values) if v is None]
+    decoded = _array_column([raws[i] for i in missing])
+    if decoded is None:
+        return None
+    if len(_arrays) + len(missing) > _ARRAY_CACHE_LIMIT:
+        _arrays.clear()
+    for i, value in zip(missing, decoded):
+        values[i] = _arrays[raws[i]] = value
+    return values
+
+
+def _scalar_column(raws: list[bytes]) -> list | None:
     blob = b"".join(raws)
     try:
-        counted = _CountedArrays.FromString(blob).array_value
-        merged = _MergedArrays.FromString(blob).array_value
+        parsed = _Scalars.FromString(blob)
     except DecodeError:
-        return where
-    if len(counted) != len(raws) or len(merged) != len(raws):
-        return where
-    slow = []
-    for i, n, m in zip(where, map(len, map(_values_of, counted)), map(_values_of, merged)):
-        ints = m.i
-        if len(ints) == n and not (m.s or m.b or m.d or m.other or m.kv or m.raw):
-            out[i] = tuple(ints)
-        else:
-            slow.append(i)
-    return slow
+        return None
+    name = _SCALAR_FIELDS.get(raws[0][0])
+    if name is None:
+        return None
+    values = getattr(parsed, name)
+    # With no empty value and nothing unknown, each raw holds at least one field, so n values in
+    # all, all of one type, from n raws means exactly one field each, in order.
+    if len(values) != len(raws) or sum(map(len, _all_fields(parsed))) != len(raws):
+        return None
+    parsed.DiscardUnknownFields()
+    if parsed.ByteSize() != len(blob):
+        return None
+    return values[:]
+
+
+def _array_column(raws: list[bytes]) -> list | None:
+    blob = b"".join(raws)
+    try:
+        arrays = _CountedArrays.FromString(blob)
+    except DecodeError:
+        return None
+    arrays.DiscardUnknownFields()
+    if len(arrays.array_value) != len(raws) or arrays.ByteSize() != len(blob):
+        return None
+    elements = list(map(_values_of, arrays.array_value))
+    flat = list(itertools.chain.from_iterable(elements))
+    if not flat:
+        return [()] * len(raws)
+    values = _scalar_column(flat)
+    if values is None:
+        return None
+    it = iter(values)
+    return list(map(tuple, map(itertools.islice, itertools.repeat(it), map(len, elements))))
+
+
+def decode_values(raws: Sequence[bytes]) -> list:
+    """Python values of raw ``AnyValue`` bytes, one parse each. Raises DecodeError (corrupt, or a
+    string that is not UTF-8) or ValueError (nested too deep)."""
+    return [any_value(AnyValue.FromString(raw)) if raw else None for raw in raws]
 
 
 def any_value(v: AnyValue, depth: int = 0) -> Any:

@@ -13,7 +13,6 @@ wrapper object per attribute.
 from __future__ import annotations
 
 import base64
-import bisect
 import hashlib
 import itertools
 import json
@@ -30,7 +29,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from . import _wire
 from . import schema as S
@@ -300,26 +298,60 @@ _SPAN_FIELDS = operator.attrgetter("trace_id", "span_id", "parent_span_id", "nam
 class _Layout:
     """Where the typed and the other attributes sit in spans whose keys come in one order."""
 
-    __slots__ = ("typed", "rest_keys", "rest")
+    __slots__ = ("typed", "rest_keys", "rest_positions", "positions")
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         last = {k: i for i, k in enumerate(keys)}          # a repeated key: the last one wins
-        missing = len(keys)                                 # index of the None padding value
-        self.typed = _getter([last.get(k, missing) for k in SPAN_ATTRIBUTE_COLUMNS])
+        self.typed = [(c, last[k]) for c, k in enumerate(SPAN_ATTRIBUTE_COLUMNS) if k in last]
         self.rest_keys = tuple(k for k in last if k not in SPAN_ATTRIBUTE_COLUMNS)
-        self.rest = _getter([last[k] for k in self.rest_keys])
-
-
-def _getter(indices: list[int]) -> Any:
-    """``itemgetter`` that always returns a tuple."""
-    if len(indices) == 1:
-        i = indices[0]
-        return lambda values: (values[i],)
-    return operator.itemgetter(*indices) if indices else (lambda values: ())
+        self.rest_positions = [last[k] for k in self.rest_keys]
+        self.positions = sorted(last.values())
 
 
 _layouts: dict[tuple[str, ...], _Layout] = {}
 _LAYOUT_CACHE_LIMIT = 4096
+
+
+def _layout(keys: tuple[str, ...]) -> _Layout:
+    layout = _layouts.get(keys)
+    if layout is None:
+        if len(_layouts) >= _LAYOUT_CACHE_LIMIT:
+            _layouts.clear()
+        layout = _layouts[keys] = _Layout(keys)
+    return layout
+
+
+@dataclass
+class _Run:
+    """Consecutive spans whose attribute keys come in the same order."""
+
+    first_span: int
+    pos: int            # index of its first attribute in the scope's flat lists
+    width: int          # attributes per span
+    spans: int
+    keys: tuple[str, ...]
+    offset: int = 0     # where its spans start in the columns decoded for its layout
+
+
+def _runs(keys: list[str], counts: list[int]) -> list[_Run]:
+    runs: list[_Run] = []
+    pos = span = 0
+    for width, group in itertools.groupby(counts):
+        n = sum(1 for _ in group)
+        end = pos + width * n
+        head = keys[pos:pos + width]
+        if n == 1 or keys[pos:end] == head * n:
+            runs.append(_Run(span, pos, width, n, tuple(head)))
+        else:                                   # same count, different keys: split span by span
+            for k in range(n):
+                p = pos + k * width
+                row = tuple(keys[p:p + width])
+                if runs and runs[-1].keys == row and runs[-1].pos + runs[-1].width * runs[-1].spans == p:
+                    runs[-1].spans += 1
+                else:
+                    runs.append(_Run(span + k, p, width, 1, row))
+        pos, span = end, span + n
+    return runs
 
 
 class _Columns:
@@ -331,7 +363,7 @@ class _Columns:
         self.resource_id: list[int] = []
         self.scope: list[str | None] = []
         self.copies: list[list] = [[] for _ in SPAN_RESOURCE_COPIES]
-        self.typed: list[tuple] = []
+        self.typed: list[list] = [[] for _ in SPAN_ATTRIBUTE_COLUMNS]
         self.rest: list[bytes | None] = []
         self.events: list[list] = [[] for _ in EVENTS_SCHEMA]
 
@@ -364,22 +396,35 @@ class _Columns:
             k = next(i for i, c in enumerate(counts) if c > MAX_ATTRIBUTES)
             raise TelemetryInputError(f"{where}.spans[{k}] has {counts[k]} attributes; "
                                       f"the limit is {MAX_ATTRIBUTES}")
-        values = _decode_values(raws, keys, counts, where)
-        if len(_layouts) > _LAYOUT_CACHE_LIMIT:
-            _layouts.clear()
-        layouts, typed, rest, dumps = _layouts, self.typed, self.rest, orjson.dumps
-        pos = 0
-        for c in counts:
-            end = pos + c
-            layout_keys = tuple(keys[pos:end])
-            layout = layouts.get(layout_keys)
-            if layout is None:
-                layout = layouts[layout_keys] = _Layout(layout_keys)
-            row = values[pos:end]
-            row.append(None)
-            typed.append(layout.typed(row))
-            rest.append(dumps(dict(zip(layout.rest_keys, layout.rest(row)))) if layout.rest_keys else None)
-            pos = end
+        runs = _runs(keys, counts)
+        by_layout: dict[tuple[str, ...], list[_Run]] = {}
+        for run in runs:
+            by_layout.setdefault(run.keys, []).append(run)
+        columns: dict[tuple[str, ...], dict[int, list]] = {}
+        for layout_keys, layout_runs in by_layout.items():
+            offset = 0
+            for run in layout_runs:
+                run.offset, offset = offset, offset + run.spans
+            columns[layout_keys] = {
+                j: _decode_column(raws, layout_runs, j, where)
+                for j in _layout(layout_keys).positions}
+        typed, rest, dumps = self.typed, self.rest, orjson.dumps
+        for run in runs:
+            layout = _layout(run.keys)
+            decoded = columns[run.keys]
+            lo, hi = run.offset, run.offset + run.spans
+            filled = set()
+            for c, j in layout.typed:
+                typed[c].extend(decoded[j][lo:hi])
+                filled.add(c)
+            for c, column in enumerate(typed):
+                if c not in filled:
+                    column.extend(itertools.repeat(None, run.spans))
+            if layout.rest_keys:
+                rows = zip(*[decoded[j][lo:hi] for j in layout.rest_positions])
+                rest.extend(map(dumps, map(dict, map(zip, itertools.repeat(layout.rest_keys), rows))))
+            else:
+                rest.extend(itertools.repeat(None, run.spans))
 
     def _events(self, span: Any, where: str) -> None:
         if len(span.events) > MAX_EVENTS:
@@ -407,9 +452,8 @@ class _Columns:
                    pa.array(self.resource_id, pa.int64()), pa.array(self.scope, pa.string())]
         columns += [pa.array(c, SPANS_SCHEMA.field(RESOURCE_ATTRIBUTE_COLUMNS[k]).type)
                     for c, k in zip(self.copies, SPAN_RESOURCE_COPIES)]
-        typed = zip(*self.typed) if self.typed else ([] for _ in SPAN_ATTRIBUTE_COLUMNS)
-        for key, values in zip(SPAN_ATTRIBUTE_COLUMNS, typed):
-            columns.append(_typed_column(list(values), key, self.rest))
+        for key, values in zip(SPAN_ATTRIBUTE_COLUMNS, self.typed):
+            columns.append(_typed_column(values, key, self.rest))
         columns.append(pa.array(self.rest, pa.string()))
         return pa.table(columns, schema=SPANS_SCHEMA)
 
@@ -463,41 +507,30 @@ def _typed_column(values: list, key: str, rest: list[bytes | None]) -> pa.Array:
 
 # ---- attribute values ------------------------------------------------------------------------
 
-_value_cache: dict[bytes, Any] = {}
-_VALUE_CACHE_LIMIT = 1 << 16
 _VALUE_ERRORS = (DecodeError, UnicodeDecodeError, ValueError, RecursionError)
 
 
-def _decode_values(raws: list[bytes], keys: list[str], counts: list[int], where: str) -> list:
-    """Python values of raw ``AnyValue`` bytes; decoded values are cached (they repeat a lot)."""
-    cache = _value_cache
-    values = list(map(cache.get, raws))
-    if None not in values:
+def _decode_column(raws: list[bytes], runs: list[_Run], j: int, where: str) -> list:
+    """Values of the ``j``-th attribute of every span in ``runs`` (which share one key order)."""
+    column: list[bytes] = []
+    for run in runs:
+        column += raws[run.pos + j: run.pos + run.width * run.spans: run.width]
+    values = _wire.decode_column(column)
+    if values is not None:
         return values
-    if len(cache) > _VALUE_CACHE_LIMIT:
-        cache.clear()
-    missing = [i for i, v in enumerate(values) if v is None and raws[i]]
     try:
-        decoded = _wire.decode_any_values([raws[i] for i in missing])
-    except _VALUE_ERRORS:
-        _raise_bad_value(raws, keys, counts, missing, where)
-    for i, value in zip(missing, decoded):
-        values[i] = value
-        if value is not None:
-            cache[raws[i]] = value
-    return values
-
-
-def _raise_bad_value(raws: list[bytes], keys: list[str], counts: list[int], candidates: list[int],
-                     where: str) -> None:
-    for i in candidates:
-        try:
-            _wire.any_value(AnyValue.FromString(raws[i]))
-        except _VALUE_ERRORS as e:
-            span = bisect.bisect_right(list(itertools.accumulate(counts)), i)
-            raise TelemetryInputError(f"{where}.spans[{span}] attribute {keys[i]!r}: "
-                                      f"{_reason(e)}") from None
-    raise TelemetryInputError(f"{where}: an attribute value is not a valid AnyValue")
+        return _wire.decode_values(column)
+    except _VALUE_ERRORS as e:
+        error = e
+    for run in runs:                                    # find the value, for the message
+        for k in range(run.spans):
+            raw = raws[run.pos + k * run.width + j]
+            try:
+                _wire.decode_values([raw])
+            except _VALUE_ERRORS as e:
+                raise TelemetryInputError(f"{where}.spans[{run.first_span + k}] attribute "
+                                          f"{run.keys[j]!r}: {_reason(e)}") from None
+    raise TelemetryInputError(f"{where}: attribute {runs[0].keys[j]!r}: {_reason(error)}")
 
 
 def _reason(e: Exception) -> str:

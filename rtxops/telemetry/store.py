@@ -171,7 +171,7 @@ class Store:
         self.batches_written = 0
         self.commits = 0
         self.spans_refused = 0
-        self.batches_refused = 0
+        self.requests_refused = 0
         self.requests_rejected = 0
         self.spans_rejected = 0
         self.write_errors = 0
@@ -191,7 +191,7 @@ class Store:
             if (self.queue_batches + 1 > self.max_queue_batches
                     or self.queue_spans + batch.span_count > self.max_queue_spans):
                 self.spans_refused += batch.span_count
-                self.batches_refused += 1
+                self.requests_refused += 1
                 raise StoreBusy(f"the store's write queue is full ({self.queue_batches} batches, "
                                 f"{self.queue_spans} spans waiting)", self._retry_after())
             self.queue_batches += 1
@@ -202,6 +202,13 @@ class Store:
     def write(self, batch: Batch, timeout: float | None = None) -> None:
         """Submit ``batch`` and wait until it is committed."""
         self.submit(batch).result(timeout)
+
+    def note_refused(self, spans: int = 0) -> None:
+        """Count a request refused before it reached the queue (the receiver was saturated; its
+        spans were never decoded, so they are not counted unless given)."""
+        with self._lock:
+            self.requests_refused += 1
+            self.spans_refused += spans
 
     def note_rejected(self, requests: int = 1, spans: int = 0) -> None:
         """Count input the receiver turned away as malformed (for :meth:`stats`)."""
@@ -329,7 +336,7 @@ class Store:
             return {
                 "spans_written": self.spans_written, "batches_written": self.batches_written,
                 "commits": self.commits, "spans_refused": self.spans_refused,
-                "batches_refused": self.batches_refused,
+                "requests_refused": self.requests_refused,
                 "requests_rejected": self.requests_rejected, "spans_rejected": self.spans_rejected,
                 "write_errors": self.write_errors, "queue_batches": self.queue_batches,
                 "queue_spans": self.queue_spans,

@@ -1,0 +1,156 @@
+"""Telemetry ingest throughput: OTLP protobuf over HTTP → committed in DuckDB, and the direct
+Arrow write path.
+
+End to end: a receiver (uvicorn + the store) runs in a child process, as the daemon would; this
+process sends pre-encoded requests of ``--spans-per-request`` rtxops-shaped spans from
+``--clients`` concurrent keep-alive connections. A 200 means committed, so the figure is committed
+spans per second of wall time, cross-checked against the rows in the file afterwards. Also
+reported: the conversion alone (one core), and ``Store.write`` of ready Arrow batches. Prints JSON
+(and writes it with ``--out``).
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from rtxops.telemetry import otlp, synthetic
+from rtxops.telemetry.store import Store
+
+
+def serve(path: str) -> None:
+    """Child process: receiver on an ephemeral port; prints it, serves until stdin closes."""
+    import uvicorn
+
+    from rtxops.telemetry.receiver import make_app
+
+    store = Store(path)
+    server = uvicorn.Server(uvicorn.Config(make_app(store, token="bench"), host="127.0.0.1", port=0,
+                                           log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    print(server.servers[0].sockets[0].getsockname()[1], flush=True)
+    sys.stdin.read()
+    server.should_exit = True
+    thread.join()
+    stats = store.stats()
+    store.close()
+    print(json.dumps(stats), flush=True)
+
+
+def end_to_end(workdir: Path, requests: list[bytes], spans_per_request: int, clients: int,
+               seconds: float) -> dict:
+    path = workdir / "ingest.duckdb"
+    child = subprocess.Popen([sys.executable, __file__, "--serve", str(path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    port = int(child.stdout.readline())
+    sent = [0] * clients
+    statuses: dict[int, int] = {}
+    lock = threading.Lock()
+    deadline = time.perf_counter() + seconds
+
+    def client(i: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        headers = {"Content-Type": otlp.PROTOBUF, "Authorization": "Bearer bench"}
+        k = i
+        while time.perf_counter() < deadline:
+            conn.request("POST", "/v1/traces", requests[k % len(requests)], headers)
+            resp = conn.getresponse()
+            resp.read()
+            with lock:
+                statuses[resp.status] = statuses.get(resp.status, 0) + 1
+            if resp.status == 200:
+                sent[i] += spans_per_request
+            else:
+                time.sleep(float(resp.getheader("Retry-After", "0.1")))
+            k += clients
+        conn.close()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    child.stdin.close()
+    server_stats = json.loads(child.stdout.readline())
+    child.wait(60)
+    with Store(path) as store:
+        stored = store.query("SELECT count(*) AS n FROM spans")[0]["n"]
+    acked = sum(sent)
+    return {"spans_per_s": round(acked / elapsed), "spans_acked": acked, "spans_in_file": stored,
+            "seconds": round(elapsed, 2), "clients": clients, "spans_per_request": spans_per_request,
+            "bytes_per_request": len(requests[0]), "http_statuses": statuses, "server": server_stats}
+
+
+def conversion_only(requests: list[bytes], spans_per_request: int) -> dict:
+    otlp.convert(requests[0], otlp.PROTOBUF, 0)
+    started = time.perf_counter()
+    for body in requests:
+        otlp.convert(body, otlp.PROTOBUF, 0)
+    elapsed = time.perf_counter() - started
+    return {"spans_per_s": round(len(requests) * spans_per_request / elapsed),
+            "us_per_span": round(elapsed / (len(requests) * spans_per_request) * 1e6, 2)}
+
+
+def arrow_write(workdir: Path, rows_per_batch: int, batches: int) -> dict:
+    store = Store(workdir / "arrow.duckdb")
+    start = time.time_ns() - 3600 * 10**9
+    ready = [synthetic.kernel_batch(rows_per_batch, start_ns=start + i * 10**9, seed=i)
+             for i in range(min(batches, 3))]
+    store.write(ready[0])                              # warm-up, not timed
+    started = time.perf_counter()
+    for i in range(batches):
+        store.write(ready[i % len(ready)])
+    elapsed = time.perf_counter() - started
+    stats = store.stats()
+    store.close()
+    return {"rows_per_s": round(batches * rows_per_batch / elapsed), "rows_per_batch": rows_per_batch,
+            "batches": batches, "seconds": round(elapsed, 2), "commits": stats["commits"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--serve", metavar="DB", help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=15.0, help="end-to-end run length")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--spans-per-request", type=int, default=2000)
+    parser.add_argument("--arrow-rows", type=int, default=1_000_000, help="rows per direct write")
+    parser.add_argument("--arrow-batches", type=int, default=5)
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return
+    requests = [synthetic.otlp_request(args.spans_per_request, seed=i, job_id=f"job-{i % 4}",
+                                       rank=i % 2).SerializeToString() for i in range(16)]
+    with tempfile.TemporaryDirectory(prefix="rtxops-bench-") as tmp:
+        result = {
+            "bench": "ingest", "python": platform.python_version(), "cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            "targets": {"end_to_end_spans_per_s": 100_000, "arrow_rows_per_s": 1_000_000},
+            "end_to_end": end_to_end(Path(tmp), requests, args.spans_per_request, args.clients,
+                                     args.seconds),
+            "conversion_only_one_core": conversion_only(requests, args.spans_per_request),
+            "arrow_write": arrow_write(Path(tmp), args.arrow_rows, args.arrow_batches),
+        }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

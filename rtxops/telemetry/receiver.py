@@ -1,0 +1,180 @@
+"""OTLP/HTTP trace receiver: ``POST /v1/traces`` (protobuf or JSON, optionally gzip) → the store.
+
+Follows the OTLP/HTTP spec: the response body is an ``ExportTraceServiceResponse`` on success and a
+``google.rpc.Status`` on failure, in the request's encoding; 400/401/413/415 are final (the client
+must not retry), 429/503 carry ``Retry-After``. A request is stored whole or not at all, and a 200
+is sent only after its rows are committed.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import math
+import time
+import zlib
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, FastAPI, Request, Response
+from google.protobuf import json_format
+from google.rpc import code_pb2, status_pb2
+
+from . import otlp
+from .otlp import JSON, PROTOBUF, TelemetryInputError
+from .store import Store, StoreBusy, StoreClosed, StoreError
+
+DEFAULT_MAX_BODY = 16 << 20           # bytes on the wire
+DEFAULT_MAX_DECOMPRESSED = 64 << 20   # bytes after gzip
+DEFAULT_MAX_INFLIGHT = 8              # requests read, decoded or written at once
+DEFAULT_SLOT_WAIT_S = 2.0             # how long a request waits for one of those slots
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY,
+                max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+                max_inflight: int = DEFAULT_MAX_INFLIGHT, slot_wait_s: float = DEFAULT_SLOT_WAIT_S,
+                path: str = "/v1/traces") -> APIRouter:
+    """A router with ``POST {path}`` writing into ``store``.
+
+    ``token``: the bearer token every request must carry (None: no check, for tests and local
+    use). At most ``max_inflight`` requests hold a body in memory at once; one that waits longer
+    than ``slot_wait_s`` for a slot gets 429, so memory stays bounded under any flood.
+    """
+    router = APIRouter()
+    expected = f"Bearer {token}".encode() if token is not None else None
+    slots = asyncio.Semaphore(max_inflight)
+
+    @router.post(path, include_in_schema=False)
+    async def export_traces(request: Request) -> Response:
+        encoding = _response_encoding(request.headers.get("content-type"))
+        if expected is not None and not hmac.compare_digest(
+                request.headers.get("authorization", "").encode(), expected):
+            return _status(encoding, 401, code_pb2.UNAUTHENTICATED,
+                           "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        kind = otlp.media_type(request.headers.get("content-type"))
+        if kind not in (PROTOBUF, JSON):
+            return _status(encoding, 415, code_pb2.INVALID_ARGUMENT,
+                           f"unsupported content type {kind or '(none)'!r}: send {PROTOBUF} or {JSON}")
+        content_encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if content_encoding not in ("identity", "gzip"):
+            return _status(encoding, 415, code_pb2.INVALID_ARGUMENT,
+                           f"unsupported content encoding {content_encoding!r}: send gzip or none")
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > max_body_bytes:
+            store.note_rejected()
+            return _status(encoding, 413, code_pb2.INVALID_ARGUMENT,
+                           f"body of {declared} bytes is over the {max_body_bytes}-byte limit")
+        try:
+            with anyio.fail_after(slot_wait_s):
+                await slots.acquire()
+        except TimeoutError:
+            store.note_refused()
+            return _status(encoding, 429, code_pb2.RESOURCE_EXHAUSTED,
+                           "the receiver is busy; retry later", {"Retry-After": "1"})
+        return await _handle(request, store, slots, kind, encoding, content_encoding == "gzip",
+                             max_body_bytes, max_decompressed_bytes)
+
+    return router
+
+
+def make_app(store: Store, token: str | None = None, **router_options: Any) -> FastAPI:
+    """A FastAPI app with just the receiver (tests, benchmarks; the daemon has its own app)."""
+    app = FastAPI(title="rtxops OTLP receiver", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(make_router(store, token=token, **router_options))
+    return app
+
+
+async def _handle(request: Request, store: Store, slot: asyncio.Semaphore, kind: str, encoding: str,
+                  gzipped: bool, max_body: int, max_decompressed: int) -> Response:
+    """Read, decode and queue the request while holding ``slot``; wait for the commit without it
+    (queued batches are bounded by the store)."""
+    received_ns = time.time_ns()
+    try:
+        body = await _read_body(request, max_body)
+        batch = await anyio.to_thread.run_sync(_decode, body, kind, gzipped, max_decompressed,
+                                               received_ns)
+        del body
+        if batch.span_count == 0 and batch.resources.num_rows == 0:
+            return _success(encoding)
+        future = store.submit(batch)
+    except _TooLarge as e:
+        store.note_rejected()
+        return _status(encoding, 413, code_pb2.INVALID_ARGUMENT, str(e))
+    except TelemetryInputError as e:
+        store.note_rejected()
+        return _status(encoding, 400, code_pb2.INVALID_ARGUMENT, str(e))
+    except StoreBusy as e:
+        return _status(encoding, 429, code_pb2.RESOURCE_EXHAUSTED, str(e),
+                       {"Retry-After": str(math.ceil(e.retry_after))})
+    except StoreClosed as e:
+        return _status(encoding, 503, code_pb2.UNAVAILABLE, str(e), {"Retry-After": "5"})
+    finally:
+        slot.release()
+    try:
+        await asyncio.wrap_future(future)
+    except StoreError as e:
+        return _status(encoding, 503, code_pb2.UNAVAILABLE, str(e), {"Retry-After": "5"})
+    return _success(encoding)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge(f"body is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode(body: bytes, kind: str, gzipped: bool, max_decompressed: int, received_ns: int) -> otlp.Batch:
+    if gzipped:
+        body = _gunzip(body, max_decompressed)
+    elif len(body) > max_decompressed:
+        raise _TooLarge(f"body is over the {max_decompressed}-byte limit")
+    return otlp.convert(body, kind, received_ns)
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """Decompress gzip ``data`` (one or more members), refusing output past ``limit`` bytes."""
+    out: list[bytes] = []
+    size = 0
+    while data:
+        d = zlib.decompressobj(wbits=31)
+        try:
+            piece = d.decompress(data, limit - size + 1)
+        except zlib.error as e:
+            raise TelemetryInputError(f"body is not valid gzip: {e}") from None
+        size += len(piece)
+        if size > limit or d.unconsumed_tail:
+            raise _TooLarge(f"body decompresses to over the {limit}-byte limit")
+        out.append(piece)
+        if not d.eof:
+            raise TelemetryInputError("gzip body is truncated")
+        data = d.unused_data
+    return b"".join(out)
+
+
+def _response_encoding(content_type: str | None) -> str:
+    return JSON if otlp.media_type(content_type) == JSON else PROTOBUF
+
+
+def _success(encoding: str) -> Response:
+    message = otlp.response()
+    if encoding == JSON:
+        return Response(json_format.MessageToJson(message, indent=None), 200, media_type=JSON)
+    return Response(message.SerializeToString(), 200, media_type=PROTOBUF)
+
+
+def _status(encoding: str, http_status: int, code: int, message: str,
+            headers: dict[str, str] | None = None) -> Response:
+    status = status_pb2.Status(code=code, message=message)
+    if encoding == JSON:
+        body = json_format.MessageToJson(status, indent=None).encode()
+    else:
+        body = status.SerializeToString()
+    return Response(body, http_status, headers=headers, media_type=encoding)
