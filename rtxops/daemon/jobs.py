@@ -10,8 +10,9 @@ import dataclasses
 import enum
 import json
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from .errors import JobSpecError
 

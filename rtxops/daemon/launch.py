@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .errors import JobSpecError
 from .jobs import JobSpec

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .jobs import LAUNCHER_RANK
 

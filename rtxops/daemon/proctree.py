@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 TOKEN_VARIABLE = "RTXOPS_JOB_TOKEN"
 

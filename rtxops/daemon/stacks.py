@@ -1,8 +1,8 @@
 """Capture the Python stacks of a hung job's processes.
 
-py-spy (``py-spy dump``) when it is installed; otherwise SIGUSR1 to each process that handles it (the
-runtime bootstrap registers ``faulthandler`` on SIGUSR1), whose dump lands in the job's stderr log. A
-process that does not handle SIGUSR1 is left alone: the default action of SIGUSR1 is to terminate.
+py-spy (``py-spy dump``) when it is installed; for each process it could not dump (or without it),
+SIGUSR1 when the process handles it (``faulthandler.register(SIGUSR1)``), whose dump lands in the job's
+stderr log. A process without a SIGUSR1 handler is left alone: SIGUSR1's default action terminates.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from .proctree import Proc
 
@@ -52,36 +52,40 @@ class Stacks:
                 "errors": {str(k): v for k, v in self.errors.items()}}
 
 
-def capture(procs: Iterable[Proc], *, py_spy: str | None = None, settle_s: float = 0.5) -> Stacks:
-    """Dump the stacks of ``procs``. Never raises for a process that cannot be dumped."""
+def capture(procs: Iterable[Proc], *, use_py_spy: bool = True, settle_s: float = 0.5) -> Stacks:
+    """Dump the stacks of ``procs``: py-spy first, faulthandler for what py-spy could not dump. Never
+    raises for a process that cannot be dumped."""
     procs = sorted(procs, key=lambda p: p.pid)
-    tool = py_spy if py_spy is not None else py_spy_path()
+    tool = py_spy_path() if use_py_spy else None
+    out = Stacks("py-spy" if tool else "faulthandler")
     if tool:
-        out = Stacks("py-spy")
         for p in procs:
             try:
                 r = subprocess.run([tool, "dump", "--pid", str(p.pid)], capture_output=True, text=True,
                                    timeout=DUMP_TIMEOUT_S)
             except (OSError, subprocess.SubprocessError) as e:
-                out.errors[p.pid] = f"{type(e).__name__}: {e}"
+                out.errors[p.pid] = f"py-spy: {type(e).__name__}: {e}"
                 continue
             if r.returncode == 0:
                 out.stacks[p.pid] = r.stdout
             else:
-                out.errors[p.pid] = (r.stderr or r.stdout).strip()[-2000:]
-        return out
-    out = Stacks("faulthandler")
+                out.errors[p.pid] = "py-spy: " + (r.stderr or r.stdout).strip()[-2000:]
     sent = False
     for p in procs:
+        if p.pid in out.stacks:
+            continue
         if not handles_signal(p.pid, signal.SIGUSR1):
-            out.errors[p.pid] = "no SIGUSR1 handler (faulthandler not registered); not dumped"
+            out.errors[p.pid] = "; ".join(filter(None, (
+                out.errors.get(p.pid), "no SIGUSR1 handler (faulthandler not registered); not signalled")))
             continue
         try:
             os.kill(p.pid, signal.SIGUSR1)
-            out.stacks[p.pid] = "dumped to the job's stderr log (faulthandler)"
-            sent = True
         except OSError as e:
-            out.errors[p.pid] = f"{type(e).__name__}: {e}"
+            out.errors[p.pid] = f"SIGUSR1: {type(e).__name__}: {e}"
+            continue
+        out.stacks[p.pid] = "dumped to the job's stderr log (faulthandler, SIGUSR1)"
+        out.errors.pop(p.pid, None)
+        sent = True
     if sent:
         time.sleep(settle_s)
     return out

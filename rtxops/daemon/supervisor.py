@@ -24,13 +24,14 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from . import launch, proctree, stacks
 from .errors import JobNotFound, SupervisorClosed
 from .exits import ExitInfo, OomCounters, classify_exit, signal_name
-from .jobs import (STREAMS, Attempt, Job, JobEvent, JobSink, JobSpec, JobState, LogLine, Outcome)
+from .jobs import STREAMS, Attempt, Job, JobEvent, JobSink, JobSpec, JobState, LogLine, Outcome
 from .logtail import LogTail
 
 log = logging.getLogger(__name__)

@@ -64,3 +64,36 @@ def test_backoff_is_exponential_and_capped():
     assert s.backoff(10_000) == 3
     with pytest.raises(ValueError, match="first_step_timeout_s needs hang_timeout_s"):
         JobSpec(command=["x"], first_step_timeout_s=1)
+
+
+def test_faulthandler_fallback_signals_only_processes_that_handle_sigusr1(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from rtxops.daemon import proctree, stacks
+
+    handled = tmp_path / "handled.py"
+    handled.write_text("import faulthandler, signal, time\n"
+                       "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+                       "def waiting_here():\n    time.sleep(60)\n"
+                       "print('up', flush=True)\nwaiting_here()\n")
+    plain = tmp_path / "plain.py"
+    plain.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    procs = [subprocess.Popen([sys.executable, str(p)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for p in (handled, plain)]
+    try:
+        for p in procs:
+            assert p.stdout.readline() == b"up\n"
+        found = stacks.capture([proctree.read_proc(p.pid) for p in procs], use_py_spy=False, settle_s=0.3)
+        assert found.method == "faulthandler"
+        assert "faulthandler" in found.stacks[procs[0].pid]
+        assert "no SIGUSR1 handler" in found.errors[procs[1].pid]
+        time.sleep(0.1)
+        assert procs[1].poll() is None, "a process without a handler is not signalled"
+        procs[0].kill()
+        assert b"most recent call first" in procs[0].communicate(timeout=5)[1]
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 from rtxops.daemon import proctree
 from rtxops.daemon.errors import JobNotFound, JobSpecError, SupervisorClosed
 from rtxops.daemon.exits import OomCounters
-from rtxops.daemon.jobs import (LAUNCHER_RANK, Attempt, InMemoryJobSink, Job, JobSpec, JobState, Outcome)
+from rtxops.daemon.jobs import LAUNCHER_RANK, Attempt, InMemoryJobSink, Job, JobSpec, JobState, Outcome
 from rtxops.daemon.supervisor import Supervisor
 
 PY = sys.executable
