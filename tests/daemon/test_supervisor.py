@@ -383,22 +383,31 @@ def test_recovered_jobs_are_readopted_or_lost(tmp_path, sink, mark):
     assert marked(mark) == []
 
 
-def test_two_rank_torchrun_job_stores_each_ranks_lines(sup, tmp_path):
+def test_two_rank_torchrun_job_stores_each_ranks_lines_and_cancels_every_rank(sup, tmp_path, mark):
     body = script(tmp_path, "ranks.py", """
-        import os, sys
+        import os, sys, time
         import torch.distributed as dist
         dist.init_process_group("gloo")
         rank = dist.get_rank()
-        print(f"hello from rank {rank} of {dist.get_world_size()}", flush=True)
+        print(f"hello from rank {rank} of {dist.get_world_size()} pid {os.getpid()}", flush=True)
         print(f"stderr of rank {rank}", file=sys.stderr, flush=True)
         dist.barrier()
-        dist.destroy_process_group()
+        time.sleep(600)
     """)
-    job = sup.wait(sup.submit(spec(PY, body, nproc_per_node=2)).id, 60)
-    lines = sup.logs(job.id)
-    assert job.state is JobState.SUCCEEDED, [ln.text for ln in lines]
+    job = sup.submit(spec(PY, body, nproc_per_node=2, grace_s=2))
+    until(lambda: len(sup.logs(job.id, rank=1)) == 2 and len(sup.logs(job.id, rank=0)) == 2, 60)
+    workers = []
     for rank in (0, 1):
-        mine = {(ln.stream, ln.text) for ln in sup.logs(job.id, rank=rank)}
+        mine = {(ln.stream, ln.text.rsplit(" pid ", 1)[0]) for ln in sup.logs(job.id, rank=rank)}
         assert mine == {("stdout", f"hello from rank {rank} of 2"), ("stderr", f"stderr of rank {rank}")}
+        workers += [int(ln.text.rsplit(" pid ", 1)[1]) for ln in sup.logs(job.id, rank=rank)
+                    if ln.stream == "stdout"]
+    lines = sup.logs(job.id)
     assert all(ln.rank == LAUNCHER_RANK for ln in lines if not ln.text.startswith(("hello", "stderr of")))
+    launcher = sup.job(job.id).attempt.pid
+    assert all(proctree.read_proc(w).sid != launcher for w in workers), "torchrun gives workers sessions"
+
+    job = sup.wait(sup.cancel(job.id).id, 20)
+    assert job.state is JobState.CANCELLED
+    assert all(gone(w) for w in workers + [launcher]) and marked(mark) == []
     assert not list((tmp_path / "work").glob(f"{job.id}/torchrun-*")), "torchrun's own log files removed"
