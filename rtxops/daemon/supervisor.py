@@ -7,12 +7,13 @@ return at once; :meth:`Supervisor.wait`, :meth:`Supervisor.wait_for_logs` and
 
 States (:class:`~rtxops.daemon.jobs.JobState`)::
 
-    pending → running → succeeded
-                running → restarting → running            crash/OOM (crash budget) or hang (hang budget)
-                running → hung → restarting | failed      no step heartbeat within the hang timeout
-                running → failed                          budget spent, or the command cannot start
+    pending → running → succeeded                         exit code 0
+    pending | restarting → failed                         the command cannot start
+    running → restarting → running                        crashed or OOM-killed, crash budget left
+    running → failed                                      crashed or OOM-killed, crash budget spent
+    running → hung → restarting | failed                  no step within the hang timeout (hang budget)
     any non-terminal → cancelling → cancelled             cancel() or shutdown()
-    recovered non-terminal → running (adopted) | lost
+    recovered non-terminal → running (adopted) | lost     processes still alive, or not
 """
 from __future__ import annotations
 
@@ -333,7 +334,8 @@ class _Runner:
     def _run(self) -> None:
         while True:
             if self.cancel_reason:
-                return self._finish(JobState.CANCELLED, self.cancel_reason)
+                self._finish(JobState.CANCELLED, self.cancel_reason)
+                return
             attempt = self._launch()
             if attempt is None:
                 return
@@ -374,7 +376,8 @@ class _Runner:
             attempt.ended_at_ns = time.time_ns()
             attempt.outcome = Outcome.START_FAILED
             attempt.exit_code = 127 if isinstance(e, FileNotFoundError) else 126
-            attempt.detail = f"cannot start {argv[0]!r}: {e.strerror or e}"
+            missing = f" ({e.filename})" if getattr(e, "filename", None) else ""
+            attempt.detail = f"cannot start {argv[0]!r}: {e.strerror or e}{missing}"
             with sup._lock:
                 job.attempts.append(attempt)
             sup._event(job.id, "exited", attempt=number, outcome=attempt.outcome.value, detail=attempt.detail)
