@@ -133,6 +133,8 @@ def _cached_array_column(raws: list[bytes]) -> list | None:
 
 
 def _scalar_column(raws: list[bytes]) -> list | None:
+    if b"" in raws:
+        return None
     blob = b"".join(raws)
     try:
         parsed = _Scalars.FromString(blob)

@@ -56,10 +56,12 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
                            "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
         kind = otlp.media_type(request.headers.get("content-type"))
         if kind not in (PROTOBUF, JSON):
+            store.note_rejected()
             return _status(encoding, 415, code_pb2.INVALID_ARGUMENT,
                            f"unsupported content type {kind or '(none)'!r}: send {PROTOBUF} or {JSON}")
         content_encoding = request.headers.get("content-encoding", "identity").strip().lower()
         if content_encoding not in ("identity", "gzip"):
+            store.note_rejected()
             return _status(encoding, 415, code_pb2.INVALID_ARGUMENT,
                            f"unsupported content encoding {content_encoding!r}: send gzip or none")
         declared = request.headers.get("content-length")

@@ -1,0 +1,159 @@
+"""POST /v1/traces through FastAPI's TestClient: status codes, bodies, and that bad input stores
+nothing and leaves the receiver answering."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from rtxops.telemetry import synthetic
+from rtxops.telemetry.otlp import JSON, PROTOBUF
+from rtxops.telemetry.receiver import make_app
+from rtxops.telemetry.store import Store
+
+from .otlp_helpers import request, span
+from .test_otlp import otlp_json
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+PB = {**AUTH, "Content-Type": PROTOBUF}
+MAX_BODY = 2 << 20
+MAX_PLAIN = 8 << 20
+
+
+@pytest.fixture
+def served(tmp_path):
+    store = Store(tmp_path / "r.duckdb")
+    app = make_app(store, token=TOKEN, max_body_bytes=MAX_BODY, max_decompressed_bytes=MAX_PLAIN)
+    with TestClient(app) as client:
+        yield client, store
+    store.close()
+
+
+def stored(store: Store) -> tuple[int, int]:
+    return (store.query("SELECT count(*) AS n FROM spans")[0]["n"],
+            store.query("SELECT count(*) AS n FROM ingest_batches")[0]["n"])
+
+
+def good_body(n: int = 20) -> bytes:
+    return synthetic.otlp_request(n, seed=n).SerializeToString()
+
+
+def test_protobuf_and_gzip_and_json_are_stored(served):
+    client, store = served
+    r = client.post("/v1/traces", content=good_body(20), headers=PB)
+    assert r.status_code == 200 and r.headers["content-type"] == PROTOBUF
+    assert not ExportTraceServiceResponse.FromString(r.content).HasField("partial_success")
+    r = client.post("/v1/traces", content=gzip.compress(good_body(30)),
+                    headers={**PB, "Content-Encoding": "gzip"})
+    assert r.status_code == 200
+    body = json.dumps(otlp_json(request([span(attrs={"rtx.op": "from-json"})]))).encode()
+    r = client.post("/v1/traces", content=body, headers={**AUTH, "Content-Type": JSON})
+    assert r.status_code == 200 and r.headers["content-type"] == JSON and r.json() == {}
+    assert stored(store) == (51, 3)
+    assert store.query("SELECT count(*) AS n FROM spans WHERE op = 'from-json'") == [{"n": 1}]
+
+
+def test_empty_request_is_a_success_with_nothing_stored(served):
+    client, store = served
+    assert client.post("/v1/traces", content=b"", headers=PB).status_code == 200
+    assert stored(store) == (0, 0)
+
+
+def _chunks(total: int, size: int = 1 << 16):
+    sent = 0
+    while sent < total:
+        yield b"\x0a" * min(size, total - sent)
+        sent += size
+
+
+def _too_many_attributes() -> bytes:
+    return request([span(attrs={f"a{i}": i for i in range(100_000)})]).SerializeToString()
+
+
+def _no_resource() -> bytes:
+    req = request([span()])
+    req.resource_spans[0].ClearField("resource")
+    return req.SerializeToString()
+
+
+def _bad_utf8() -> bytes:
+    return request([span(attrs={"k": "PLACEHOLDER"})]).SerializeToString().replace(
+        b"PLACEHOLDER", b"PLACEHOLDE\xc3")
+
+
+def _bad_utf8_name() -> bytes:
+    return request([span("PLACEHOLDER")]).SerializeToString().replace(b"PLACEHOLDER", b"\xffLACEHOLDER")
+
+
+def _short_trace_id() -> bytes:
+    return request([span(trace_id=b"\x01" * 8)]).SerializeToString()
+
+
+BAD = {
+    # name: (body, extra headers, status, words expected in the reason)
+    "truncated protobuf": (lambda: good_body(50)[:-9], {}, 400, "truncated"),
+    "garbage protobuf": (lambda: b"\xff\xff\xff\xff", {}, 400, "not a valid OTLP protobuf"),
+    "wrong content type": (good_body, {"Content-Type": "text/plain"}, 415, "unsupported content type"),
+    "no content type": (good_body, {"Content-Type": ""}, 415, "unsupported content type"),
+    "unsupported encoding": (good_body, {"Content-Encoding": "br"}, 415, "content encoding"),
+    "gzip bomb": (lambda: gzip.compress(b"\0" * (200 << 20), 9), {"Content-Encoding": "gzip"}, 413,
+                  "decompresses to over"),
+    "invalid gzip": (lambda: b"\x1f\x8b\x08\x00garbage", {"Content-Encoding": "gzip"}, 400,
+                     "gzip"),
+    "not gzip at all": (good_body, {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
+    "truncated gzip": (lambda: gzip.compress(good_body(50))[:-20], {"Content-Encoding": "gzip"}, 400,
+                       "gzip"),
+    "oversized body": (lambda: b"\x0a" * (MAX_BODY + 1), {}, 413, "over the"),
+    "oversized chunked body": (lambda: _chunks(MAX_BODY + 100), {}, 413, "over the"),
+    "invalid JSON": (lambda: b'{"resourceSpans": [', {"Content-Type": JSON}, 400, "not valid JSON"),
+    "JSON not UTF-8": (lambda: b'{"resourceSpans": [{"x": "\xff"}]}', {"Content-Type": JSON}, 400,
+                       "UTF-8"),
+    "missing resource": (_no_resource, {}, 400, "has no resource"),
+    "10^5 attributes": (_too_many_attributes, {}, 400, "attributes; the limit is"),
+    "non-UTF-8 attribute": (_bad_utf8, {}, 400, "UTF-8"),
+    "non-UTF-8 span name": (_bad_utf8_name, {}, 400, "UTF-8"),
+    "short trace id": (_short_trace_id, {}, 400, "trace_id has 8 bytes"),
+    "no token": (good_body, {"Authorization": ""}, 401, "bearer token"),
+    "wrong token": (good_body, {"Authorization": "Bearer nope"}, 401, "bearer token"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_refused_stores_nothing_and_the_server_lives_on(served, case):
+    client, store = served
+    make, headers, status, reason = BAD[case]
+    r = client.post("/v1/traces", content=make(), headers={**PB, **headers})
+    assert r.status_code == status, r.content[:300]
+    if r.headers["content-type"] == JSON:
+        message = r.json()["message"]
+    else:
+        message = status_pb2.Status.FromString(r.content).message
+    assert reason in message
+    if status == 401:
+        assert r.headers["www-authenticate"] == "Bearer"
+    assert stored(store) == (0, 0)
+    assert store.stats()["requests_rejected"] == (0 if status == 401 else 1)
+    ok = client.post("/v1/traces", content=good_body(5), headers=PB)
+    assert ok.status_code == 200 and stored(store) == (5, 1)
+
+
+def test_json_errors_are_json(served):
+    client, _ = served
+    r = client.post("/v1/traces", content=b"[", headers={**AUTH, "Content-Type": JSON})
+    assert r.status_code == 400 and r.json()["code"] == 3 and "JSON" in r.json()["message"]
+
+
+def test_only_post(served):
+    client, _ = served
+    assert client.get("/v1/traces", headers=AUTH).status_code == 405
+
+
+def test_no_token_configured_means_no_check(tmp_path):
+    with Store(tmp_path / "open.duckdb") as store, TestClient(make_app(store, token=None)) as client:
+        assert client.post("/v1/traces", content=good_body(3),
+                           headers={"Content-Type": PROTOBUF}).status_code == 200

@@ -1,0 +1,265 @@
+"""The DuckDB store: migrations, the writer (group commits, bounds, failures), and the queries."""
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections import defaultdict
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from rtxops.telemetry import otlp, store as store_module, synthetic
+from rtxops.telemetry import schema as S
+from rtxops.telemetry.store import Store, StoreBusy, StoreClosed, StoreError
+
+from .otlp_helpers import request, span
+
+
+def batch_of(spans, resource=None, received_ns: int = 1) -> otlp.Batch:
+    return otlp.convert(request(spans, resource).SerializeToString(), otlp.PROTOBUF, received_ns)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "t.duckdb")
+    yield s
+    s.close()
+
+
+class BlockedWriter:
+    """Holds the writer inside its insert until released (to fill the queue deterministically)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        real = store_module._insert
+
+        def slow_insert(cur, batches):
+            self.entered.set()
+            self.release.wait(30)
+            real(cur, batches)
+
+        monkeypatch.setattr(store_module, "_insert", slow_insert)
+
+
+def test_schema_matches_the_conversion_and_migrations_are_recorded(tmp_path):
+    path = tmp_path / "m.duckdb"
+    with Store(path) as s:
+        assert s.migrated_from == 0
+        for table, schema in (("spans", otlp.SPANS_SCHEMA), ("resources", otlp.RESOURCES_SCHEMA),
+                              ("span_events", otlp.EVENTS_SCHEMA)):
+            columns = [r["column_name"] for r in s.query(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+                "ORDER BY ordinal_position", [table])]
+            assert columns == schema.names, table
+        assert s.query("SELECT version FROM schema_version") == [{"version": store_module.SCHEMA_VERSION}]
+    with Store(path) as s:
+        assert s.migrated_from == store_module.SCHEMA_VERSION
+    con = duckdb.connect(str(path))
+    con.execute("INSERT INTO schema_version VALUES (99, 'from the future', 0)")
+    con.close()
+    with pytest.raises(StoreError, match="newer than this rtxops"):
+        Store(path)
+
+
+def test_default_path_follows_rtxops_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("RTXOPS_HOME", str(tmp_path))
+    assert store_module.default_path() == tmp_path / "rtxops.duckdb"
+    monkeypatch.delenv("RTXOPS_HOME")
+    assert str(store_module.default_path()) == ".rtxops/rtxops.duckdb"
+
+
+def test_write_then_read_back(store):
+    b = batch_of([span("rtx.step", {S.STEP_NUMBER: 1}), span(attrs={S.OP: "gelu"})], received_ns=42)
+    store.write(b)
+    store.write(b)                                   # same resource twice: stored once
+    assert store.query("SELECT count(*) AS n FROM spans") == [{"n": 4}]
+    assert store.query("SELECT count(*) AS n FROM resources") == [{"n": 1}]
+    assert store.query("SELECT op FROM spans WHERE name = ?", ["rtx.kernel"]) == [{"op": "gelu"}] * 2
+    stats = store.ingest_stats()
+    assert (stats["batches_stored"], stats["spans_stored"], stats["spans_written"]) == (2, 4, 4)
+    assert store.query("SELECT DISTINCT received_ns FROM ingest_batches") == [{"received_ns": 42}]
+
+
+def test_group_commit_and_close_drain_everything(tmp_path, monkeypatch):
+    blocked = BlockedWriter(monkeypatch)
+    s = Store(tmp_path / "g.duckdb")
+    futures = [s.submit(batch_of([span(attrs={S.STEP_NUMBER: i})])) for i in range(10)]
+    blocked.entered.wait(5)
+    assert not futures[-1].done()
+    blocked.release.set()
+    for f in futures:
+        assert f.result(10) is None
+    assert s.stats()["commits"] < 10                  # the queued ones went in together
+    more = [s.submit(batch_of([span()])) for _ in range(5)]
+    s.close()
+    assert all(f.done() and f.exception() is None for f in more)
+    with pytest.raises(StoreClosed):
+        s.submit(batch_of([span()]))
+    with Store(tmp_path / "g.duckdb") as again:
+        assert again.query("SELECT count(*) AS n FROM spans") == [{"n": 15}]
+
+
+def test_queue_bounds_refuse_and_count(tmp_path, monkeypatch):
+    blocked = BlockedWriter(monkeypatch)
+    s = Store(tmp_path / "b.duckdb", max_queue_batches=3, max_queue_spans=10)
+    accepted, refused_spans, hints = [], 0, []
+    sizes = [4, 4, 1, 2, 1, 3, 1]
+    for n in sizes:
+        try:
+            accepted.append((n, s.submit(batch_of([span() for _ in range(n)]))))
+        except StoreBusy as e:
+            refused_spans += n
+            hints.append(e.retry_after)
+        st = s.stats()
+        assert st["queue_batches"] <= 3 and st["queue_spans"] <= 10
+    assert refused_spans > 0 and all(h >= 1 for h in hints)
+    stats = s.stats()
+    assert stats["spans_refused"] == refused_spans
+    assert stats["requests_refused"] == len(hints)
+    blocked.release.set()
+    for _, f in accepted:
+        f.result(10)
+    s.close()
+    with Store(tmp_path / "b.duckdb") as again:
+        assert again.query("SELECT count(*) AS n FROM spans")[0]["n"] == sum(n for n, _ in accepted)
+
+
+def test_a_failing_batch_fails_alone(store):
+    good = batch_of([span()])
+    bad = otlp.Batch(good.resources, pa.table({"nonsense": [1]}), good.events, 1)
+    futures = [store.submit(good), store.submit(bad), store.submit(good)]
+    assert futures[0].result(10) is None and futures[2].result(10) is None
+    with pytest.raises(StoreError, match="writing a batch failed"):
+        futures[1].result(10)
+    assert store.query("SELECT count(*) AS n FROM spans") == [{"n": 2}]
+    assert store.stats()["write_errors"] == 1
+
+
+def test_cancelled_submissions_are_not_written(tmp_path, monkeypatch):
+    blocked = BlockedWriter(monkeypatch)
+    s = Store(tmp_path / "c.duckdb")
+    first = s.submit(batch_of([span()]))
+    blocked.entered.wait(5)
+    second = s.submit(batch_of([span(), span()]))
+    assert second.cancel()
+    blocked.release.set()
+    first.result(10)
+    s.close()
+    with Store(tmp_path / "c.duckdb") as again:
+        assert again.query("SELECT count(*) AS n FROM spans") == [{"n": 1}]
+        assert again.stats()["queue_spans"] == 0
+
+
+def test_readers_run_while_the_writer_writes(store):
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def read():
+        while not stop.is_set():
+            seen.append(store.query("SELECT count(*) AS n FROM spans")[0]["n"])
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for i in range(20):
+        store.write(batch_of([span() for _ in range(50)]))
+    stop.set()
+    reader.join()
+    assert seen == sorted(seen) and len(seen) > 1
+
+
+# ---- queries -----------------------------------------------------------------------------------
+
+def test_kernel_stats_against_a_python_computation(store):
+    now = time.time_ns()
+    b = synthetic.otlp_request(800, seed=5, start_ns=now - 10 * 60 * 10**9, job_id="job-q")
+    old = synthetic.otlp_request(80, seed=6, start_ns=now - 3 * 3600 * 10**9, job_id="job-q")
+    store.write(otlp.convert(b.SerializeToString(), otlp.PROTOBUF, now))
+    store.write(otlp.convert(old.SerializeToString(), otlp.PROTOBUF, now))
+    per_step: dict = defaultdict(lambda: defaultdict(lambda: [0, 0, 1 << 62, 0]))
+    for s in b.resource_spans[0].scope_spans[0].spans:
+        a = {kv.key: synthetic_value(kv.value) for kv in s.attributes}
+        if s.name != S.KERNEL:
+            continue
+        key = (a[S.OP], a[S.BUCKET], a[S.VARIANT], a[S.CONFIG], a[S.PHASE])
+        acc = per_step[key][a[S.STEP_NUMBER]]
+        acc[0] += a[S.COUNT]
+        acc[1] += a[S.TOTAL_NS]
+        acc[2] = min(acc[2], a[S.MIN_NS])
+        acc[3] = max(acc[3], a[S.MAX_NS])
+    got = {(r["op"], r["bucket"], r["variant"], r["config"], r["phase"]): r
+           for r in store.kernel_stats(job_id="job-q")}
+    assert set(got) == set(per_step)
+    for key, steps in per_step.items():
+        r = got[key]
+        calls = sum(v[0] for v in steps.values())
+        total = sum(v[1] for v in steps.values())
+        means = [v[1] / v[0] for v in steps.values()]
+        assert (r["steps"], r["calls"], r["total_ns"]) == (len(steps), calls, total)
+        assert r["mean_ns"] == pytest.approx(total / calls)
+        assert r["min_ns"] == min(v[2] for v in steps.values())
+        assert r["max_ns"] == max(v[3] for v in steps.values())
+        assert r["p50_step_mean_ns"] == pytest.approx(statistics.median(means))
+        assert r["p95_step_mean_ns"] == pytest.approx(_quantile(means, 0.95))
+    assert store.kernel_stats(job_id="nobody") == []
+    everything = store.kernel_stats(since_ns=0, job_id="job-q")
+    assert sum(r["calls"] for r in everything) > sum(r["calls"] for r in got.values())
+
+
+def synthetic_value(v):
+    from rtxops.telemetry._wire import any_value
+
+    return any_value(v)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (pos - lo)
+
+
+def test_steps_memory_swaps_and_cache_rates(store):
+    t = time.time_ns() - 10**9
+    steps = [span("rtx.step", {S.STEP_NUMBER: i, S.PLAN_VERSION: 1 + (i >= 2), S.RSS: 100 + i,
+                               S.CUDA_ALLOCATED: 10 * i, S.CUDA_FRAGMENTATION: 0.5,
+                               S.INDUCTOR_FXGRAPH_HITS: 2 * i, S.INDUCTOR_FXGRAPH_MISSES: 1},
+                  start=t + i * 1000, duration=500 + i) for i in range(4)]
+    swap = span("rtx.swap", {S.STEP_NUMBER: 2, S.PLAN_FROM: 1, S.PLAN_TO: 2, S.PLAN_DIGEST: "ab"},
+                start=t + 2000, duration=0)
+    kernels = [span(attrs={S.OP: "gelu", S.VARIANT: "aten", S.BUCKET: "b", S.COUNT: 5,
+                           S.CACHE_HITS: 4, S.CACHE_MISSES: 1}, start=t + i) for i in range(3)]
+    store.write(batch_of(steps + [swap] + kernels))
+    times = store.step_times(job_id="job-a")
+    assert [(r["step"], r["duration_ns"], r["plan_version"]) for r in times] == [
+        (3, 503, 2), (2, 502, 2), (1, 501, 1), (0, 500, 1)]
+    mem = store.memory_timeline(job_id="job-a")
+    assert [(r["step"], r["rss_bytes"], r["cuda_allocated_bytes"]) for r in mem] == [
+        (3, 103, 30), (2, 102, 20), (1, 101, 10), (0, 100, 0)]
+    assert mem[0]["cuda_fragmentation"] == 0.5 and mem[0]["cuda_reserved_bytes"] is None
+    assert [(r["step"], r["plan_from"], r["plan_to"], r["plan_digest"]) for r in store.swaps()] == [
+        (2, 1, 2, "ab")]
+    rates = {r["cache"]: r for r in store.cache_hit_rates(job_id="job-a")}
+    assert (rates["variant"]["hits"], rates["variant"]["misses"]) == (12, 3)
+    assert rates["variant"]["hit_rate"] == pytest.approx(0.8)
+    assert (rates["inductor.fxgraph"]["hits"], rates["inductor.fxgraph"]["misses"]) == (6, 1)
+    assert "triton.autotune" not in rates
+    assert [j["job_id"] for j in store.jobs()] == ["job-a"]
+
+
+def test_queries_are_parameterized(store):
+    store.write(batch_of([span(attrs={S.OP: "x"})]))
+    assert store.kernel_stats(job_id="job-a' OR '1'='1") == []
+    assert store.query("SELECT ? AS v", ["'; DROP TABLE spans; --"]) == [
+        {"v": "'; DROP TABLE spans; --"}]
+    assert store.query("SELECT count(*) AS n FROM spans") == [{"n": 1}]
+
+
+def test_attribute_json_is_queryable(store):
+    store.write(batch_of([span(attrs={S.HIST: [1, 2, 3], "x.y": 7})]))
+    row = store.query("""SELECT attributes->'rtx.hist_log2_ns' AS h, attributes->>'x.y' AS xy
+                         FROM spans""")[0]
+    assert json.loads(row["h"]) == [1, 2, 3] and row["xy"] == "7"
