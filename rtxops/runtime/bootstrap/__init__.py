@@ -9,9 +9,11 @@
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import importlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -20,6 +22,9 @@ DIRECTORY = str(Path(__file__).resolve().parent)
 
 def start() -> None:
     """Enable the runtime for this process as the environment asks."""
+    if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        # a supervisor that cannot attach py-spy asks for stacks with SIGUSR1
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     from ..dispatcher import Dispatcher
     from ..errors import RuntimeErrorBase
     from ..patching import enable

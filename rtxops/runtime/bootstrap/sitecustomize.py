@@ -22,7 +22,10 @@ def _chain_next_sitecustomize() -> None:
 
 _chain_next_sitecustomize()
 
-if os.environ.get("RTXOPS_ENABLE") == "1":
+# torchrun's launcher process runs no training: only its workers (which have LOCAL_RANK) get the runtime
+_is_launcher = os.environ.get("RTXOPS_LAUNCHER") == "torchrun" and "LOCAL_RANK" not in os.environ
+
+if os.environ.get("RTXOPS_ENABLE") == "1" and not _is_launcher:
     try:
         from rtxops.runtime.bootstrap import start
 

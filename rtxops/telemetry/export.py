@@ -1,0 +1,98 @@
+"""Export stored spans for other tools: Chrome trace (Perfetto, chrome://tracing), OTLP/JSON (any
+OpenTelemetry tool), Parquet (pandas, DuckDB, Spark). Rows come from ``Store.export_rows``."""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from . import schema as S
+
+# store column -> attribute name, for the typed columns rebuilt into OTLP attributes
+_TYPED_COLUMNS = {
+    "step": S.STEP_NUMBER, "plan_version": S.PLAN_VERSION, "op": S.OP, "variant": S.VARIANT,
+    "config": S.CONFIG, "bucket": S.BUCKET, "site": S.SITE, "phase": S.PHASE, "count": S.COUNT,
+    "total_ns": S.TOTAL_NS, "min_ns": S.MIN_NS, "max_ns": S.MAX_NS,
+}
+_LANES = {S.STEP: 0, S.SWAP: 0, S.COMPILE: 1, S.KERNEL: 2, S.CALL: 3, S.TRIAL: 4}
+
+
+def span_attributes(row: dict) -> dict[str, Any]:
+    """A stored span's attributes: typed columns and the JSON column, merged."""
+    attrs = json.loads(row.get("attributes") or "{}")
+    for column, name in _TYPED_COLUMNS.items():
+        if row.get(column) is not None:
+            attrs[name] = row[column]
+    return attrs
+
+
+def chrome_trace(rows: Iterable[dict]) -> dict:
+    """Chrome trace-event JSON: one process per (job, rank), lanes for steps, compiles, kernels,
+    calls and trials. Times in microseconds, as the format wants."""
+    events: list[dict] = []
+    processes: dict[tuple, int] = {}
+    for row in rows:
+        proc = (row.get("job_id") or "?", row.get("rank") or 0)
+        pid = processes.get(proc)
+        if pid is None:
+            pid = processes[proc] = len(processes) + 1
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                           "args": {"name": f"job {proc[0]} rank {proc[1]}"}})
+        attrs = span_attributes(row)
+        label = row["name"]
+        if attrs.get(S.OP):
+            label = f"{attrs[S.OP]}/{attrs.get(S.VARIANT, '?')} {attrs.get(S.PHASE, '')}".strip()
+        elif row["name"] == S.STEP:
+            label = f"step {attrs.get(S.STEP_NUMBER)}"
+        events.append({
+            "ph": "X", "name": label, "cat": row["name"], "pid": pid,
+            "tid": _LANES.get(row["name"], 5),
+            "ts": row["start_ns"] / 1000, "dur": max(0, row["end_ns"] - row["start_ns"]) / 1000,
+            "args": attrs,
+        })
+    for (job, rank), pid in processes.items():
+        for name, tid in (("steps", 0), ("compile", 1), ("kernels (per step)", 2),
+                          ("sampled calls", 3), ("trials", 4)):
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                           "args": {"name": name}})
+    return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+
+def otlp_json(rows: Iterable[dict]) -> dict:
+    """An OTLP/JSON ``ExportTraceServiceRequest`` (hex ids, int64 as strings), grouped by resource."""
+    by_resource: dict[int, dict] = {}
+    for row in rows:
+        group = by_resource.get(row["resource_id"])
+        if group is None:
+            group = by_resource[row["resource_id"]] = {
+                "resource": {"attributes": _kv(json.loads(row.get("resource_attributes") or "{}"))},
+                "scopeSpans": [{"scope": {"name": row.get("scope_name") or "rtxops"}, "spans": []}],
+            }
+        span = {
+            "traceId": row["trace_id"], "spanId": row["span_id"], "name": row["name"],
+            "kind": row.get("kind") or 1,
+            "startTimeUnixNano": str(row["start_ns"]), "endTimeUnixNano": str(row["end_ns"]),
+            "attributes": _kv(span_attributes(row)),
+            "status": {"code": row.get("status_code") or 0},
+        }
+        if row.get("parent_span_id"):
+            span["parentSpanId"] = row["parent_span_id"]
+        group["scopeSpans"][0]["spans"].append(span)
+    return {"resourceSpans": list(by_resource.values())}
+
+
+def _kv(attrs: dict) -> list[dict]:
+    return [{"key": k, "value": _any_value(v)} for k, v in attrs.items()]
+
+
+def _any_value(v: Any) -> dict:
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    if isinstance(v, (list, tuple)):
+        return {"arrayValue": {"values": [_any_value(x) for x in v]}}
+    if isinstance(v, dict):
+        return {"kvlistValue": {"values": _kv(v)}}
+    return {"stringValue": "" if v is None else str(v)}
