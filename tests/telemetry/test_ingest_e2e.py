@@ -1,0 +1,247 @@
+"""Ingest end to end with real processes: a stock OpenTelemetry SDK client, an overload flood
+against a real uvicorn server, and kill -9 of a writer after it acknowledged batches."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import uvicorn
+
+from rtxops.telemetry import store as store_module, synthetic
+from rtxops.telemetry.otlp import PROTOBUF
+from rtxops.telemetry.receiver import make_app
+from rtxops.telemetry.store import Store
+
+TOKEN = "e2e-token"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Server:
+    """The receiver app on uvicorn, 127.0.0.1 and an ephemeral port, in a thread."""
+
+    def __init__(self, store: Store, **options) -> None:
+        config = uvicorn.Config(make_app(store, token=TOKEN, **options), host="127.0.0.1", port=0,
+                                log_level="warning", access_log=False, lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/v1/traces"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "e2e.duckdb")
+    yield s
+    s.close()
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+SDK_CLIENT = textwrap.dedent("""
+    import sys
+    from opentelemetry.exporter.otlp.proto.http import Compression
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    url, token = sys.argv[1], sys.argv[2]
+    provider = TracerProvider(resource=Resource.create({
+        "service.name": "stock-sdk-client", "rtx.job.id": "sdk-job", "rtx.rank": 3,
+        "deployment.environment": "test", "host.name": "client-host"}))
+    exporter = OTLPSpanExporter(endpoint=url, headers={"Authorization": f"Bearer {token}"},
+                                compression=Compression.Gzip)
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_export_batch_size=64))
+    tracer = provider.get_tracer("stock.client", "1.2.3")
+    for step in range(20):
+        with tracer.start_as_current_span("rtx.step", attributes={"rtx.step": step,
+                                          "rtx.plan.version": 7, "rtx.mem.rss_bytes": 1000 + step}) as s:
+            s.add_event("rtx.variant.disabled", {"rtx.reason": f"boom {step}"})
+            for op in ("gelu", "linear"):
+                with tracer.start_as_current_span("rtx.kernel", attributes={
+                        "rtx.op": op, "rtx.count": 3, "rtx.total_ns": 300 + step,
+                        "rtx.hist_log2_ns": [0, 1, 2], "rtx.sampled": True, "ratio": 0.5,
+                        "tags": ["a", "b"], "rtx.step": step}):
+                    pass
+    ok = provider.force_flush(30_000)
+    provider.shutdown()
+    print("flushed" if ok else "flush failed", flush=True)
+""")
+
+
+def test_stock_otel_sdk_client_in_another_process(store, tmp_path):
+    server = Server(store)
+    try:
+        script = tmp_path / "client.py"
+        script.write_text(SDK_CLIENT)
+        out = subprocess.run([sys.executable, str(script), server.url, TOKEN], env=_env(),
+                             capture_output=True, text=True, timeout=90)
+        assert out.returncode == 0 and out.stdout.strip() == "flushed", out.stderr[-2000:]
+    finally:
+        server.stop()
+    assert store.stats()["requests_rejected"] == 0
+    resources = store.query("SELECT * FROM resources")
+    assert len(resources) == 1
+    res = resources[0]
+    assert (res["service_name"], res["job_id"], res["rank"], res["host_name"]) == (
+        "stock-sdk-client", "sdk-job", 3, "client-host")
+    extra = json.loads(res["attributes"])
+    assert extra["deployment.environment"] == "test" and extra["telemetry.sdk.name"] == "opentelemetry"
+    spans = store.query("SELECT * FROM spans ORDER BY start_ns")
+    assert len(spans) == 60
+    steps = [s for s in spans if s["name"] == "rtx.step"]
+    kernels = [s for s in spans if s["name"] == "rtx.kernel"]
+    assert sorted(s["step"] for s in steps) == list(range(20))
+    assert all(s["plan_version"] == 7 and s["job_id"] == "sdk-job" and s["rank"] == 3 for s in steps)
+    assert {json.loads(s["attributes"])["rtx.mem.rss_bytes"] - s["step"] for s in steps} == {1000}
+    by_id = {s["span_id"]: s for s in steps}
+    for k in kernels:
+        parent = by_id[k["parent_span_id"]]
+        assert parent["trace_id"] == k["trace_id"] and parent["step"] == k["step"]
+        assert k["op"] in ("gelu", "linear") and k["count"] == 3 and k["total_ns"] == 300 + k["step"]
+        assert json.loads(k["attributes"]) == {"rtx.hist_log2_ns": [0, 1, 2], "rtx.sampled": True,
+                                               "ratio": 0.5, "tags": ["a", "b"]}
+        assert k["scope_name"] == "stock.client" and k["resource_id"] == res["resource_id"]
+    events = store.query("SELECT * FROM span_events")
+    assert sorted(json.loads(e["attributes"])["rtx.reason"] for e in events) == sorted(
+        f"boom {i}" for i in range(20))
+    assert {e["span_id"] for e in events} == set(by_id)
+
+
+def test_overload_flood_gets_429s_with_bounded_memory_and_exact_counts(tmp_path, monkeypatch):
+    release = threading.Event()
+    real_insert = store_module._insert
+
+    def slow_insert(cur, batches):                  # the disk is slow: the queue fills up
+        release.wait(30)
+        real_insert(cur, batches)
+
+    monkeypatch.setattr(store_module, "_insert", slow_insert)
+    max_spans = 5_000
+    store = Store(tmp_path / "flood.duckdb", max_queue_batches=8, max_queue_spans=max_spans)
+    server = Server(store, max_inflight=4, slot_wait_s=30)   # refusals here: the queue only
+    per_request = 500
+    bodies = [synthetic.otlp_request(per_request, seed=i).SerializeToString() for i in range(4)]
+    process = psutil.Process()
+    rss_before = process.memory_info().rss
+    peak = {"queue": 0, "rss": rss_before}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            peak["queue"] = max(peak["queue"], store.stats()["queue_spans"])
+            peak["rss"] = max(peak["rss"], process.memory_info().rss)
+            time.sleep(0.005)
+
+    def send(i: int) -> tuple[int, str | None]:
+        r = client.post(server.url, content=bodies[i % len(bodies)],
+                        headers={"Content-Type": PROTOBUF, "Authorization": f"Bearer {TOKEN}"})
+        return r.status_code, r.headers.get("retry-after")
+
+    def wait_until(futures, count: int) -> None:
+        deadline = time.monotonic() + 60
+        while sum(f.done() for f in futures) < count:
+            assert time.monotonic() < deadline, "the flood did not get answers while blocked"
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    queued = min(8, max_spans // per_request)         # what the queue can hold while blocked
+    first, second = 60, 150                           # 105,000 spans: 26x what the queue holds
+    try:
+        with httpx.Client(timeout=60) as client, concurrent.futures.ThreadPoolExecutor(16) as pool:
+            phase1 = [pool.submit(send, i) for i in range(first)]
+            wait_until(phase1, first - queued)
+            rss_after_first = peak["rss"]
+            phase2 = [pool.submit(send, i) for i in range(first, first + second)]
+            wait_until(phase2, second)                # all refused: nothing more fits
+            rss_after_second = peak["rss"]
+            release.set()                             # the disk catches up: queued ones commit
+            results = [f.result() for f in phase1 + phase2]
+    finally:
+        release.set()
+        stop.set()
+        watcher.join()
+        server.stop()
+    n_requests = first + second
+    statuses = [s for s, _ in results]
+    refused = statuses.count(429)
+    assert set(statuses) <= {200, 429} and refused > 0 and statuses.count(200) > 0
+    assert all(ra is not None and int(ra) >= 1 for s, ra in results if s == 429)
+    stats = store.stats()
+    assert stats["spans_refused"] == refused * per_request
+    assert stats["requests_refused"] == refused
+    assert stats["spans_written"] == statuses.count(200) * per_request
+    assert peak["queue"] <= max_spans
+    assert [s for s, _ in results[first:]] == [429] * second
+    second_bytes = sum(len(bodies[i % len(bodies)]) for i in range(first, n_requests))
+    assert rss_after_second - rss_after_first < second_bytes / 4, (
+        rss_before, rss_after_first, rss_after_second, second_bytes)
+    store.close()
+    with Store(tmp_path / "flood.duckdb") as again:
+        assert again.query("SELECT count(*) AS n FROM spans")[0]["n"] == statuses.count(200) * per_request
+
+
+WRITER = textwrap.dedent("""
+    import sys, time
+    from rtxops.telemetry import otlp, synthetic
+    from rtxops.telemetry.store import Store
+
+    store = Store(sys.argv[1])
+    i = 0
+    while True:
+        req = synthetic.otlp_request(200, seed=i, job_id=f"batch-{i}")
+        store.write(otlp.convert(req.SerializeToString(), otlp.PROTOBUF, time.time_ns()))
+        print(f"ack {i}", flush=True)
+        i += 1
+""")
+
+
+def test_kill_9_after_acks_keeps_every_acknowledged_batch(tmp_path):
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    path = tmp_path / "durable.duckdb"
+    child = subprocess.Popen([sys.executable, str(script), str(path)], env=_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    acked = -1
+    try:
+        while acked < 24:
+            line = child.stdout.readline()
+            assert line, child.stderr.read()[-2000:]
+            acked = int(line.split()[1])
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    assert child.returncode == -signal.SIGKILL
+    with Store(path) as store:
+        counts = {r["job_id"]: r["n"] for r in store.query(
+            "SELECT job_id, count(*) AS n FROM spans GROUP BY job_id")}
+        for i in range(acked + 1):
+            assert counts.get(f"batch-{i}") == 200, f"acknowledged batch {i} is missing"
+        assert all(n == 200 for n in counts.values())           # no half-written batch either
+        assert store.query("SELECT count(*) AS n FROM ingest_batches")[0]["n"] == len(counts)
