@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import math
 import time
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import anyio
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -22,6 +23,8 @@ from google.rpc import code_pb2, status_pb2
 from . import otlp
 from .otlp import JSON, PROTOBUF, TelemetryInputError
 from .store import Store, StoreBusy, StoreClosed, StoreError
+
+log = logging.getLogger("rtxops.telemetry.receiver")
 
 DEFAULT_MAX_BODY = 16 << 20           # bytes on the wire
 DEFAULT_MAX_DECOMPRESSED = 64 << 20   # bytes after gzip
@@ -36,11 +39,12 @@ class _TooLarge(Exception):
 def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY,
                 max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
                 max_inflight: int = DEFAULT_MAX_INFLIGHT, slot_wait_s: float = DEFAULT_SLOT_WAIT_S,
-                path: str = "/v1/traces") -> APIRouter:
+                path: str = "/v1/traces",
+                on_batch: Callable[[otlp.Batch], None] | None = None) -> APIRouter:
     """A router with ``POST {path}`` writing into ``store``.
 
     ``token``: the bearer token every request must carry (None: no check, for tests and local
-    use). At most ``max_inflight`` requests hold a body in memory at once; one that waits longer
+    use). ``on_batch`` sees every batch once it is committed (the daemon takes heartbeats there). At most ``max_inflight`` requests hold a body in memory at once; one that waits longer
     than ``slot_wait_s`` for a slot gets 429, so memory stays bounded under any flood.
     """
     router = APIRouter()
@@ -77,7 +81,7 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
             return _status(encoding, 429, code_pb2.RESOURCE_EXHAUSTED,
                            "the receiver is busy; retry later", {"Retry-After": "1"})
         return await _handle(request, store, slots, kind, encoding, content_encoding == "gzip",
-                             max_body_bytes, max_decompressed_bytes)
+                             max_body_bytes, max_decompressed_bytes, on_batch)
 
     return router
 
@@ -90,7 +94,8 @@ def make_app(store: Store, token: str | None = None, **router_options: Any) -> F
 
 
 async def _handle(request: Request, store: Store, slot: asyncio.Semaphore, kind: str, encoding: str,
-                  gzipped: bool, max_body: int, max_decompressed: int) -> Response:
+                  gzipped: bool, max_body: int, max_decompressed: int,
+                  on_batch: Callable[[otlp.Batch], None] | None) -> Response:
     """Read, decode and queue the request while holding ``slot``; wait for the commit without it
     (queued batches are bounded by the store)."""
     received_ns = time.time_ns()
@@ -119,6 +124,11 @@ async def _handle(request: Request, store: Store, slot: asyncio.Semaphore, kind:
         await asyncio.wrap_future(future)
     except StoreError as e:
         return _status(encoding, 503, code_pb2.UNAVAILABLE, str(e), {"Retry-After": "5"})
+    if on_batch is not None:
+        try:
+            on_batch(batch)
+        except Exception:  # a listener's failure is not the client's problem
+            log.exception("rtxops receiver: on_batch listener failed")
     return _success(encoding)
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -104,8 +104,20 @@ _V1 = (
         FROM spans WHERE name = 'rtx.swap'""",
 )
 
+_V2 = (
+    """CREATE TABLE jobs (
+        job_id VARCHAR PRIMARY KEY, name VARCHAR, state VARCHAR, created_ns BIGINT,
+        updated_ns BIGINT, record VARCHAR)""",
+    """CREATE TABLE job_logs (
+        job_id VARCHAR, seq BIGINT, ts_ns BIGINT, attempt INTEGER, rank INTEGER, stream VARCHAR,
+        text VARCHAR)""",
+    """CREATE TABLE job_events (
+        job_id VARCHAR, ts_ns BIGINT, kind VARCHAR, detail VARCHAR)""",
+)
+
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "resources, spans, span events, ingest log; kernel/step/memory/swap views", _V1),
+    (2, "jobs, job logs and job events of the supervisor", _V2),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -139,6 +151,12 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
 @dataclass
 class _Pending:
     batch: Batch
+    future: Future
+
+
+@dataclass
+class _Task:
+    fn: Callable[[duckdb.DuckDBPyConnection], Any]
     future: Future
 
 
@@ -203,6 +221,16 @@ class Store:
         """Submit ``batch`` and wait until it is committed."""
         self.submit(batch).result(timeout)
 
+    def run_write(self, fn: Callable[[duckdb.DuckDBPyConnection], Any]) -> Future:
+        """Run ``fn(cursor)`` on the writer thread in a transaction of its own (the other tables
+        of the store use this: jobs, logs); the future resolves to its result once committed."""
+        future: Future = Future()
+        with self._lock:
+            if self._closing:
+                raise StoreClosed(f"the store at {self.path} is closed")
+            self._queue.put(_Task(fn, future))
+        return future
+
     def note_refused(self, spans: int = 0) -> None:
         """Count a request refused before it reached the queue (the receiver was saturated; its
         spans were never decoded, so they are not counted unless given)."""
@@ -250,6 +278,7 @@ class Store:
 
     def _run(self, cur: duckdb.DuckDBPyConnection) -> None:
         stop = False
+        deferred: list[_Task] = []
         while not stop:
             item = self._queue.get()
             group: list[_Pending] = []
@@ -258,6 +287,13 @@ class Store:
                 if item is _STOP:
                     stop = True
                     break
+                if isinstance(item, _Task):
+                    deferred.append(item)
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    continue
                 if item.future.set_running_or_notify_cancel():
                     group.append(item)
                     spans += item.batch.span_count
@@ -271,6 +307,9 @@ class Store:
                     break
             if group:
                 self._commit_group(cur, group)
+            for task in deferred:
+                _run_task(cur, task)
+            deferred.clear()
         cur.close()
 
     def _dequeued(self, batch: Batch) -> None:
@@ -400,6 +439,21 @@ class Store:
                    max(committed_ns) AS last_commit_ns
             FROM ingest_batches""")[0]
         return {**row, **self.stats()}
+
+
+def _run_task(cur: duckdb.DuckDBPyConnection, task: _Task) -> None:
+    if not task.future.set_running_or_notify_cancel():
+        return
+    try:
+        cur.execute("BEGIN")
+        result = task.fn(cur)
+        cur.execute("COMMIT")
+    except BaseException as e:
+        with contextlib.suppress(duckdb.Error):
+            cur.execute("ROLLBACK")
+        task.future.set_exception(e)
+        return
+    task.future.set_result(result)
 
 
 def _window(since_ns: int | None, until_ns: int | None) -> tuple[int, int]:

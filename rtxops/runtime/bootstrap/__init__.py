@@ -3,6 +3,8 @@
 ``RTXOPS_PLAN``     path of a plan JSON file to run with (default: every op on its reference)
 ``RTXOPS_SUMMARY``  path where the per-slot summary JSON is written when the process exits
 ``RTXOPS_VERIFY_FIRST_CALL``  ``0`` turns off the first-call check of non-reference variants
+``RTXOPS_DAEMON``, ``RTXOPS_JOB_ID``, ``RTXOPS_TOKEN``  poll the daemon for this job's plan
+``RTXOPS_PLAN_POLL_S``  seconds between polls (default 2; 0 turns polling off)
 ``RTXOPS_READINGS_FACTORY``  ``module:function`` called with the dispatcher to attach more readings
                              (telemetry); the runtime never imports those packages itself
 """
@@ -46,6 +48,12 @@ def start() -> None:
             getattr(importlib.import_module(module), name)(dispatcher)
         except Exception as e:  # the job runs without telemetry rather than not at all
             print(f"rtxops: telemetry not started ({factory}): {type(e).__name__}: {e}", file=sys.stderr)
+    daemon, job_id = os.environ.get("RTXOPS_DAEMON"), os.environ.get("RTXOPS_JOB_ID")
+    interval = float(os.environ.get("RTXOPS_PLAN_POLL_S", "2"))
+    if daemon and job_id and interval > 0:
+        from ..plan_client import PlanPoller
+
+        PlanPoller(dispatcher, daemon, job_id, os.environ.get("RTXOPS_TOKEN"), interval).start()
     summary_path = os.environ.get("RTXOPS_SUMMARY")
     if summary_path:
         atexit.register(_write_summary, dispatcher, summary_path)

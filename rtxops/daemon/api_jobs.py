@@ -1,0 +1,94 @@
+"""``/v1/jobs``: submit, list, inspect, follow logs, cancel."""
+from __future__ import annotations
+
+import anyio
+from fastapi import APIRouter, Depends, HTTPException, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import JobNotFound, JobSpecError, SupervisorClosed
+from .jobs import Job, JobSpec
+from .supervisor import Supervisor
+
+
+class SubmitRequest(BaseModel):
+    """A job to run under rtxops."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: list[str] = Field(min_length=1, description="argv, e.g. ['python', 'train.py']")
+    name: str = Field("", max_length=200)
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    restarts: int = Field(0, ge=0, le=1000, description="crash restart budget")
+    hang_restarts: int = Field(0, ge=0, le=1000)
+    hang_timeout_s: float | None = Field(None, gt=0, le=86400)
+    backoff_s: float = Field(1.0, ge=0, le=3600)
+    nproc_per_node: int = Field(1, ge=1, le=64)
+    grace_s: float = Field(10.0, ge=0, le=3600)
+
+
+def job_view(job: Job) -> dict:
+    """A job as the API shows it (without the internal process-tracking token)."""
+    d = job.to_dict()
+    d.pop("token", None)
+    d["name"] = job.name
+    d["exit_code"] = job.exit_code
+    return d
+
+
+def make_router(supervisor: Supervisor, auth) -> APIRouter:
+    router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+    def get(job_id: str) -> Job:
+        try:
+            return supervisor.job(job_id)
+        except JobNotFound:
+            raise HTTPException(404, f"no job {job_id!r}") from None
+
+    @router.post("", status_code=201, dependencies=[Depends(auth)])
+    def submit(req: SubmitRequest) -> dict:
+        try:
+            spec = JobSpec(command=req.command, name=req.name, env=req.env, cwd=req.cwd,
+                           max_crash_restarts=req.restarts, max_hang_restarts=req.hang_restarts,
+                           hang_timeout_s=req.hang_timeout_s, backoff_s=req.backoff_s,
+                           nproc_per_node=req.nproc_per_node, grace_s=req.grace_s)
+            return job_view(supervisor.submit(spec))
+        except JobSpecError as e:
+            raise HTTPException(422, str(e)) from None
+        except SupervisorClosed as e:
+            raise HTTPException(503, str(e)) from None
+
+    @router.get("")
+    def jobs(limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)) -> dict:
+        all_jobs = sorted(supervisor.jobs(), key=lambda j: j.created_at_ns, reverse=True)
+        return {"total": len(all_jobs), "jobs": [job_view(j) for j in all_jobs[offset:offset + limit]]}
+
+    @router.get("/{job_id}")
+    def job(job_id: str) -> dict:
+        return job_view(get(job_id))
+
+    @router.get("/{job_id}/logs")
+    async def logs(job_id: str, after: int = Query(0, ge=0), rank: int | None = Query(None, ge=-1),
+                   limit: int = Query(1000, ge=1, le=10000),
+                   wait_s: float = Query(0, ge=0, le=30, description="long-poll for new lines")) -> dict:
+        get(job_id)
+        if wait_s:
+            lines = await anyio.to_thread.run_sync(
+                lambda: supervisor.wait_for_logs(job_id, after_seq=after, rank=rank, timeout=wait_s,
+                                                 limit=limit))
+        else:
+            lines = supervisor.logs(job_id, rank=rank, after_seq=after, limit=limit)
+        job = get(job_id)
+        return {"job": job_id, "state": job.state.value, "done": job.state.terminal,
+                "lines": [line._asdict() for line in lines]}
+
+    @router.get("/{job_id}/events")
+    def events(job_id: str) -> dict:
+        get(job_id)
+        return {"job": job_id, "events": [e._asdict() for e in supervisor.events(job_id)]}
+
+    @router.post("/{job_id}/cancel", dependencies=[Depends(auth)])
+    def cancel(job_id: str) -> dict:
+        get(job_id)
+        return job_view(supervisor.cancel(job_id))
+
+    return router

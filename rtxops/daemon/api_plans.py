@@ -1,0 +1,53 @@
+"""``/v1/plans``: the plan endpoint jobs poll, publishing, and jobs reporting refusals."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from rtxops.runtime.errors import PlanError
+from rtxops.runtime.plan import Plan
+
+from .plans import PlanBoard
+
+
+class Refusal(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    job: str = Field(min_length=1, max_length=200)
+    version: int
+    reason: str = Field(max_length=10_000)
+
+
+def make_router(board: PlanBoard, auth) -> APIRouter:
+    router = APIRouter(prefix="/v1/plans", tags=["plans"])
+
+    @router.get("/current", responses={304: {"description": "the plan has not changed"},
+                                       404: {"description": "no plan published"}})
+    def current(request: Request, job: str | None = Query(None, max_length=200)) -> Response:
+        plan = board.current(job)
+        if plan is None:
+            raise HTTPException(404, "no plan published")
+        etag = f'"{plan.digest}"'
+        headers = {"ETag": etag, "X-Rtxops-Plan-Version": str(plan.version)}
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers=headers)
+        return Response(plan.to_json(), media_type="application/json", headers=headers)
+
+    @router.post("", status_code=201, dependencies=[Depends(auth)])
+    def publish(plan: dict = Body(..., description="a plan (see DESIGN.md: Plan)"),
+                job: str | None = Query(None, max_length=200)) -> dict:
+        try:
+            published = board.publish(Plan.from_dict(plan), job)
+        except PlanError as e:
+            raise HTTPException(422, str(e)) from None
+        return {"version": published.version, "digest": published.digest, "job": job}
+
+    @router.post("/report", status_code=204, dependencies=[Depends(auth)])
+    def report(refusal: Refusal) -> Response:
+        board.report(refusal.job, refusal.version, refusal.reason)
+        return Response(status_code=204)
+
+    @router.get("/reports")
+    def reports() -> dict:
+        return {"reports": list(board.reports)}
+
+    return router

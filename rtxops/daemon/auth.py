@@ -1,0 +1,19 @@
+"""Bearer-token check for mutating endpoints (the token lives in ``$RTXOPS_HOME/token``)."""
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Header, HTTPException
+
+
+def require_token(token: str | None):
+    """A FastAPI dependency that answers 401 unless the request carries ``Bearer <token>``."""
+    expected = f"Bearer {token}".encode() if token else None
+
+    def check(authorization: str | None = Header(default=None)) -> None:
+        if expected is None:
+            return
+        if not authorization or not hmac.compare_digest(authorization.encode(), expected):
+            raise HTTPException(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+
+    return check

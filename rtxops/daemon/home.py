@@ -1,0 +1,69 @@
+"""The daemon's home directory: ``$RTXOPS_HOME`` (default ``./.rtxops``) with the store, the token,
+the PID file, plans and job work files."""
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+
+
+@dataclass(frozen=True)
+class Home:
+    root: Path
+
+    @classmethod
+    def resolve(cls, root: str | os.PathLike[str] | None = None) -> Home:
+        return cls(Path(root or os.environ.get("RTXOPS_HOME") or ".rtxops").resolve())
+
+    @property
+    def store(self) -> Path:
+        return self.root / "rtxops.duckdb"
+
+    @property
+    def token_file(self) -> Path:
+        return self.root / "token"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "daemon.pid"
+
+    @property
+    def url_file(self) -> Path:
+        return self.root / "daemon.url"
+
+    @property
+    def plans(self) -> Path:
+        return self.root / "plans"
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    def ensure(self) -> Home:
+        for d in (self.root, self.plans, self.jobs):
+            d.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def token(self, create: bool = False) -> str | None:
+        """The bearer token; with ``create`` a new one (mode 0600) when there is none."""
+        if self.token_file.exists():
+            return self.token_file.read_text().strip()
+        if not create:
+            return None
+        self.ensure()
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        token = secrets.token_urlsafe(32)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        return token
+
+    def daemon_url(self) -> str | None:
+        """The URL a running daemon wrote at start-up, if any."""
+        try:
+            return self.url_file.read_text().strip() or None
+        except OSError:
+            return None

@@ -1,0 +1,53 @@
+"""Prometheus metrics, read from the store and the supervisor at scrape time."""
+from __future__ import annotations
+
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .jobs import JobState
+
+
+class _Collector:
+    def __init__(self, daemon) -> None:
+        self.daemon = daemon
+
+    def collect(self):
+        d = self.daemon
+        s = d.store.stats()
+        for name, key, doc in (
+            ("rtxops_ingest_spans", "spans_written", "spans committed to the store"),
+            ("rtxops_ingest_batches", "batches_written", "OTLP batches committed"),
+            ("rtxops_ingest_spans_refused", "spans_refused", "spans refused for capacity (429)"),
+            ("rtxops_ingest_requests_rejected", "requests_rejected", "malformed or refused requests"),
+            ("rtxops_store_write_errors", "write_errors", "store write failures"),
+        ):
+            yield CounterMetricFamily(name, doc, value=s.get(key, 0))
+        for name, key in (("rtxops_store_queue_batches", "queue_batches"),
+                          ("rtxops_store_queue_spans", "queue_spans")):
+            yield GaugeMetricFamily(name, "store writer queue depth", value=s.get(key, 0))
+        jobs = d.supervisor.jobs()
+        states = Counter(j.state.value for j in jobs)
+        g = GaugeMetricFamily("rtxops_jobs", "jobs by state", labels=["state"])
+        for state in JobState:
+            g.add_metric([state.value], states.get(state.value, 0))
+        yield g
+        restarts = CounterMetricFamily("rtxops_job_restarts", "job restarts", labels=["reason"])
+        restarts.add_metric(["crash"], sum(j.crash_restarts for j in jobs))
+        restarts.add_metric(["hang"], sum(j.hang_restarts for j in jobs))
+        yield restarts
+        yield CounterMetricFamily("rtxops_plan_swaps", "plan swaps reported by jobs",
+                                  value=d.swap_count())
+        yield CounterMetricFamily("rtxops_plans_refused", "plans jobs refused",
+                                  value=len(d.board.reports))
+
+
+def registry_for(daemon) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(daemon))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,201 @@
+"""The daemon process: one per machine, the only DuckDB writer.
+
+:class:`Daemon` assembles the store, the plan board and the job supervisor behind the FastAPI app
+and serves it with uvicorn, in the foreground (``rtxops daemon``) or on a thread (``rtxops run``
+with no daemon around). SIGTERM/SIGINT: stop accepting, stop jobs gracefully, flush the store,
+exit 0. SIGHUP: reload plans from disk.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+import pyarrow.compute as pc
+import uvicorn
+
+from rtxops.telemetry.store import Store
+
+from . import systemd
+from .home import DEFAULT_HOST, DEFAULT_PORT, Home
+from .job_sink import DuckDBJobSink
+from .plans import PlanBoard
+from .supervisor import Supervisor
+
+log = logging.getLogger("rtxops.daemon")
+
+
+class Daemon:
+    def __init__(self, home: Home, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+                 job_grace_s: float = 10.0) -> None:
+        self.home = home.ensure()
+        self.host, self.port = host, port or _free_port(host)
+        self.job_grace_s = job_grace_s
+        self.token = home.token(create=True)
+        self.store = Store(home.store)
+        self.board = PlanBoard(home.plans)
+        self.jobs_sink = DuckDBJobSink(self.store)
+        self.supervisor: Supervisor | None = None
+        self.server: uvicorn.Server | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- parts ------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _make_supervisor(self) -> Supervisor:
+        env = {
+            "RTXOPS_TELEMETRY": "otlp",
+            "RTXOPS_DAEMON": self.url,
+            "RTXOPS_TOKEN": self.token or "",
+            "RTXOPS_READINGS_FACTORY": "rtxops.telemetry.job:readings_for_job",
+            # `python` in a submitted command is the interpreter rtxops is installed in
+            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
+        }
+        return Supervisor(self.jobs_sink, self.home.jobs, extra_env=env,
+                          recovered_jobs=self.jobs_sink.saved_jobs())
+
+    def on_batch(self, batch) -> None:
+        """Heartbeats for the supervisor from every committed batch's step spans."""
+        spans = batch.spans
+        if self.supervisor is None or spans.num_rows == 0:
+            return
+        steps = spans.filter(pc.equal(spans["name"], "rtx.step"))
+        for job_id, rank, step in zip(steps["job_id"].to_pylist(), steps["rank"].to_pylist(),
+                                      steps["step"].to_pylist()):
+            if job_id and step is not None:
+                self.supervisor.heartbeat(job_id, step, rank or 0)
+
+    def readiness_problems(self) -> list[str]:
+        problems = []
+        if self.store.closed:
+            problems.append("the store is closed")
+        if self._stopping.is_set():
+            problems.append("the daemon is stopping")
+        stats = self.store.stats()
+        if stats.get("queue_batches", 0) >= self.store.max_queue_batches:
+            problems.append("the store's write queue is full")
+        return problems
+
+    def swap_count(self) -> int:
+        return self.store.query("SELECT count(*) AS n FROM swaps")[0]["n"]
+
+    # ---- serving ----------------------------------------------------------------------------
+    def _server(self) -> uvicorn.Server:
+        from .app import create_app
+
+        self.supervisor = self._make_supervisor()
+        config = uvicorn.Config(create_app(self), host=self.host, port=self.port,
+                                log_level="warning", access_log=False, lifespan="off")
+        self.server = uvicorn.Server(config)
+        return self.server
+
+    def _bound_port(self) -> int:
+        for server in self.server.servers:
+            for sock in server.sockets:
+                return sock.getsockname()[1]
+        return self.port
+
+    def _announce(self) -> None:
+        self.port = self._bound_port()
+        self.home.url_file.write_text(self.url + "\n")
+        self.home.pid_file.write_text(f"{os.getpid()}\n")
+        log.info(json.dumps({"event": "ready", "url": self.url, "home": str(self.home.root)}))
+        systemd.notify(f"READY=1\nSTATUS=serving {self.url}")
+
+    def serve_forever(self) -> int:
+        """Foreground: serve until SIGTERM/SIGINT, then shut down cleanly. Returns the exit code."""
+        server = self._server()
+        watchdog_stop = threading.Event()
+        signal.signal(signal.SIGHUP, lambda *_: self.reload())
+
+        announcer = threading.Thread(target=self._announce_when_started, daemon=True)
+        announcer.start()
+        systemd.start_watchdog(watchdog_stop)
+        try:
+            server.run()
+        finally:
+            watchdog_stop.set()
+            self.shutdown()
+        return 0
+
+    def _announce_when_started(self) -> None:
+        while not self.server.started and not self.server.should_exit:
+            time.sleep(0.02)
+        if self.server.started:
+            self._announce()
+
+    def start_in_thread(self, timeout: float = 30.0) -> Daemon:
+        """Serve on a background thread (for ``rtxops run`` without a running daemon)."""
+        server = self._server()
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  (older uvicorn)
+        self._thread = threading.Thread(target=server.run, name="rtxops-daemon", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the in-process daemon did not start")
+            time.sleep(0.02)
+        self._announce()
+        return self
+
+    def reload(self) -> None:
+        """SIGHUP: re-read plans (and, once governance lands, policies) from disk."""
+        self.board = PlanBoard(self.home.plans)
+        log.info(json.dumps({"event": "reloaded"}))
+
+    def shutdown(self) -> None:
+        """Stop accepting, stop jobs gracefully, flush the store."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        systemd.notify("STOPPING=1")
+        if self.server is not None:
+            self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+        if self.supervisor is not None:
+            self.supervisor.shutdown(self.job_grace_s)
+        self.store.close()
+        for f in (self.home.pid_file, self.home.url_file):
+            try:
+                if f.read_text().strip() in (str(os.getpid()), self.url):
+                    f.unlink()
+            except OSError:
+                pass
+        log.info(json.dumps({"event": "stopped"}))
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        try:
+            body = json.loads(msg) if msg.startswith("{") else {"message": msg}
+        except ValueError:
+            body = {"message": msg}
+        return json.dumps({"ts": round(record.created, 3), "level": record.levelname.lower(),
+                           "logger": record.name, **body})
+
+
+def configure_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter())
+    root = logging.getLogger("rtxops")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
