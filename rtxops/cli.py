@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -16,16 +17,34 @@ from rich.table import Table
 
 app = typer.Typer(help="rtxops: a self-optimizing runtime for PyTorch training jobs.",
                   no_args_is_help=True, add_completion=False)
+daemon_app = typer.Typer(help="The rtxops daemon: supervises jobs, stores telemetry, serves plans.")
+telemetry_app = typer.Typer(help="Look at and export stored telemetry.", no_args_is_help=True)
+app.add_typer(daemon_app, name="daemon")
+app.add_typer(telemetry_app, name="telemetry")
 err = Console(stderr=True)
+out = Console()
 TELEMETRY_FACTORY = "rtxops.telemetry.job:readings_for_job"
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-def _store_path() -> Path:
-    from rtxops.telemetry.store import default_path
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[red]rtxops: {message}[/red]")
+    return typer.Exit(code)
 
-    path = Path(default_path()).resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
+
+def _home(home: Optional[Path] = None):
+    from rtxops.daemon.home import Home
+
+    return Home.resolve(home)
+
+
+def _client(home: Optional[Path] = None):
+    from rtxops.daemon.client import DaemonClient
+
+    client = DaemonClient.find(_home(home))
+    if client is None:
+        raise _fail("no daemon is running for this RTXOPS_HOME (start one with `rtxops daemon`)", 1)
+    return client
 
 
 @app.callback()
@@ -33,34 +52,29 @@ def main() -> None:
     """rtxops: a self-optimizing runtime for PyTorch training jobs."""
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+# ---- run -----------------------------------------------------------------------------------------
+@app.command(context_settings=PASSTHROUGH)
 def run(
     command: List[str] = typer.Argument(..., help="the command to run, after --"),
-    plan: Optional[Path] = typer.Option(None, help="plan JSON to run with (default: reference)"),
+    plan: Optional[Path] = typer.Option(None, help="plan JSON to start with (default: reference)"),
     summary: bool = typer.Option(True, help="print what the runtime did when the job ends"),
     json_summary: Optional[Path] = typer.Option(None, "--json", help="also write the summary JSON here"),
-    telemetry: str = typer.Option(
-        "duckdb", help="where spans go: duckdb (the store in $RTXOPS_HOME), otlp (RTXOPS_DAEMON or "
-                       "OTEL_EXPORTER_OTLP_*), or off"),
+    direct: bool = typer.Option(False, help="no daemon: run the command as a plain child process "
+                                            "and write telemetry straight to the store"),
+    name: str = typer.Option("", help="job name (daemon mode)"),
 ) -> None:
-    """Run COMMAND with the runtime enabled: ``rtxops run -- python train.py ARGS``."""
-    from rtxops.runtime.bootstrap import child_environment
-    from rtxops.runtime.summary import per_op
+    """Run COMMAND with the runtime enabled: ``rtxops run -- python train.py ARGS``.
 
+    With a daemon running, the job is submitted to it and its output followed; without one, a
+    daemon is started in this process for the job's lifetime."""
     if plan is not None and not plan.is_file():
-        err.print(f"[red]rtxops: plan file {plan} does not exist[/red]")
-        raise typer.Exit(2)
-    if telemetry not in ("duckdb", "otlp", "off"):
-        err.print(f"[red]rtxops: --telemetry {telemetry!r}: expected duckdb, otlp or off[/red]")
-        raise typer.Exit(2)
+        raise _fail(f"plan file {plan} does not exist")
     with tempfile.TemporaryDirectory(prefix="rtxops-run-") as tmp:
         summary_file = Path(tmp) / "summary.json"
-        env = child_environment(os.environ, plan=str(plan) if plan else None, summary=str(summary_file),
-                                readings_factory=None if telemetry == "off" else TELEMETRY_FACTORY)
-        env["RTXOPS_TELEMETRY"] = telemetry
-        if telemetry == "duckdb":
-            env.setdefault("RTXOPS_STORE", str(_store_path()))
-        code = _run_child(command, env)
+        if direct:
+            code = _run_direct(command, plan, summary_file)
+        else:
+            code = _run_supervised(command, plan, summary_file, name)
         data = json.loads(summary_file.read_text()) if summary_file.is_file() else None
     if data is None:
         err.print("rtxops: the job left no summary (it did not start Python, or was killed)")
@@ -68,11 +82,22 @@ def run(
         if json_summary:
             json_summary.write_text(json.dumps(data, indent=2))
         if summary:
+            from rtxops.runtime.summary import per_op
+
             _print_summary(data, per_op(data))
     raise typer.Exit(code)
 
 
-def _run_child(command: list[str], env: dict[str, str]) -> int:
+def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path) -> int:
+    from rtxops.runtime.bootstrap import child_environment
+    from rtxops.telemetry.store import default_path
+
+    env = child_environment(os.environ, plan=str(plan) if plan else None, summary=str(summary_file),
+                            readings_factory=TELEMETRY_FACTORY)
+    env["RTXOPS_TELEMETRY"] = "duckdb"
+    store = Path(env.get("RTXOPS_STORE") or default_path()).resolve()
+    store.parent.mkdir(parents=True, exist_ok=True)
+    env["RTXOPS_STORE"] = str(store)
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as e:
@@ -89,6 +114,64 @@ def _run_child(command: list[str], env: dict[str, str]) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
     return 128 - code if code < 0 else code
+
+
+def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path, name: str) -> int:
+    from rtxops.daemon.client import DaemonClient, DaemonError
+    from rtxops.daemon.server import Daemon
+
+    home = _home()
+    client = DaemonClient.find(home)
+    local = None
+    if client is None:
+        local = Daemon(home, port=0).start_in_thread()
+        client = DaemonClient(local.url, local.token)
+    env = {"RTXOPS_SUMMARY": str(summary_file)}
+    if plan:
+        env["RTXOPS_PLAN"] = str(plan.resolve())
+    try:
+        job = client.submit(command=list(command), name=name, env=env, cwd=os.getcwd())
+        return _follow(client, job["id"], cancel_on_interrupt=True)
+    except DaemonError as e:
+        err.print(f"[red]rtxops: {e}[/red]")
+        return 2
+    finally:
+        if local is not None:
+            local.shutdown()
+
+
+def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt: bool = False,
+            follow: bool = True) -> int:
+    """Print a job's output as it comes (stdout lines to stdout, stderr lines to stderr); return
+    the job's exit status as a shell would (128 + signal when it was killed)."""
+    after = 0
+    try:
+        while True:
+            page = client.logs(job_id, after=after, rank=rank, wait_s=1.0 if follow else 0)
+            for line in page["lines"]:
+                stream = sys.stderr if line["stream"] == "stderr" else sys.stdout
+                prefix = f"[rank{line['rank']}] " if rank is None and line["rank"] > 0 else ""
+                print(prefix + line["text"], file=stream, flush=True)
+                after = line["seq"]
+            if not page["lines"] and (page["done"] or not follow):
+                break
+    except KeyboardInterrupt:
+        if cancel_on_interrupt:
+            client.cancel(job_id)
+            err.print(f"rtxops: cancelled job {job_id}")
+        return 130
+    job = client.job(job_id)
+    return _exit_status(job)
+
+
+def _exit_status(job: dict) -> int:
+    attempts = job.get("attempts") or []
+    last = attempts[-1] if attempts else {}
+    if last.get("exit_code") is not None:
+        return last["exit_code"]
+    if last.get("signal"):
+        return 128 + getattr(signal, last["signal"], signal.SIGKILL)
+    return 0 if job["state"] == "succeeded" else 1
 
 
 def _print_summary(data: dict, ops: list[dict]) -> None:
@@ -108,6 +191,220 @@ def _print_summary(data: dict, ops: list[dict]) -> None:
         err.print(f"[yellow]{m['site']} kept its own forward: {m['reason']}[/yellow]")
     for r in data["plan_rejections"]:
         err.print(f"[yellow]plan rejected: {r}[/yellow]")
+
+
+# ---- daemon --------------------------------------------------------------------------------------
+@daemon_app.callback(invoke_without_command=True)
+def daemon(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", help="address to bind"),
+    port: int = typer.Option(8765, help="port to bind (0: any free port)"),
+    home: Optional[Path] = typer.Option(None, help="RTXOPS_HOME (default ./.rtxops)"),
+    detach: bool = typer.Option(False, help="run in the background (PID file in the home)"),
+) -> None:
+    """Run the daemon in the foreground (``--detach`` for the background)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rtxops.daemon.client import DaemonClient
+    from rtxops.daemon.server import Daemon, configure_logging
+
+    h = _home(home)
+    running = DaemonClient.find(h)
+    if running is not None:
+        raise _fail(f"a daemon already serves {h.root} at {running.url}", 1)
+    if detach:
+        h.ensure()
+        log = open(h.root / "daemon.log", "ab")
+        args = [sys.executable, "-m", "rtxops.cli", "daemon", "--host", host, "--port", str(port),
+                "--home", str(h.root)]
+        subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            client = DaemonClient.find(h)
+            if client is not None:
+                out.print(f"rtxops daemon serving {client.url} (home {h.root})")
+                return
+            time.sleep(0.1)
+        raise _fail(f"the daemon did not come up; see {h.root / 'daemon.log'}", 1)
+    configure_logging()
+    d = Daemon(h, host=host, port=port)
+    raise typer.Exit(d.serve_forever())
+
+
+@daemon_app.command("status")
+def daemon_status(home: Optional[Path] = typer.Option(None)) -> None:
+    """Is a daemon serving this home? Exit 0 if so, 1 if not."""
+    from rtxops.daemon.client import DaemonClient
+
+    h = _home(home)
+    client = DaemonClient.find(h)
+    if client is None:
+        out.print(f"no daemon serving {h.root}")
+        raise typer.Exit(1)
+    pid = h.pid_file.read_text().strip() if h.pid_file.exists() else "?"
+    out.print(f"daemon serving {client.url} (pid {pid}, home {h.root})")
+
+
+@daemon_app.command("stop")
+def daemon_stop(home: Optional[Path] = typer.Option(None),
+                timeout: float = typer.Option(60.0, help="seconds to wait for a clean stop")) -> None:
+    """Stop the daemon (SIGTERM: jobs are stopped gracefully, the store flushed)."""
+    from rtxops.daemon.client import DaemonClient
+
+    h = _home(home)
+    if DaemonClient.find(h) is None or not h.pid_file.exists():
+        raise _fail(f"no daemon serving {h.root}", 1)
+    pid = int(h.pid_file.read_text().strip())
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            out.print(f"stopped daemon {pid}")
+            return
+        time.sleep(0.1)
+    raise _fail(f"daemon {pid} did not stop within {timeout:.0f}s", 1)
+
+
+# ---- jobs ----------------------------------------------------------------------------------------
+@app.command(context_settings=PASSTHROUGH)
+def submit(
+    command: List[str] = typer.Argument(..., help="the command to run, after --"),
+    name: str = typer.Option("", help="a name for the job"),
+    restarts: int = typer.Option(0, help="restarts allowed after a crash"),
+    hang_restarts: int = typer.Option(0, help="restarts allowed after a hang"),
+    hang_timeout: Optional[float] = typer.Option(None, help="seconds without a step = hung"),
+    nproc_per_node: int = typer.Option(1, help="ranks, launched through torchrun (gloo on CPU)"),
+    home: Optional[Path] = typer.Option(None),
+) -> None:
+    """Submit a job to the daemon; prints its id."""
+    from rtxops.daemon.client import DaemonError
+
+    try:
+        job = _client(home).submit(command=list(command), name=name, restarts=restarts,
+                                   hang_restarts=hang_restarts, hang_timeout_s=hang_timeout,
+                                   nproc_per_node=nproc_per_node, cwd=os.getcwd())
+    except DaemonError as e:
+        raise _fail(str(e)) from None
+    out.print(job["id"])
+
+
+@app.command()
+def jobs(home: Optional[Path] = typer.Option(None), limit: int = typer.Option(50)) -> None:
+    """List jobs, newest first."""
+    table = Table()
+    for col in ("id", "name", "state", "attempts", "restarts", "exit", "step", "reason"):
+        table.add_column(col)
+    for j in _client(home).jobs(limit):
+        table.add_row(j["id"], j["name"], j["state"], str(len(j["attempts"])),
+                      str(j["crash_restarts"] + j["hang_restarts"]), str(j["exit_code"]),
+                      str(j["last_step"]), j["reason"])
+    out.print(table)
+
+
+@app.command()
+def logs(job: str, follow: bool = typer.Option(False, "--follow", "-f"),
+         rank: Optional[int] = typer.Option(None), home: Optional[Path] = typer.Option(None)) -> None:
+    """Print a job's output (``--follow`` until it ends)."""
+    from rtxops.daemon.client import DaemonError
+
+    try:
+        _follow(_client(home), job, rank=rank, follow=follow)
+    except DaemonError as e:
+        raise _fail(str(e), 1) from None
+
+
+@app.command()
+def cancel(job: str, home: Optional[Path] = typer.Option(None)) -> None:
+    """Cancel a job: SIGTERM to its process tree, SIGKILL after the grace period."""
+    from rtxops.daemon.client import DaemonError
+
+    try:
+        j = _client(home).cancel(job)
+    except DaemonError as e:
+        raise _fail(str(e), 1) from None
+    out.print(f"{j['id']} {j['state']}")
+
+
+# ---- telemetry -----------------------------------------------------------------------------------
+@telemetry_app.command("export")
+def telemetry_export(
+    format: str = typer.Option(..., "--format", help="chrome-trace | parquet | otlp-json"),
+    job: Optional[str] = typer.Option(None, help="only this job"),
+    output: Path = typer.Option(..., "--out", "-o", help="file to write"),
+    home: Optional[Path] = typer.Option(None),
+) -> None:
+    """Export stored spans: open chrome-trace in Perfetto, otlp-json in any OTel tool."""
+    from rtxops.daemon.client import DaemonClient, DaemonError
+    from rtxops.telemetry import export, store as store_mod
+
+    if format not in ("chrome-trace", "parquet", "otlp-json"):
+        raise _fail(f"--format {format!r}: expected chrome-trace, parquet or otlp-json")
+    h = _home(home)
+    client = DaemonClient.find(h)
+    if client is not None:  # the daemon holds the store: ask it
+        try:
+            output.write_bytes(client.export(format, job))
+        except DaemonError as e:
+            raise _fail(str(e), 1) from None
+        out.print(f"wrote {output}")
+        return
+    with _read_store(h) as s:
+        if format == "parquet":
+            n = store_mod.export_parquet(s, output, job)
+        else:
+            rows = store_mod.export_rows(s, job)
+            doc = export.chrome_trace(rows) if format == "chrome-trace" else export.otlp_json(rows)
+            output.write_text(json.dumps(doc))
+            n = len(rows)
+    out.print(f"wrote {n} spans to {output}")
+
+
+@telemetry_app.command("stats")
+def telemetry_stats(home: Optional[Path] = typer.Option(None),
+                    as_json: bool = typer.Option(False, "--json")) -> None:
+    """Ingest counts: spans stored by kind, batches, refused and rejected requests, drops."""
+    from rtxops.daemon.client import DaemonClient
+    from rtxops.telemetry import store as store_mod
+
+    h = _home(home)
+    client = DaemonClient.find(h)
+    if client is not None:
+        stats = client.telemetry_stats()
+    else:
+        with _read_store(h) as s:
+            stats = store_mod.telemetry_summary(s)
+    if as_json:
+        out.print_json(data=stats)
+        return
+    table = Table(title="rtxops telemetry")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for k, v in stats.items():
+        table.add_row(k, str(v))
+    out.print(table)
+
+
+class _read_store:
+    """Read-only access to the store file when no daemon holds it."""
+
+    def __init__(self, home) -> None:
+        self.path = Path(os.environ.get("RTXOPS_STORE") or home.store)
+
+    def __enter__(self):
+        from rtxops.telemetry.store import ReadOnlyStore, StoreError
+
+        if not self.path.exists():
+            raise _fail(f"no store at {self.path}", 2)
+        try:
+            self.store = ReadOnlyStore(self.path)
+        except StoreError as e:
+            raise _fail(str(e), 1) from None
+        return self.store
+
+    def __exit__(self, *exc) -> None:
+        self.store.close()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from fastapi import FastAPI, Response
 from rtxops import __version__
 from rtxops.telemetry.receiver import make_router as receiver_router
 
-from . import api_jobs, api_plans
+from . import api_jobs, api_plans, api_telemetry
 from .auth import require_token
 from .metrics import registry_for, render
 
@@ -19,6 +19,7 @@ def create_app(daemon) -> FastAPI:
     app.include_router(receiver_router(daemon.store, token=daemon.token, on_batch=daemon.on_batch))
     app.include_router(api_jobs.make_router(daemon.supervisor, auth))
     app.include_router(api_plans.make_router(daemon.board, auth))
+    app.include_router(api_telemetry.make_router(daemon.store))
     metrics = registry_for(daemon)
 
     @app.get("/healthz", tags=["ops"])

@@ -115,9 +115,38 @@ _V2 = (
         job_id VARCHAR, ts_ns BIGINT, kind VARCHAR, detail VARCHAR)""",
 )
 
+MINUTE_NS = 60 * 10**9
+HIST_BINS_PER_OCTAVE = 16
+
+_ROLLUP_SELECT = f"""
+SELECT job_id, op, bucket, variant, config, phase, start_ns // {MINUTE_NS} AS minute,
+       count(*) AS samples, sum(count) AS calls, sum(total_ns) AS total_ns,
+       min(min_ns) AS min_ns, max(max_ns) AS max_ns, min(start_ns) AS first_ns,
+       max(start_ns) AS last_ns,
+       sum(TRY_CAST(attributes->>'rtx.cache.hits' AS BIGINT)) AS cache_hits,
+       sum(TRY_CAST(attributes->>'rtx.cache.misses' AS BIGINT)) AS cache_misses,
+       histogram(CAST(floor(log2(greatest(total_ns / count, 1)) * {HIST_BINS_PER_OCTAVE}) AS INTEGER))
+           FILTER (WHERE count > 0 AND total_ns IS NOT NULL) AS mean_hist
+FROM {{source}} WHERE name = 'rtx.kernel'
+GROUP BY ALL
+"""
+
+# Kernel spans rolled up per minute, written in the same transaction as the spans, so windowed
+# kernel statistics read thousands of rows instead of millions. mean_hist counts the kernel spans'
+# mean ns (total/count: one value per step and site) in bins of 1/16 octave.
+_V3 = (
+    """CREATE TABLE kernel_minutes (
+        job_id VARCHAR, op VARCHAR, bucket VARCHAR, variant VARCHAR, config VARCHAR,
+        phase VARCHAR, minute BIGINT, samples BIGINT, calls BIGINT, total_ns BIGINT,
+        min_ns BIGINT, max_ns BIGINT, first_ns BIGINT, last_ns BIGINT, cache_hits BIGINT,
+        cache_misses BIGINT, mean_hist MAP(INTEGER, BIGINT))""",
+    "INSERT INTO kernel_minutes BY NAME " + _ROLLUP_SELECT.format(source="spans"),
+)
+
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "resources, spans, span events, ingest log; kernel/step/memory/swap views", _V1),
     (2, "jobs, job logs and job events of the supervisor", _V2),
+    (3, "kernel spans rolled up per minute (kernel_minutes)", _V3),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -385,8 +414,10 @@ class Store:
 
     def kernel_stats(self, *, since_ns: int | None = None, until_ns: int | None = None,
                      job_id: str | None = None, op: str | None = None) -> list[dict]:
-        """Per (job, op, bucket, variant, config, phase) over ``[since_ns, until_ns)`` (default:
-        the last hour): steps, calls, total/mean/min/max ns, and p50/p95 of the per-step mean."""
+        """Per (job, op, bucket, variant, config, phase) over the whole minutes of
+        ``[since_ns, until_ns)`` (default: the last hour): samples (kernel spans: one per step
+        and site), calls, total/mean/min/max ns (exact), and p50/p95 of the per-step mean ns
+        (from 1/16-octave bins: within about 2%)."""
         since_ns, until_ns = _window(since_ns, until_ns)
         return self.query(_KERNEL_STATS, {"since": since_ns, "until": until_ns, "job": job_id, "op": op})
 
@@ -419,7 +450,7 @@ class Store:
         """Hits, misses and hit rate per cache: ``variant`` (the runtime's build cache, per op,
         variant and bucket, summed over kernel spans), ``inductor.fxgraph`` and
         ``triton.autotune`` (process-cumulative counters on step spans: the last value seen per
-        job and rank, summed over ranks)."""
+        job and rank, summed over ranks). The variant cache is counted in whole minutes."""
         since_ns, until_ns = _window(since_ns, until_ns)
         return self.query(_CACHE_HIT_RATES, {"since": since_ns, "until": until_ns, "job": job_id})
 
@@ -483,6 +514,10 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
                 verb = "INSERT OR IGNORE" if name == "resources" else "INSERT"
                 cur.execute(f"{verb} INTO {name} BY NAME SELECT * FROM _rtx_batch")
                 cur.unregister("_rtx_batch")
+        if tables["spans"].num_rows:
+            cur.register("_rtx_batch", tables["spans"])
+            cur.execute(_ROLLUP)
+            cur.unregister("_rtx_batch")
         cur.register("_rtx_batch", log_rows)
         cur.execute("INSERT INTO ingest_batches BY NAME SELECT * FROM _rtx_batch")
         cur.unregister("_rtx_batch")
@@ -495,33 +530,45 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
         raise
 
 
-_KERNEL_STATS = """
-WITH per_step AS (
-    SELECT job_id, op, bucket, variant, config, phase, rank, step,
-           sum(count) AS calls, sum(total_ns) AS total_ns, min(min_ns) AS min_ns,
-           max(max_ns) AS max_ns, min(start_ns) AS start_ns
-    FROM spans
-    WHERE name = 'rtx.kernel' AND start_ns >= $since AND start_ns < $until
+_ROLLUP = "INSERT INTO kernel_minutes BY NAME " + _ROLLUP_SELECT.format(source="_rtx_batch")
+
+_KERNEL_STATS = f"""
+WITH window_rows AS (
+    SELECT * FROM kernel_minutes
+    WHERE minute >= $since // {MINUTE_NS} AND minute <= ($until - 1) // {MINUTE_NS}
       AND ($job IS NULL OR job_id = $job) AND ($op IS NULL OR op = $op)
+), totals AS (
+    SELECT job_id, op, bucket, variant, config, phase,
+           sum(samples) AS samples, sum(calls) AS calls, sum(total_ns) AS total_ns,
+           sum(total_ns) / nullif(sum(calls), 0) AS mean_ns, min(min_ns) AS min_ns,
+           max(max_ns) AS max_ns, min(first_ns) AS first_ns, max(last_ns) AS last_ns
+    FROM window_rows GROUP BY ALL
+), bins AS (
+    SELECT job_id, op, bucket, variant, config, phase, e.key AS bin, sum(e.value) AS n
+    FROM window_rows, unnest(map_entries(mean_hist)) AS t(e)
     GROUP BY ALL
+), cumulative AS (
+    SELECT *, sum(n) OVER (PARTITION BY job_id, op, bucket, variant, config, phase ORDER BY bin) AS upto,
+           sum(n) OVER (PARTITION BY job_id, op, bucket, variant, config, phase) AS all_n
+    FROM bins
+), quantiles AS (
+    SELECT job_id, op, bucket, variant, config, phase,
+           pow(2, (min(bin) FILTER (WHERE upto >= 0.5 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE}) AS p50_step_mean_ns,
+           pow(2, (min(bin) FILTER (WHERE upto >= 0.95 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE}) AS p95_step_mean_ns
+    FROM cumulative GROUP BY ALL
 )
-SELECT job_id, op, bucket, variant, config, phase,
-       count(*) AS steps, sum(calls) AS calls, sum(total_ns) AS total_ns,
-       sum(total_ns) / nullif(sum(calls), 0) AS mean_ns, min(min_ns) AS min_ns, max(max_ns) AS max_ns,
-       quantile_cont(total_ns / nullif(calls, 0), 0.5) AS p50_step_mean_ns,
-       quantile_cont(total_ns / nullif(calls, 0), 0.95) AS p95_step_mean_ns,
-       min(start_ns) AS first_ns, max(start_ns) AS last_ns
-FROM per_step
-GROUP BY ALL
+SELECT t.*, q.p50_step_mean_ns, q.p95_step_mean_ns
+FROM totals t LEFT JOIN quantiles q USING (job_id, op, bucket, variant, config, phase)
 ORDER BY job_id, op, bucket, phase, mean_ns
 """
 
-_CACHE_HIT_RATES = """
+_CACHE_HIT_RATES = f"""
 WITH variant AS (
     SELECT job_id, 'variant' AS cache, op, variant, bucket,
            sum(cache_hits) AS hits, sum(cache_misses) AS misses
-    FROM kernel_spans
-    WHERE start_ns >= $since AND start_ns < $until AND ($job IS NULL OR job_id = $job)
+    FROM kernel_minutes
+    WHERE minute >= $since // {MINUTE_NS} AND minute <= ($until - 1) // {MINUTE_NS}
+      AND ($job IS NULL OR job_id = $job)
       AND (cache_hits IS NOT NULL OR cache_misses IS NOT NULL)
     GROUP BY ALL
 ), counters AS (
@@ -546,3 +593,83 @@ SELECT *, hits / nullif(coalesce(hits, 0) + coalesce(misses, 0), 0) AS hit_rate
 FROM (SELECT * FROM variant UNION ALL SELECT * FROM compilers)
 ORDER BY job_id, cache, op, variant, bucket
 """
+
+
+# ---- export and summaries (also usable on a read-only connection) ----------------------------
+
+_EXPORT_ROWS = """
+    SELECT s.*, r.attributes AS resource_attributes
+    FROM spans s LEFT JOIN resources r USING (resource_id)
+    WHERE ($job IS NULL OR s.job_id = $job)
+    ORDER BY s.start_ns
+    LIMIT $limit"""
+
+
+def export_rows(q, job_id: str | None = None, limit: int = 5_000_000) -> list[dict]:
+    """Spans (with their resource's attributes) for export, oldest first. ``q`` is a
+    :class:`Store` or :class:`ReadOnlyStore`."""
+    return q.query(_EXPORT_ROWS, {"job": job_id, "limit": limit})
+
+
+def export_parquet(q, path: str | os.PathLike[str], job_id: str | None = None) -> int:
+    """Write the spans (and resource attributes) to a Parquet file; returns the row count."""
+    import pyarrow.parquet as pq
+
+    with q.reader() as cur:
+        table = cur.sql(_EXPORT_ROWS, params={"job": job_id, "limit": 1 << 62}).to_arrow_table()
+    pq.write_table(table, str(path))
+    return table.num_rows
+
+
+def telemetry_summary(q) -> dict[str, int]:
+    """What was stored and what was lost on the way: spans by name, ingest batches, and the drop
+    counters jobs report on their step spans (records the recorder could not keep, steps the
+    export queue refused, spans an exporter failed to deliver)."""
+    out: dict[str, int] = {}
+    for row in q.query("SELECT name, count(*) AS n FROM spans GROUP BY name ORDER BY name"):
+        out[f"spans {row['name']}"] = row["n"]
+    row = q.query("SELECT count(*) AS batches, coalesce(sum(spans), 0) AS spans FROM ingest_batches")[0]
+    out["ingest batches"] = row["batches"]
+    out["ingest spans"] = row["spans"]
+    drops = q.query("""
+        WITH per_process AS (
+            SELECT job_id, rank,
+                   sum(coalesce(TRY_CAST(attributes->>'rtx.dropped.records' AS BIGINT), 0)) AS records,
+                   max(coalesce(TRY_CAST(attributes->>'rtx.dropped.steps' AS BIGINT), 0)) AS steps,
+                   max(coalesce(TRY_CAST(attributes->>'rtx.dropped.spans' AS BIGINT), 0)) AS spans
+            FROM spans WHERE name = 'rtx.step' GROUP BY job_id, rank)
+        SELECT coalesce(sum(records), 0) AS records, coalesce(sum(steps), 0) AS steps,
+               coalesce(sum(spans), 0) AS spans FROM per_process""")[0]
+    out["dropped call records (jobs)"] = int(drops["records"])
+    out["dropped steps (jobs)"] = int(drops["steps"])
+    out["dropped spans (jobs)"] = int(drops["spans"])
+    return out
+
+
+class ReadOnlyStore:
+    """Read access to a store file no process is writing (a running daemon holds DuckDB's lock:
+    ask the daemon instead)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            self._con = duckdb.connect(str(self.path), read_only=True)
+        except duckdb.Error as e:
+            raise StoreError(f"cannot open {self.path} for reading: {e}") from None
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        cur = self._con.cursor()
+        try:
+            yield cur
+        finally:
+            cur.close()
+
+    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> list[dict]:
+        with self.reader() as cur:
+            result = cur.execute(sql, params or [])
+            names = [d[0] for d in result.description]
+            return [dict(zip(names, row)) for row in result.fetchall()]
+
+    def close(self) -> None:
+        self._con.close()

@@ -1,0 +1,40 @@
+"""``/v1/telemetry``: read-only stats and exports of the store the daemon owns."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import anyio
+from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse, JSONResponse
+from starlette.background import BackgroundTask
+
+from rtxops.telemetry import export, store as store_mod
+from rtxops.telemetry.store import Store
+
+FORMATS = ("chrome-trace", "otlp-json", "parquet")
+
+
+def make_router(store: Store) -> APIRouter:
+    router = APIRouter(prefix="/v1/telemetry", tags=["telemetry"])
+
+    @router.get("/stats")
+    def stats() -> dict:
+        """Spans by kind, ingest batches, and the drops jobs reported."""
+        return {**store_mod.telemetry_summary(store), **{f"daemon {k}": v for k, v in store.stats().items()}}
+
+    @router.get("/export", responses={200: {"description": "the export file"}})
+    async def export_spans(format: str = Query(..., pattern="^(chrome-trace|otlp-json|parquet)$"),
+                           job: str | None = Query(None, max_length=200)):
+        """Spans of one job (or all) as a Chrome trace (Perfetto), OTLP/JSON or Parquet."""
+        if format == "parquet":
+            tmp = Path(tempfile.mkstemp(suffix=".parquet")[1])
+            await anyio.to_thread.run_sync(store_mod.export_parquet, store, tmp, job)
+            return FileResponse(tmp, media_type="application/vnd.apache.parquet",
+                                filename="rtxops-spans.parquet",
+                                background=BackgroundTask(tmp.unlink, missing_ok=True))
+        rows = await anyio.to_thread.run_sync(store_mod.export_rows, store, job)
+        doc = export.chrome_trace(rows) if format == "chrome-trace" else export.otlp_json(rows)
+        return JSONResponse(doc)
+
+    return router

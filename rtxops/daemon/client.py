@@ -1,0 +1,76 @@
+"""A small HTTP client for the daemon's API (used by the CLI)."""
+from __future__ import annotations
+
+import httpx
+
+from .home import Home
+
+
+class DaemonError(Exception):
+    """The daemon answered with an error (message from its response) or could not be reached."""
+
+
+class DaemonClient:
+    def __init__(self, url: str, token: str | None, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    @classmethod
+    def find(cls, home: Home) -> DaemonClient | None:
+        """A client for the daemon serving ``home``, or None when none answers."""
+        url = home.daemon_url()
+        if not url:
+            return None
+        client = cls(url, home.token())
+        return client if client.healthy() else None
+
+    def healthy(self) -> bool:
+        try:
+            return self.http.get("/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _call(self, method: str, path: str, **kw) -> dict:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise DaemonError(f"cannot reach the daemon at {self.url}: {e}") from None
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail", r.text)
+            except ValueError:
+                detail = r.text
+            raise DaemonError(f"{r.status_code}: {detail}")
+        return r.json() if r.content else {}
+
+    def submit(self, **spec) -> dict:
+        return self._call("POST", "/v1/jobs", json=spec)
+
+    def jobs(self, limit: int = 100) -> list[dict]:
+        return self._call("GET", "/v1/jobs", params={"limit": limit})["jobs"]
+
+    def job(self, job_id: str) -> dict:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def logs(self, job_id: str, after: int = 0, rank: int | None = None, wait_s: float = 0) -> dict:
+        params = {"after": after, "wait_s": wait_s}
+        if rank is not None:
+            params["rank"] = rank
+        return self._call("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=wait_s + 30)
+
+    def cancel(self, job_id: str) -> dict:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def telemetry_stats(self) -> dict:
+        return self._call("GET", "/v1/telemetry/stats")
+
+    def export(self, format: str, job: str | None = None) -> bytes:
+        params = {"format": format, **({"job": job} if job else {})}
+        try:
+            r = self.http.get("/v1/telemetry/export", params=params, timeout=300)
+        except httpx.HTTPError as e:
+            raise DaemonError(f"cannot reach the daemon at {self.url}: {e}") from None
+        if r.status_code >= 400:
+            raise DaemonError(f"{r.status_code}: {r.text}")
+        return r.content
