@@ -136,9 +136,10 @@ def any_value(v: Any) -> AnyValue:
 
 def kernel_batch(n_rows: int, *, start_ns: int, duration_s: float = 3600.0, jobs: int = 4,
                  ranks: int = 2, kernels_per_step: int = 39, n_buckets: int = 50,
-                 seed: int = 0) -> Batch:
+                 first_step: int = 0, seed: int = 0) -> Batch:
     """``n_rows`` span rows (one step span per ``kernels_per_step`` kernel spans) from ``jobs`` ×
-    ``ranks`` processes spread evenly over ``duration_s`` from ``start_ns``, in time order."""
+    ``ranks`` processes spread evenly over ``duration_s`` from ``start_ns``, in time order, with
+    step numbers from ``first_step``."""
     rng = np.random.default_rng(seed)
     table = slots(n_buckets, seed)
     per_step = kernels_per_step + 1
@@ -147,7 +148,7 @@ def kernel_batch(n_rows: int, *, start_ns: int, duration_s: float = 3600.0, jobs
     step_idx = row // per_step                       # global step counter over all processes
     k = row % per_step                               # 0: the step span, 1..: kernels
     proc = step_idx % procs
-    step = step_idx // procs
+    step = first_step + step_idx // procs
     steps_total = max(1, int(step_idx[-1]) + 1) if n_rows else 1
     step_start = start_ns + (step_idx * (duration_s * 1e9 / steps_total)).astype(np.int64)
     is_step = k == 0
