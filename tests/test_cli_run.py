@@ -12,6 +12,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RTXOPS = [sys.executable, "-m", "rtxops.cli"]
 
 
+@pytest.fixture(autouse=True)
+def _own_home(tmp_path, monkeypatch):
+    """Each test gets its own RTXOPS_HOME, so parallel tests never share a daemon or a store."""
+    monkeypatch.setenv("RTXOPS_HOME", str(tmp_path / "home"))
+
+
 def rtxops_run(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*RTXOPS, "run", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=timeout, env={**_env(), "COLUMNS": "200"})
@@ -19,7 +25,7 @@ def rtxops_run(*args: str, cwd: Path | None = None, timeout: int = 300) -> subpr
 
 def _env():
     import os
-    return {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
+    return {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_") or k == "RTXOPS_HOME"}
 
 
 def test_example_runs_under_rtxops_with_summary(tmp_path):

@@ -1,6 +1,8 @@
 """``/v1/plans``: the plan endpoint jobs poll, publishing, and jobs reporting refusals."""
 from __future__ import annotations
 
+import dataclasses
+
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,7 +19,10 @@ class Refusal(BaseModel):
     reason: str = Field(max_length=10_000)
 
 
-def make_router(board: PlanBoard, auth) -> APIRouter:
+def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: int = 5) -> APIRouter:
+    """``step_of(job)`` is the last step the job reported (heartbeats); a plan published for a
+    running job without an ``effective_step`` gets ``last step + margin_steps``, so that every rank
+    polls it before that step and all of them swap at the same step."""
     router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
     @router.get("/current", responses={304: {"description": "the plan has not changed"},
@@ -36,10 +41,15 @@ def make_router(board: PlanBoard, auth) -> APIRouter:
     def publish(plan: dict = Body(..., description="a plan (see DESIGN.md: Plan)"),
                 job: str | None = Query(None, max_length=200)) -> dict:
         try:
-            published = board.publish(Plan.from_dict(plan), job)
+            parsed = Plan.from_dict(plan)
+            last = step_of(job) if job else None
+            if last is not None and parsed.effective_step is None:
+                parsed = dataclasses.replace(parsed, effective_step=last + margin_steps)
+            published = board.publish(parsed, job)
         except PlanError as e:
             raise HTTPException(422, str(e)) from None
-        return {"version": published.version, "digest": published.digest, "job": job}
+        return {"version": published.version, "digest": published.digest, "job": job,
+                "effective_step": published.effective_step}
 
     @router.post("/report", status_code=204, dependencies=[Depends(auth)])
     def report(refusal: Refusal) -> Response:

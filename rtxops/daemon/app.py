@@ -18,7 +18,7 @@ def create_app(daemon) -> FastAPI:
     auth = require_token(daemon.token)
     app.include_router(receiver_router(daemon.store, token=daemon.token, on_batch=daemon.on_batch))
     app.include_router(api_jobs.make_router(daemon.supervisor, auth))
-    app.include_router(api_plans.make_router(daemon.board, auth))
+    app.include_router(api_plans.make_router(daemon.board, auth, daemon.last_step))
     app.include_router(api_telemetry.make_router(daemon.store))
     metrics = registry_for(daemon)
 

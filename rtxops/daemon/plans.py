@@ -22,11 +22,18 @@ class PlanBoard:
         self._lock = threading.Lock()
         self._plans: dict[str, Plan] = {}
         self.reports: list[dict] = []  # jobs telling us they refused a plan
-        for path in sorted(directory.glob("*.json")):
+        self.reload()
+
+    def reload(self) -> None:
+        """Re-read the published plans from disk (SIGHUP)."""
+        plans = {}
+        for path in sorted(self.directory.glob("*.json")):
             try:
-                self._plans[path.stem] = Plan.from_json(path.read_text())
+                plans[path.stem] = Plan.from_json(path.read_text())
             except (OSError, PlanError):
                 continue  # a damaged file is ignored; the next publish rewrites it
+        with self._lock:
+            self._plans = plans
 
     def current(self, job_id: str | None) -> Plan | None:
         """The plan for ``job_id``: its own, else the default; None when there is neither."""

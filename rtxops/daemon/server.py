@@ -73,6 +73,14 @@ class Daemon:
             if job_id and step is not None:
                 self.supervisor.heartbeat(job_id, step, rank or 0)
 
+    def last_step(self, job_id: str) -> int | None:
+        """The last step a running job reported, or None."""
+        try:
+            job = self.supervisor.job(job_id)
+        except Exception:
+            return None
+        return job.last_step if not job.state.terminal else None
+
     def readiness_problems(self) -> list[str]:
         problems = []
         if self.store.closed:
@@ -148,7 +156,7 @@ class Daemon:
 
     def reload(self) -> None:
         """SIGHUP: re-read plans (and, once governance lands, policies) from disk."""
-        self.board = PlanBoard(self.home.plans)
+        self.board.reload()
         log.info(json.dumps({"event": "reloaded"}))
 
     def shutdown(self) -> None:

@@ -143,10 +143,17 @@ _V3 = (
     "INSERT INTO kernel_minutes BY NAME " + _ROLLUP_SELECT.format(source="spans"),
 )
 
+_KEY = "hash(job_id, op, bucket, variant, config, phase)"
+_V4 = (
+    "ALTER TABLE kernel_minutes ADD COLUMN key_id UBIGINT",
+    f"UPDATE kernel_minutes SET key_id = {_KEY}",
+)
+
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "resources, spans, span events, ingest log; kernel/step/memory/swap views", _V1),
     (2, "jobs, job logs and job events of the supervisor", _V2),
     (3, "kernel spans rolled up per minute (kernel_minutes)", _V3),
+    (4, "kernel_minutes.key_id: one integer per (job, op, bucket, variant, config, phase)", _V4),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -197,16 +204,20 @@ class Store:
 
     ``max_queue_batches`` / ``max_queue_spans`` bound what waits for the writer: past either,
     :meth:`submit` refuses with :class:`StoreBusy` and counts the refused spans.
-    ``max_commit_spans`` caps how many queued spans one transaction takes.
+    ``max_commit_spans`` caps how many queued spans one transaction takes. Every
+    ``compact_every_s`` the writer merges the kernel_minutes rows separate commits wrote.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, max_queue_batches: int = 256,
-                 max_queue_spans: int = 1_000_000, max_commit_spans: int = 1_000_000) -> None:
+                 max_queue_spans: int = 1_000_000, max_commit_spans: int = 1_000_000,
+                 compact_every_s: float = 30.0) -> None:
         self.path = Path(path) if path is not None else default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_queue_batches = max_queue_batches
         self.max_queue_spans = max_queue_spans
         self.max_commit_spans = max_commit_spans
+        self.compact_every_s = compact_every_s
+        self._compacted = time.monotonic()
         self._con = duckdb.connect(str(self.path))
         self.migrated_from = migrate(self._con)
         self._lock = threading.Lock()               # counters, queue bounds, cursor creation
@@ -336,6 +347,7 @@ class Store:
                     break
             if group:
                 self._commit_group(cur, group)
+                self._maybe_compact(cur)
             for task in deferred:
                 _run_task(cur, task)
             deferred.clear()
@@ -345,6 +357,26 @@ class Store:
         with self._lock:
             self.queue_batches -= 1
             self.queue_spans -= batch.span_count
+
+    def compact(self, before_ns: int | None = None, timeout: float | None = 60.0) -> None:
+        """Merge the kernel_minutes rows that separate commits wrote for one minute, for minutes
+        before ``before_ns`` (default: all but the last two). The writer also does this itself
+        every ``compact_every_s``."""
+        before = _compact_before(before_ns)
+        self.run_write(lambda cur: _compact(cur, before)).result(timeout)
+
+    def _maybe_compact(self, cur: duckdb.DuckDBPyConnection) -> None:
+        if time.monotonic() - self._compacted < self.compact_every_s:
+            return
+        self._compacted = time.monotonic()
+        try:
+            cur.execute("BEGIN")
+            _compact(cur, _compact_before(None))
+            cur.execute("COMMIT")
+        except duckdb.Error:
+            with contextlib.suppress(duckdb.Error):
+                cur.execute("ROLLBACK")
+            log.exception("rtxops store: compacting kernel_minutes failed")
 
     def _commit_group(self, cur: duckdb.DuckDBPyConnection, group: list[_Pending]) -> None:
         started = time.perf_counter()
@@ -487,6 +519,17 @@ def _run_task(cur: duckdb.DuckDBPyConnection, task: _Task) -> None:
     task.future.set_result(result)
 
 
+def _compact_before(before_ns: int | None) -> int:
+    """The first minute not to compact: by default the one before the current (late spans)."""
+    return (time.time_ns() if before_ns is None else before_ns) // MINUTE_NS - (
+        1 if before_ns is None else 0)
+
+
+def _compact(cur: duckdb.DuckDBPyConnection, before_minute: int) -> None:
+    for sql in _COMPACT:
+        cur.execute(sql, {"before": before_minute} if "$before" in sql else None)
+
+
 def _window(since_ns: int | None, until_ns: int | None) -> tuple[int, int]:
     """Default: the last hour, with a minute's slack for clocks ahead of ours."""
     now = time.time_ns()
@@ -530,7 +573,35 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
         raise
 
 
-_ROLLUP = "INSERT INTO kernel_minutes BY NAME " + _ROLLUP_SELECT.format(source="_rtx_batch")
+_ROLLUP = ("INSERT INTO kernel_minutes BY NAME SELECT *, " + _KEY + " AS key_id FROM ("
+           + _ROLLUP_SELECT.format(source="_rtx_batch") + ")")
+
+# Merges the rows of a (key, minute) that separate commits wrote, in minutes before $before.
+_COMPACT = (
+    """CREATE TEMP TABLE _rtx_compact AS
+    WITH dup AS (
+        SELECT key_id, minute FROM kernel_minutes WHERE minute < $before
+        GROUP BY ALL HAVING count(*) > 1
+    ), old AS (
+        SELECT k.* FROM kernel_minutes k JOIN dup USING (key_id, minute)
+    ), bins AS (
+        SELECT key_id, minute, e.key AS bin, sum(e.value) AS n
+        FROM old, unnest(map_entries(mean_hist)) AS t(e) GROUP BY ALL
+    ), hist AS (
+        SELECT key_id, minute, map_from_entries(list((bin, n))) AS mean_hist FROM bins GROUP BY ALL
+    )
+    SELECT any_value(job_id) AS job_id, any_value(op) AS op, any_value(bucket) AS bucket,
+           any_value(variant) AS variant, any_value(config) AS config, any_value(phase) AS phase,
+           minute, sum(samples) AS samples, sum(calls) AS calls, sum(total_ns) AS total_ns,
+           min(min_ns) AS min_ns, max(max_ns) AS max_ns, min(first_ns) AS first_ns,
+           max(last_ns) AS last_ns, sum(cache_hits) AS cache_hits,
+           sum(cache_misses) AS cache_misses, any_value(hist.mean_hist) AS mean_hist, key_id
+    FROM old LEFT JOIN hist USING (key_id, minute) GROUP BY key_id, minute""",
+    """DELETE FROM kernel_minutes USING _rtx_compact c
+    WHERE kernel_minutes.key_id = c.key_id AND kernel_minutes.minute = c.minute""",
+    "INSERT INTO kernel_minutes BY NAME SELECT * FROM _rtx_compact",
+    "DROP TABLE _rtx_compact",
+)
 
 _KERNEL_STATS = f"""
 WITH window_rows AS (
@@ -538,27 +609,27 @@ WITH window_rows AS (
     WHERE minute >= $since // {MINUTE_NS} AND minute <= ($until - 1) // {MINUTE_NS}
       AND ($job IS NULL OR job_id = $job) AND ($op IS NULL OR op = $op)
 ), totals AS (
-    SELECT job_id, op, bucket, variant, config, phase,
+    SELECT key_id, any_value(job_id) AS job_id, any_value(op) AS op, any_value(bucket) AS bucket,
+           any_value(variant) AS variant, any_value(config) AS config, any_value(phase) AS phase,
            sum(samples) AS samples, sum(calls) AS calls, sum(total_ns) AS total_ns,
            sum(total_ns) / nullif(sum(calls), 0) AS mean_ns, min(min_ns) AS min_ns,
            max(max_ns) AS max_ns, min(first_ns) AS first_ns, max(last_ns) AS last_ns
-    FROM window_rows GROUP BY ALL
+    FROM window_rows GROUP BY key_id
 ), bins AS (
-    SELECT job_id, op, bucket, variant, config, phase, e.key AS bin, sum(e.value) AS n
-    FROM window_rows, unnest(map_entries(mean_hist)) AS t(e)
-    GROUP BY ALL
+    SELECT key_id, e.key AS bin, sum(e.value) AS n
+    FROM window_rows, unnest(map_entries(mean_hist)) AS t(e) GROUP BY ALL
 ), cumulative AS (
-    SELECT *, sum(n) OVER (PARTITION BY job_id, op, bucket, variant, config, phase ORDER BY bin) AS upto,
-           sum(n) OVER (PARTITION BY job_id, op, bucket, variant, config, phase) AS all_n
+    SELECT key_id, bin, sum(n) OVER (PARTITION BY key_id ORDER BY bin) AS upto,
+           sum(n) OVER (PARTITION BY key_id) AS all_n
     FROM bins
 ), quantiles AS (
-    SELECT job_id, op, bucket, variant, config, phase,
+    SELECT key_id,
            pow(2, (min(bin) FILTER (WHERE upto >= 0.5 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE}) AS p50_step_mean_ns,
            pow(2, (min(bin) FILTER (WHERE upto >= 0.95 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE}) AS p95_step_mean_ns
-    FROM cumulative GROUP BY ALL
+    FROM cumulative GROUP BY key_id
 )
-SELECT t.*, q.p50_step_mean_ns, q.p95_step_mean_ns
-FROM totals t LEFT JOIN quantiles q USING (job_id, op, bucket, variant, config, phase)
+SELECT t.* EXCLUDE (key_id), q.p50_step_mean_ns, q.p95_step_mean_ns
+FROM totals t LEFT JOIN quantiles q USING (key_id)
 ORDER BY job_id, op, bucket, phase, mean_ns
 """
 
