@@ -20,8 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: install
-	@echo "== rtxops demo: the example GPT under 'rtxops run' (every op on its reference plan) =="
-	$(VENV)/bin/rtxops run -- $(PY) examples/train_gpt.py --steps $(DEMO_STEPS)
+	@bash examples/demo.sh "$(VENV)" "$(DEMO_STEPS)"
 
 test: install
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --durations=15 -p no:cacheprovider
