@@ -10,7 +10,6 @@ from pathlib import Path
 
 from rtxops.runtime.errors import PlanError
 from rtxops.runtime.plan import Plan
-from rtxops.runtime.registry import default_registry
 
 DEFAULT_KEY = "_default"
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -44,6 +43,8 @@ class PlanBoard:
         """Validate and store ``plan`` for ``job_id`` (or as the default). Raises PlanError."""
         if job_id is not None and not _JOB_ID.fullmatch(job_id):
             raise PlanError(f"job id {job_id!r} is not a valid job id")
+        from rtxops.runtime.registry import default_registry  # torch: only when publishing
+
         plan.validate(default_registry())
         key = job_id or DEFAULT_KEY
         with self._lock:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import PlanError
 
-_DTYPES = {
-    str(d).removeprefix("torch."): d
-    for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32)
-}
+if TYPE_CHECKING:  # torch is imported lazily: plans and buckets are read where torch is not needed
+    import torch
+
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
 
 
 def pow2(n: int) -> int:
@@ -32,10 +32,15 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise PlanError(f"unknown dtype {name!r} (known: {', '.join(sorted(_DTYPES))})") from None
+    check_dtype_name(name)
+    import torch
+
+    return getattr(torch, name)
+
+
+def check_dtype_name(name: str) -> None:
+    if name not in DTYPE_NAMES:
+        raise PlanError(f"unknown dtype {name!r} (known: {', '.join(sorted(DTYPE_NAMES))})")
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ class Bucket:
             raise PlanError(
                 f"bucket {text!r} for op {op!r} is not of the form 'dtype/device/name=int,...'"
             ) from None
-        dtype_from_name(dtype)
+        check_dtype_name(dtype)
         return cls(op, dtype, device, pairs)
 
     @property

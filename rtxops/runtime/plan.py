@@ -13,7 +13,6 @@ from typing import Any, Mapping
 
 from .bucket import Bucket
 from .errors import PlanError, RuntimeErrorBase
-from .spec import REFERENCE
 
 
 @dataclass(frozen=True)
@@ -195,4 +194,4 @@ def _check(registry, op: str, variant: str, config: Mapping, where: str) -> None
         raise PlanError(f"{where}: variant {op}/{variant}: {problem}")
 
 
-__all__ = ["Plan", "PlanEntry", "ExploreArm", "default_plan", "REFERENCE"]
+__all__ = ["Plan", "PlanEntry", "ExploreArm", "default_plan"]
