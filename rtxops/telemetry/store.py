@@ -573,8 +573,21 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
         raise
 
 
-_ROLLUP = ("INSERT INTO kernel_minutes BY NAME SELECT *, " + _KEY + " AS key_id FROM ("
-           + _ROLLUP_SELECT.format(source="_rtx_batch") + ")")
+_ROLLUP = f"""
+INSERT INTO kernel_minutes BY NAME
+SELECT {_KEY} AS key_id, start_ns // {MINUTE_NS} AS minute,
+       any_value(job_id) AS job_id, any_value(op) AS op, any_value(bucket) AS bucket,
+       any_value(variant) AS variant, any_value(config) AS config, any_value(phase) AS phase,
+       count(*) AS samples, sum(count) AS calls, sum(total_ns) AS total_ns,
+       min(min_ns) AS min_ns, max(max_ns) AS max_ns, min(start_ns) AS first_ns,
+       max(start_ns) AS last_ns,
+       sum(TRY_CAST(attributes->>'rtx.cache.hits' AS BIGINT)) AS cache_hits,
+       sum(TRY_CAST(attributes->>'rtx.cache.misses' AS BIGINT)) AS cache_misses,
+       histogram(CAST(floor(log2(greatest(total_ns / count, 1)) * {HIST_BINS_PER_OCTAVE}) AS INTEGER))
+           FILTER (WHERE count > 0 AND total_ns IS NOT NULL) AS mean_hist
+FROM _rtx_batch WHERE name = 'rtx.kernel'
+GROUP BY 1, 2
+"""
 
 # Merges the rows of a (key, minute) that separate commits wrote, in minutes before $before.
 _COMPACT = (

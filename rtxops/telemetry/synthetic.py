@@ -154,8 +154,10 @@ def kernel_batch(n_rows: int, *, start_ns: int, duration_s: float = 3600.0, jobs
     is_step = k == 0
     slot_idx = (k - 1 + proc * 7) % len(table)
     count = np.where(is_step, per_step * 20, rng.choice([1, 2, 4, 8, 12, 24], n_rows))
-    lo = rng.integers(2_000, 200_000, n_rows)
-    hi = lo + rng.integers(0, 100_000, n_rows)
+    # each slot has its own latency (2 µs .. 2 ms, log-uniform); steps jitter around it (~10%)
+    base = np.exp(np.random.default_rng(seed + 1).uniform(np.log(2e3), np.log(2e6), len(table)))
+    lo = (base[slot_idx] * rng.lognormal(0.0, 0.1, n_rows)).astype(np.int64)
+    hi = lo + (lo * rng.uniform(0.0, 0.5, n_rows)).astype(np.int64)
     # the variant of a slot changes over the hour, as an evolve loop would swap it
     phase_of_hour = (step_start - start_ns) * 4 // max(1, int(duration_s * 1e9))
     variant_pick = (slot_idx + phase_of_hour) % len(VARIANTS)

@@ -284,3 +284,20 @@ def test_rollup_migration_backfills_existing_spans(tmp_path, monkeypatch):
         (row,) = s.kernel_stats(op="gelu")
         assert (row["samples"], row["calls"], row["total_ns"]) == (3, 6, 900)
         assert [r["hits"] for r in s.cache_hit_rates() if r["cache"] == "variant"] == [6]
+
+
+def test_compaction_merges_minute_rows_without_changing_results(store):
+    start = time.time_ns() - 20 * 60 * 10**9
+    for seed in range(4):                            # four commits into the same minutes
+        req = synthetic.otlp_request(400, seed=seed, start_ns=start, step_ns=10**9)
+        store.write(otlp.convert(req.SerializeToString(), otlp.PROTOBUF, 1))
+    def rollup_rows():
+        return store.query("SELECT count(*) AS n, count(DISTINCT (key_id, minute)) AS k "
+                           "FROM kernel_minutes")[0]
+    before = rollup_rows()
+    assert before["n"] > before["k"]
+    stats = sorted(store.kernel_stats(), key=lambda r: (r["op"], r["bucket"], r["variant"], r["phase"]))
+    store.compact(before_ns=time.time_ns() + 120 * 10**9)
+    assert rollup_rows() == {"n": before["k"], "k": before["k"]}
+    again = sorted(store.kernel_stats(), key=lambda r: (r["op"], r["bucket"], r["variant"], r["phase"]))
+    assert again == stats
