@@ -7,6 +7,7 @@ exit 0. SIGHUP: reload plans from disk.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -122,6 +123,10 @@ class Daemon:
         """Foreground: serve until SIGTERM/SIGINT, then shut down cleanly. Returns the exit code."""
         server = self._server()
         watchdog_stop = threading.Event()
+        # our own handlers: uvicorn's re-raise the signal after shutdown, and SIGTERM must exit 0
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
         signal.signal(signal.SIGHUP, lambda *_: self.reload())
 
         announcer = threading.Thread(target=self._announce_when_started, daemon=True)

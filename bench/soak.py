@@ -1,0 +1,140 @@
+"""Soak: a real daemon with a looping training job and a steady OTLP load.
+
+Reports the daemon's RSS over time (growth after warm-up), spans acknowledged vs stored, the DB
+size and job restarts. Prints JSON (``--out`` writes it). ``--minutes`` defaults to 60.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from rtxops.telemetry.synthetic import otlp_request
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start_daemon(home: Path) -> tuple[subprocess.Popen, str, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "rtxops.cli", "daemon", "--port", "0", "--home", str(home)],
+                            stdout=subprocess.DEVNULL, stderr=open(home.parent / "daemon.log", "wb"),
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        url_file = home / "daemon.url"
+        if url_file.exists():
+            url = url_file.read_text().strip()
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    return proc, url, (home / "token").read_text().strip()
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.1)
+    raise RuntimeError("daemon did not start")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--minutes", type=float, default=60)
+    p.add_argument("--rate", type=int, default=5000, help="synthetic spans per second")
+    p.add_argument("--batch", type=int, default=500, help="spans per OTLP request")
+    p.add_argument("--sample-s", type=float, default=5.0)
+    p.add_argument("--out")
+    a = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="rtxops-soak-"))
+    home = tmp / "home"
+    proc, url, token = start_daemon(home)
+    headers = {"Authorization": f"Bearer {token}"}
+    daemon = psutil.Process(proc.pid)
+    job = httpx.post(url + "/v1/jobs", headers=headers, json={
+        "name": "soak-gpt", "restarts": 1000, "backoff_s": 0,
+        "command": [sys.executable, str(ROOT / "examples/train_gpt.py"), "--steps", "200"],
+        "cwd": str(ROOT)}).json()
+    # the job exits 0 after 200 steps; resubmitting keeps a job running for the whole soak
+    stop = threading.Event()
+    sent = {"acked": 0, "refused": 0, "errors": 0}
+    bodies = [otlp_request(a.batch, seed=i, job_id="soak-load").SerializeToString() for i in range(8)]
+
+    def load() -> None:
+        client = httpx.Client(base_url=url, headers={**headers, "Content-Type": "application/x-protobuf"})
+        interval = a.batch / a.rate
+        i = 0
+        next_at = time.monotonic()
+        while not stop.is_set():
+            try:
+                r = client.post("/v1/traces", content=bodies[i % len(bodies)], timeout=30)
+                key = "acked" if r.status_code == 200 else "refused"
+                sent[key] += a.batch if key == "acked" else 1
+            except httpx.HTTPError:
+                sent["errors"] += 1
+            i += 1
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    samples = []
+    jobs_run = 1
+    end = time.monotonic() + a.minutes * 60
+    t0 = time.monotonic()
+    while time.monotonic() < end:
+        time.sleep(a.sample_s)
+        state = httpx.get(f"{url}/v1/jobs/{job['id']}").json()["state"]
+        if state in ("succeeded", "failed", "cancelled", "lost"):
+            job = httpx.post(url + "/v1/jobs", headers=headers, json={
+                "name": "soak-gpt", "command": [sys.executable, str(ROOT / "examples/train_gpt.py"),
+                                                "--steps", "200"], "cwd": str(ROOT)}).json()
+            jobs_run += 1
+        samples.append({"t_s": round(time.monotonic() - t0, 1), "rss_bytes": daemon.memory_info().rss,
+                        "db_bytes": (home / "rtxops.duckdb").stat().st_size})
+    stop.set()
+    loader.join(60)
+    jobs = httpx.get(url + "/v1/jobs").json()["jobs"]
+    stats = httpx.get(url + "/v1/telemetry/stats").json()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(120)
+    warm = samples[len(samples) // 4:] or samples
+    rss_start = statistics.median(s["rss_bytes"] for s in warm[:3])
+    rss_end = statistics.median(s["rss_bytes"] for s in warm[-3:])
+    load_stored = _stored_for(home, "soak-load")
+    out = {
+        "bench": "soak", "minutes": a.minutes, "rate_spans_s": a.rate,
+        "rss_growth_after_warmup": rss_end / rss_start - 1,
+        "rss_bytes": {"after_warmup": rss_start, "end": rss_end, "max": max(s["rss_bytes"] for s in samples)},
+        "load_spans_acked": sent["acked"], "load_spans_stored": load_stored,
+        "acked_missing": sent["acked"] - load_stored,
+        "requests_refused": sent["refused"], "request_errors": sent["errors"],
+        "jobs_run": jobs_run, "job_restarts": sum(j["crash_restarts"] + j["hang_restarts"] for j in jobs),
+        "db_bytes": (home / "rtxops.duckdb").stat().st_size,
+        "daemon_stats": stats, "daemon_exit_code": code,
+        "samples": samples,
+        "targets": {"rss_growth_max": 0.10, "acked_missing": 0},
+    }
+    text = json.dumps(out, indent=2)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+
+
+def _stored_for(home: Path, job_id: str) -> int:
+    from rtxops.telemetry.store import ReadOnlyStore
+
+    s = ReadOnlyStore(home / "rtxops.duckdb")
+    try:
+        return s.query("SELECT count(*) AS n FROM spans WHERE job_id = $job", {"job": job_id})[0]["n"]
+    finally:
+        s.close()
+
+
+if __name__ == "__main__":
+    main()
