@@ -20,7 +20,7 @@ import torch
 from .bucket import Bucket
 from .errors import PlanError
 from .memory import rss_bytes
-from .timing import BackwardTimer
+from .timing import BackwardTimer, CudaEventTimer
 from .plan import Plan, default_plan
 from .readings import CallStats, Readings, Slot
 from .registry import Registry, default_registry
@@ -252,7 +252,8 @@ class ModuleSite(FunctionSite):
             def whole_forward(module, parts, args, kwargs):
                 t0 = perf_counter_ns()
                 out = fn(module, *args, **kwargs)
-                record_cell[0](slot, t0, perf_counter_ns() - t0)
+                if slot >= 0:
+                    record_cell[0](slot, t0, perf_counter_ns() - t0)
                 return out
             whole_forward.parts, whole_forward.whole = (fn, slot, on_error), True  # type: ignore[attr-defined]
             return whole_forward
@@ -266,7 +267,8 @@ class ModuleSite(FunctionSite):
                 if on_error is None:
                     raise
                 return on_error(e, (module, parts, args, kwargs), {})
-            record_cell[0](slot, t0, perf_counter_ns() - t0)
+            if slot >= 0:
+                record_cell[0](slot, t0, perf_counter_ns() - t0)
             return out if post is None else post(module, out)
 
         route.parts, route.whole = (fn, slot, on_error), False  # type: ignore[attr-defined]
@@ -302,6 +304,7 @@ class Dispatcher:
         self.record_cell = [self.readings.record]  # the hot path reads the sink through this cell
         self.verify_first_call = verify_first_call
         self.backward_every = backward_every  # time one backward per route every N steps (0: never)
+        self.cuda_timer: CudaEventTimer | None = None
         self.plan: Plan = default_plan()
         self.pending: Plan | None = None
         self.step = 0
@@ -368,6 +371,8 @@ class Dispatcher:
         if self.backward_every and self.step % self.backward_every == 0:
             for site in self.sites:
                 site.arm_backward(self._backward_sampler)
+        if self.cuda_timer is not None:
+            self.cuda_timer.drain()
         self.readings.step(self.step, perf_counter_ns(), self.plan.version, rss_bytes())
 
     def set_readings(self, readings: Readings) -> None:
@@ -375,6 +380,8 @@ class Dispatcher:
         with self._lock:
             self.readings = readings
             self.record_cell[0] = readings.record
+            if self.cuda_timer is not None:
+                self.cuda_timer.readings = readings
             for slot in self.slots:
                 readings.register_slot(slot)
             for site in self.sites:
@@ -435,7 +442,7 @@ class Dispatcher:
         slot = self._slot(site, choice, bucket)
         if choice.variant.name == REFERENCE:
             fn = site.reference_fn()
-            fast = site.timed(fn, slot, None)
+            fast = self._timed_on_device(site, fn, slot, None, bucket)
             if site.needs_reference_check:
                 return self._probation(site, fn, fast, slot, None, choice), choice.weight
             return fast, choice.weight
@@ -456,11 +463,20 @@ class Dispatcher:
             self._disable(site, disable_key, slot, f"raised {_describe(exc)}")
             return out
 
-        fast = site.timed(fn, slot, on_error)
+        fast = self._timed_on_device(site, fn, slot, on_error, bucket)
         if not self.verify_first_call:
             return fast, choice.weight
         return self._probation(site, fn, fast, slot, disable_key, choice,
                                reference_slot), choice.weight
+
+    def _timed_on_device(self, site: FunctionSite, fn: Callable, slot: int, on_error, bucket: Bucket):
+        """A route timed on the host (CPU), or with CUDA events resolved at step boundaries."""
+        if bucket.device != "cuda":
+            return site.timed(fn, slot, on_error)
+        if self.cuda_timer is None:
+            self.cuda_timer = CudaEventTimer(self.readings)
+        whole = isinstance(site, ModuleSite) and fn is site.original_forward
+        return site.timed(self.cuda_timer.wrap(fn, slot), -1, on_error, whole=whole or None)
 
     def _timed_reference(self, site: FunctionSite, slot: int, args: tuple, kwargs: dict) -> Any:
         t0 = perf_counter_ns()

@@ -32,6 +32,8 @@ class Readings:
 
     def backward(self, slot: int, start_ns: int, duration_ns: int) -> None: ...
 
+    def memory(self, slot: int, delta_bytes: int, peak_bytes: int) -> None: ...
+
     def build(self, slot: int, duration_ns: int, cache_hit: bool) -> None: ...
 
     def error(self, slot: int, message: str) -> None: ...
@@ -113,6 +115,10 @@ class Fanout(Readings):
     def backward(self, slot, start_ns, duration_ns):
         for s in self.sinks:
             s.backward(slot, start_ns, duration_ns)
+
+    def memory(self, slot, delta_bytes, peak_bytes):
+        for s in self.sinks:
+            s.memory(slot, delta_bytes, peak_bytes)
 
     def build(self, slot, duration_ns, cache_hit):
         for s in self.sinks:

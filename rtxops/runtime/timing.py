@@ -12,24 +12,34 @@ now_ns = perf_counter_ns
 
 
 class CudaEventTimer:
-    """Records (start, end) event pairs per call; :meth:`drain` reports those the GPU has finished."""
+    """Device time of calls on CUDA: an event pair around each call, resolved later by
+    :meth:`drain` (at step boundaries) once the GPU has passed them, never with a synchronize.
+    With ``memory`` on, the allocator's delta and peak around each call are reported too."""
 
-    def __init__(self, record: Callable[[int, int, int], None], max_pending: int = 65536) -> None:
-        self._record = record
+    def __init__(self, readings, max_pending: int = 65536, memory: bool = True) -> None:
+        self.readings = readings
         self._pending: deque = deque()
         self.max_pending = max_pending
+        self.memory = memory
         self.dropped = 0
 
     def wrap(self, fn: Callable, slot: int) -> Callable:
-        pending = self._pending
+        pending, readings, memory = self._pending, self.readings, self.memory
         Event = torch.cuda.Event
+        cuda = torch.cuda
 
         def timed(*args, **kwargs):
             start, end = Event(enable_timing=True), Event(enable_timing=True)
             host_ns = perf_counter_ns()
+            if memory:
+                cuda.reset_peak_memory_stats()
+                before = cuda.memory_allocated()
             start.record()
             out = fn(*args, **kwargs)
             end.record()
+            if memory:
+                readings.memory(slot, cuda.memory_allocated() - before,
+                                cuda.max_memory_allocated() - before)
             if len(pending) < self.max_pending:
                 pending.append((slot, host_ns, start, end))
             else:
@@ -44,7 +54,7 @@ class CudaEventTimer:
         pending = self._pending
         while pending and pending[0][3].query():
             slot, host_ns, start, end = pending.popleft()
-            self._record(slot, host_ns, int(start.elapsed_time(end) * 1e6))
+            self.readings.record(slot, host_ns, int(start.elapsed_time(end) * 1e6))
             n += 1
         return n
 

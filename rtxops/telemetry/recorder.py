@@ -32,6 +32,7 @@ class StepRecord:
     builds: list[tuple[int, int, int, bool]] = field(default_factory=list)  # slot, start, dur, hit
     errors: list[tuple[int, str, int]] = field(default_factory=list)  # slot, message, time
     swaps: list[tuple[int, int, int, str, int]] = field(default_factory=list)
+    memory: dict[int, tuple[int, int]] = field(default_factory=dict)  # slot -> (sum delta, max peak)
     dropped_records: int = 0
 
 
@@ -48,6 +49,7 @@ class Recorder(Readings):
         self._builds: list = []
         self._errors: list = []
         self._swaps: list = []
+        self._memory: dict[int, tuple[int, int]] = {}
         self.record, self._take = _make_buffer(capacity)
 
     def register_slot(self, slot: Slot) -> None:
@@ -57,6 +59,10 @@ class Recorder(Readings):
     def backward(self, slot: int, start_ns: int, duration_ns: int) -> None:
         with self._lock:
             self._backward.append((slot, start_ns, duration_ns))
+
+    def memory(self, slot: int, delta_bytes: int, peak_bytes: int) -> None:
+        delta, peak = self._memory.get(slot, (0, 0))
+        self._memory[slot] = (delta + delta_bytes, max(peak, peak_bytes))
 
     def build(self, slot: int, duration_ns: int, cache_hit: bool) -> None:
         with self._lock:
@@ -74,8 +80,10 @@ class Recorder(Readings):
         calls, dropped = self._take()
         with self._lock:
             rec = StepRecord(step, self._start_ns, end_ns, plan_version, rss_bytes, calls,
-                             self._backward, self._builds, self._errors, self._swaps, dropped)
+                             self._backward, self._builds, self._errors, self._swaps, self._memory,
+                             dropped)
             self._backward, self._builds, self._errors, self._swaps = [], [], [], []
+            self._memory = {}
         self._start_ns = end_ns
         self.on_step(rec)
 
@@ -86,8 +94,10 @@ class Recorder(Readings):
             return
         with self._lock:
             rec = StepRecord(-1, self._start_ns, perf_counter_ns(), plan_version, rss_bytes, calls,
-                             self._backward, self._builds, self._errors, self._swaps, dropped)
+                             self._backward, self._builds, self._errors, self._swaps, self._memory,
+                             dropped)
             self._backward, self._builds, self._errors, self._swaps = [], [], [], []
+            self._memory = {}
         self.on_step(rec)
 
 

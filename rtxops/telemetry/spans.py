@@ -126,6 +126,8 @@ class SpanBuilder:
                 S.MAX_NS: int(hi[s]), S.HIST: _trim(hist[s]), S.PLAN_VERSION: rec.plan_version,
                 S.STEP_NUMBER: rec.step,
             }
+            if phase == "fwd" and s in rec.memory:
+                attrs[S.MEM_DELTA], attrs[S.MEM_PEAK] = rec.memory[s]
             if phase == "fwd":
                 misses = int(builds[s])
                 attrs[S.CACHE_MISSES] = misses
