@@ -89,7 +89,6 @@ class Variant:
     devices: frozenset[str] = frozenset({"cpu", "cuda"})
     dtypes: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16, torch.float16})
     deterministic: bool = True
-    interpreter_only_on_cpu: bool = False
     description: str = ""
 
     @property
