@@ -158,8 +158,9 @@ def kernel_batch(n_rows: int, *, start_ns: int, duration_s: float = 3600.0, jobs
     base = np.exp(np.random.default_rng(seed + 1).uniform(np.log(2e3), np.log(2e6), len(table)))
     lo = (base[slot_idx] * rng.lognormal(0.0, 0.1, n_rows)).astype(np.int64)
     hi = lo + (lo * rng.uniform(0.0, 0.5, n_rows)).astype(np.int64)
-    # the variant of a slot changes over the hour, as an evolve loop would swap it
-    phase_of_hour = (step_start - start_ns) * 4 // max(1, int(duration_s * 1e9))
+    # the variant of a slot changes every quarter of an hour (wall clock), as an evolve loop
+    # would swap it, and the plan version with it
+    phase_of_hour = step_start // (900 * 10**9)
     variant_pick = (slot_idx + phase_of_hour) % len(VARIANTS)
     variants = np.array(tuple(VARIANTS), dtype=object)[variant_pick]
     start = step_start + np.where(is_step, 0, k * 1000)
@@ -190,7 +191,7 @@ def kernel_batch(n_rows: int, *, start_ns: int, duration_s: float = 3600.0, jobs
         "status_message": pa.nulls(n_rows, pa.string()), "resource_id": pa.array(resource_ids),
         "scope_name": pa.array(np.full(n_rows, "rtxops", dtype=object), pa.string()),
         "job_id": pa.array(job_ids, pa.string()), "rank": pa.array(rank),
-        "step": pa.array(step), "plan_version": pa.array(1 + phase_of_hour),
+        "step": pa.array(step), "plan_version": pa.array(1 + phase_of_hour % 1000),
         "op": kernel(ops), "variant": kernel(variants),
         "config": kernel(np.array([s.config for s in table], dtype=object)[slot_idx]),
         "bucket": kernel(np.array([s.bucket for s in table], dtype=object)[slot_idx]),
