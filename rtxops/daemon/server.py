@@ -2,8 +2,9 @@
 
 :class:`Daemon` assembles the store, the plan board and the job supervisor behind the FastAPI app
 and serves it with uvicorn, in the foreground (``rtxops daemon``) or on a thread (``rtxops run``
-with no daemon around). SIGTERM/SIGINT: stop accepting, stop jobs gracefully, flush the store,
-exit 0. SIGHUP: reload plans from disk.
+with no daemon around). SIGTERM/SIGINT: stop accepting jobs, stop the running ones gracefully while
+the server still takes their last spans, stop serving, flush the store, exit 0. SIGHUP: reload
+plans from disk.
 """
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ class Daemon:
         self.supervisor: Supervisor | None = None
         self.server: uvicorn.Server | None = None
         self._stopping = threading.Event()
+        self._shutdown_lock = threading.Lock()
+        self._stopped = False
         self._thread: threading.Thread | None = None
 
     # ---- parts ------------------------------------------------------------------------------
@@ -125,8 +128,11 @@ class Daemon:
         watchdog_stop = threading.Event()
         # our own handlers: uvicorn's re-raise the signal after shutdown, and SIGTERM must exit 0
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        # jobs are stopped while the server still answers: their last spans and plan reports land,
+        # /readyz says 503 and submits get 503 meanwhile; then the server stops (see shutdown)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
+            signal.signal(sig, lambda *_: threading.Thread(target=self.shutdown, name="rtxops-shutdown",
+                                                           daemon=True).start())
         signal.signal(signal.SIGHUP, lambda *_: self.reload())
 
         announcer = threading.Thread(target=self._announce_when_started, daemon=True)
@@ -165,25 +171,29 @@ class Daemon:
         log.info(json.dumps({"event": "reloaded"}))
 
     def shutdown(self) -> None:
-        """Stop accepting, stop jobs gracefully, flush the store."""
-        if self._stopping.is_set():
-            return
-        self._stopping.set()
-        systemd.notify("STOPPING=1")
-        if self.server is not None:
-            self.server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(10)
-        if self.supervisor is not None:
-            self.supervisor.shutdown(self.job_grace_s)
-        self.store.close()
-        for f in (self.home.pid_file, self.home.url_file):
-            try:
-                if f.read_text().strip() in (str(os.getpid()), self.url):
-                    f.unlink()
-            except OSError:
-                pass
-        log.info(json.dumps({"event": "stopped"}))
+        """Stop accepting jobs, stop the running ones gracefully while the server still takes their
+        telemetry (and answers 503 on /readyz), stop serving, flush the store. Idempotent; a second
+        caller waits for the first to finish."""
+        with self._shutdown_lock:
+            if self._stopped:
+                return
+            self._stopping.set()
+            systemd.notify("STOPPING=1")
+            if self.supervisor is not None:
+                self.supervisor.shutdown(self.job_grace_s)
+            if self.server is not None:
+                self.server.should_exit = True
+            if self._thread is not None:
+                self._thread.join(10)
+            self.store.close()
+            for f in (self.home.pid_file, self.home.url_file):
+                try:
+                    if f.read_text().strip() in (str(os.getpid()), self.url):
+                        f.unlink()
+                except OSError:
+                    pass
+            self._stopped = True
+            log.info(json.dumps({"event": "stopped"}))
 
 
 def _free_port(host: str) -> int:
