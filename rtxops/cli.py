@@ -249,6 +249,7 @@ def daemon_status(home: Optional[Path] = typer.Option(None)) -> None:
 def daemon_stop(home: Optional[Path] = typer.Option(None),
                 timeout: float = typer.Option(60.0, help="seconds to wait for a clean stop")) -> None:
     """Stop the daemon (SIGTERM: jobs are stopped gracefully, the store flushed)."""
+    from rtxops.daemon import proctree
     from rtxops.daemon.client import DaemonClient
 
     h = _home(home)
@@ -258,9 +259,8 @@ def daemon_stop(home: Optional[Path] = typer.Option(None),
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        proc = proctree.read_proc(pid)
+        if proc is None or not proc.alive:  # gone, or exited and waiting for its parent to reap it
             out.print(f"stopped daemon {pid}")
             return
         time.sleep(0.1)
