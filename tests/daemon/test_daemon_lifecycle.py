@@ -1,0 +1,162 @@
+"""A real daemon process (``rtxops daemon --port 0 --home H``): jobs submitted over HTTP and through the
+CLI run, their logs and exit codes are stored, cancel kills them, and SIGTERM stops the daemon
+cleanly (jobs see SIGTERM, exit status 0, the store flushed and readable afterwards)."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from rtxops.telemetry.store import ReadOnlyStore
+
+from .live import PY, cli, gone, marked, otlp_batch, script, until
+
+TALK = """
+    import sys, time
+    print("out one", flush=True)
+    print("err one", file=sys.stderr, flush=True)
+    time.sleep(0.3)
+    print("out two", flush=True)
+    sys.exit(int(sys.argv[1]))
+"""
+
+# Prints "ready", then waits for SIGTERM; on SIGTERM says so, takes `delay` seconds, exits 0.
+PATIENT = """
+    import signal, sys, time
+    delay = float(sys.argv[1])
+    def on_term(signum, frame):
+        print("got SIGTERM", flush=True)
+        time.sleep(delay)
+        print("bye", flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.05)
+"""
+
+
+def test_token_file_and_http_submit_logs_and_exit_codes(daemon, tmp_path):
+    token_file = daemon.home / "token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert len(daemon.token) >= 32
+
+    talk = script(tmp_path, "talk.py", TALK)
+    ok = daemon.submit(["python", talk, "0"], name="talker")
+    bad = daemon.submit(["python", talk, "3"])
+    assert ok["id"].startswith("j-") and ok["id"] != bad["id"] and ok["name"] == "talker"
+    assert "token" not in ok, "the job's process-tracking token is never shown"
+
+    ok, bad = daemon.wait(ok["id"]), daemon.wait(bad["id"])
+    assert ok["state"] == "succeeded" and ok["exit_code"] == 0
+    assert bad["state"] == "failed" and bad["exit_code"] == 3
+    assert bad["attempts"][0]["outcome"] == "crashed" and "code 3" in bad["attempts"][0]["detail"]
+
+    lines = daemon.logs(ok["id"])
+    assert [ln["text"] for ln in lines if ln["stream"] == "stdout"] == ["out one", "out two"]
+    assert [ln["text"] for ln in lines if ln["stream"] == "stderr"] == ["err one"]
+    assert [ln["seq"] for ln in lines] == list(range(1, len(lines) + 1))
+    assert all(ln["job_id"] == ok["id"] and ln["rank"] == 0 and ln["attempt"] == 1 for ln in lines)
+    page = daemon.client().get(f"/v1/jobs/{ok['id']}/logs", params={"after": lines[0]["seq"]}).json()
+    assert page["done"] and page["state"] == "succeeded"
+    assert [ln["text"] for ln in page["lines"]] == [ln["text"] for ln in lines[1:]]
+    assert daemon.texts(bad["id"], "stdout") == ["out one", "out two"]
+
+    kinds = [e["kind"] for e in daemon.client().get(f"/v1/jobs/{bad['id']}/events").json()["events"]]
+    assert kinds[:3] == ["submitted", "started", "exited"]
+    listed = daemon.client().get("/v1/jobs").json()
+    assert listed["total"] == 2 and [j["id"] for j in listed["jobs"]] == [bad["id"], ok["id"]]
+
+
+def test_cli_submit_jobs_logs_cancel_and_stop(daemon, tmp_path):
+    home, mark = str(daemon.home), daemon.mark
+    r = cli("daemon", "status", "--home", home, mark=mark)
+    assert r.returncode == 0 and daemon.url in r.stdout and str(daemon.pid) in r.stdout, r.stdout + r.stderr
+
+    patient = script(tmp_path, "patient.py", PATIENT)
+    r = cli("submit", "--home", home, "--name", "patient", "--", "python", patient, "0", mark=mark,
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip()
+    assert job_id.startswith("j-")
+    r = cli("submit", "--home", home, "--", "python", "-c", "import sys; print('four'); sys.exit(4)",
+            mark=mark)
+    assert r.returncode == 0, r.stderr
+    quick = r.stdout.strip()
+
+    until(lambda: "ready" in daemon.texts(job_id), 60, what="the job to print ready")
+    r = cli("logs", job_id, "--home", home, mark=mark)
+    assert r.returncode == 0 and r.stdout.splitlines() == ["ready"], r.stdout + r.stderr
+    r = cli("logs", quick, "--follow", "--home", home, mark=mark)  # follows until the job ends
+    assert r.returncode == 0 and r.stdout.splitlines() == ["four"], r.stdout + r.stderr
+
+    r = cli("jobs", "--home", home, mark=mark)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
+            for line in r.stdout.splitlines() if "│" in line and "j-" in line}
+    assert rows[job_id][1:3] == ["patient", "running"], r.stdout
+    assert rows[quick][2] == "failed" and rows[quick][5] == "4", r.stdout
+
+    pid = daemon.job(job_id)["attempts"][0]["pid"]
+    r = cli("cancel", job_id, "--home", home, mark=mark)
+    assert r.returncode == 0 and r.stdout.split() == [job_id, "cancelling"], r.stdout + r.stderr
+    job = daemon.wait(job_id, 30)
+    assert job["state"] == "cancelled" and job["reason"] == "cancelled by request"
+    assert job["attempts"][0]["outcome"] == "cancelled"
+    assert gone(pid)
+    r = cli("logs", job_id, "--follow", "--home", home, mark=mark)
+    assert r.stdout.splitlines() == ["ready", "got SIGTERM", "bye"], "the job saw SIGTERM"
+
+    r = cli("cancel", "j-00000000", "--home", home, mark=mark)
+    assert r.returncode == 1 and "404" in r.stderr and "j-00000000" in r.stderr
+
+    r = cli("daemon", "stop", "--home", home, mark=mark)
+    assert r.returncode == 0 and f"stopped daemon {daemon.pid}" in r.stdout, r.stdout + r.stderr
+    assert daemon.proc.wait(10) == 0
+    r = cli("daemon", "status", "--home", home, mark=mark)
+    assert r.returncode == 1 and "no daemon serving" in r.stdout
+    r = cli("submit", "--home", home, "--", "python", "-c", "pass", mark=mark)
+    assert r.returncode == 1 and "no daemon is running" in r.stderr
+
+
+def test_sigterm_stops_jobs_gracefully_exits_0_and_flushes_the_store(daemon, tmp_path):
+    patient = script(tmp_path, "patient.py", PATIENT)
+    job = daemon.submit(["python", patient, "1.5"], grace_s=20)
+    until(lambda: "ready" in daemon.texts(job["id"]), 60, what="the job to print ready")
+    pid = daemon.job(job["id"])["attempts"][0]["pid"]
+    request, span_ids = otlp_batch(40, seed=1, job_id="sigterm-ingest")
+    assert daemon.ingest(request).status_code == 200
+    probe = daemon.client()
+
+    daemon.proc.send_signal(15)
+    # while the job takes its time to stop, the daemon says it is not ready and takes no new jobs
+    ready = until(lambda: (r := probe.get("/readyz")).status_code == 503 and r.json(), 10,
+                  what="/readyz to answer 503")
+    assert ready == {"ready": False, "problems": ["the daemon is stopping"]}
+    refused = probe.post("/v1/jobs", json={"command": ["python", "-c", "pass"]})
+    assert refused.status_code == 503 and "shutting down" in refused.json()["detail"]
+    assert daemon.proc.wait(60) == 0, daemon.output()
+
+    assert gone(pid) and marked(daemon.mark) == []
+    assert not (daemon.home / "daemon.pid").exists() and not (daemon.home / "daemon.url").exists()
+    events = [json.loads(line) for line in daemon.output().splitlines() if line.startswith("{")]
+    assert [e.get("event") for e in events][-1] == "stopped"
+
+    store = ReadOnlyStore(daemon.home / "rtxops.duckdb")  # the daemon released it: flushed and closed
+    try:
+        row = store.query("SELECT state, record FROM jobs WHERE job_id = ?", [job["id"]])[0]
+        record = json.loads(row["record"])
+        assert row["state"] == "cancelled" and record["reason"] == "daemon shut down"
+        assert record["attempts"][0]["outcome"] == "cancelled"
+        texts = [r["text"] for r in store.query(
+            "SELECT text FROM job_logs WHERE job_id = ? ORDER BY seq", [job["id"]])]
+        assert texts == ["ready", "got SIGTERM", "bye"], "the job saw SIGTERM and stopped in its grace"
+        exited = [json.loads(r["detail"]) for r in store.query(
+            "SELECT detail FROM job_events WHERE job_id = ? AND kind = 'exited'", [job["id"]])]
+        assert [e["outcome"] for e in exited] == ["cancelled"]
+        stored = {r["span_id"] for r in store.query(
+            "SELECT span_id FROM spans WHERE job_id = 'sigterm-ingest'")}
+        assert stored == span_ids
+    finally:
+        store.close()
+    assert not os.path.exists(daemon.home / "rtxops.duckdb.wal"), "checkpointed on the way out"
