@@ -124,7 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--serve", metavar="DB", help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=15.0, help="end-to-end run length")
-    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--spans-per-request", type=int, default=2000)
     parser.add_argument("--arrow-rows", type=int, default=1_000_000, help="rows per direct write")
     parser.add_argument("--arrow-batches", type=int, default=5)
