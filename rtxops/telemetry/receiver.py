@@ -44,9 +44,10 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
     """A router with ``POST {path}`` writing into ``store``.
 
     ``token``: the bearer token every request must carry (None: no check, for tests and local
-    use). ``on_batch`` sees every batch once it is committed (the daemon takes heartbeats there). At most ``max_inflight`` requests hold a body in memory at once; one that waits longer
-    than ``slot_wait_s`` for a slot gets 429, so memory stays bounded under any flood.
-    """
+    use). ``on_batch`` sees every batch once it is committed (the daemon takes heartbeats
+    there). At most ``max_inflight`` requests hold a body in memory at once (reading and
+    decoding it); one that waits longer than ``slot_wait_s`` for a slot gets 429, so memory stays
+    bounded under any flood."""
     router = APIRouter()
     expected = f"Bearer {token}".encode() if token is not None else None
     slots = asyncio.Semaphore(max_inflight)

@@ -637,8 +637,10 @@ WITH window_rows AS (
     FROM bins
 ), quantiles AS (
     SELECT key_id,
-           pow(2, (min(bin) FILTER (WHERE upto >= 0.5 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE}) AS p50_step_mean_ns,
-           pow(2, (min(bin) FILTER (WHERE upto >= 0.95 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE}) AS p95_step_mean_ns
+           pow(2, (min(bin) FILTER (WHERE upto >= 0.5 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE})
+               AS p50_step_mean_ns,
+           pow(2, (min(bin) FILTER (WHERE upto >= 0.95 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE})
+               AS p95_step_mean_ns
     FROM cumulative GROUP BY key_id
 )
 SELECT t.* EXCLUDE (key_id), q.p50_step_mean_ns, q.p95_step_mean_ns
@@ -657,10 +659,14 @@ WITH variant AS (
     GROUP BY ALL
 ), counters AS (
     SELECT job_id, rank,
-           arg_max(TRY_CAST(attributes->>'rtx.cache.inductor.fxgraph_hits' AS BIGINT), start_ns) AS fx_hits,
-           arg_max(TRY_CAST(attributes->>'rtx.cache.inductor.fxgraph_misses' AS BIGINT), start_ns) AS fx_misses,
-           arg_max(TRY_CAST(attributes->>'rtx.cache.triton.autotune_hits' AS BIGINT), start_ns) AS tr_hits,
-           arg_max(TRY_CAST(attributes->>'rtx.cache.triton.autotune_misses' AS BIGINT), start_ns) AS tr_misses
+           arg_max(TRY_CAST(attributes->>'rtx.cache.inductor.fxgraph_hits' AS BIGINT),
+                   start_ns) AS fx_hits,
+           arg_max(TRY_CAST(attributes->>'rtx.cache.inductor.fxgraph_misses' AS BIGINT),
+                   start_ns) AS fx_misses,
+           arg_max(TRY_CAST(attributes->>'rtx.cache.triton.autotune_hits' AS BIGINT),
+                   start_ns) AS tr_hits,
+           arg_max(TRY_CAST(attributes->>'rtx.cache.triton.autotune_misses' AS BIGINT),
+                   start_ns) AS tr_misses
     FROM spans
     WHERE name = 'rtx.step' AND start_ns >= $since AND start_ns < $until
       AND ($job IS NULL OR job_id = $job)
