@@ -22,7 +22,9 @@ def is_python(executable: str) -> bool:
 
 
 def command_line(spec: JobSpec, torchrun_log_dir: str | os.PathLike[str]) -> list[str]:
-    """What to execute. Raises :class:`JobSpecError` for a command torchrun cannot wrap."""
+    """What to execute. Raises :class:`JobSpecError` for a job the OS cannot start as given (see
+    :func:`check_launchable`) or a command torchrun cannot wrap."""
+    check_launchable(spec)
     command = list(spec.command)
     if spec.nproc_per_node == 1:
         return command
@@ -41,6 +43,20 @@ def command_line(spec: JobSpec, torchrun_log_dir: str | os.PathLike[str]) -> lis
             "command: with nproc_per_node > 1 a Python command must be `python SCRIPT ARGS` or "
             "`python -m MODULE ARGS` (set interpreter options through PYTHON* variables in env)")
     return [python, "-m", "torch.distributed.run", *options, *rest]
+
+
+def check_launchable(spec: JobSpec) -> None:
+    """Raise :class:`JobSpecError` for strings ``exec`` cannot take (they would otherwise fail only
+    at launch, as a supervisor error): NUL characters, environment names that are empty or hold
+    ``=``."""
+    if any("\0" in a for a in spec.command):
+        raise JobSpecError("command: an argument contains a NUL character")
+    for k, v in spec.env.items():
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise JobSpecError(f"env: {k!r} cannot be passed to a process (an empty name, '=' or "
+                               f"NUL in the name, or NUL in the value)")
+    if spec.cwd is not None and "\0" in spec.cwd:
+        raise JobSpecError("cwd: contains a NUL character")
 
 
 def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
