@@ -1,0 +1,199 @@
+"""The daemon's HTTP API against a real daemon process: the token on every mutating endpoint and on
+ingest, 404 and 422 answers, health/readiness, Prometheus metrics that move, and a schemathesis fuzz
+of the OpenAPI schema that must find no 5xx."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import schemathesis
+from google.rpc import code_pb2, status_pb2
+from hypothesis import HealthCheck, Phase, given, settings
+from prometheus_client.parser import text_string_to_metric_families
+
+from .live import Daemons, otlp_batch
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One daemon for the cheap API tests of this module (each test only looks at what it changed)."""
+    ds = Daemons(tmp_path_factory.mktemp("api"))
+    yield ds.start()
+    leftovers = ds.cleanup()
+    assert not leftovers, f"processes outlived the tests: {leftovers}"
+
+
+def test_mutating_endpoints_and_ingest_refuse_a_missing_or_wrong_token(shared):
+    sleeper = shared.submit(["python", "-c", "import time; time.sleep(600)"])  # with the token: 201
+    request, _ = otlp_batch(20, seed=7, job_id="auth-check")
+    calls = {
+        "submit": ("POST", "/v1/jobs", {"json": {"command": ["python", "-c", "pass"]}}, 201),
+        "cancel": ("POST", f"/v1/jobs/{sleeper['id']}/cancel", {}, 200),
+        "publish": ("POST", "/v1/plans", {"params": {"job": "auth-check"}, "json": {"version": 1}}, 201),
+        "report": ("POST", "/v1/plans/report",
+                   {"json": {"job": "auth-check", "version": 1, "reason": "refused in a test"}}, 204),
+        "ingest": ("POST", "/v1/traces", {"content": request.SerializeToString(),
+                                          "headers": {"Content-Type": "application/x-protobuf"}}, 200),
+    }
+    jobs_before = shared.client().get("/v1/jobs").json()["total"]
+    spans_before = shared.client().get("/v1/telemetry/stats").json().get("ingest spans", 0)
+    strangers = [shared.client(token=None), shared.client(token="not-the-token"),
+                 httpx.Client(base_url=shared.url, headers={"Authorization": shared.token})]  # no scheme
+    for stranger in strangers:
+        for name, (method, path, kw, _) in calls.items():
+            r = stranger.request(method, path, **kw)
+            assert r.status_code == 401, (name, stranger.headers.get("authorization"), r.text)
+            assert r.headers["www-authenticate"] == "Bearer", name
+            if name == "ingest":  # OTLP answers with a google.rpc.Status in the request's encoding
+                status = status_pb2.Status.FromString(r.content)
+                assert status.code == code_pb2.UNAUTHENTICATED, status
+            else:
+                assert r.json() == {"detail": "missing or wrong bearer token"}, name
+        stranger.close()
+
+    # nothing changed
+    c = shared.client()
+    assert c.get("/v1/jobs").json()["total"] == jobs_before
+    assert shared.job(sleeper["id"])["state"] in ("pending", "running")
+    assert c.get("/v1/plans/current", params={"job": "auth-check"}).status_code == 404
+    assert not [r for r in c.get("/v1/plans/reports").json()["reports"] if r["job_id"] == "auth-check"]
+    assert c.get("/v1/telemetry/stats").json().get("ingest spans", 0) == spans_before
+
+    # the same requests with the token go through
+    answers = {}
+    for name, (method, path, kw, expected) in calls.items():
+        answers[name] = r = c.request(method, path, **kw)
+        assert r.status_code == expected, (name, r.text)
+    assert c.get("/v1/jobs").json()["total"] == jobs_before + 1
+    assert shared.wait(answers["submit"].json()["id"])["state"] == "succeeded"
+    assert shared.wait(sleeper["id"], 30)["state"] == "cancelled"
+    assert c.get("/v1/plans/current", params={"job": "auth-check"}).json()["version"] == 1
+    assert [r["reason"] for r in c.get("/v1/plans/reports").json()["reports"]
+            if r["job_id"] == "auth-check"] == ["refused in a test"]
+    assert c.get("/v1/telemetry/stats").json()["ingest spans"] == spans_before + 20
+    # reading needs no token
+    assert shared.client(token=None).get(f"/v1/jobs/{sleeper['id']}").status_code == 200
+
+
+def test_unknown_job_is_404(shared):
+    c = shared.client()
+    for method, path in (("GET", "/v1/jobs/j-00000000"), ("GET", "/v1/jobs/j-00000000/logs"),
+                         ("GET", "/v1/jobs/j-00000000/events"), ("POST", "/v1/jobs/j-00000000/cancel")):
+        r = c.request(method, path)
+        assert r.status_code == 404, (method, path, r.text)
+        assert "j-00000000" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("body,reason", [
+    ({}, ["command", "Field required"]),
+    ({"command": []}, ["command", "at least 1 item"]),
+    ({"command": "python train.py"}, ["command", "valid list"]),
+    ({"command": [""]}, ["command: expected a non-empty list of strings"]),
+    ({"command": ["python"], "bogus": 1}, ["bogus", "Extra inputs are not permitted"]),
+    ({"command": ["python"], "restarts": -1}, ["restarts", "greater than or equal to 0"]),
+    ({"command": ["python"], "nproc_per_node": 65}, ["nproc_per_node", "less than or equal to 64"]),
+    ({"command": ["python"], "env": {"A": 1}}, ["env", "valid string"]),
+    ({"command": ["python", "-c", "pass"], "nproc_per_node": 2}, ["`python SCRIPT ARGS`"]),
+    ({"command": ["python", "a\0b"]}, ["command: an argument contains a NUL character"]),
+    ({"command": ["python"], "env": {"A=B": "1"}}, ["env: 'A=B' cannot be passed to a process"]),
+    ({"command": ["python"], "cwd": "/tmp\0x"}, ["cwd: contains a NUL character"]),
+    (b"{not json", ["JSON decode error"]),
+], ids=lambda v: None)
+def test_bad_submit_bodies_are_422_with_the_reason(shared, body, reason):
+    c = shared.client()
+    before = c.get("/v1/jobs").json()["total"]
+    kw = {"content": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) \
+        else {"json": body}
+    r = c.post("/v1/jobs", **kw)
+    assert r.status_code == 422, r.text
+    detail = json.dumps(r.json()["detail"])
+    assert all(part in detail for part in reason), detail
+    assert c.get("/v1/jobs").json()["total"] == before, "no job was created"
+
+
+def _metrics(daemon) -> dict[tuple[str, tuple], float]:
+    r = daemon.client().get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_health_readiness_and_metrics_that_move_after_a_job_and_ingest(shared):
+    c = shared.client(token=None)
+    health = c.get("/healthz")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    ready = c.get("/readyz")
+    assert ready.status_code == 200 and ready.json() == {"ready": True, "problems": []}
+
+    before = _metrics(shared)
+    for name in ("rtxops_ingest_spans_total", "rtxops_ingest_batches_total",
+                 "rtxops_ingest_requests_rejected_total", "rtxops_plan_swaps_total"):
+        assert (name, ()) in before, sorted(before)
+    succeeded = ("rtxops_jobs", (("state", "succeeded"),))
+    assert succeeded in before and ("rtxops_job_restarts_total", (("reason", "crash"),)) in before
+
+    job = shared.submit(["python", "-c", "print('hello')"])
+    assert shared.wait(job["id"])["state"] == "succeeded"
+    for seed in (1, 2):
+        request, _ = otlp_batch(50, seed=seed, job_id="metrics")
+        assert shared.ingest(request).status_code == 200
+    r = shared.client().post("/v1/traces", content=b"x", headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415
+
+    after = _metrics(shared)
+    assert after[succeeded] == before[succeeded] + 1
+    assert after[("rtxops_ingest_spans_total", ())] == before[("rtxops_ingest_spans_total", ())] + 100
+    assert after[("rtxops_ingest_batches_total", ())] == before[("rtxops_ingest_batches_total", ())] + 2
+    rejected = ("rtxops_ingest_requests_rejected_total", ())
+    assert after[rejected] == before[rejected] + 1
+    assert after[("rtxops_store_queue_batches", ())] == 0
+
+
+def test_openapi_fuzz_finds_no_server_errors(daemon):
+    """Every operation in /openapi.json, schema-valid and schema-violating inputs, with the token.
+
+    Nothing is excluded. One thing is bounded: POST /v1/jobs starts real processes, so a fuzzed
+    command's program is moved under a directory that does not exist (``exec`` fails at once)
+    instead of running whatever the fuzzer typed (``rm``, ``yes``, or torchrun with 64 ranks and
+    1000 restarts). Every field is still fuzzed and validated; the job is accepted or refused, and
+    an accepted one fails to start, as a mistyped command would."""
+    finished = daemon.submit(["python", "-c", "print('done')"])
+    daemon.wait(finished["id"])
+    schema = schemathesis.openapi.from_url(daemon.url + "/openapi.json")
+    auth = {"Authorization": f"Bearer {daemon.token}"}
+    server_errors, seen = [], set()
+
+    def check(case) -> None:
+        if case.headers:  # the schema lists the Authorization header; the real token goes instead
+            case.headers = {k: v for k, v in case.headers.items() if k.lower() != "authorization"}
+        if case.operation.path == "/v1/jobs" and case.method == "POST" and isinstance(case.body, dict):
+            command = case.body.get("command")
+            if isinstance(command, list) and command and isinstance(command[0], str) and command[0]:
+                command[0] = "/nonexistent/rtxops-fuzz/" + command[0].replace("/", "_")
+        response = case.call(headers=auth, timeout=60)
+        seen.add((case.method, case.operation.path, response.status_code))
+        if response.status_code >= 500:
+            server_errors.append((case.method, case.formatted_path, case.query, case.body,
+                                  response.status_code, response.text[:500]))
+
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 15
+    for op in operations:
+        strategy = op.as_strategy() | op.as_strategy(schemathesis.GenerationMode.NEGATIVE)
+        if "{job_id}" in op.path:  # also aim at a job that exists, not only at 404s
+            strategy |= op.as_strategy(path_parameters={"job_id": finished["id"]})
+
+        @given(case=strategy)
+        @settings(max_examples=40, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+        def fuzz(case):
+            check(case)
+
+        fuzz()
+    assert not server_errors, server_errors
+    assert ("POST", "/v1/jobs", 201) in seen and ("POST", "/v1/jobs", 422) in seen
+    assert ("GET", "/v1/jobs/{job_id}/logs", 200) in seen and ("GET", "/v1/jobs/{job_id}", 404) in seen
