@@ -42,6 +42,9 @@ class Readings:
 
     def swap(self, step: int, old_version: int, new_version: int, digest: str) -> None: ...
 
+    def close(self) -> None:
+        """The process is ending: hand over anything still held (the bootstrap calls this)."""
+
 
 @dataclass
 class CallStats(Readings):
@@ -135,3 +138,7 @@ class Fanout(Readings):
     def swap(self, step, old_version, new_version, digest):
         for s in self.sinks:
             s.swap(step, old_version, new_version, digest)
+
+    def close(self):
+        for s in self.sinks:
+            s.close()

@@ -8,7 +8,8 @@ from .readings import CallStats
 
 
 def summarize(dispatcher: Dispatcher) -> dict:
-    """A JSON-ready summary of ``dispatcher``'s readings (needs :class:`CallStats` readings)."""
+    """A JSON-ready summary of what ``dispatcher`` did (calls and time need readings that keep
+    :class:`CallStats`)."""
     stats = _call_stats(dispatcher)
     rows = []
     if stats is not None:
@@ -55,10 +56,10 @@ def per_op(summary: dict) -> list[dict]:
 
 
 def _call_stats(dispatcher: Dispatcher) -> CallStats | None:
+    """The CallStats the readings keep: the readings themselves, one of a Fanout's sinks, or the
+    ``totals`` a telemetry recorder accumulates off the hot path."""
     r = dispatcher.readings
-    if isinstance(r, CallStats):
-        return r
-    for s in getattr(r, "sinks", ()):
-        if isinstance(s, CallStats):
-            return s
+    for candidate in (r, *getattr(r, "sinks", ()), getattr(r, "totals", None)):
+        if isinstance(candidate, CallStats):
+            return candidate
     return None

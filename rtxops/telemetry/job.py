@@ -10,7 +10,6 @@ runtime itself never imports this package. Configuration:
 """
 from __future__ import annotations
 
-import atexit
 import os
 from dataclasses import dataclass
 
@@ -20,7 +19,6 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from rtxops.runtime.dispatcher import Dispatcher
 from rtxops.runtime.memory import cuda_stats, rss_bytes
-from rtxops.runtime.readings import Fanout
 
 from . import schema as S
 from .exporters import DuckDBSpanExporter, ExportThread, StepProcessor, otlp_http_exporter
@@ -63,12 +61,14 @@ def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store
     holder: dict = {}
 
     recorder = Recorder(lambda rec: holder["thread"].submit(rec), capacity=capacity)
-    builder = SpanBuilder(tracer, recorder.slots, _step_attributes, sampling)
+    builder = SpanBuilder(tracer, recorder.slots, _step_attributes, sampling, recorder.totals)
     thread = ExportThread(builder.build, processor, exporter)
     holder["thread"] = thread
-    current = dispatcher.readings
-    dispatcher.set_readings(Fanout(current, recorder) if current is not None else recorder)
-    return JobTelemetry(recorder, builder, thread, provider, exporter, store)
+    # the recorder replaces the default CallStats: its totals (added up off-thread) serve the summary
+    dispatcher.set_readings(recorder)
+    telemetry = JobTelemetry(recorder, builder, thread, provider, exporter, store)
+    recorder.on_close = lambda: telemetry.close(dispatcher)
+    return telemetry
 
 
 def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
@@ -92,8 +92,7 @@ def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
         sampling=CallSampling.parse(os.environ.get("RTXOPS_CALL_SAMPLES")),
         capacity=int(os.environ.get("RTXOPS_RECORDER_CAPACITY", 1 << 16)),
     )
-    atexit.register(telemetry.close, dispatcher)
-    return telemetry
+    return telemetry  # the bootstrap closes it at exit (Readings.close)
 
 
 def _step_attributes() -> dict:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Callable
 
-from rtxops.runtime.readings import Readings, Slot
+from rtxops.runtime.readings import CallStats, Readings, Slot
 
 RECORD_WIDTH = 3  # slot, start_ns, duration_ns
 
@@ -37,7 +37,11 @@ class StepRecord:
 
 
 class Recorder(Readings):
-    """Readings sink for telemetry. ``on_step`` receives each finished :class:`StepRecord`."""
+    """Readings sink for telemetry. ``on_step`` receives each finished :class:`StepRecord`.
+
+    ``totals`` are the whole run's per-slot calls and time, added up off the hot path by whoever
+    consumes the step records (the span builder), for the run summary. ``on_close`` runs at exit.
+    """
 
     def __init__(self, on_step: Callable[[StepRecord], None], capacity: int = 1 << 16) -> None:
         self.slots: list[Slot] = []
@@ -51,10 +55,17 @@ class Recorder(Readings):
         self._swaps: list = []
         self._memory: dict[int, tuple[int, int]] = {}
         self.record, self._take = _make_buffer(capacity)
+        self.totals = CallStats()
+        self.on_close: Callable[[], None] | None = None
 
     def register_slot(self, slot: Slot) -> None:
         if slot.id >= len(self.slots):
             self.slots.append(slot)
+        self.totals.register_slot(slot)
+
+    def close(self) -> None:
+        if self.on_close is not None:
+            self.on_close()
 
     def backward(self, slot: int, start_ns: int, duration_ns: int) -> None:
         with self._lock:
@@ -85,6 +96,7 @@ class Recorder(Readings):
             self._backward, self._builds, self._errors, self._swaps = [], [], [], []
             self._memory = {}
         self._start_ns = end_ns
+        self.totals.step(step, end_ns, plan_version, rss_bytes)
         self.on_step(rec)
 
     def flush(self, plan_version: int, rss_bytes: int) -> None:

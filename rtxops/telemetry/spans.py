@@ -45,11 +45,12 @@ class SpanBuilder:
 
     def __init__(self, tracer: Tracer, slots: Sequence[Slot],
                  step_attributes: Callable[[], dict] | None = None,
-                 sampling: CallSampling | None = None) -> None:
+                 sampling: CallSampling | None = None, totals=None) -> None:
         self.tracer = tracer
         self.slots = slots
         self.step_attributes = step_attributes or (lambda: {})
         self.sampling = sampling or CallSampling()
+        self.totals = totals  # a CallStats the whole run's calls and time are added to
         self._sampled: dict[int, int] = {}
         self._window = 0
         # perf_counter_ns -> Unix epoch ns; both clocks are read together once
@@ -132,6 +133,10 @@ class SpanBuilder:
                 misses = int(builds[s])
                 attrs[S.CACHE_MISSES] = misses
                 attrs[S.CACHE_HITS] = int(count[s]) - misses
+                if self.totals is not None:
+                    self.totals.calls[s] += int(count[s])
+                    self.totals.total_ns[s] += int(total[s])
+                    self.totals.build_misses[s] += misses
             if sampled:
                 attrs[S.SAMPLED] = True
             span = self.tracer.start_span(S.KERNEL, context=ctx, attributes=attrs,

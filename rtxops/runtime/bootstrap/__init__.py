@@ -54,18 +54,19 @@ def start() -> None:
         from ..plan_client import PlanPoller
 
         PlanPoller(dispatcher, daemon, job_id, os.environ.get("RTXOPS_TOKEN"), interval).start()
-    summary_path = os.environ.get("RTXOPS_SUMMARY")
-    if summary_path:
-        atexit.register(_write_summary, dispatcher, summary_path)
+    atexit.register(_at_exit, dispatcher, os.environ.get("RTXOPS_SUMMARY"))
 
 
-def _write_summary(dispatcher, path: str) -> None:
+def _at_exit(dispatcher, summary_path: str | None) -> None:
+    """Flush the readings (telemetry exports the last partial step), then write the summary."""
     from ..summary import summarize
 
     try:
-        Path(path).write_text(json.dumps(summarize(dispatcher)))
+        dispatcher.readings.close()
+        if summary_path:
+            Path(summary_path).write_text(json.dumps(summarize(dispatcher)))
     except Exception as e:  # the job's own exit status matters more than our summary
-        print(f"rtxops: could not write summary: {e}", file=sys.stderr)
+        print(f"rtxops: could not finish telemetry or the summary: {e}", file=sys.stderr)
 
 
 def child_environment(env: dict[str, str], *, plan: str | None = None,
