@@ -134,6 +134,7 @@ class Attempt:
     signal: str | None = None
     detail: str = ""
     log_offsets: dict[str, int] = field(default_factory=dict)
+    log_seqs: dict[str, int] = field(default_factory=dict)  # seq of the last line stored at log_offsets
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -30,13 +30,22 @@ def split_rank(line: bytes, torchrun: bool) -> tuple[int, bytes]:
 
 
 class LogTail:
-    """A thread that polls the files of ``paths`` (stream → file) and calls ``on_lines(stream, lines)``."""
+    """A thread that polls the files of ``paths`` (stream → file) and calls ``on_lines(stream, lines)``.
 
-    def __init__(self, paths: dict[str, Path], on_lines: Callable[[str, Lines], None], *,
-                 offsets: dict[str, int] | None = None, torchrun: bool = False, poll_s: float = 0.05,
-                 on_error: Callable[[Exception], None] | None = None) -> None:
+    ``on_lines`` may return the seq it gave the last line; :meth:`committed` pairs it with the offsets.
+    A tail that resumes at ``offsets`` (whose last lines had the seqs ``seqs``) drops the first
+    ``skip[stream] = (count, seq of the last)`` lines it reads: lines a previous tail handed over
+    after the offsets were saved.
+    """
+
+    def __init__(self, paths: dict[str, Path], on_lines: Callable[[str, Lines], int | None], *,
+                 offsets: dict[str, int] | None = None, seqs: dict[str, int] | None = None,
+                 skip: dict[str, tuple[int, int]] | None = None, torchrun: bool = False,
+                 poll_s: float = 0.05, on_error: Callable[[Exception], None] | None = None) -> None:
         self.paths = dict(paths)
         self.offsets = {s: (offsets or {}).get(s, 0) for s in paths}
+        self.seqs = {s: (seqs or {}).get(s, 0) for s in paths}
+        self._skip = {s: (skip or {}).get(s, (0, 0)) for s in paths}
         self._on_lines = on_lines
         self._on_error = on_error
         self._torchrun = torchrun
@@ -52,8 +61,13 @@ class LogTail:
 
     def committed_offsets(self) -> dict[str, int]:
         """Bytes of each file handed over as complete lines: where a new tail resumes."""
+        return self.committed()[0]
+
+    def committed(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The committed offsets and, taken with them, the seq of the last line handed over from
+        each stream (0: none, or ``on_lines`` returns no seqs)."""
         with self._lock:
-            return {s: self.offsets[s] - len(self._partial[s]) for s in self.paths}
+            return {s: self.offsets[s] - len(self._partial[s]) for s in self.paths}, dict(self.seqs)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Read what is left (an unterminated last line too) and end the thread."""
@@ -95,8 +109,18 @@ class LogTail:
             for i in range(0, max(len(raw), 1), MAX_LINE_BYTES):
                 rank, text = split_rank(raw[i:i + MAX_LINE_BYTES], self._torchrun)
                 lines.append((now, rank, text.decode("utf-8", "replace").rstrip("\r")))
+        seq = None
+        left, last_skipped = self._skip[stream]
+        if left:
+            dropped = min(left, len(lines))
+            lines = lines[dropped:]
+            self._skip[stream] = (left - dropped, last_skipped)
+            if dropped == left:
+                seq = last_skipped
         if lines:
-            self._on_lines(stream, lines)
+            seq = self._on_lines(stream, lines)
         with self._lock:
             self.offsets[stream] += len(data)
             self._partial[stream] = rest
+            if seq is not None:
+                self.seqs[stream] = seq

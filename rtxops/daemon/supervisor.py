@@ -254,7 +254,8 @@ class Supervisor:
     def _event(self, job_id: str, kind: str, /, **detail: Any) -> None:
         self._sink_call(None, self.sink.event, job_id, time.time_ns(), kind, json.dumps(detail, default=str))
 
-    def _lines(self, job_id: str, attempt: int, stream: str, lines: list[tuple[int, int, str]]) -> None:
+    def _lines(self, job_id: str, attempt: int, stream: str, lines: list[tuple[int, int, str]]) -> int:
+        """Number and store lines; the seq of the last."""
         with self._lock:
             job = self._jobs[job_id]
             first = job.log_seq + 1
@@ -266,6 +267,7 @@ class Supervisor:
                 self._sink_call(None, self.sink.log_lines, job_id, attempt, rank, stream, run)
                 run = []
         self._notify()
+        return first + len(lines) - 1
 
     def _sink_call(self, default: Any, fn, *args: Any) -> Any:
         try:
@@ -350,7 +352,8 @@ class _Runner:
             attempt = self.job.attempt
             assert attempt is not None
             self._started_mono = time.monotonic()
-        self._tail = self._new_tail(attempt, attempt.log_offsets)
+        self._tail = self._new_tail(attempt, attempt.log_offsets, attempt.log_seqs,
+                                    self._stored_after_checkpoint(attempt))
         self._follow(attempt, self._watch(attempt))
         if self._decide(attempt) or self._backoff():
             return
@@ -397,17 +400,36 @@ class _Runner:
         sup._event(job.id, "started", attempt=number, pid=attempt.pid, argv=argv)
         return attempt
 
-    def _new_tail(self, attempt: Attempt, offsets: dict[str, int]) -> LogTail:
+    def _stored_after_checkpoint(self, attempt: Attempt) -> dict[str, tuple[int, int]]:
+        """Per stream, (count, last seq) of the attempt's lines stored after its saved log offsets:
+        the previous daemon stored them between its last checkpoint and its end, so the new tail
+        must not store them again. Records from before ``log_seqs`` existed resume at the offsets."""
+        floor = {s: attempt.log_seqs.get(s, 0) for s in STREAMS
+                 if s in attempt.log_seqs or s not in attempt.log_offsets}
+        found = {s: (0, 0) for s in floor}
+        after = min(floor.values(), default=None)
+        while after is not None:
+            page = self._probe("stored_logs", lambda: self.sup.sink.read_logs(
+                self.job_id, after_seq=after, limit=10_000), [])
+            for ln in page:
+                if ln.attempt == attempt.number and ln.stream in floor and ln.seq > floor[ln.stream]:
+                    found[ln.stream] = (found[ln.stream][0] + 1, ln.seq)
+            after = page[-1].seq if len(page) == 10_000 else None
+        return {s: f for s, f in found.items() if f[0]}
+
+    def _new_tail(self, attempt: Attempt, offsets: dict[str, int], seqs: dict[str, int] | None = None,
+                  skip: dict[str, tuple[int, int]] | None = None) -> LogTail:
         paths = {s: Path(self.job.log_dir) / f"attempt-{attempt.number}.{s}" for s in STREAMS}
 
-        def on_lines(stream: str, lines) -> None:
-            self.sup._lines(self.job_id, attempt.number, stream, lines)
+        def on_lines(stream: str, lines) -> int:
+            return self.sup._lines(self.job_id, attempt.number, stream, lines)
 
         def on_error(e: Exception) -> None:
             self._probe_error("log_read", e)
 
-        return LogTail(paths, on_lines, offsets=offsets, torchrun=self.job.spec.nproc_per_node > 1,
-                       poll_s=self.sup.log_poll_s, on_error=on_error).start()
+        return LogTail(paths, on_lines, offsets=offsets, seqs=seqs, skip=skip,
+                       torchrun=self.job.spec.nproc_per_node > 1, poll_s=self.sup.log_poll_s,
+                       on_error=on_error).start()
 
     def _watch(self, attempt: Attempt) -> tuple[Outcome | None, int | None]:
         """Wait for the attempt to end; kill it on cancel or hang. Returns (kill reason, returncode)."""
@@ -499,16 +521,16 @@ class _Runner:
                            sigkill=report.sigkill)
         if self._tail is not None:
             self._tail.stop()
-            offsets = self._tail.committed_offsets()
+            offsets, seqs = self._tail.committed()
             self._tail = None
         else:
-            offsets = {}
+            offsets, seqs = {}, {}
         info = self._classify(killed_by, rc)
         with sup._lock:
             attempt.ended_at_ns = time.time_ns()
             attempt.outcome, attempt.exit_code, attempt.signal = info.outcome, info.exit_code, info.signal
             attempt.detail = info.detail
-            attempt.log_offsets = offsets
+            attempt.log_offsets, attempt.log_seqs = offsets, seqs
         self._proc = None
         sup._event(job.id, "exited", attempt=attempt.number, outcome=info.outcome.value,
                    exit_code=info.exit_code, signal=info.signal, detail=info.detail)
@@ -597,7 +619,7 @@ class _Runner:
     def _checkpoint(self, attempt: Attempt) -> None:
         if self._tail is not None:
             with self.sup._lock:
-                attempt.log_offsets = self._tail.committed_offsets()
+                attempt.log_offsets, attempt.log_seqs = self._tail.committed()
         self.sup._save(self.job_id)
 
     def _probe(self, name: str, fn, default, *args):
