@@ -1,0 +1,144 @@
+"""kill -9 of the daemon while clients ingest and jobs run, then a restart on the same home: every
+acknowledged span is in the store, jobs and logs are intact, a job whose processes still live is
+re-adopted (and can be cancelled), one that ended meanwhile is marked lost."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import httpx
+
+from rtxops.telemetry.store import ReadOnlyStore
+
+from .live import gone, otlp_batch, script, until
+
+# Prints "TAG 0..2", then "TAG go N" when the file GO.N appears.
+CHATTY = """
+    import os, sys, time
+    tag, go = sys.argv[1], sys.argv[2]
+    for i in range(3):
+        print(f"{tag} {i}", flush=True)
+    n = 0
+    while True:
+        if os.path.exists(f"{go}.{n}"):
+            print(f"{tag} go {n}", flush=True)
+            n += 1
+        time.sleep(0.02)
+"""
+
+
+def _ingest(url: str, token: str, first_seed: int, sent: dict, acked: dict, stop: threading.Event) -> None:
+    """Send OTLP batches until the daemon goes away; record the span ids of each batch sent and of
+    each one acknowledged (200)."""
+    client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    seed = first_seed
+    try:
+        while not stop.is_set():
+            request, ids = otlp_batch(300, seed=seed, job_id="kill9-ingest")
+            sent[seed] = ids
+            try:
+                r = client.post("/v1/traces", content=request.SerializeToString(),
+                                headers={"Content-Type": "application/x-protobuf"})
+            except httpx.HTTPError:
+                return  # the daemon died under this request: not acknowledged
+            if r.status_code == 200:
+                acked[seed] = ids
+            seed += 2
+    finally:
+        client.close()
+
+
+def test_kill9_mid_ingest_then_restart_keeps_acked_spans_jobs_and_logs(daemons, tmp_path):
+    home, go = tmp_path / "home", str(tmp_path / "go")
+    d1 = daemons.start(home)
+    chatty = script(tmp_path, "chatty.py", CHATTY)
+
+    def lines_of(d, job):
+        return until(lambda: d.texts(job["id"]), what=f"lines of {job['name']}")
+
+    # survivor: outlives the daemon, with lines stored before and after the supervisor's checkpoint
+    # of its log offsets; victim: dies while no daemon watches; late: outlives the daemon, with
+    # lines stored (normally) before any checkpoint
+    survivor = d1.submit(["python", chatty, "S", go], name="survivor")
+    victim = d1.submit(["python", chatty, "V", go + "-victim"], name="victim")
+    for job, tag in ((survivor, "S"), (victim, "V")):
+        until(lambda: d1.texts(job["id"]) == [f"{tag} 0", f"{tag} 1", f"{tag} 2"], 60,
+              what=f"the lines of {job['name']}")
+    until(lambda: d1.job(survivor["id"])["attempts"][0]["log_offsets"].get("stdout"), 30,
+          what="a checkpoint of the survivor's log offsets")
+    open(go + ".0", "w").close()
+    until(lambda: d1.texts(survivor["id"])[-1:] == ["S go 0"], 10, what="a line after the checkpoint")
+    late = d1.submit(["python", chatty, "L", go + "-late"], name="late")
+    until(lambda: d1.texts(late["id"]) == ["L 0", "L 1", "L 2"], 60, what="the lines of late")
+    pids = {job["name"]: d1.job(job["id"])["attempts"][0]["pid"] for job in (survivor, victim, late)}
+
+    sent: dict[int, set[str]] = {}
+    acked: dict[int, set[str]] = {}
+    stop = threading.Event()
+    clients = [threading.Thread(target=_ingest, args=(d1.url, d1.token, i, sent, acked, stop))
+               for i in (0, 1)]
+    for t in clients:
+        t.start()
+    until(lambda: len(acked) >= 8, 60, every=0.01, what="some acknowledged batches")
+    d1.kill9()  # while both clients are still sending
+    stop.set()
+    for t in clients:
+        t.join(30)
+    assert d1.proc.returncode == -signal.SIGKILL
+
+    assert not gone(pids["survivor"]) and not gone(pids["late"]), "jobs outlive the daemon"
+    os.killpg(pids["victim"], signal.SIGKILL)
+    until(lambda: gone(pids["victim"]), 10, what="the victim to die")
+
+    d2 = daemons.start(home)
+    jobs = {j["id"]: j for j in d2.client().get("/v1/jobs").json()["jobs"]}
+    assert set(jobs) == {survivor["id"], victim["id"], late["id"]}
+    lost = jobs[victim["id"]]
+    assert lost["state"] == "lost" and "daemon restarted while the job ran" in lost["reason"]
+    assert lost["attempts"][0]["outcome"] == "lost"
+    for job in (survivor, late):
+        adopted = jobs[job["id"]]
+        assert adopted["state"] == "running" and adopted["adopted"], adopted
+        assert adopted["attempts"][0]["pid"] == pids[job["name"]]
+        kinds = [e["kind"] for e in d2.client().get(f"/v1/jobs/{job['id']}/events").json()["events"]]
+        assert kinds[:2] == ["submitted", "started"] and kinds[-1] == "adopted"
+    # logs survive the kill, and the re-adopted tails store no line twice
+    assert d2.texts(victim["id"]) == ["V 0", "V 1", "V 2"]
+    assert d2.texts(late["id"]) == ["L 0", "L 1", "L 2"]
+    assert d2.texts(survivor["id"]) == ["S 0", "S 1", "S 2", "S go 0"]
+    open(go + ".1", "w").close()  # and go on storing new ones, numbered on
+    until(lambda: d2.texts(survivor["id"])[-1:] == ["S go 1"], 10, what="a line after the restart")
+    assert [(ln["seq"], ln["text"]) for ln in d2.logs(survivor["id"])] == [
+        (1, "S 0"), (2, "S 1"), (3, "S 2"), (4, "S go 0"), (5, "S go 1")]
+
+    # the re-adopted jobs are under control again: cancel reaches their processes
+    for job in (survivor, late):
+        assert d2.client().post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+    for job in (survivor, late):
+        assert d2.wait(job["id"], 30)["state"] == "cancelled"
+        until(lambda: gone(pids[job["name"]]), 10, what=f"{job['name']} to die")
+    assert d2.terminate() == 0, d2.output()
+
+    store = ReadOnlyStore(home / "rtxops.duckdb")
+    try:
+        stored = {r["span_id"] for r in store.query(
+            "SELECT span_id FROM spans WHERE job_id = 'kill9-ingest'")}
+        missing = {seed: len(ids - stored) for seed, ids in acked.items() if ids - stored}
+        assert not missing, f"acknowledged spans lost (batch seed: spans missing): {missing}"
+        torn = {seed for seed, ids in sent.items() if ids & stored and ids - stored}
+        assert not torn, f"batches stored in part: {torn}"
+        assert stored <= set().union(*sent.values()), "no span that was never sent"
+        rows = {r["job_id"]: (r["state"], json.loads(r["record"])) for r in store.query(
+            "SELECT job_id, state, record FROM jobs")}
+        assert {k: v[0] for k, v in rows.items()} == {
+            survivor["id"]: "cancelled", late["id"]: "cancelled", victim["id"]: "lost"}
+        assert rows[survivor["id"]][1]["adopted"] is True
+        logs = store.query("SELECT job_id, seq, text FROM job_logs ORDER BY job_id, seq")
+        assert [(r["seq"], r["text"]) for r in logs if r["job_id"] == victim["id"]] == [
+            (1, "V 0"), (2, "V 1"), (3, "V 2")]
+        assert [r["text"] for r in logs if r["job_id"] == survivor["id"]] == [
+            "S 0", "S 1", "S 2", "S go 0", "S go 1"]
+    finally:
+        store.close()
