@@ -41,7 +41,9 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
     def publish(plan: dict = Body(..., description="a plan (see DESIGN.md: Plan)"),
                 job: str | None = Query(None, max_length=200)) -> dict:
         try:
-            parsed = Plan.from_dict(plan)
+            # validate first: the first validation takes seconds (torch), and the step read
+            # after it must be current, or the job may be past the effective step already
+            parsed = board.validate(Plan.from_dict(plan), job)
             last = step_of(job) if job else None
             if last is not None and parsed.effective_step is None:
                 parsed = dataclasses.replace(parsed, effective_step=last + margin_steps)

@@ -39,13 +39,18 @@ class PlanBoard:
         with self._lock:
             return self._plans.get(job_id or DEFAULT_KEY) or self._plans.get(DEFAULT_KEY)
 
-    def publish(self, plan: Plan, job_id: str | None = None) -> Plan:
-        """Validate and store ``plan`` for ``job_id`` (or as the default). Raises PlanError."""
+    def validate(self, plan: Plan, job_id: str | None = None) -> Plan:
+        """Check ``plan`` (and the job id) as :meth:`publish` does; return it. Raises PlanError.
+        The first call loads the op registry, which imports torch: seconds."""
         if job_id is not None and not _JOB_ID.fullmatch(job_id):
             raise PlanError(f"job id {job_id!r} is not a valid job id")
         from rtxops.runtime.registry import default_registry  # torch: only when publishing
 
-        plan.validate(default_registry())
+        return plan.validate(default_registry())
+
+    def publish(self, plan: Plan, job_id: str | None = None) -> Plan:
+        """Validate and store ``plan`` for ``job_id`` (or as the default). Raises PlanError."""
+        self.validate(plan, job_id)
         key = job_id or DEFAULT_KEY
         with self._lock:
             running = self._plans.get(key)
