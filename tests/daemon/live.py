@@ -48,7 +48,8 @@ def script(directory: Path, name: str, body: str) -> str:
 def clean_env(mark: str, **extra: str) -> dict[str, str]:
     """This process's environment without any RTXOPS_/OTEL_ setting, plus the test's mark."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RTXOPS_", "OTEL_"))}
-    env.update({MARK: mark, "COLUMNS": "250", "PYTHONUNBUFFERED": "1"}, **extra)
+    env.update({MARK: mark, "COLUMNS": "250", "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8"},
+               **extra)
     return env
 
 
@@ -81,7 +82,7 @@ class LiveDaemon:
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.token = ""
-        self._clients: list[httpx.Client] = []
+        self._clients: dict[tuple, httpx.Client] = {}
 
     # ---- process ----
     def start(self, timeout: float = 60.0) -> LiveDaemon:
@@ -132,7 +133,7 @@ class LiveDaemon:
 
     def close(self) -> None:
         """Stop the daemon if it still runs: SIGTERM (it stops its jobs), SIGKILL if that hangs."""
-        for c in self._clients:
+        for c in self._clients.values():
             c.close()
         if self.running():
             try:
@@ -147,14 +148,15 @@ class LiveDaemon:
             self.proc.wait(10)
 
     # ---- HTTP ----
-    def client(self, token: str | None = ..., timeout: float = 30.0) -> httpx.Client:
-        """A client for the daemon's API; with the daemon's token unless ``token`` says otherwise
-        (None: no Authorization header)."""
+    def client(self, token: str | None = ...) -> httpx.Client:
+        """A client for the daemon's API (one per token, kept until :meth:`close`); with the
+        daemon's token unless ``token`` says otherwise (None: no Authorization header)."""
         token = self.token if token is ... else token
-        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-        c = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
-        self._clients.append(c)
-        return c
+        key = (self.url, token)
+        if key not in self._clients:
+            headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+            self._clients[key] = httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
+        return self._clients[key]
 
     def submit(self, command: list[str], **spec) -> dict:
         r = self.client().post("/v1/jobs", json={"command": command, "grace_s": 5, **spec})

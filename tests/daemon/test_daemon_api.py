@@ -38,8 +38,8 @@ def test_mutating_endpoints_and_ingest_refuse_a_missing_or_wrong_token(shared):
     }
     jobs_before = shared.client().get("/v1/jobs").json()["total"]
     spans_before = shared.client().get("/v1/telemetry/stats").json().get("ingest spans", 0)
-    strangers = [shared.client(token=None), shared.client(token="not-the-token"),
-                 httpx.Client(base_url=shared.url, headers={"Authorization": shared.token})]  # no scheme
+    no_scheme = httpx.Client(base_url=shared.url, headers={"Authorization": shared.token})
+    strangers = [shared.client(token=None), shared.client(token="not-the-token"), no_scheme]
     for stranger in strangers:
         for name, (method, path, kw, _) in calls.items():
             r = stranger.request(method, path, **kw)
@@ -50,7 +50,7 @@ def test_mutating_endpoints_and_ingest_refuse_a_missing_or_wrong_token(shared):
                 assert status.code == code_pb2.UNAUTHENTICATED, status
             else:
                 assert r.json() == {"detail": "missing or wrong bearer token"}, name
-        stranger.close()
+    no_scheme.close()
 
     # nothing changed
     c = shared.client()
@@ -99,7 +99,9 @@ def test_unknown_job_is_404(shared):
     ({"command": ["python"], "env": {"A=B": "1"}}, ["env: 'A=B' cannot be passed to a process"]),
     ({"command": ["python"], "cwd": "/tmp\0x"}, ["cwd: contains a NUL character"]),
     (b"{not json", ["JSON decode error"]),
-], ids=lambda v: None)
+], ids=["no-command", "empty-command", "command-string", "empty-program", "extra-field", "negative-restarts",
+        "too-many-ranks", "env-not-string", "torchrun-python-c", "nul-in-argument", "equals-in-env-name",
+        "nul-in-cwd", "not-json"])
 def test_bad_submit_bodies_are_422_with_the_reason(shared, body, reason):
     c = shared.client()
     before = c.get("/v1/jobs").json()["total"]

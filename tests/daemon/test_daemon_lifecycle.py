@@ -121,7 +121,7 @@ def test_cli_submit_jobs_logs_cancel_and_stop(daemon, tmp_path):
 
 def test_sigterm_stops_jobs_gracefully_exits_0_and_flushes_the_store(daemon, tmp_path):
     patient = script(tmp_path, "patient.py", PATIENT)
-    job = daemon.submit(["python", patient, "1.5"], grace_s=20)
+    job = daemon.submit(["python", patient, "2.5"], grace_s=20)
     until(lambda: "ready" in daemon.texts(job["id"]), 60, what="the job to print ready")
     pid = daemon.job(job["id"])["attempts"][0]["pid"]
     request, span_ids = otlp_batch(40, seed=1, job_id="sigterm-ingest")

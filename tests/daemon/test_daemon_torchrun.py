@@ -40,7 +40,7 @@ TRAIN = """
         F.mse_loss(model(x), y).backward()
         opt.step()
         step += 1
-        time.sleep(0.2)  # the daemon's margin of 5 steps must cover heartbeat lag and one poll
+        time.sleep(0.4)  # the daemon's margin of 5 steps must cover heartbeat lag and one poll, loaded
     print(f"rank {rank} trained {step} steps", flush=True)
     dist.destroy_process_group()
 """
