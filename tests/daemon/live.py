@@ -102,7 +102,10 @@ class LiveDaemon:
                 self.url = url_file.read_text().strip()
             except OSError:
                 return False
-            return httpx.get(self.url + "/healthz", timeout=2).status_code == 200
+            try:
+                return httpx.get(self.url + "/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
 
         until(ready, timeout, what="the daemon to serve")
         self.token = (self.home / "token").read_text().strip()
