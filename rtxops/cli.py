@@ -123,15 +123,25 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
     home = _home()
     client = DaemonClient.find(home)
     local = None
-    if client is None:
-        local = Daemon(home, port=0).start_in_thread()
-        client = DaemonClient(local.url, local.token)
     env = {"RTXOPS_SUMMARY": str(summary_file)}
     if plan:
         env["RTXOPS_PLAN"] = str(plan.resolve())
     try:
-        job = client.submit(command=list(command), name=name, env=env, cwd=os.getcwd())
-        return _follow(client, job["id"], cancel_on_interrupt=True)
+        if client is None:
+            # no daemon: one in this process; the job starts while its HTTP server comes up
+            from rtxops.daemon.errors import JobSpecError
+            from rtxops.daemon.jobs import JobSpec
+
+            local = Daemon(home, port=0).start_in_thread(wait=False)
+            try:
+                job_id = local.supervisor.submit(JobSpec(command=list(command), name=name, env=env,
+                                                         cwd=os.getcwd())).id
+            except JobSpecError as e:
+                raise DaemonError(str(e)) from None
+            client = DaemonClient(local.wait_started().url, local.token)
+        else:
+            job_id = client.submit(command=list(command), name=name, env=env, cwd=os.getcwd())["id"]
+        return _follow(client, job_id, cancel_on_interrupt=True)
     except DaemonError as e:
         err.print(f"[red]rtxops: {e}[/red]")
         return 2

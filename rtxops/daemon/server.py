@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 
-import pyarrow.compute as pc
 import uvicorn
 
 from rtxops.telemetry.store import Store
@@ -71,6 +70,8 @@ class Daemon:
         spans = batch.spans
         if self.supervisor is None or spans.num_rows == 0:
             return
+        import pyarrow.compute as pc
+
         steps = spans.filter(pc.equal(spans["name"], "rtx.step"))
         for job_id, rank, step in zip(steps["job_id"].to_pylist(), steps["rank"].to_pylist(),
                                       steps["step"].to_pylist()):
@@ -151,17 +152,22 @@ class Daemon:
         if self.server.started:
             self._announce()
 
-    def start_in_thread(self, timeout: float = 30.0) -> Daemon:
-        """Serve on a background thread (for ``rtxops run`` without a running daemon)."""
+    def start_in_thread(self, wait: bool = True, timeout: float = 30.0) -> Daemon:
+        """Serve on a background thread (for ``rtxops run`` without a running daemon). With
+        ``wait=False`` the supervisor can take jobs at once while the server comes up; call
+        :meth:`wait_started` before using the HTTP API."""
         server = self._server()
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  (older uvicorn)
         self._thread = threading.Thread(target=server.run, name="rtxops-daemon", daemon=True)
         self._thread.start()
+        return self.wait_started(timeout) if wait else self
+
+    def wait_started(self, timeout: float = 30.0) -> Daemon:
         deadline = time.monotonic() + timeout
-        while not server.started:
+        while not self.server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the in-process daemon did not start")
-            time.sleep(0.02)
+            time.sleep(0.01)
         self._announce()
         return self
 
