@@ -54,6 +54,14 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="rtxops-soak-"))
     home = tmp / "home"
     proc, url, token = start_daemon(home)
+    try:
+        run(a, home, proc, url, token)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run(a, home: Path, proc: subprocess.Popen, url: str, token: str) -> None:
     headers = {"Authorization": f"Bearer {token}"}
     daemon = psutil.Process(proc.pid)
     job = httpx.post(url + "/v1/jobs", headers=headers, json={

@@ -28,18 +28,25 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--out")
+    p.add_argument("--run-args", default="", help="extra `rtxops run` arguments, e.g. '--direct'")
+    p.add_argument("--model", default="", help="extra train_gpt.py arguments, e.g. '--dim 256 --layers 4'")
     a = p.parse_args()
-    job = [sys.executable, str(ROOT / "examples/train_gpt.py"), "--json", "--steps", str(a.steps)]
+    job = [sys.executable, str(ROOT / "examples/train_gpt.py"), "--json", "--steps", str(a.steps),
+           *a.model.split()]
     runs = {"eager": [], "rtxops": []}
     for _ in range(a.pairs):
         for name, cmd in (("eager", job),
-                          ("rtxops", [sys.executable, "-m", "rtxops.cli", "run", "--no-summary", "--", *job])):
+                          ("rtxops", [sys.executable, "-m", "rtxops.cli", "run", "--no-summary",
+                                     *a.run_args.split(), "--", *job])):
             runs[name].append(step_times(cmd)[a.warmup:])
     med = {k: statistics.median(t for r in v for t in r) for k, v in runs.items()}
     pair_ratios = [statistics.median(r) / statistics.median(e) for e, r in zip(runs["eager"], runs["rtxops"])]
     out = {
         "bench": "step_overhead",
-        "steps": a.steps, "warmup": a.warmup, "pairs": a.pairs,
+        "steps": a.steps, "warmup": a.warmup, "pairs": a.pairs, "model_args": a.model,
+        "run_args": a.run_args,
+        "method": "alternating fresh processes; rtxops = `rtxops run` (in-process daemon, telemetry "
+                  "over OTLP, default plan)",
         "median_step_s": med,
         "overhead": med["rtxops"] / med["eager"] - 1,
         "pair_overheads": [r - 1 for r in pair_ratios],

@@ -7,6 +7,7 @@ runtime itself never imports this package. Configuration:
                       endpoint), ``duckdb`` (write ``RTXOPS_STORE`` directly), or ``off``
 ``RTXOPS_CALL_SAMPLES`` sampled rtx.call spans, ``"per_slot/window_steps"`` (default ``2/10``)
 ``RTXOPS_RECORDER_CAPACITY`` call records kept per step (default 65536; more are dropped, counted)
+``RTXOPS_EXPORT_INTERVAL_S`` seconds between exports (default 1; spans of several steps go together)
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class JobTelemetry:
 
 def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store=None,
                         sampling: CallSampling | None = None, capacity: int = 1 << 16,
-                        resource: dict | None = None) -> JobTelemetry:
+                        resource: dict | None = None, export_interval_s: float = 1.0) -> JobTelemetry:
     """Wire a recorder into ``dispatcher`` that exports through ``exporter``."""
     provider = TracerProvider(resource=Resource.create(resource or job_resource_attributes()))
     processor = StepProcessor()
@@ -62,7 +63,7 @@ def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store
 
     recorder = Recorder(lambda rec: holder["thread"].submit(rec), capacity=capacity)
     builder = SpanBuilder(tracer, recorder.slots, _step_attributes, sampling, recorder.totals)
-    thread = ExportThread(builder.build, processor, exporter)
+    thread = ExportThread(builder.build, processor, exporter, interval_s=export_interval_s)
     holder["thread"] = thread
     # the recorder replaces the default CallStats: its totals (added up off-thread) serve the summary
     dispatcher.set_readings(recorder)
@@ -91,6 +92,7 @@ def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
         dispatcher, exporter, store=store,
         sampling=CallSampling.parse(os.environ.get("RTXOPS_CALL_SAMPLES")),
         capacity=int(os.environ.get("RTXOPS_RECORDER_CAPACITY", 1 << 16)),
+        export_interval_s=float(os.environ.get("RTXOPS_EXPORT_INTERVAL_S", "1")),
     )
     return telemetry  # the bootstrap closes it at exit (Readings.close)
 

@@ -218,7 +218,10 @@ class Store:
         self.max_commit_spans = max_commit_spans
         self.compact_every_s = compact_every_s
         self._compacted = time.monotonic()
-        self._con = duckdb.connect(str(self.path))
+        # DuckDB's worker threads would compete with the training jobs on a small machine
+        self._con = duckdb.connect(str(self.path), config={
+            "threads": int(os.environ.get("RTXOPS_STORE_THREADS", "1")),
+            "memory_limit": os.environ.get("RTXOPS_STORE_MEMORY", "256MB")})
         self.migrated_from = migrate(self._con)
         self._lock = threading.Lock()               # counters, queue bounds, cursor creation
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
