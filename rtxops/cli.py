@@ -62,6 +62,7 @@ def run(
     direct: bool = typer.Option(False, help="no daemon: run the command as a plain child process "
                                             "and write telemetry straight to the store"),
     name: str = typer.Option("", help="job name (daemon mode)"),
+    telemetry: bool = typer.Option(True, help="record and export spans (--no-telemetry: runtime only)"),
 ) -> None:
     """Run COMMAND with the runtime enabled: ``rtxops run -- python train.py ARGS``.
 
@@ -72,9 +73,9 @@ def run(
     with tempfile.TemporaryDirectory(prefix="rtxops-run-") as tmp:
         summary_file = Path(tmp) / "summary.json"
         if direct:
-            code = _run_direct(command, plan, summary_file)
+            code = _run_direct(command, plan, summary_file, telemetry)
         else:
-            code = _run_supervised(command, plan, summary_file, name)
+            code = _run_supervised(command, plan, summary_file, name, telemetry)
         data = json.loads(summary_file.read_text()) if summary_file.is_file() else None
     if data is None:
         err.print("rtxops: the job left no summary (it did not start Python, or was killed)")
@@ -88,13 +89,13 @@ def run(
     raise typer.Exit(code)
 
 
-def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path) -> int:
+def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path, telemetry: bool) -> int:
     from rtxops.runtime.bootstrap import child_environment
     from rtxops.telemetry.store import default_path
 
     env = child_environment(os.environ, plan=str(plan) if plan else None, summary=str(summary_file),
                             readings_factory=TELEMETRY_FACTORY)
-    env["RTXOPS_TELEMETRY"] = "duckdb"
+    env["RTXOPS_TELEMETRY"] = "duckdb" if telemetry else "off"
     store = Path(env.get("RTXOPS_STORE") or default_path()).resolve()
     store.parent.mkdir(parents=True, exist_ok=True)
     env["RTXOPS_STORE"] = str(store)
@@ -116,7 +117,8 @@ def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path) ->
     return 128 - code if code < 0 else code
 
 
-def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path, name: str) -> int:
+def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path, name: str,
+                    telemetry: bool) -> int:
     from rtxops.daemon.client import DaemonClient, DaemonError
     from rtxops.daemon.server import Daemon
 
@@ -124,6 +126,8 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
     client = DaemonClient.find(home)
     local = None
     env = {"RTXOPS_SUMMARY": str(summary_file)}
+    if not telemetry:
+        env["RTXOPS_TELEMETRY"] = "off"
     if plan:
         env["RTXOPS_PLAN"] = str(plan.resolve())
     try:
