@@ -28,7 +28,13 @@ test: install
 bench: install
 	mkdir -p bench/results
 	$(PY) bench/dispatch_overhead.py --out bench/results/dispatch_overhead.json
+	$(PY) bench/step_overhead.py --run-args=--no-telemetry --out bench/results/step_overhead_runtime_only.json
+	$(PY) bench/step_overhead.py --run-args=--direct --out bench/results/step_overhead_direct.json
 	$(PY) bench/step_overhead.py --out bench/results/step_overhead.json
+	$(PY) bench/startup.py --out bench/results/startup.json
+	$(PY) bench/ingest.py --out bench/results/ingest.json
+	$(PY) bench/store_query.py --out bench/results/store_query.json
+	$(PY) bench/soak.py --minutes 5 --out bench/results/soak.json
 
 clean:
 	rm -rf $(VENV) .rtxops .pytest_cache
