@@ -72,12 +72,12 @@ class BackwardTimer:
     def mark_input(self, x):
         if isinstance(x, torch.Tensor) and x.requires_grad:
             self.pending += 1
-            return _BackwardEnd.apply(x, self)
+            return _BackwardMark.apply(x, self._ended)
         return x
 
     def mark_output(self, out):
         if isinstance(out, torch.Tensor):
-            return _BackwardStart.apply(out, self) if out.requires_grad and self.pending else out
+            return _BackwardMark.apply(out, self._started) if out.requires_grad and self.pending else out
         if isinstance(out, tuple):
             return tuple(self.mark_output(o) for o in out)
         return out
@@ -92,25 +92,15 @@ class BackwardTimer:
             self.readings.backward(self.slot, self.start, perf_counter_ns() - self.start)
 
 
-class _BackwardStart(torch.autograd.Function):
+class _BackwardMark(torch.autograd.Function):
+    """Identity whose backward calls ``when_reached`` as the gradient passes through."""
+
     @staticmethod
-    def forward(ctx, x, timer):
-        ctx.timer = timer
+    def forward(ctx, x, when_reached):
+        ctx.when_reached = when_reached
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.timer._started()
-        return grad, None
-
-
-class _BackwardEnd(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, timer):
-        ctx.timer = timer
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.timer._ended()
+        ctx.when_reached()
         return grad, None

@@ -741,7 +741,7 @@ def telemetry_summary(q) -> dict[str, int]:
 
 class ReadOnlyStore:
     """Read access to a store file no process is writing (a running daemon holds DuckDB's lock:
-    ask the daemon instead)."""
+    ask the daemon instead). Same ``reader``/``query`` as :class:`Store`."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -750,19 +750,11 @@ class ReadOnlyStore:
         except duckdb.Error as e:
             raise StoreError(f"cannot open {self.path} for reading: {e}") from None
 
-    @contextlib.contextmanager
-    def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        cur = self._con.cursor()
-        try:
-            yield cur
-        finally:
-            cur.close()
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        return self._con.cursor()
 
-    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> list[dict]:
-        with self.reader() as cur:
-            result = cur.execute(sql, params or [])
-            names = [d[0] for d in result.description]
-            return [dict(zip(names, row)) for row in result.fetchall()]
+    reader = Store.reader
+    query = Store.query
 
     def close(self) -> None:
         self._con.close()
