@@ -19,8 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-import duckdb
-import pyarrow as pa
+# Arrow's own allocator keeps freed batch buffers: in a 3-minute soak the daemon peaked at 452 MB
+# with it and 270 MB with the system allocator. Only takes effect before pyarrow's first import.
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+
+import duckdb  # noqa: E402
+import pyarrow as pa  # noqa: E402
 
 from .otlp import Batch, TelemetryError
 
