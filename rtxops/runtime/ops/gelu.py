@@ -9,6 +9,7 @@ import torch
 from .. import originals
 from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
+from ._chunked import over_elements
 from ._compiled import compiled_variant
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -73,10 +74,7 @@ def _build_chunked(config, b: Bucket):
     n = config["chunk_elems"]
 
     def chunked(input, approximate="none"):
-        flat = input.reshape(-1)
-        if flat.shape[0] <= n:
-            return eager(input, approximate)
-        return torch.cat([eager(c, approximate) for c in flat.split(n)]).view(input.shape)
+        return over_elements(lambda c: eager(c, approximate), n, input)
 
     return chunked
 

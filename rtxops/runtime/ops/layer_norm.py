@@ -7,6 +7,7 @@ import torch
 from .. import originals
 from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
+from ._chunked import over_rows
 from ._compiled import compiled_variant
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -83,11 +84,8 @@ def _build_chunked(config, b: Bucket):
     rows = config["chunk_rows"]
 
     def chunked(input, normalized_shape, weight=None, bias=None, eps=1e-05):
-        flat = input.reshape(-1, input.shape[-1])
         w, bias = _f32(weight), _f32(bias)  # cast once: their grads sum over chunks in fp32
-        if flat.shape[0] <= rows:
-            return _norm(input, w, bias, eps)
-        return torch.cat([_norm(c, w, bias, eps) for c in flat.split(rows)]).view(input.shape)
+        return over_rows(lambda c: _norm(c, w, bias, eps), input, rows)
 
     return chunked
 

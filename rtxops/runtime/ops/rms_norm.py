@@ -6,6 +6,7 @@ import torch
 from .. import originals
 from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
+from ._chunked import over_rows
 from ._compiled import compiled_variant
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -66,11 +67,7 @@ def _build_chunked(config, b: Bucket):
     rows = config["chunk_rows"]
 
     def chunked(input, normalized_shape, weight=None, eps=None):
-        flat = input.reshape(-1, input.shape[-1])
-        if flat.shape[0] <= rows:
-            return eager(input, normalized_shape, weight, eps)
-        parts = [eager(c, normalized_shape, weight, eps) for c in flat.split(rows)]
-        return torch.cat(parts).view(input.shape)
+        return over_rows(lambda c: eager(c, normalized_shape, weight, eps), input, rows)
 
     return chunked
 

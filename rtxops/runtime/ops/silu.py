@@ -6,6 +6,7 @@ import torch
 from .. import originals
 from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
+from ._chunked import over_elements
 from ._compiled import compiled_variant
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -52,10 +53,7 @@ def _build_chunked(config, b: Bucket):
     n = config["chunk_elems"]
 
     def chunked(input, inplace=False):
-        flat = input.reshape(-1)
-        if flat.shape[0] <= n:
-            return eager(input)
-        return torch.cat([eager(c) for c in flat.split(n)]).view(input.shape)
+        return over_elements(eager, n, input)
 
     return chunked
 

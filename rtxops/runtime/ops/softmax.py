@@ -6,6 +6,7 @@ import torch
 from .. import originals
 from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
+from ._chunked import over_rows
 from ._compiled import compiled_variant
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -66,10 +67,7 @@ def _build_chunked(config, b: Bucket):
     rows = config["chunk_rows"]
 
     def chunked(input, dim=None, _stacklevel=3, dtype=None):
-        flat = input.reshape(-1, input.shape[-1])
-        if flat.shape[0] <= rows:
-            return eager(input)
-        return torch.cat([eager(c) for c in flat.split(rows)]).view(input.shape)
+        return over_rows(eager, input, rows)
 
     return chunked
 

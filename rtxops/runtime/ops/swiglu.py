@@ -7,6 +7,7 @@ import torch
 from .. import originals
 from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
+from ._chunked import over_elements
 from ._compiled import compiled_variant
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -62,11 +63,7 @@ def _build_chunked(config, bk: Bucket):
     n = config["chunk_elems"]
 
     def chunked(a, b):
-        fa = a.reshape(-1)
-        if fa.shape[0] <= n:
-            return eager(a, b)
-        parts = [eager(x, y) for x, y in zip(fa.split(n), b.reshape(-1).split(n))]
-        return torch.cat(parts).view(a.shape)
+        return over_elements(eager, n, a, b)
 
     return chunked
 

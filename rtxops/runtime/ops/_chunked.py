@@ -1,0 +1,23 @@
+"""Shared by the chunked variants: apply an op slice by slice so its fp32 temporaries stay small."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def over_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``fn`` over chunks of ``rows`` rows of ``x`` (all dims but the last flattened)."""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[0] <= rows:
+        return fn(x)
+    return torch.cat([fn(c) for c in flat.split(rows)]).view(x.shape)
+
+
+def over_elements(fn: Callable[..., torch.Tensor], n: int, *tensors: torch.Tensor) -> torch.Tensor:
+    """``fn`` over matching flat slices of ``n`` elements of same-shaped ``tensors``."""
+    first = tensors[0]
+    if first.numel() <= n:
+        return fn(*tensors)
+    slices = zip(*(t.reshape(-1).split(n) for t in tensors))
+    return torch.cat([fn(*s) for s in slices]).view(first.shape)
