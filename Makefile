@@ -34,7 +34,7 @@ bench: install
 	$(PY) bench/startup.py --out bench/results/startup.json
 	$(PY) bench/ingest.py --out bench/results/ingest.json
 	$(PY) bench/store_query.py --out bench/results/store_query.json
-	$(PY) bench/soak.py --minutes 5 --out bench/results/soak.json
+	$(PY) bench/soak.py --minutes 8 --out bench/results/soak.json
 
 clean:
 	rm -rf $(VENV) .rtxops .pytest_cache

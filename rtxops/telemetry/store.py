@@ -225,7 +225,7 @@ class Store:
         # DuckDB's worker threads would compete with the training jobs on a small machine
         self._con = duckdb.connect(str(self.path), config={
             "threads": int(os.environ.get("RTXOPS_STORE_THREADS", "1")),
-            "memory_limit": os.environ.get("RTXOPS_STORE_MEMORY", "256MB")})
+            "memory_limit": os.environ.get("RTXOPS_STORE_MEMORY", "96MB")})
         self.migrated_from = migrate(self._con)
         self._lock = threading.Lock()               # counters, queue bounds, cursor creation
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
