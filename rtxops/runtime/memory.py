@@ -34,18 +34,3 @@ def cuda_stats(device: int | None = None) -> dict[str, float]:
         "alloc_retries": s.get("num_alloc_retries", 0),
         "ooms": s.get("num_ooms", 0),
     }
-
-
-class CudaCallMemory:
-    """Per-call allocated-bytes delta and peak on CUDA (the peak counter is reset per call)."""
-
-    def __init__(self, device: int | None = None) -> None:
-        self.device = device
-
-    def begin(self) -> int:
-        torch.cuda.reset_peak_memory_stats(self.device)
-        return torch.cuda.memory_allocated(self.device)
-
-    def end(self, before: int) -> tuple[int, int]:
-        after = torch.cuda.memory_allocated(self.device)
-        return after - before, torch.cuda.max_memory_allocated(self.device) - before

@@ -56,10 +56,10 @@ def per_op(summary: dict) -> list[dict]:
 
 
 def _call_stats(dispatcher: Dispatcher) -> CallStats | None:
-    """The CallStats the readings keep: the readings themselves, one of a Fanout's sinks, or the
-    ``totals`` a telemetry recorder accumulates off the hot path."""
+    """The CallStats the readings keep: the readings themselves, or the ``totals`` a telemetry
+    recorder accumulates off the hot path."""
     r = dispatcher.readings
-    for candidate in (r, *getattr(r, "sinks", ()), getattr(r, "totals", None)):
+    for candidate in (r, getattr(r, "totals", None)):
         if isinstance(candidate, CallStats):
             return candidate
     return None

@@ -8,7 +8,6 @@ from typing import Callable
 
 import torch
 
-now_ns = perf_counter_ns
 
 
 class CudaEventTimer:
