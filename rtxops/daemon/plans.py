@@ -64,6 +64,13 @@ class PlanBoard:
             self._plans[key] = plan
         return plan
 
+    def promote(self, plan: Plan, job_id: str | None = None, *, decision: dict | None = None,
+                evidence: dict | None = None) -> Plan:
+        """Publish a plan the evolve loop decided on. ``decision`` (what changed and the statistics)
+        and ``evidence`` (trial ids, telemetry windows) travel with it; governance (#6) turns them
+        into a signed bundle before the plan is published. Raises PlanError."""
+        return self.publish(plan, job_id)
+
     def report(self, job_id: str, version: int, reason: str) -> None:
         with self._lock:
             self.reports.append({"job_id": job_id, "version": version, "reason": reason,

@@ -153,11 +153,41 @@ _V4 = (
     f"UPDATE kernel_minutes SET key_id = {_KEY}",
 )
 
+# The evolve loop's tables (#5): the tuning database, trials, correctness-gate results and
+# decisions (promotions, rejections, canaries, rollbacks) with their evidence as JSON text.
+_V5 = (
+    """CREATE TABLE tuning (
+        op VARCHAR, bucket VARCHAR, variant VARCHAR, config VARCHAR, device VARCHAR,
+        torch_version VARCHAR, triton_version VARCHAR, source_hash VARCHAR, source VARCHAR,
+        trials BIGINT, median_ns DOUBLE, spread DOUBLE, peak_bytes BIGINT, status VARCHAR,
+        reason VARCHAR, updated_ns BIGINT,
+        PRIMARY KEY (op, bucket, variant, config, device, torch_version, triton_version,
+                     source_hash))""",
+    """CREATE TABLE trials (
+        trial_id VARCHAR PRIMARY KEY, job_id VARCHAR, op VARCHAR, bucket VARCHAR,
+        variant VARCHAR, config VARCHAR, mode VARCHAR, strategy VARCHAR, started_ns BIGINT,
+        ended_ns BIGINT, samples BIGINT, median_ns DOUBLE, p95_ns DOUBLE, spread DOUBLE,
+        peak_bytes BIGINT, status VARCHAR, detail VARCHAR)""",
+    """CREATE TABLE gate_results (
+        op VARCHAR, bucket VARCHAR, variant VARCHAR, config VARCHAR, device VARCHAR,
+        torch_version VARCHAR, triton_version VARCHAR, source_hash VARCHAR, passed BOOLEAN,
+        reason VARCHAR, max_error DOUBLE, checked_ns BIGINT,
+        PRIMARY KEY (op, bucket, variant, config, device, torch_version, triton_version,
+                     source_hash))""",
+    """CREATE TABLE decisions (
+        decision_id VARCHAR PRIMARY KEY, job_id VARCHAR, op VARCHAR, bucket VARCHAR,
+        kind VARCHAR, candidate_variant VARCHAR, candidate_config VARCHAR,
+        incumbent_variant VARCHAR, incumbent_config VARCHAR, plan_version BIGINT, gain DOUBLE,
+        ci_low DOUBLE, ci_high DOUBLE, p_value DOUBLE, reason VARCHAR, evidence VARCHAR,
+        bundle_digest VARCHAR, at_ns BIGINT)""",
+)
+
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "resources, spans, span events, ingest log; kernel/step/memory/swap views", _V1),
     (2, "jobs, job logs and job events of the supervisor", _V2),
     (3, "kernel spans rolled up per minute (kernel_minutes)", _V3),
     (4, "kernel_minutes.key_id: one integer per (job, op, bucket, variant, config, phase)", _V4),
+    (5, "evolve: tuning database, trials, gate results, decisions", _V5),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
