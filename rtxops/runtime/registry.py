@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Iterable
 
 from .errors import RegistryError
@@ -74,12 +75,27 @@ class Registry:
 
 
 def load_builtin(registry: Registry | None = None) -> Registry:
-    """A registry holding every built-in op (one module per op under ``rtxops.runtime.ops``)."""
+    """A registry holding every built-in op (one module per op under ``rtxops.runtime.ops``),
+    plus the variants of the plugin modules named in ``RTXOPS_VARIANT_MODULES``."""
     registry = registry or Registry()
     for name in OP_MODULES:
         module = importlib.import_module(f"rtxops.runtime.ops.{name}")
         registry.add_op(module.SPEC, module.VARIANTS)
+    load_plugins(registry, os.environ.get("RTXOPS_VARIANT_MODULES", ""))
     return registry
+
+
+def load_plugins(registry: Registry, modules: str) -> None:
+    """Add the ``VARIANTS`` of each module in the comma-separated ``modules`` (a user's own
+    kernels: the job and the daemon both load them, so the evolve loop can tune them)."""
+    for name in filter(None, (m.strip() for m in modules.split(","))):
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            raise RegistryError(f"variant module {name!r} (RTXOPS_VARIANT_MODULES) cannot be "
+                                f"imported: {e}") from None
+        for variant in getattr(module, "VARIANTS", ()):
+            registry.add_variant(variant)
 
 
 _default: Registry | None = None
