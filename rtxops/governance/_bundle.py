@@ -1,0 +1,83 @@
+"""Turning a directory into a signed bundle: SBOM, provenance, then the Sigstore bundle whose
+DSSE statement lists every file's sha256."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import _dsse, _keys, provenance, sbom
+from ._errors import UsageError
+from ._layout import KINDS, PLAN, PROVENANCE, SBOM, SIGNATURE, hash_files, list_files
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("rtxops")
+    except Exception:
+        return "0"
+
+
+@dataclass
+class Signer:
+    """Signs bundles with an ECDSA P-256 key (key mode). ``builder`` names who built them:
+    ``rtxops-daemon`` for the daemon, ``rtxops-cli`` for a user's ``rtxops sign``."""
+
+    key: object
+    builder: str = "rtxops-cli"
+
+    @classmethod
+    def from_key_file(cls, path: str | Path, builder: str = "rtxops-cli") -> Signer:
+        return cls(_keys.load_private(Path(path)), builder)
+
+    @property
+    def key_id(self) -> str:
+        return _keys.key_id(self.key.public_key())
+
+    @property
+    def builder_id(self) -> str:
+        return f"{self.builder}://{self.key_id}"
+
+    def sign_directory(self, directory: str | Path, *, kind: str = "checkpoint", version: int = 0,
+                       scope: str | None = None, decision: dict | None = None,
+                       evidence: dict | None = None,
+                       kernels: list[sbom.KernelComponent] | tuple = ()) -> str:
+        """Write ``sbom.cdx.json``, ``provenance.intoto.json`` and ``bundle.sigstore.json`` into
+        ``directory`` (replacing earlier ones); return the bundle's root digest."""
+        root = Path(directory)
+        if kind not in KINDS:
+            raise UsageError(f"unknown artifact kind {kind!r} (kinds: {', '.join(KINDS)})")
+        if not root.is_dir() or root.is_symlink():
+            raise UsageError(f"{root} is not a directory")
+        for generated in (SBOM, PROVENANCE, SIGNATURE):
+            (root / generated).unlink(missing_ok=True)
+        names = list_files(root)
+        hashing = hash_files(root, names)  # overlaps with building the SBOM below
+        sbom_bytes = sbom.build(kernels, name=root.name or "bundle", kind=kind)
+        (root / SBOM).write_bytes(sbom_bytes)
+        digests = dict(hashing.result())
+        digests[SBOM] = hashlib.sha256(sbom_bytes).hexdigest()
+        prov = provenance.build(kind=kind, version=version, subjects=digests, scope=scope,
+                                builder_id=self.builder_id, builder_version={"rtxops": _version()},
+                                decision=decision, evidence=evidence)
+        (root / PROVENANCE).write_bytes(prov)
+        digests[PROVENANCE] = hashlib.sha256(prov).hexdigest()
+        bundle = _dsse.sign(_dsse.statement(digests), self.key)
+        (root / SIGNATURE).write_text(json.dumps(bundle, indent=1) + "\n")
+        return "sha256:" + _dsse.root_digest(digests)
+
+
+def write_plan_bundle(directory: Path, plan_json: str, sources: dict[str, str]) -> None:
+    """Lay out a plan bundle's content: ``plan.json`` and the kernel sources (``{path: text}``)."""
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    (directory / PLAN).write_text(plan_json)
+    for rel, text in sources.items():
+        path = directory / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)

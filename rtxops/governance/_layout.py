@@ -1,0 +1,106 @@
+"""Bundle layout: which files a bundle holds, their sha256, and the path rules (sorted relative
+POSIX paths, no symlinks, no ``..``, no absolute paths)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+
+from ._errors import VerificationError
+
+PLAN = "plan.json"
+SBOM = "sbom.cdx.json"
+PROVENANCE = "provenance.intoto.json"
+SIGNATURE = "bundle.sigstore.json"
+KINDS = ("plan", "checkpoint", "telemetry", "ledger")
+
+MAX_SIGNATURE_BYTES = 4 << 20   # the Sigstore bundle (statement with one line per file)
+MAX_METADATA_BYTES = 16 << 20   # plan, SBOM, provenance: parsed as JSON
+MAX_FILES = 100_000
+_CHUNK = 1 << 20
+
+
+def check_name(name: str) -> str:
+    """``name`` as a safe relative POSIX path, else VerificationError."""
+    if not isinstance(name, str) or not name:
+        raise VerificationError("manifest", f"file name {name!r} is not a non-empty string")
+    p = PurePosixPath(name)
+    if p.is_absolute() or name.startswith("/") or "\\" in name or (len(name) > 1 and name[1] == ":"):
+        raise VerificationError("manifest", f"file name {name!r} is an absolute path")
+    if any(part in ("..", ".", "") for part in name.split("/")):
+        raise VerificationError("manifest", f"file name {name!r} has '..', '.' or an empty part")
+    if any(ord(c) < 32 for c in name):
+        raise VerificationError("manifest", f"file name {name!r} has control characters")
+    return name
+
+
+def list_files(root: Path) -> list[str]:
+    """Every regular file under ``root`` (sorted relative POSIX paths) except the signature.
+    A symlink or a special file anywhere is a VerificationError."""
+    names: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for d in dirnames:
+            if os.path.islink(os.path.join(dirpath, d)):
+                rel = os.path.relpath(os.path.join(dirpath, d), root)
+                raise VerificationError("layout", f"{Path(rel).as_posix()} is a symlink; bundles hold no symlinks")
+        for f in filenames:
+            full = os.path.join(dirpath, f)
+            rel = Path(os.path.relpath(full, root)).as_posix()
+            mode = os.lstat(full).st_mode
+            if stat.S_ISLNK(mode):
+                raise VerificationError("layout", f"{rel} is a symlink; bundles hold no symlinks")
+            if not stat.S_ISREG(mode):
+                raise VerificationError("layout", f"{rel} is not a regular file")
+            if rel != SIGNATURE:
+                names.append(check_name(rel))
+            if len(names) > MAX_FILES:
+                raise VerificationError("layout", f"more than {MAX_FILES} files (oversized input)")
+    return sorted(names)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def hash_files(root: Path, names: list[str]) -> Future:
+    """Start hashing ``names`` on worker threads (hashlib lets go of the GIL on big buffers, so
+    the caller builds metadata meanwhile); the future gives ``{name: sha256 hex}``."""
+    pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)),
+                              thread_name_prefix="rtxops-hash")
+    futures = {n: pool.submit(sha256_file, root / n) for n in names}
+    pool.shutdown(wait=False)
+    done: Future = Future()
+
+    def collect(_f=None) -> None:
+        if done.done() or not all(f.done() for f in futures.values()):
+            return
+        try:
+            done.set_result({n: f.result() for n, f in futures.items()})
+        except BaseException as e:  # noqa: BLE001 - handed to the waiter
+            if not done.done():
+                done.set_exception(e)
+
+    for f in futures.values():
+        f.add_done_callback(collect)
+    collect()
+    return done
+
+
+def read_limited(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of ``path`` if it is at most ``limit`` long (oversized input is refused)."""
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise VerificationError(what, f"cannot read {path.name}: {e.strerror}") from None
+    if size > limit:
+        raise VerificationError(what, f"{path.name} is {size} bytes, over the {limit} byte limit "
+                                      "(oversized input)")
+    return path.read_bytes()

@@ -1,0 +1,108 @@
+"""The trusted keyring: a JSON file mapping key id → public key PEM, validity window, the artifact
+kinds the key may sign, and revocation. Only keys here are trusted (besides ``--key``)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import _keys
+from ._errors import UsageError, VerificationError
+from ._layout import KINDS
+
+
+@dataclass
+class TrustedKey:
+    key_id: str
+    pem: str
+    name: str = ""
+    kinds: list[str] = field(default_factory=lambda: list(KINDS))
+    not_before: float = 0.0
+    not_after: float | None = None
+    revoked_at: float | None = None
+    revoked_reason: str = ""
+
+    def problem(self, kind: str | None, at: float) -> str | None:
+        """Why this key cannot vouch for a ``kind`` bundle at time ``at``, or None."""
+        if self.revoked_at is not None and at >= self.revoked_at:
+            return f"key {self.key_id[:16]} was revoked at {_iso(self.revoked_at)}" + (
+                f" ({self.revoked_reason})" if self.revoked_reason else "")
+        if at < self.not_before:
+            return f"key {self.key_id[:16]} is not valid before {_iso(self.not_before)}"
+        if self.not_after is not None and at > self.not_after:
+            return f"key {self.key_id[:16]} expired at {_iso(self.not_after)}"
+        if kind is not None and kind not in self.kinds:
+            return f"key {self.key_id[:16]} may sign {', '.join(self.kinds)} bundles, not {kind}"
+        return None
+
+
+class Keyring:
+    def __init__(self, path: Path | None = None, keys: dict[str, TrustedKey] | None = None) -> None:
+        self.path = path
+        self.keys: dict[str, TrustedKey] = keys or {}
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Keyring:
+        """Read the keyring at ``path``; an absent file is an empty keyring."""
+        path = Path(path)
+        if not path.exists():
+            return cls(path)
+        try:
+            data = json.loads(path.read_text())
+            keys = {k: TrustedKey(**v) for k, v in data["keys"].items()}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"keyring {path} is unreadable: {e}") from None
+        return cls(path, keys)
+
+    def save(self) -> None:
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps({"keys": {k: asdict(v) for k, v in sorted(self.keys.items())}},
+                                  indent=1, sort_keys=True) + "\n")
+        tmp.replace(self.path)
+
+    def trust(self, pem: bytes, *, name: str = "", kinds: list[str] | None = None,
+              not_before: float | None = None, not_after: float | None = None) -> TrustedKey:
+        """Add (or re-trust) a public key; returns its entry."""
+        key = _keys.load_public(pem)
+        for k in kinds or ():
+            if k not in KINDS:
+                raise UsageError(f"unknown artifact kind {k!r} (kinds: {', '.join(KINDS)})")
+        kid = _keys.key_id(key)
+        entry = TrustedKey(kid, _keys.public_pem(key).decode(), name, list(kinds or KINDS),
+                           time.time() if not_before is None else not_before, not_after)
+        self.keys[kid] = entry
+        return entry
+
+    def revoke(self, key_id: str, reason: str = "", at: float | None = None) -> TrustedKey:
+        entry = self.find(key_id)
+        entry.revoked_at, entry.revoked_reason = (time.time() if at is None else at), reason
+        return entry
+
+    def find(self, key_id: str) -> TrustedKey:
+        """The entry whose id is ``key_id`` or starts with it (at least 8 characters)."""
+        if key_id in self.keys:
+            return self.keys[key_id]
+        hits = [k for k in self.keys if len(key_id) >= 8 and k.startswith(key_id)]
+        if len(hits) != 1:
+            raise UsageError(f"no single key in the keyring matches {key_id!r}")
+        return self.keys[hits[0]]
+
+    def check(self, key_id: str, kind: str | None, at: float | None = None) -> TrustedKey:
+        """The trusted entry for ``key_id``, valid now for ``kind``; else VerificationError."""
+        entry = self.keys.get(key_id)
+        if entry is None:
+            raise VerificationError("signer", f"key {key_id[:16]} is not in the keyring "
+                                              f"{self.path or ''}".rstrip())
+        problem = entry.problem(kind, time.time() if at is None else at)
+        if problem:
+            raise VerificationError("signer", problem)
+        return entry
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,128 @@
+"""Policies: YAML files of CEL rules (cel-python) over a bundle's facts → allow, or deny with the
+failing rules' reasons.
+
+A policy file::
+
+    name: default
+    params: {min_gain: 0.03}
+    rules:
+      - name: trusted-signer
+        require: bundle.signer.trusted          # CEL; must be true
+        reason: the bundle is not signed by a trusted key
+
+Variables: ``bundle`` (kind, version, scope, signer, builder, decision, variants, packages),
+``job`` (id, deterministic) and ``params``. Search order for the default policy directory:
+``$RTXOPS_POLICIES``, the source checkout's ``policies/``, ``<prefix>/share/rtxops/policies``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ._errors import UsageError
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    require: str
+    reason: str
+    program: Any = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    reasons: tuple[str, ...]   # one per failed rule: "policy/rule: reason"
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    rules: tuple[Rule, ...]
+    params: dict
+
+    @classmethod
+    def from_yaml(cls, text: str, where: str = "policy") -> Policy:
+        import celpy
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise UsageError(f"{where} is not valid YAML: {e}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
+            raise UsageError(f"{where} must be a mapping with a 'rules' list")
+        env = celpy.Environment()
+        rules = []
+        for i, r in enumerate(data["rules"]):
+            if not isinstance(r, dict) or not all(isinstance(r.get(k), str) for k in ("name", "require", "reason")):
+                raise UsageError(f"{where}: rules[{i}] needs string 'name', 'require' and 'reason'")
+            try:
+                program = env.program(env.compile(r["require"]))
+            except Exception as e:  # CELParseError and friends
+                raise UsageError(f"{where}: rule {r['name']!r} is not valid CEL: {e}") from None
+            rules.append(Rule(r["name"], r["require"], r["reason"], program))
+        params = data.get("params") or {}
+        if not isinstance(params, dict):
+            raise UsageError(f"{where}: params must be a mapping")
+        return cls(str(data.get("name") or Path(where).stem), tuple(rules), params)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Policy:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise UsageError(f"cannot read policy {path}: {e.strerror}") from None
+        return cls.from_yaml(text, str(path))
+
+    def evaluate(self, bundle: dict, job: dict | None = None) -> Decision:
+        import celpy
+
+        activation = {"bundle": celpy.json_to_cel(bundle),
+                      "job": celpy.json_to_cel({"id": "", "deterministic": False, **(job or {})}),
+                      "params": celpy.json_to_cel(self.params)}
+        reasons = []
+        for rule in self.rules:
+            try:
+                result = rule.program.evaluate(activation)
+                ok = isinstance(result, bool) and bool(result)  # BoolType subclasses int: check value
+                ok = ok or (type(result).__name__ == "BoolType" and bool(result))
+            except Exception as e:  # an error evaluating a rule denies, with the error
+                reasons.append(f"{self.name}/{rule.name}: could not be evaluated ({e})")
+                continue
+            if not ok:
+                reasons.append(f"{self.name}/{rule.name}: {rule.reason}")
+        return Decision(not reasons, tuple(reasons))
+
+
+def default_policy_dir() -> Path:
+    candidates = [os.environ.get("RTXOPS_POLICIES"),
+                  Path(__file__).resolve().parents[2] / "policies",
+                  Path(sys.prefix) / "share" / "rtxops" / "policies"]
+    for c in candidates:
+        if c and Path(c).is_dir() and any(Path(c).glob("*.yaml")):
+            return Path(c)
+    raise UsageError("no policy directory found: set RTXOPS_POLICIES to a folder of policy YAML files")
+
+
+def load_policies(paths: list[str | os.PathLike[str]] | None = None) -> list[Policy]:
+    """The policies in ``paths`` (files or folders), else every file in the default folder."""
+    files: list[Path] = []
+    for p in paths or [default_policy_dir()]:
+        p = Path(p)
+        files += sorted(p.glob("*.yaml")) if p.is_dir() else [p]
+    if not files:
+        raise UsageError("no policy files given")
+    return [Policy.load(f) for f in files]
+
+
+def evaluate_all(policies: list[Policy], bundle: dict, job: dict | None = None) -> Decision:
+    reasons: list[str] = []
+    for p in policies:
+        reasons += p.evaluate(bundle, job).reasons
+    return Decision(not reasons, tuple(reasons))

@@ -1,0 +1,222 @@
+"""Offline verification of a bundle directory, one named check after another. The first failing
+check stops it (later checks rely on the earlier ones)."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import _dsse, _keys, provenance, sbom
+from ._errors import GovernanceError, UsageError, VerificationError
+from ._layout import (KINDS, MAX_METADATA_BYTES, MAX_SIGNATURE_BYTES, PLAN, PROVENANCE, SBOM,
+                      SIGNATURE, hash_files, list_files, read_limited)
+from .keyring import Keyring
+from .policy import Policy, evaluate_all
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    message: str
+
+
+@dataclass
+class Report:
+    path: str
+    checks: list[Check] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    @property
+    def failure(self) -> Check | None:
+        return next((c for c in self.checks if not c.ok), None)
+
+    def passed(self, name: str, message: str) -> None:
+        self.checks.append(Check(name, True, message))
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "ok": self.ok,
+                "checks": [{"check": c.name, "ok": c.ok, "message": c.message} for c in self.checks],
+                "facts": self.facts}
+
+    def lines(self) -> list[str]:
+        return [f"{'ok  ' if c.ok else 'FAIL'} {c.name:<11} {c.message}" for c in self.checks]
+
+
+@dataclass
+class Trust:
+    """Whom to trust: a keyring, one public key (PEM), or a keyless identity + issuer checked
+    against a pinned Sigstore trusted root."""
+
+    keyring: Keyring | None = None
+    public_key: bytes | None = None
+    identity: str | None = None
+    issuer: str | None = None
+    trusted_root: Path | None = None
+
+
+def verify(path: str | Path, trust: Trust, *, policies: list[Policy] | None = None,
+           expected_kind: str | None = None, min_version: int | None = None,
+           newer_than: int | None = None, job: dict | None = None, at: float | None = None) -> Report:
+    """Verify the bundle at ``path``. Raises UsageError when it cannot be read at all; every
+    verification failure is the report's failing check."""
+    root = Path(path)
+    if not root.exists():
+        raise UsageError(f"{root} does not exist")
+    if root.is_symlink() or not root.is_dir():
+        raise UsageError(f"{root} is not a bundle directory")
+    report = Report(str(root))
+    try:
+        _run(root, trust, report, policies, expected_kind, min_version, newer_than, job,
+             time.time() if at is None else at)
+    except VerificationError as e:
+        report.checks.append(Check(e.check, False, e.message))
+    except (OSError, GovernanceError) as e:
+        report.checks.append(Check("input", False, str(e)))
+    return report
+
+
+def _run(root: Path, trust: Trust, report: Report, policies, expected_kind, min_version,
+         newer_than, job, at: float) -> None:
+    names = list_files(root)
+    hashing = hash_files(root, names)  # overlaps with the signature and metadata checks
+    try:
+        _checks(root, names, hashing, trust, report, policies, expected_kind, min_version,
+                newer_than, job, at)
+    finally:
+        hashing.cancel()
+
+
+def _checks(root, names, hashing, trust: Trust, report: Report, policies, expected_kind,
+            min_version, newer_than, job, at) -> None:
+    report.passed("layout", f"{len(names)} files, no symlinks")
+    if not (root / SIGNATURE).is_file():
+        raise VerificationError("bundle", f"{SIGNATURE} is missing: the directory is not signed")
+    env = _dsse.parse(read_limited(root / SIGNATURE, MAX_SIGNATURE_BYTES, "bundle"))
+    report.passed("bundle", f"Sigstore bundle v0.3, one DSSE signature")
+
+    signer = _signature(env, trust, report)
+    signed = _dsse.parse_statement(env.payload)
+    report.passed("statement", f"in-toto statement over {len(signed)} files, subject digest matches")
+
+    for n in (SBOM, PROVENANCE):
+        if n not in signed:
+            raise VerificationError("manifest", f"{n} is not among the signed files")
+    prov_bytes = read_limited(root / PROVENANCE, MAX_METADATA_BYTES, "provenance")
+    sbom_bytes = read_limited(root / SBOM, MAX_METADATA_BYTES, "sbom")
+    prov = provenance.parse(prov_bytes)
+    params = prov["predicate"]["buildDefinition"]["externalParameters"]
+    kind = params.get("kind")
+    if kind not in KINDS:
+        raise VerificationError("kind", f"unknown artifact kind {kind!r}")
+    if expected_kind and kind != expected_kind:
+        raise VerificationError("kind", f"the bundle is a {kind} bundle, not a {expected_kind} bundle")
+    if signer.get("entry") is not None:
+        problem = signer["entry"].problem(kind, at)
+        if problem:
+            raise VerificationError("signer", problem)
+
+    digests = hashing.result()
+    _files(names, signed, digests)
+    report.passed("files", f"every file's sha256 matches the signed statement ({len(signed)} files)")
+
+    problem = sbom.schema_problem(sbom_bytes.decode("utf-8", "replace"))
+    if problem:
+        raise VerificationError("sbom", f"the SBOM fails the CycloneDX {sbom.SPEC_VERSION} schema: {problem}")
+    report.passed("sbom", f"CycloneDX {sbom.SPEC_VERSION}, schema valid, digest signed")
+
+    want = {n: d for n, d in signed.items() if n != PROVENANCE}
+    if provenance.subjects(prov) != want:
+        raise VerificationError("provenance", "provenance subjects do not match the signed files")
+    builder = prov["predicate"]["runDetails"]["builder"]
+    report.passed("provenance", f"SLSA v1, kind {kind}, builder {builder['id'][:48]}")
+
+    version = params.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise VerificationError("version", f"version {version!r} is not an integer")
+    if kind == "plan":
+        if PLAN not in signed:
+            raise VerificationError("plan", f"a plan bundle must hold {PLAN}")
+        plan = _plan_json(root)
+        if plan.get("version") != version:
+            raise VerificationError("plan", f"{PLAN} has version {plan.get('version')!r}, the "
+                                            f"provenance says {version}")
+    if min_version is not None and version < min_version:
+        raise VerificationError("version", f"version {version} is older than {min_version}, the newest "
+                                           "accepted one (replay of an older bundle)")
+    if newer_than is not None and version <= newer_than:
+        raise VerificationError("version", f"version {version} is not newer than the running "
+                                           f"version {newer_than}")
+    report.passed("version", f"version {version}" + (f" >= {min_version}" if min_version is not None else "")
+                  + (f" > running {newer_than}" if newer_than is not None else ""))
+
+    sb = sbom.facts(json.loads(sbom_bytes))
+    decision = {k: (float(v) if isinstance(v, int) and not isinstance(v, bool) and k in
+                    ("gain", "ci_low", "ci_high", "p_value") else v)
+                for k, v in (params.get("decision") or {}).items()}
+    report.facts = {
+        "kind": kind, "version": version, "scope": params.get("scope") or "",
+        "signer": {k: v for k, v in signer.items() if k != "entry"},
+        "builder": {"id": builder["id"], "version": builder.get("version") or {}},
+        "decision": {"kind": "", "gain": 0.0, "ci_low": 0.0, **decision},
+        "variants": sb["variants"], "packages": sb["packages"],
+        "digest": "sha256:" + _dsse.root_digest(signed),
+    }
+    if policies:
+        result = evaluate_all(policies, report.facts, job)
+        if not result.allowed:
+            raise VerificationError("policy", "denied: " + "; ".join(result.reasons))
+        report.passed("policy", f"allowed by {', '.join(p.name for p in policies)}")
+
+
+def _signature(env: _dsse.Envelope, trust: Trust, report: Report) -> dict:
+    if env.keyless:
+        from ._keyless import verify_keyless
+
+        identity = verify_keyless(env, trust)
+        report.passed("signature", f"keyless: {identity['identity']} from {identity['issuer']}")
+        return {"key_id": "", "trusted": True, "mode": "keyless", **identity, "entry": None}
+    if trust.public_key is not None:
+        key = _keys.load_public(trust.public_key)
+        _dsse.verify_key(env, key)
+        kid = _keys.key_id(key)
+        report.passed("signature", f"verifies with the given key {kid[:16]}")
+        return {"key_id": kid, "trusted": True, "mode": "key", "name": "", "entry": None}
+    if trust.keyring is None:
+        raise UsageError("give a public key, a keyring, or a keyless identity and issuer")
+    entry = trust.keyring.check(env.key_hint or "", None)
+    _dsse.verify_key(env, _keys.load_public(entry.pem.encode(), f"keyring key {entry.key_id[:16]}"))
+    report.passed("signature", f"verifies with trusted key {entry.key_id[:16]}"
+                  + (f" ({entry.name})" if entry.name else ""))
+    return {"key_id": entry.key_id, "trusted": True, "mode": "key", "name": entry.name, "entry": entry}
+
+
+def _files(names: list[str], signed: dict[str, str], digests: dict[str, str]) -> None:
+    on_disk = set(names)
+    missing = sorted(set(signed) - on_disk)
+    if missing:
+        raise VerificationError("files", f"missing file {missing[0]} (signed but not in the bundle)")
+    extra = sorted(on_disk - set(signed))
+    if extra:
+        raise VerificationError("files", f"extra file {extra[0]} (in the bundle but not signed)")
+    for n in sorted(signed):
+        if digests[n] != signed[n]:
+            what = {SBOM: "the SBOM's", PROVENANCE: "the provenance's"}.get(n, f"{n}:")
+            raise VerificationError("files", f"{what} sha256 {digests[n][:16]}… differs from the signed "
+                                             f"{signed[n][:16]}… (tampered, truncated or swapped)")
+
+
+def _plan_json(root: Path) -> dict:
+    try:
+        data = json.loads(read_limited(root / PLAN, MAX_METADATA_BYTES, "plan"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise VerificationError("plan", f"{PLAN} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise VerificationError("plan", f"{PLAN} is not a JSON object")
+    return data
