@@ -182,12 +182,21 @@ _V5 = (
         bundle_digest VARCHAR, at_ns BIGINT)""",
 )
 
+# Governance (#6): the append-only, hash-chained ledger of signed decisions (see store_ledger.py).
+_V6 = (
+    """CREATE TABLE ledger (
+        seq BIGINT PRIMARY KEY, at_ns BIGINT, kind VARCHAR, scope VARCHAR, version BIGINT,
+        subject_digest VARCHAR, decision VARCHAR, signer VARCHAR, reason VARCHAR,
+        prev_hash VARCHAR, entry_hash VARCHAR)""",
+)
+
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "resources, spans, span events, ingest log; kernel/step/memory/swap views", _V1),
     (2, "jobs, job logs and job events of the supervisor", _V2),
     (3, "kernel spans rolled up per minute (kernel_minutes)", _V3),
     (4, "kernel_minutes.key_id: one integer per (job, op, bucket, variant, config, phase)", _V4),
     (5, "evolve: tuning database, trials, gate results, decisions", _V5),
+    (6, "governance: ledger (append-only, hash-chained)", _V6),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
