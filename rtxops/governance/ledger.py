@@ -1,0 +1,53 @@
+"""The ledger: every promotion, rollback, manual publish and denial, hash-chained in the store.
+A head file next to the store (last seq and hash) catches a deleted tail."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rtxops.telemetry.store_ledger import GENESIS, append_entry, entry_hash, newest_version, read_entries
+
+__all__ = ["append", "check_chain", "export_jsonl", "newest_version", "read_entries"]
+
+
+def append(store, head_file: Path | None, **entry) -> dict:
+    row = append_entry(store, **entry)
+    if head_file is not None:
+        tmp = head_file.with_name(head_file.name + ".tmp")
+        tmp.write_text(json.dumps({"seq": row["seq"], "entry_hash": row["entry_hash"]}) + "\n")
+        tmp.replace(head_file)
+    return row
+
+
+def check_chain(rows: list[dict], head: dict | None = None) -> list[str]:
+    """Every problem in ``rows`` (stored order): an edited entry (hash), a deleted or reordered
+    one (sequence, previous hash), a deleted tail (``head``). Empty when intact."""
+    problems = []
+    prev, expected_seq = GENESIS, 1
+    for row in rows:
+        seq = row.get("seq")
+        if seq != expected_seq:
+            problems.append(f"entry {seq}: expected sequence number {expected_seq} (deleted or reordered entry)")
+        if row.get("prev_hash") != prev:
+            problems.append(f"entry {seq}: previous hash does not match entry {expected_seq - 1} "
+                            "(deleted or reordered entry)")
+        if entry_hash(row) != row.get("entry_hash"):
+            problems.append(f"entry {seq}: its hash does not match its contents (edited entry)")
+        prev, expected_seq = row.get("entry_hash"), expected_seq + 1
+    if head is not None:
+        last = rows[-1] if rows else {"seq": 0, "entry_hash": GENESIS}
+        if (last["seq"], last["entry_hash"]) != (head.get("seq"), head.get("entry_hash")):
+            problems.append(f"the last entry is {last['seq']}, the head file says {head.get('seq')} "
+                            "(entries deleted at the end, or the head replaced)")
+    return problems
+
+
+def read_head(head_file: Path) -> dict | None:
+    try:
+        return json.loads(head_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def export_jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in rows)

@@ -1,0 +1,52 @@
+"""The governance ledger's table: append-only and hash-chained. Each entry's hash covers its
+fields and the previous entry's hash, so an edited, deleted or reordered row breaks the chain.
+Appends go through the store's writer thread, which serialises them."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+from .store import Store
+
+GENESIS = "sha256:" + "0" * 64
+FIELDS = ("seq", "at_ns", "kind", "scope", "version", "subject_digest", "decision", "signer",
+          "reason", "prev_hash")
+
+
+def entry_hash(row: dict[str, Any]) -> str:
+    """sha256 over the canonical JSON of the entry's fields (all but its own hash)."""
+    body = json.dumps({k: row.get(k) for k in FIELDS}, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+
+
+def append_entry(store: Store, *, kind: str, scope: str, version: int, subject_digest: str,
+                 decision: dict | None, signer: str, reason: str = "",
+                 timeout_s: float = 30.0) -> dict:
+    """Append one entry after the current last one; returns it (with seq and hashes)."""
+
+    def append(cur) -> dict:
+        last = cur.execute("SELECT seq, entry_hash FROM ledger ORDER BY seq DESC LIMIT 1").fetchone()
+        row = {"seq": (last[0] + 1) if last else 1, "at_ns": time.time_ns(), "kind": kind,
+               "scope": scope, "version": version, "subject_digest": subject_digest,
+               "decision": json.dumps(decision or {}, sort_keys=True, separators=(",", ":")),
+               "signer": signer, "reason": reason, "prev_hash": last[1] if last else GENESIS}
+        row["entry_hash"] = entry_hash(row)
+        cur.execute(f"INSERT INTO ledger ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                    list(row.values()))
+        return row
+
+    return store.run_write(append).result(timeout_s)
+
+
+def read_entries(q) -> list[dict]:
+    """Every entry in stored order (``q``: a Store or ReadOnlyStore)."""
+    return q.query(f"SELECT {', '.join(FIELDS)}, entry_hash FROM ledger ORDER BY seq")
+
+
+def newest_version(q, scope: str, kinds: tuple[str, ...] = ("promote", "rollback", "manual")) -> int | None:
+    """The highest plan version the ledger accepted for ``scope``, or None."""
+    rows = q.query("SELECT max(version) AS v FROM ledger WHERE scope = $scope AND list_contains($kinds, kind)",
+                   {"scope": scope, "kinds": list(kinds)})
+    return rows[0]["v"] if rows else None
