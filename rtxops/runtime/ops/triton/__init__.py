@@ -1,0 +1,34 @@
+"""Triton kernels (forward + backward, one op per module with its autograd.Function) and their
+registration as CUDA-only variants with tunable config spaces.
+
+This module does not import triton: kernel modules are imported on the first build (see
+``_variant``). Every tunable's first choice is ``"auto"``, the kernel module's heuristic for the
+bucket, so a variant's default config works on any untuned bucket.
+"""
+from __future__ import annotations
+
+from ._variant import AUTO, TritonVariant, triton_variant
+
+WARPS = [AUTO, 1, 2, 4, 8, 16, 32]
+ROWS_PER_PROGRAM = [AUTO, 1, 4, 16, 64, 256]
+ELEMENTWISE_BLOCK = [AUTO, 256, 1024, 4096]
+
+# op -> (kernel module, config space, description)
+_TABLE: dict[str, tuple[str, dict[str, list], str]] = {
+    "rms_norm": ("rms_norm", {"num_warps": WARPS, "rows_per_program": ROWS_PER_PROGRAM},
+                 "Triton RMSNorm: one row per program; weight grad from per-program fp32 partials"),
+}
+
+
+def ops() -> list[str]:
+    """The ops that have a Triton variant."""
+    return list(_TABLE)
+
+
+def variants(op: str) -> list[TritonVariant]:
+    """The Triton variants of ``op`` (empty when there is none)."""
+    entry = _TABLE.get(op)
+    if entry is None:
+        return []
+    module, space, description = entry
+    return [triton_variant(op, module, {k: list(v) for k, v in space.items()}, description)]

@@ -1,0 +1,70 @@
+"""The Triton variant type: CUDA-only, built lazily, heuristic defaults for an untuned bucket.
+
+Kernel modules import triton and decorate kernels at import time; whether ``@triton.jit`` makes a
+compiled or an interpreted kernel depends on ``TRITON_INTERPRET`` *then*. So registration only
+names the module, and :meth:`TritonVariant.build` imports it on the first build.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ...bucket import Bucket
+from ...spec import Variant
+
+AUTO = "auto"  # first choice of every tunable: the kernel module's heuristic for the bucket
+INTERPRET_FLAG = "RTXOPS_TRITON_INTERPRET"
+
+
+def interpreter_enabled() -> bool:
+    """Tests only: CPU tensors are accepted when both this flag and ``TRITON_INTERPRET`` are 1."""
+    return os.environ.get(INTERPRET_FLAG) == "1" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def resolve(config: dict, heuristic: dict) -> dict:
+    """``config`` with every ``auto`` replaced by the heuristic's value (the config actually used)."""
+    return {k: heuristic[k] if config.get(k, AUTO) == AUTO else config[k] for k in heuristic}
+
+
+def kernel_module(name: str) -> Any:
+    return importlib.import_module(f"{__package__}.{name}")
+
+
+@dataclass
+class TritonVariant(Variant):
+    """A variant whose ``build`` lives in ``rtxops.runtime.ops.triton.<module>``.
+
+    Registered for CUDA only; on CPU it is never chosen unless the interpreter flag is set (tests).
+    """
+
+    module: str = ""
+
+    def supports(self, bucket: Bucket) -> bool:
+        if bucket.torch_dtype not in self.dtypes:
+            return False
+        return bucket.device == "cuda" or (bucket.device == "cpu" and interpreter_enabled())
+
+    @property
+    def source_hash(self) -> str:
+        """sha256 of the kernel module's source, read without importing triton."""
+        spec = importlib.util.find_spec(f"{__package__}.{self.module}")
+        origin = spec.origin if spec else None
+        data = Path(origin).read_bytes() if origin else self.name.encode()
+        return hashlib.sha256(data).hexdigest()
+
+
+def triton_variant(op: str, module: str, space: dict[str, list], description: str,
+                   name: str = "triton", **kwargs: Any) -> TritonVariant:
+    """A CUDA-only Triton variant of ``op`` built by ``<module>.build(config, bucket)``."""
+
+    def build(config: dict, bucket: Bucket) -> Callable[..., Any]:
+        return kernel_module(module).build(config, bucket)
+
+    return TritonVariant(op, name, "triton", build, config_space=space,
+                         devices=frozenset({"cuda"}), description=description, module=module,
+                         **kwargs)
