@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from rtxops.runtime import patching
+
+# in-process daemons (``rtxops run`` without a daemon) run no evolve loop unless a test asks
+os.environ.setdefault("RTXOPS_EVOLVE", "0")
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,9 @@ import time
 
 import uvicorn
 
+from rtxops.evolve.config import LoopConfig
+from rtxops.evolve.scheduler import EvolveScheduler
+from rtxops.evolve.scheduler import enabled as evolve_enabled
 from rtxops.telemetry.store import Store
 
 from . import systemd
@@ -42,6 +45,7 @@ class Daemon:
         self.board = PlanBoard(home.plans)
         self.jobs_sink = DuckDBJobSink(self.store)
         self.supervisor: Supervisor | None = None
+        self.evolve: EvolveScheduler | None = None
         self.server: uvicorn.Server | None = None
         self._stopping = threading.Event()
         self._shutdown_lock = threading.Lock()
@@ -65,6 +69,18 @@ class Daemon:
         # polls at 5 Hz: a busier supervisor steals CPU from the jobs it watches on small machines
         return Supervisor(self.jobs_sink, self.home.jobs, extra_env=env,
                           recovered_jobs=self.jobs_sink.saved_jobs(), tick_s=0.2, log_poll_s=0.2)
+
+    def _make_evolve_loop(self):
+        from rtxops.evolve.loop import EvolveLoop
+        from rtxops.runtime.registry import default_registry
+
+        return EvolveLoop(self.store, self.board, default_registry(), self.running_jobs,
+                          LoopConfig.from_env())
+
+    def running_jobs(self) -> list[str]:
+        if self.supervisor is None or self._stopping.is_set():
+            return []
+        return [j.id for j in self.supervisor.jobs() if j.state.value == "running"]
 
     def on_batch(self, batch) -> None:
         """Heartbeats for the supervisor from every committed batch's step spans."""
@@ -106,6 +122,8 @@ class Daemon:
         from .app import create_app
 
         self.supervisor = self._make_supervisor()
+        if evolve_enabled() and self.evolve is None:
+            self.evolve = EvolveScheduler(self._make_evolve_loop, LoopConfig.from_env().interval_s).start()
         config = uvicorn.Config(create_app(self), host=self.host, port=self.port,
                                 log_level="warning", access_log=False, lifespan="off")
         self.server = uvicorn.Server(config)
@@ -186,6 +204,8 @@ class Daemon:
                 return
             self._stopping.set()
             systemd.notify("STOPPING=1")
+            if self.evolve is not None:
+                self.evolve.stop()
             if self.supervisor is not None:
                 self.supervisor.shutdown(self.job_grace_s)
             if self.server is not None:

@@ -46,10 +46,11 @@ def script(directory: Path, name: str, body: str) -> str:
 
 
 def clean_env(mark: str, **extra: str) -> dict[str, str]:
-    """This process's environment without any RTXOPS_/OTEL_ setting, plus the test's mark."""
+    """This process's environment without any RTXOPS_/OTEL_ setting, plus the test's mark. The
+    evolve loop is off unless a test turns it on (it would publish plans the test does not expect)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RTXOPS_", "OTEL_"))}
-    env.update({MARK: mark, "COLUMNS": "250", "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8"},
-               **extra)
+    env.update({MARK: mark, "COLUMNS": "250", "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8",
+                "RTXOPS_EVOLVE": "0"}, **extra)
     return env
 
 

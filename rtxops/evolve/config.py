@@ -1,0 +1,41 @@
+"""The evolve loop's knobs (no torch here: the daemon reads them at start)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+MIN_GAIN = 0.03
+
+
+@dataclass
+class LoopConfig:
+    """Knobs of the loop; ``RTXOPS_EVOLVE_<NAME>`` overrides each (e.g. RTXOPS_EVOLVE_WINDOW_STEPS)."""
+
+    interval_s: float = 2.0          # how often the daemon ticks the loop
+    min_steps: int = 10              # steps of telemetry before looking for hot spots
+    hot_window_steps: int = 50       # the window hot spots are ranked over
+    min_share: float = 0.01          # buckets below this share of step time are not worth tuning
+    explore_share: float = 0.10      # at most this share of a bucket's calls runs candidates
+    window_steps: int = 20           # steps per explore round and per canary window
+    margin_steps: int = 5            # a plan takes effect this many steps after the last one seen
+    strategy: str = "successive_halving"
+    budget: int = 12                 # trials (arm × window) per bucket
+    max_arms: int = 3                # arms explored at once
+    min_gain: float = MIN_GAIN
+    rollback_threshold: float = 0.10  # canary: the promoted kernel this much slower → roll back
+    step_rollback_threshold: float = 0.25  # canary: step time this much slower → roll back
+    drift_threshold: float = 0.25    # settled: live time this far from the decision → re-open
+    objective: str = "time"
+    deterministic: bool = False      # leave non-deterministic variants out
+    seed: int = 0
+    gate_timeout_s: float = 600.0
+
+    @classmethod
+    def from_env(cls, **overrides) -> LoopConfig:
+        values = {}
+        for f in fields(cls):
+            raw = os.environ.get(f"RTXOPS_EVOLVE_{f.name.upper()}")
+            if raw is not None:
+                kind = type(f.default)
+                values[f.name] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
+        return cls(**{**values, **overrides})

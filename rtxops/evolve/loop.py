@@ -1,0 +1,375 @@
+"""The evolve loop: from a running job's telemetry to better plans, one hot bucket at a time.
+
+Per job, a bucket goes through::
+
+    hot spot → gate candidates → explore rounds (a strategy picks arms; each round is a plan whose
+    entry routes a bounded share of the bucket's calls to them) → decision (paired comparison with
+    the incumbent over the same steps) → promote (a new plan) → canary → settled (drift watch)
+                                                                  ↘ rollback (a newer plan with
+                                                                    the old entry)
+
+Every step reads the store (kernel spans) and publishes through the plan board; every trial,
+decision, canary result and rollback is stored with its evidence.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import statistics
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from rtxops.runtime.bucket import Bucket
+from rtxops.runtime.errors import PlanError
+from rtxops.runtime.plan import ExploreArm, Plan, PlanEntry, default_plan
+from rtxops.runtime.registry import Registry
+from rtxops.telemetry import store_evolve
+from rtxops.telemetry.store import Store
+
+from . import stats
+from .candidates import Arm, candidates
+from .config import LoopConfig
+from .screen import screen
+from .search import Strategy, make_strategy
+from .trace import TrialSpans
+from .tuning import TuningDB
+
+log = logging.getLogger("rtxops.evolve")
+
+
+@dataclass
+class BucketTuning:
+    """Where one (job, op, bucket) stands."""
+
+    op: str
+    bucket: str
+    incumbent: Arm
+    strategy: Strategy | None = None
+    phase: str = "exploring"  # exploring | canary | settled | rejected | rolled_back | failed
+    round_arms: list[Arm] = field(default_factory=list)
+    round_from: int = 0
+    # per arm: (incumbent ns, arm ns) per step both ran in — the paired evidence
+    pairs: dict[Arm, list[tuple[float, float]]] = field(default_factory=dict)
+    trial_ids: list[str] = field(default_factory=list)
+    windows: list[list[int]] = field(default_factory=list)
+    step_before: list[float] = field(default_factory=list)
+    winner: Arm | None = None
+    canary_from: int = 0
+    decision_ns: float | None = None  # the winner's per-call time when it was promoted
+    gate_failures: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {"op": self.op, "bucket": self.bucket, "phase": self.phase,
+                "incumbent": str(self.incumbent), "winner": str(self.winner) if self.winner else None,
+                "exploring": [str(a) for a in self.round_arms] if self.phase == "exploring" else [],
+                "trials": len(self.trial_ids), "gate_failures": self.gate_failures}
+
+
+@dataclass
+class JobEvolution:
+    active: BucketTuning | None = None
+    done: dict[tuple[str, str], BucketTuning] = field(default_factory=dict)
+
+
+class EvolveLoop:
+    """Ticks over running jobs. ``board`` is the daemon's plan board (``current`` and ``promote``);
+    ``running_jobs`` returns the ids of the jobs to tune."""
+
+    def __init__(self, store: Store, board, registry: Registry, running_jobs: Callable[[], list[str]],
+                 config: LoopConfig | None = None) -> None:
+        self.store, self.board, self.registry = store, board, registry
+        self.running_jobs = running_jobs
+        self.config = config or LoopConfig()
+        self.tuning = TuningDB(store, registry)
+        self.trial_spans = TrialSpans(store)
+        self.jobs: dict[str, JobEvolution] = {}
+        self._lock = threading.Lock()
+
+    # ---- the tick ----------------------------------------------------------------------------
+    def tick(self) -> None:
+        with self._lock:
+            running = set(self.running_jobs())
+            for job in list(self.jobs):
+                if job not in running:
+                    del self.jobs[job]
+            for job in sorted(running):
+                try:
+                    self._tick_job(job)
+                except Exception:  # one job's trouble must not stop the loop for the others
+                    log.exception("evolve: tick failed for job %s", job)
+
+    def status(self) -> dict:
+        with self._lock:
+            return {job: {"active": s.active.summary() if s.active else None,
+                          "done": [b.summary() for b in s.done.values()]}
+                    for job, s in self.jobs.items()}
+
+    def _tick_job(self, job: str) -> None:
+        last = store_evolve.last_step(self.store, job)
+        if last is None:
+            return
+        state = self.jobs.setdefault(job, JobEvolution())
+        if state.active is not None:
+            self._advance(job, state, state.active, last)
+        elif last >= self.config.min_steps:
+            self._check_drift(job, state, last)
+            if state.active is None:
+                self._open_hot_bucket(job, state, last)
+
+    def _advance(self, job: str, state: JobEvolution, bt: BucketTuning, last: int) -> None:
+        if bt.phase == "exploring" and last >= bt.round_from + self.config.window_steps:
+            self._finish_round(job, bt, last)
+            self._next_round(job, bt, last)
+        elif bt.phase == "canary" and last >= bt.canary_from + self.config.window_steps:
+            self._finish_canary(job, bt, last)
+        if bt.phase not in ("exploring", "canary"):
+            state.done[(bt.op, bt.bucket)] = bt
+            state.active = None
+
+    # ---- opening a bucket ----------------------------------------------------------------------
+    def _open_hot_bucket(self, job: str, state: JobEvolution, last: int) -> None:
+        since = max(0, last - self.config.hot_window_steps)
+        for hs in store_evolve.hotspots(self.store, job, since):
+            if (hs["share"] or 0) < self.config.min_share:
+                break
+            if (hs["op"], hs["bucket"]) in state.done:
+                continue
+            bt = self._open(job, hs, last)
+            if bt is not None:
+                state.active = bt
+                if bt.phase != "exploring":
+                    state.done[(bt.op, bt.bucket)] = bt
+                    state.active = None
+                return
+
+    def _open(self, job: str, hs: dict, last: int) -> BucketTuning | None:
+        op, bucket = hs["op"], hs["bucket"]
+        try:
+            spec_bucket = Bucket.parse(op, bucket)
+            self.registry.op(op)
+        except Exception:
+            return None  # telemetry for an op this daemon does not know (another rtxops version)
+        incumbent = Arm(hs["variant"], hs["config"] or "{}")
+        bt = BucketTuning(op, bucket, incumbent)
+        arms = [a for a in candidates(self.registry, op, spec_bucket,
+                                      deterministic=self.config.deterministic) if a != incumbent]
+        arms = [a for a in arms if not self._regressed(op, bucket, a)]
+        passed, failed = screen(self.tuning, op, bucket, arms, self.config.gate_timeout_s)
+        bt.gate_failures = {str(a): r for a, r in failed.items()}
+        for arm, reason in failed.items():
+            log.info("evolve: %s %s: %s rejected by the gate: %s", op, bucket, arm, reason)
+        if not passed:
+            bt.phase = "rejected"
+            self._decide_record(job, bt, "no_candidates", None, None,
+                                reason="no candidate passed the gate" if arms else "no candidates")
+            return bt
+        bt.step_before = [r["duration_ns"] for r in store_evolve.step_durations(
+            self.store, job, max(0, last - self.config.window_steps), last)]
+        bt.strategy = make_strategy(self.config.strategy, sorted(passed), self.config.budget,
+                                    seed=self.config.seed, batch=self.config.max_arms)
+        log.info("evolve: job %s: tuning %s %s (share %.1f%%, %d candidates)", job, op, bucket,
+                 100 * (hs["share"] or 0), len(passed))
+        self._next_round(job, bt, last)
+        return bt
+
+    def _regressed(self, op: str, bucket: str, arm: Arm) -> bool:
+        row = self.tuning.lookup(op, bucket, arm)
+        return row is not None and row["status"] == "regressed"
+
+    # ---- explore rounds --------------------------------------------------------------------------
+    def _next_round(self, job: str, bt: BucketTuning, last: int) -> None:
+        arms = bt.strategy.ask() if bt.strategy else []
+        if not arms:
+            self._decide(job, bt, last)
+            return
+        weight = self.config.explore_share / len(arms)
+        entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config,
+                          tuple(ExploreArm(a.variant, a.config, weight) for a in arms))
+        published = self._publish(job, bt, entry, last, {"kind": "explore", "op": bt.op,
+                                                         "bucket": bt.bucket,
+                                                         "arms": [str(a) for a in arms]})
+        if published is None:
+            bt.phase = "failed"
+            return
+        bt.round_arms, bt.round_from = arms, published.effective_step
+        bt.phase = "exploring"
+
+    def _finish_round(self, job: str, bt: BucketTuning, last: int) -> None:
+        rows = store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, bt.round_from)
+        per_arm: dict[Arm, dict[int, float]] = {}
+        for r in rows:
+            if r["step"] > last:
+                continue
+            per_arm.setdefault(Arm(r["variant"], r["config"] or "{}"), {})[r["step"]] = \
+                r["total_ns"] / r["calls"]
+        base = per_arm.get(bt.incumbent, {})
+        bt.windows.append([bt.round_from, last])
+        for arm in bt.round_arms:
+            mine = per_arm.get(arm, {})
+            steps = sorted(set(mine) & set(base))
+            bt.pairs.setdefault(arm, []).extend((base[s], mine[s]) for s in steps)
+            values = [mine[s] for s in sorted(mine)]
+            value = statistics.median(values) if values else float("inf")
+            bt.strategy.tell(arm, value)
+            self._trial(job, bt, arm, values, "online")
+
+    def _trial(self, job: str, bt: BucketTuning, arm: Arm, values: list[float], mode: str) -> None:
+        now = time.time_ns()
+        trial = {
+            "trial_id": uuid.uuid4().hex, "job_id": job, "op": bt.op, "bucket": bt.bucket,
+            "variant": arm.variant, "config": arm.config_json, "mode": mode,
+            "strategy": self.config.strategy, "started_ns": now, "ended_ns": now,
+            "samples": len(values), "status": "ok" if values else "no_samples",
+            "median_ns": statistics.median(values) if values else None,
+            "p95_ns": sorted(values)[int(0.95 * (len(values) - 1))] if values else None,
+            "spread": _cv(values),
+            "detail": {"window": bt.windows[-1] if bt.windows else None,
+                       "incumbent": str(bt.incumbent)},
+        }
+        store_evolve.save_trial(self.store, trial)
+        self.trial_spans.record(trial)
+        bt.trial_ids.append(trial["trial_id"])
+        if values:
+            self.tuning.record(bt.op, bt.bucket, arm, source=mode, trials=len(values),
+                               median_ns=trial["median_ns"], spread=trial["spread"])
+
+    # ---- decision ------------------------------------------------------------------------------
+    def _decide(self, job: str, bt: BucketTuning, last: int) -> None:
+        best = bt.strategy.best() if bt.strategy else None
+        pairs = bt.pairs.get(best, []) if best is not None else []
+        cmp = stats.compare_paired([i for i, _ in pairs], [c for _, c in pairs],
+                                   min_gain=self.config.min_gain, seed=self.config.seed)
+        if best is None or not cmp.promote:
+            bt.phase = "rejected"
+            entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
+            self._publish(job, bt, entry, last, {"kind": "explore_end", "op": bt.op,
+                                                 "bucket": bt.bucket})
+            self._decide_record(job, bt, "reject", best, cmp,
+                                reason=cmp.reason if best is not None else "nothing measured")
+            return
+        decision = self._decision(bt, "promote", best, cmp)
+        published = self._publish(job, bt, PlanEntry(bt.op, bt.bucket, best.variant, best.config),
+                                  last, decision, self._evidence(job, bt))
+        if published is None:
+            bt.phase = "failed"
+            return
+        bt.winner, bt.phase, bt.canary_from = best, "canary", published.effective_step
+        bt.decision_ns = statistics.median(c for _, c in pairs)
+        self._decide_record(job, bt, "promote", best, cmp, plan_version=published.version,
+                            reason=cmp.reason)
+
+    def _finish_canary(self, job: str, bt: BucketTuning, last: int) -> None:
+        rows = store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, bt.canary_from)
+        live = [r["total_ns"] / r["calls"] for r in rows
+                if Arm(r["variant"], r["config"] or "{}") == bt.winner and r["step"] <= last]
+        before = [i for i, _ in bt.pairs.get(bt.winner, [])]
+        kernel = stats.compare_independent(before, live, min_gain=0.0, seed=self.config.seed)
+        steps_after = [r["duration_ns"] for r in store_evolve.step_durations(
+            self.store, job, bt.canary_from, last)]
+        step = stats.compare_independent(bt.step_before, steps_after, min_gain=0.0,
+                                         seed=self.config.seed)
+        kernel_regressed = kernel.samples >= stats.MIN_SAMPLES and kernel.ci_high < 0 and \
+            kernel.gain < -self.config.rollback_threshold
+        step_regressed = step.samples >= stats.MIN_SAMPLES and step.ci_high < 0 and \
+            step.gain < -self.config.step_rollback_threshold
+        evidence = {"canary_window": [bt.canary_from, last], "kernel": kernel.to_dict(),
+                    "step": step.to_dict(), "live_samples": len(live)}
+        if kernel_regressed or step_regressed:
+            what = "kernel" if kernel_regressed else "step"
+            cmp = kernel if kernel_regressed else step
+            reason = (f"canary: {what} time {-cmp.gain:+.1%} against the window before the swap "
+                      f"(threshold {self.config.rollback_threshold if kernel_regressed else self.config.step_rollback_threshold:.0%})")
+            entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
+            decision = {**self._decision(bt, "rollback", bt.winner, cmp), "reason": reason}
+            published = self._publish(job, bt, entry, last, decision,
+                                      {**self._evidence(job, bt), **evidence})
+            self.tuning.record(bt.op, bt.bucket, bt.winner, source="canary", trials=len(live),
+                               median_ns=statistics.median(live) if live else None,
+                               status="regressed", reason=reason)
+            bt.phase = "rolled_back"
+            self._decide_record(job, bt, "rollback", bt.winner, cmp, reason=reason,
+                                plan_version=published.version if published else None,
+                                extra=evidence)
+            log.warning("evolve: job %s: rolled back %s %s: %s", job, bt.op, bt.bucket, reason)
+        else:
+            bt.phase = "settled"
+            if live:
+                bt.decision_ns = statistics.median(live)
+            self._decide_record(job, bt, "canary_pass", bt.winner, kernel,
+                                reason="no regression in the canary window", extra=evidence)
+
+    # ---- drift ---------------------------------------------------------------------------------
+    def _check_drift(self, job: str, state: JobEvolution, last: int) -> None:
+        for key, bt in list(state.done.items()):
+            if bt.phase != "settled" or bt.decision_ns is None:
+                continue
+            means = store_evolve.arm_means(self.store, job, bt.op, bt.bucket,
+                                           max(0, last - self.config.window_steps), last)
+            live = [m for m in means if m["phase"] == "fwd"
+                    and Arm(m["variant"], m["config"] or "{}") == bt.winner]
+            if not live or live[0]["steps"] < self.config.window_steps // 2:
+                continue
+            ratio = live[0]["mean_ns"] / bt.decision_ns
+            if abs(ratio - 1) > self.config.drift_threshold:
+                reason = f"live time {ratio - 1:+.0%} from the decision-time figure"
+                self._decide_record(job, bt, "drift", bt.winner, None, reason=reason)
+                log.info("evolve: job %s: %s %s drifted (%s): re-opened", job, bt.op, bt.bucket, reason)
+                del state.done[key]  # the next tick finds it hot again and re-tunes it
+
+    # ---- plans and records -----------------------------------------------------------------------
+    def _publish(self, job: str, bt: BucketTuning, entry: PlanEntry, last: int, decision: dict,
+                 evidence: dict | None = None) -> Plan | None:
+        current = self.board.current(job) or default_plan()
+        entries = [e for e in current.entries if (e.op, e.bucket) != (entry.op, entry.bucket)]
+        plan = current.derive(entries=entries + [entry],
+                              effective_step=last + self.config.margin_steps)
+        try:
+            return self.board.promote(plan, job, decision=decision, evidence=evidence or {})
+        except PlanError as e:
+            log.warning("evolve: job %s: plan for %s %s refused: %s", job, bt.op, bt.bucket, e)
+            self._decide_record(job, bt, "refused", None, None, reason=str(e),
+                                extra={"decision": decision})
+            return None
+
+    def _decision(self, bt: BucketTuning, kind: str, arm: Arm, cmp: stats.Comparison) -> dict:
+        variant = self.registry.variant(bt.op, arm.variant)
+        return {"kind": kind, "op": bt.op, "bucket": bt.bucket,
+                "candidate": {"variant": arm.variant, "config": arm.config},
+                "incumbent": {"variant": bt.incumbent.variant, "config": bt.incumbent.config},
+                "gain": cmp.gain, "ci_low": cmp.ci_low, "ci_high": cmp.ci_high,
+                "p_value": cmp.p_value, "objective": self.config.objective,
+                "deterministic": variant.deterministic}
+
+    def _evidence(self, job: str, bt: BucketTuning) -> dict:
+        pairs = {str(a): p for a, p in bt.pairs.items()}
+        digest = hashlib.sha256(json.dumps(pairs, sort_keys=True).encode()).hexdigest()
+        return {"job": job, "trial_ids": list(bt.trial_ids), "windows": list(bt.windows),
+                "telemetry_digest": f"sha256:{digest}"}
+
+    def _decide_record(self, job: str, bt: BucketTuning, kind: str, arm: Arm | None,
+                       cmp: stats.Comparison | None, *, reason: str = "",
+                       plan_version: int | None = None, extra: dict | None = None) -> None:
+        finite = (lambda v: v if v is not None and abs(v) != float("inf") else None)
+        store_evolve.save_decision(self.store, {
+            "decision_id": uuid.uuid4().hex, "job_id": job, "op": bt.op, "bucket": bt.bucket,
+            "kind": kind,
+            "candidate_variant": arm.variant if arm else None,
+            "candidate_config": arm.config_json if arm else None,
+            "incumbent_variant": bt.incumbent.variant, "incumbent_config": bt.incumbent.config_json,
+            "plan_version": plan_version,
+            "gain": finite(cmp.gain) if cmp else None, "ci_low": finite(cmp.ci_low) if cmp else None,
+            "ci_high": finite(cmp.ci_high) if cmp else None,
+            "p_value": cmp.p_value if cmp else None, "reason": reason,
+            "evidence": {**self._evidence(job, bt), **(extra or {}),
+                         "gate_failures": bt.gate_failures}, "at_ns": time.time_ns()})
+
+
+def _cv(values: list[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if mean else None

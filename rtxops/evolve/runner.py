@@ -1,0 +1,50 @@
+"""Run :mod:`rtxops.evolve.worker` in a child process and collect its results."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import Callable
+
+
+class WorkerError(RuntimeError):
+    """The worker process failed, hung, or answered something unreadable."""
+
+
+def run_worker(request: dict, timeout_s: float = 600.0,
+               on_progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Send ``request`` to a fresh worker; return its result lines in order. A worker that runs
+    past ``timeout_s`` is killed; a crash raises :class:`WorkerError` with its stderr tail."""
+    proc = subprocess.Popen([sys.executable, "-m", "rtxops.evolve.worker"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "RTXOPS_ENABLE": "0"})
+    timer = threading.Timer(timeout_s, proc.kill)
+    timer.start()
+    results: list[dict] = []
+    try:
+        proc.stdin.write(json.dumps(request))
+        proc.stdin.close()
+        for line in proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a kernel printing to stdout must not break the protocol
+            if event.get("event") == "result":
+                results.append(event)
+            elif event.get("event") == "progress" and on_progress:
+                on_progress(int(event["done"]), int(event["total"]))
+            elif event.get("event") == "error":
+                raise WorkerError(event.get("error", "worker error"))
+        code = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if code != 0:
+        tail = proc.stderr.read()[-2000:] if proc.stderr else ""
+        reason = "timed out" if code in (-9, 137) else f"exited with {code}"
+        raise WorkerError(f"evolve worker {reason}: {tail.strip()}")
+    return results

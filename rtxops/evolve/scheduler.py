@@ -1,0 +1,48 @@
+"""Runs the evolve loop on a background thread of the daemon, every ``interval_s`` seconds."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable
+
+log = logging.getLogger("rtxops.evolve")
+
+
+def enabled() -> bool:
+    """``RTXOPS_EVOLVE=0`` turns the loop off (the daemon then only serves published plans)."""
+    return os.environ.get("RTXOPS_EVOLVE", "1").lower() not in ("0", "false", "no", "off")
+
+
+class EvolveScheduler:
+    """Builds the loop on its own thread (the registry imports torch: seconds) and ticks it."""
+
+    def __init__(self, make_loop: Callable[[], object], interval_s: float) -> None:
+        self._make_loop = make_loop
+        self.interval_s = interval_s
+        self.loop = None
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rtxops-evolve", daemon=True)
+
+    def start(self) -> EvolveScheduler:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            self.loop = self._make_loop()
+        except Exception as e:  # the daemon keeps serving without a loop, and says why
+            self.error = f"{type(e).__name__}: {e}"
+            log.exception("evolve loop not started")
+            return
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.loop.tick()
+            except Exception:
+                log.exception("evolve tick failed")

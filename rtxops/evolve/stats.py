@@ -1,0 +1,138 @@
+"""Decisions with confidence: is a candidate faster than the incumbent by more than the noise?
+
+Online trials give paired samples (both arms ran in the same training steps); offline trials give
+two independent sets of repetitions. Both are compared on log ratios, so a gain is a fraction of
+the incumbent's time (0.05 = 5 % faster), with a bootstrap confidence interval and a p-value.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .config import MIN_GAIN
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+MIN_SAMPLES = 5
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The outcome of comparing a candidate to the incumbent (lower values are better)."""
+
+    gain: float  # fraction of the incumbent's value saved; negative = the candidate is slower
+    ci_low: float
+    ci_high: float
+    p_value: float  # one-sided: the chance of a gain this large with no real difference
+    samples: int
+    promote: bool
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"gain": self.gain, "ci_low": self.ci_low, "ci_high": self.ci_high,
+                "p_value": self.p_value, "samples": self.samples, "promote": self.promote,
+                "reason": self.reason}
+
+
+def compare_paired(incumbent: Sequence[float], candidate: Sequence[float], *,
+                   min_gain: float = MIN_GAIN, confidence: float = CONFIDENCE,
+                   resamples: int = RESAMPLES, seed: int = 0,
+                   min_samples: int = MIN_SAMPLES) -> Comparison:
+    """Compare per-step values of two arms measured in the same steps (pairs by position)."""
+    if len(incumbent) != len(candidate):
+        raise ValueError("paired samples must have the same length")
+    ratios = _log_ratios(incumbent, candidate)
+    if len(ratios) < min_samples:
+        return _too_few(len(ratios), min_samples)
+    rng = np.random.default_rng(seed)
+    means = rng.choice(ratios, size=(resamples, len(ratios)), replace=True).mean(axis=1)
+    observed = float(ratios.mean())
+    # sign-flip permutation test: under "no difference" every paired log ratio is as likely
+    # to be negative as positive
+    flips = rng.choice((-1.0, 1.0), size=(resamples, len(ratios)))
+    null = (flips * np.abs(ratios)).mean(axis=1)
+    p_value = float((np.sum(null <= observed) + 1) / (resamples + 1))
+    return _decide(observed, means, p_value, len(ratios), min_gain, confidence)
+
+
+def compare_independent(incumbent: Sequence[float], candidate: Sequence[float], *,
+                        min_gain: float = MIN_GAIN, confidence: float = CONFIDENCE,
+                        resamples: int = RESAMPLES, seed: int = 0,
+                        min_samples: int = MIN_SAMPLES) -> Comparison:
+    """Compare repetitions of two arms measured separately (offline trials): bootstrap of the
+    ratio of medians, Mann-Whitney U (normal approximation) for the p-value."""
+    a = np.log(np.asarray([v for v in incumbent if v > 0], dtype=float))
+    b = np.log(np.asarray([v for v in candidate if v > 0], dtype=float))
+    n = min(len(a), len(b))
+    if n < min_samples:
+        return _too_few(n, min_samples)
+    rng = np.random.default_rng(seed)
+    diffs = (np.median(rng.choice(b, size=(resamples, len(b))), axis=1)
+             - np.median(rng.choice(a, size=(resamples, len(a))), axis=1))
+    observed = float(np.median(b) - np.median(a))
+    return _decide(observed, diffs, _mann_whitney_less(b, a), n, min_gain, confidence)
+
+
+def _log_ratios(incumbent: Sequence[float], candidate: Sequence[float]) -> np.ndarray:
+    pairs = [(i, c) for i, c in zip(incumbent, candidate) if i > 0 and c > 0]
+    return np.asarray([math.log(c / i) for i, c in pairs], dtype=float)
+
+
+def _decide(observed: float, resampled: np.ndarray, p_value: float, n: int, min_gain: float,
+            confidence: float) -> Comparison:
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(resampled, [alpha / 2, 1 - alpha / 2])
+    gain = 1.0 - math.exp(observed)
+    ci_low, ci_high = 1.0 - math.exp(hi), 1.0 - math.exp(lo)
+    if ci_low <= 0:
+        promote, reason = False, (f"gain {gain:+.1%} is within the noise "
+                                  f"({confidence:.0%} CI {ci_low:+.1%} … {ci_high:+.1%})")
+    elif gain < min_gain:
+        promote, reason = False, f"gain {gain:+.1%} is below the minimum {min_gain:.1%}"
+    else:
+        promote, reason = True, (f"gain {gain:+.1%} ({confidence:.0%} CI {ci_low:+.1%} … "
+                                 f"{ci_high:+.1%}, p={p_value:.3g}, n={n})")
+    return Comparison(gain, ci_low, ci_high, p_value, n, promote, reason)
+
+
+def _too_few(n: int, need: int) -> Comparison:
+    return Comparison(0.0, float("-inf"), float("inf"), 1.0, n, False,
+                      f"{n} samples, {need} needed")
+
+
+def _mann_whitney_less(b: np.ndarray, a: np.ndarray) -> float:
+    """One-sided p-value that ``b`` tends to be smaller than ``a`` (normal approximation with a
+    tie correction)."""
+    both = np.concatenate([a, b])
+    order = both.argsort(kind="mergesort")
+    ranks = np.empty(len(both))
+    ranks[order] = np.arange(1, len(both) + 1)
+    for value in np.unique(both):  # average ranks over ties
+        tied = both == value
+        if tied.sum() > 1:
+            ranks[tied] = ranks[tied].mean()
+    n1, n2 = len(b), len(a)
+    u = ranks[len(a):].sum() - n1 * (n1 + 1) / 2
+    _, counts = np.unique(both, return_counts=True)
+    n = n1 + n2
+    var = n1 * n2 / 12 * ((n + 1) - (counts ** 3 - counts).sum() / (n * (n - 1)))
+    if var <= 0:
+        return 1.0
+    z = (u - n1 * n2 / 2 + 0.5) / math.sqrt(var)
+    return 0.5 * math.erfc(-z / math.sqrt(2))
+
+
+def objective_value(time_ns: float, peak_bytes: float | None, objective: str,
+                    base_time_ns: float, base_peak_bytes: float | None) -> float:
+    """One number to minimise: time, memory, or both relative to the incumbent's figures.
+    Memory falls back to time where it was not measured (CPU calls carry no per-call memory)."""
+    if objective == "time" or not peak_bytes or not base_peak_bytes:
+        return time_ns
+    if objective == "memory":
+        return peak_bytes
+    if objective == "time+memory":
+        return time_ns / base_time_ns + peak_bytes / base_peak_bytes
+    raise ValueError(f"unknown objective {objective!r} (time, memory, time+memory)")

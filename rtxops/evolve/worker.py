@@ -1,0 +1,151 @@
+"""The separate process that runs candidate kernels for the evolve loop: correctness gates and
+offline benchmarks. A kernel that crashes or hangs takes this process down, not the daemon.
+
+Protocol: one JSON request on stdin, JSON lines on stdout (``{"event": "progress", ...}`` while
+working, then ``{"event": "result", ...}`` per item). Run as ``python -m rtxops.evolve.worker``.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+GPU_FLUSH_BYTES = 256 << 20
+
+
+def main() -> int:
+    try:
+        request = json.loads(sys.stdin.read())
+        command = request["command"]
+    except (ValueError, KeyError, TypeError) as e:
+        _emit({"event": "error", "error": f"bad request: {e}"})
+        return 2
+    import torch
+
+    torch.set_num_threads(int(request.get("threads", 1)))
+    from rtxops.runtime.registry import default_registry
+
+    registry = default_registry()
+    if command == "gate":
+        _gate(registry, request["items"])
+    elif command == "bench":
+        _bench(registry, request)
+    else:
+        _emit({"event": "error", "error": f"unknown command {command!r}"})
+        return 2
+    return 0
+
+
+def _gate(registry, items: list[dict]) -> None:
+    from rtxops.runtime.bucket import Bucket
+
+    from .gate import check
+
+    for i, item in enumerate(items):
+        started = time.perf_counter()
+        try:
+            spec = registry.op(item["op"])
+            result = check(spec, registry.variant(item["op"], item["variant"]), item.get("config", {}),
+                           Bucket.parse(item["op"], item["bucket"]))
+            out = {"passed": result.passed, "reason": result.reason, "max_error": result.max_error}
+        except Exception as e:  # an unknown variant or op is a failed gate, with the reason
+            out = {"passed": False, "reason": f"{type(e).__name__}: {e}", "max_error": None}
+        _emit({"event": "result", "index": i, **item, **out,
+               "seconds": round(time.perf_counter() - started, 3)})
+        _emit({"event": "progress", "done": i + 1, "total": len(items)})
+
+
+def _bench(registry, request: dict) -> None:
+    """Forward + backward time of every arm on the bucket's example inputs: warm-up, then
+    repetitions interleaved across arms (so drift hits every arm alike)."""
+    import torch
+
+    from rtxops.runtime.bucket import Bucket
+
+    op, bucket = request["op"], Bucket.parse(request["op"], request["bucket"])
+    spec = registry.op(op)
+    warmup, reps = int(request.get("warmup", 3)), int(request.get("reps", 20))
+    arms = request["arms"]
+    args, kwargs = spec.example_inputs(bucket, 0)
+    cuda = bucket.device == "cuda"
+    flush = torch.empty(GPU_FLUSH_BYTES, dtype=torch.int8, device="cuda") if cuda else None
+    runs: list[Any] = []
+    for arm in arms:
+        try:
+            fn = registry.variant(op, arm["variant"]).build(dict(arm.get("config", {})), bucket)
+            for _ in range(warmup):
+                _fwd_bwd(fn, args, kwargs)
+            runs.append(fn)
+        except Exception as e:
+            runs.append(e)
+    values: list[list[float]] = [[] for _ in arms]
+    total, done = reps * len(arms), 0
+    for _ in range(reps):
+        for i, fn in enumerate(runs):
+            done += 1
+            if isinstance(fn, Exception):
+                continue
+            if flush is not None:
+                flush.zero_()  # evict the last arm's data from L2
+            values[i].append(_timed(fn, args, kwargs, cuda))
+            if done % max(1, total // 50) == 0:
+                _emit({"event": "progress", "done": done, "total": total})
+    for i, (arm, fn) in enumerate(zip(arms, runs)):
+        out = {"event": "result", "index": i, **arm}
+        if isinstance(fn, Exception):
+            out.update(status="failed", reason=f"{type(fn).__name__}: {fn}", values=[])
+        else:
+            v = values[i]
+            out.update(status="ok", values=v, median_ns=statistics.median(v),
+                       p95_ns=sorted(v)[int(0.95 * (len(v) - 1))],
+                       spread=statistics.pstdev(v) / statistics.mean(v) if len(v) > 1 else 0.0,
+                       peak_bytes=_peak(fn, args, kwargs) if cuda else None)
+        _emit(out)
+
+
+def _fwd_bwd(fn, args, kwargs) -> None:
+    import torch
+
+    out = fn(*args, **kwargs)
+    outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+            if isinstance(t, torch.Tensor) and t.requires_grad]
+    leaves = [x for x in [*args, *kwargs.values()] if isinstance(x, torch.Tensor) and x.requires_grad]
+    if outs and leaves:
+        torch.autograd.grad([o.sum() for o in outs], leaves, allow_unused=True)
+
+
+def _timed(fn, args, kwargs, cuda: bool) -> float:
+    import torch
+
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        _fwd_bwd(fn, args, kwargs)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e6
+    t0 = time.perf_counter_ns()
+    _fwd_bwd(fn, args, kwargs)
+    return float(time.perf_counter_ns() - t0)
+
+
+def _peak(fn, args, kwargs) -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    _fwd_bwd(fn, args, kwargs)
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated() - base)
+
+
+def _emit(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The evolve loop's SQL: kernel timings per step and arm, hot spots, and its own tables (tuning
+database, trials, gate results, decisions; schema v5). Reads take anything with ``query(sql,
+params)`` (a :class:`Store` or :class:`ReadOnlyStore` adapter); writes go through the store's
+writer thread."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from .store import Store
+
+TUNING_KEY = ("op", "bucket", "variant", "config", "device", "torch_version", "triton_version",
+              "source_hash")
+
+
+def arm_steps(q, job_id: str, op: str, bucket: str, since_step: int,
+              phase: str = "fwd") -> list[dict]:
+    """Per step and (variant, config) of one bucket: calls and total ns, over every rank and site.
+    The evolve loop pairs arms by step: they ran in the same steps, on the same data."""
+    return q.query(
+        """SELECT step, variant, config, sum(count) AS calls, sum(total_ns) AS total_ns
+           FROM kernel_spans
+           WHERE job_id = ? AND op = ? AND bucket = ? AND phase = ? AND step >= ? AND count > 0
+           GROUP BY step, variant, config ORDER BY step""",
+        [job_id, op, bucket, phase, since_step])
+
+
+def arm_means(q, job_id: str, op: str, bucket: str, since_step: int,
+              until_step: int | None = None) -> list[dict]:
+    """Mean ns per call of every (variant, config, phase) of one bucket over a step window."""
+    return q.query(
+        """SELECT variant, config, phase, sum(count) AS calls, sum(total_ns) AS total_ns,
+                  sum(total_ns) / sum(count) AS mean_ns, count(DISTINCT step) AS steps
+           FROM kernel_spans
+           WHERE job_id = ? AND op = ? AND bucket = ? AND step >= ? AND step <= ? AND count > 0
+           GROUP BY variant, config, phase""",
+        [job_id, op, bucket, since_step, until_step if until_step is not None else 2**62])
+
+
+def step_durations(q, job_id: str, since_step: int, until_step: int | None = None) -> list[dict]:
+    """Step durations of a job (rank 0, or the lowest rank reporting) in a step window."""
+    return q.query(
+        """SELECT step, min(duration_ns) AS duration_ns FROM step_times
+           WHERE job_id = ? AND step >= ? AND step <= ? GROUP BY step ORDER BY step""",
+        [job_id, since_step, until_step if until_step is not None else 2**62])
+
+
+def last_step(q, job_id: str) -> int | None:
+    rows = q.query("SELECT max(step) AS step FROM step_times WHERE job_id = ?", [job_id])
+    return rows[0]["step"] if rows else None
+
+
+def hotspots(q, job_id: str, since_step: int) -> list[dict]:
+    """Every (op, bucket) of a job since ``since_step``: its kernel time (forward + sampled
+    backward, scaled to every step), calls per step, the variant with most calls, and the CV of
+    its per-step forward mean; ranked by share of step time."""
+    return q.query(
+        """WITH k AS (
+             SELECT op, bucket, variant, config, phase, step, sum(count) AS calls,
+                    sum(total_ns) AS total_ns
+             FROM kernel_spans WHERE job_id = ? AND step >= ? AND count > 0
+             GROUP BY ALL),
+           s AS (SELECT count(DISTINCT step) AS steps, sum(d) AS step_ns FROM
+                 (SELECT step, min(duration_ns) AS d FROM step_times
+                  WHERE job_id = ? AND step >= ? GROUP BY step)),
+           per_phase AS (
+             SELECT op, bucket, phase, sum(total_ns) / count(DISTINCT step) AS ns_per_step,
+                    sum(calls) / count(DISTINCT step) AS calls_per_step
+             FROM k GROUP BY ALL),
+           fwd_means AS (
+             SELECT op, bucket, variant, config, stddev_samp(total_ns / calls)
+                        / nullif(avg(total_ns / calls), 0) AS cv, sum(calls) AS calls
+             FROM k WHERE phase = 'fwd' GROUP BY ALL),
+           top AS (SELECT op, bucket, arg_max(variant, calls) AS variant,
+                          arg_max(config, calls) AS config, arg_max(cv, calls) AS cv
+                   FROM fwd_means GROUP BY ALL)
+           SELECT p.op, p.bucket, t.variant, t.config, t.cv,
+                  sum(p.ns_per_step) AS ns_per_step,
+                  sum(p.calls_per_step) FILTER (WHERE p.phase = 'fwd') AS calls_per_step,
+                  sum(p.ns_per_step) / nullif(max(s.step_ns) / max(s.steps), 0) AS share,
+                  max(s.steps) AS steps
+           FROM per_phase p JOIN top t USING (op, bucket), s
+           GROUP BY p.op, p.bucket, t.variant, t.config, t.cv
+           ORDER BY share DESC NULLS LAST""",
+        [job_id, since_step, job_id, since_step])
+
+
+def recorded_buckets(q, op: str | None = None, job_id: str | None = None) -> list[dict]:
+    """The (op, bucket) pairs seen in telemetry (the shapes ``rtxops tune`` benchmarks)."""
+    return q.query(
+        """SELECT op, bucket, sum(count) AS calls, sum(total_ns) AS total_ns FROM kernel_minutes
+           WHERE (? IS NULL OR op = ?) AND (? IS NULL OR job_id = ?) AND phase = 'fwd'
+           GROUP BY op, bucket ORDER BY total_ns DESC""",
+        [op, op, job_id, job_id])
+
+
+# ---- the evolve tables --------------------------------------------------------------------
+
+def _write(store: Store, sql: str, params: Sequence[Any], timeout_s: float = 30.0) -> None:
+    store.run_write(lambda cur: cur.execute(sql, list(params))).result(timeout_s)
+
+
+def save_trial(store: Store, row: dict) -> None:
+    row = {**row, "detail": json.dumps(row.get("detail") or {}, sort_keys=True)}
+    cols = ("trial_id", "job_id", "op", "bucket", "variant", "config", "mode", "strategy",
+            "started_ns", "ended_ns", "samples", "median_ns", "p95_ns", "spread", "peak_bytes",
+            "status", "detail")
+    _write(store, f"INSERT OR REPLACE INTO trials ({', '.join(cols)}) VALUES "
+                  f"({', '.join('?' * len(cols))})", [row.get(c) for c in cols])
+
+
+def save_decision(store: Store, row: dict) -> None:
+    row = {**row, "evidence": json.dumps(row.get("evidence") or {}, sort_keys=True)}
+    cols = ("decision_id", "job_id", "op", "bucket", "kind", "candidate_variant",
+            "candidate_config", "incumbent_variant", "incumbent_config", "plan_version", "gain",
+            "ci_low", "ci_high", "p_value", "reason", "evidence", "bundle_digest", "at_ns")
+    _write(store, f"INSERT OR REPLACE INTO decisions ({', '.join(cols)}) VALUES "
+                  f"({', '.join('?' * len(cols))})", [row.get(c) for c in cols])
+
+
+def save_gate_result(store: Store, key: dict, passed: bool, reason: str, max_error: float | None,
+                     checked_ns: int) -> None:
+    cols = TUNING_KEY + ("passed", "reason", "max_error", "checked_ns")
+    _write(store, f"INSERT OR REPLACE INTO gate_results ({', '.join(cols)}) VALUES "
+                  f"({', '.join('?' * len(cols))})",
+           [key[c] for c in TUNING_KEY] + [passed, reason, max_error, checked_ns])
+
+
+def gate_result(q, key: dict) -> dict | None:
+    rows = q.query("SELECT * FROM gate_results WHERE "
+                   + " AND ".join(f"{c} = ?" for c in TUNING_KEY), [key[c] for c in TUNING_KEY])
+    return rows[0] if rows else None
+
+
+def upsert_tuning(store: Store, key: dict, values: dict) -> None:
+    """Insert or replace one tuning-database row (the key is every part that invalidates it)."""
+    cols = TUNING_KEY + ("source", "trials", "median_ns", "spread", "peak_bytes", "status",
+                         "reason", "updated_ns")
+    row = {**key, **values}
+    _write(store, f"INSERT OR REPLACE INTO tuning ({', '.join(cols)}) VALUES "
+                  f"({', '.join('?' * len(cols))})", [row.get(c) for c in cols])
+
+
+def tuning_rows(q, key: dict | None = None, *, op: str | None = None, limit: int = 1000) -> list[dict]:
+    """Tuning rows matching ``key``'s parts (any subset of :data:`TUNING_KEY`), or every row."""
+    key = {k: v for k, v in (key or {}).items() if k in TUNING_KEY}
+    if op is not None:
+        key["op"] = op
+    where = " AND ".join(f"{c} = ?" for c in key) or "true"
+    return q.query(f"SELECT * FROM tuning WHERE {where} ORDER BY op, bucket, median_ns LIMIT ?",
+                   [*key.values(), limit])
+
+
+def decisions(q, job_id: str | None = None, limit: int = 200) -> list[dict]:
+    return q.query("SELECT * FROM decisions WHERE (? IS NULL OR job_id = ?) "
+                   "ORDER BY at_ns DESC LIMIT ?", [job_id, job_id, limit])
+
+
+def trials(q, job_id: str | None = None, op: str | None = None, limit: int = 500) -> list[dict]:
+    return q.query("SELECT * FROM trials WHERE (? IS NULL OR job_id = ?) AND (? IS NULL OR op = ?) "
+                   "ORDER BY started_ns DESC LIMIT ?", [job_id, job_id, op, op, limit])
