@@ -42,7 +42,10 @@ class Daemon:
         self.job_grace_s = job_grace_s
         self.token = home.token(create=True)
         self.store = Store(home.store)
-        self.board = PlanBoard(home.plans)
+        from rtxops.governance.authority import Authority  # signing key: made and trusted on first start
+
+        self.authority = Authority(home.root, self.store)
+        self.board = PlanBoard(home.plans, authority=self.authority)
         self.jobs_sink = DuckDBJobSink(self.store)
         self.supervisor: Supervisor | None = None
         self.evolve: EvolveScheduler | None = None
@@ -63,6 +66,7 @@ class Daemon:
             "RTXOPS_DAEMON": self.url,
             "RTXOPS_TOKEN": self.token or "",
             "RTXOPS_READINGS_FACTORY": "rtxops.telemetry.job:readings_for_job",
+            "RTXOPS_KEYRING": str(self.authority.keyring_file),  # jobs verify plan bundles
             # `python` in a submitted command is the interpreter rtxops is installed in
             "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
         }

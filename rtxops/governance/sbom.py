@@ -7,6 +7,7 @@ import functools
 import importlib.metadata as md
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +50,9 @@ def build(kernels: list[KernelComponent] | tuple = (), name: str = "rtxops-bundl
             name=f"{k.op}/{k.variant}", type=ComponentType.LIBRARY, group="rtxops.kernels",
             version=k.source_sha256[:12], bom_ref=f"kernel:{k.op}/{k.variant}",
             hashes=[HashType(alg=HashAlgorithm.SHA_256, content=k.source_sha256)], properties=props))
-    data = json.loads(JsonV1Dot6(bom).output_as_string())
+    with warnings.catch_warnings():  # a bundle without kernels has no dependency graph: fine
+        warnings.simplefilter("ignore", UserWarning)
+        data = json.loads(JsonV1Dot6(bom).output_as_string())
     env = _environment()
     data["components"] = sorted(data.get("components", []) + env["components"],
                                 key=lambda c: c["bom-ref"])
@@ -127,7 +130,9 @@ def _environment() -> dict:
         bom.components.add(Component(name="cuda", version=cuda, type=ComponentType.PLATFORM,
                                      bom_ref="platform:cuda",
                                      properties=[Property(name="rtx:source", value="torch.version.cuda")]))
-    data = json.loads(JsonV1Dot6(bom).output_as_string())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        data = json.loads(JsonV1Dot6(bom).output_as_string())
     return {"components": data.get("components", []), "dependencies": data.get("dependencies", [])}
 
 

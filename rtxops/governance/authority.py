@@ -1,0 +1,116 @@
+"""The daemon's side of governance: its signing key (made and trusted in ``$RTXOPS_HOME`` on first
+start), the keyring, the policies, the bundles it issued and the ledger.
+
+A plan is issued by laying out the bundle (plan + kernel sources), signing it (SBOM, provenance,
+DSSE), verifying it as a job would (signature, trusted key, digests, policy), and recording the
+outcome in the ledger: the decision, or the denial with the policy's reason."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from . import _keys, ledger
+from ._bundle import Signer, write_plan_bundle
+from ._errors import PolicyDenied, VerificationError
+from ._kernels import plan_kernels
+from .keyring import Keyring
+from .policy import load_policies
+from .verify import Trust, verify
+
+DAEMON_KINDS = ["plan", "telemetry", "ledger", "checkpoint"]
+
+
+class Authority:
+    def __init__(self, root: Path, store=None) -> None:
+        self.root = Path(root)
+        self.key_file = self.root / "keys" / "daemon.pem"
+        self.keyring_file = self.root / "keyring.json"
+        self.bundles = self.root / "bundles"
+        self.head_file = self.root / "ledger.head"
+        self.store = store
+        if not self.key_file.exists():
+            _keys.generate(self.key_file, self.key_file.with_suffix(".pub"))
+        self.signer = Signer.from_key_file(self.key_file, builder="rtxops-daemon")
+        keyring = Keyring.load(self.keyring_file)
+        if self.signer.key_id not in keyring.keys:
+            keyring.trust(self.key_file.with_suffix(".pub").read_bytes(), name="rtxops daemon",
+                          kinds=DAEMON_KINDS)
+            keyring.save()
+        self.policies = load_policies()
+
+    def reload(self) -> None:
+        self.policies = load_policies()
+
+    def bundle_dir(self, scope: str, version: int) -> Path:
+        return self.bundles / scope / f"v{version}"
+
+    def issue_plan(self, plan, scope: str, registry, *, decision: dict, evidence: dict | None = None,
+                   job: dict | None = None) -> Path:
+        """Build, sign, policy-check and record a bundle for ``plan``; returns its directory.
+        Raises PolicyDenied (recorded in the ledger) or VerificationError."""
+        kernels, sources = plan_kernels(plan, registry)
+        final = self.bundle_dir(scope, plan.version)
+        staging = final.with_name(final.name + ".staging")
+        write_plan_bundle(staging, plan.to_json(), sources)
+        digest = self.signer.sign_directory(staging, kind="plan", version=plan.version, scope=scope,
+                                            decision=decision, evidence=evidence, kernels=kernels)
+        report = verify(staging, Trust(keyring=Keyring.load(self.keyring_file)),
+                        policies=self.policies, expected_kind="plan", job=job)
+        entry = dict(scope=scope, version=plan.version, subject_digest=digest, decision=decision,
+                     signer=self.signer.key_id)
+        if not report.ok:
+            shutil.rmtree(staging, ignore_errors=True)
+            failure = report.failure
+            self._record(kind="deny", reason=f"{failure.name}: {failure.message}", **entry)
+            if failure.name == "policy":
+                raise PolicyDenied(failure.message)
+            raise VerificationError(failure.name, failure.message)
+        self._record(kind=str(decision.get("kind") or "manual"), **entry)
+        if final.exists():
+            shutil.rmtree(final)
+        staging.replace(final)
+        return final
+
+    def _record(self, **entry) -> None:
+        if self.store is not None:
+            ledger.append(self.store, self.head_file, **entry)
+
+
+def bundle_files(directory: Path) -> dict[str, bytes]:
+    """Every file of a bundle as ``{relative path: bytes}`` (to serve to jobs)."""
+    return {p.relative_to(directory).as_posix(): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def job_verifier(keyring_file: str, job: dict):
+    """A callable for the runtime: ``(files, running_version) -> plan.json bytes``, raising an
+    exception whose message says why a bundle is refused."""
+    import tempfile
+
+    from ._layout import MAX_METADATA_BYTES, PLAN, check_name
+
+    def verify_files(files: dict[str, bytes], running_version: int) -> bytes:
+        keyring = Keyring.load(keyring_file)
+        policies = load_policies()
+        with tempfile.TemporaryDirectory(prefix="rtxops-bundle-") as tmp:
+            root = Path(tmp)
+            total = 0
+            for name, data in files.items():
+                check_name(name)
+                total += len(data)
+                if total > 8 * MAX_METADATA_BYTES:
+                    raise VerificationError("input", "the bundle is too large (oversized input)")
+                path = root / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            report = verify(root, Trust(keyring=keyring), policies=policies, expected_kind="plan",
+                            newer_than=running_version, job=job)
+            if not report.ok:
+                f = report.failure
+                raise VerificationError(f.name, f.message)
+            return (root / PLAN).read_bytes()
+
+    return verify_files
+
+
+__all__ = ["Authority", "bundle_files", "job_verifier"]
