@@ -1,6 +1,7 @@
 """``/v1/plans``: the plan endpoint jobs poll, publishing, and jobs reporting refusals."""
 from __future__ import annotations
 
+import base64
 import dataclasses
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Response
@@ -52,6 +53,28 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
             raise HTTPException(422, str(e)) from None
         return {"version": published.version, "digest": published.digest, "job": job,
                 "effective_step": published.effective_step}
+
+    @router.get("/bundle", responses={404: {"description": "no signed bundle for the plan"}})
+    def bundle(job: str | None = Query(None, max_length=200)) -> dict:
+        """The current plan's signed bundle (files base64-encoded): jobs verify it offline
+        (signature, trusted key, digests, policy) before installing the plan."""
+        found = board.bundle(job)
+        if found is None:
+            raise HTTPException(404, "no signed bundle for the current plan")
+        plan, files = found
+        return {"version": plan.version, "digest": plan.digest,
+                "files": {name: base64.b64encode(data).decode() for name, data in files.items()}}
+
+    @router.get("/ledger")
+    def ledger() -> dict:
+        """Every ledger entry in stored order and the head file (``rtxops ledger verify`` while
+        the daemon holds the store)."""
+        if board.authority is None or board.authority.store is None:
+            raise HTTPException(404, "this daemon keeps no ledger")
+        from rtxops.governance import ledger as gl
+
+        return {"entries": gl.read_entries(board.authority.store),
+                "head": gl.read_head(board.authority.head_file)}
 
     @router.post("/report", status_code=204, dependencies=[Depends(auth)])
     def report(refusal: Refusal) -> Response:

@@ -1,5 +1,10 @@
 """The plan board: the current plan per job (and a default for every job), persisted as files so
-it survives daemon restarts. Versions only grow, per job."""
+it survives daemon restarts. Versions only grow, per job.
+
+With an :class:`~rtxops.governance.authority.Authority` every published plan becomes a signed
+bundle first (policy-checked, recorded in the ledger); jobs fetch that bundle and verify it before
+installing the plan. A manual publish (``POST /v1/plans`` with the token) is a ``manual`` decision,
+which the default policy allows when the daemon's own key signs it."""
 from __future__ import annotations
 
 import json
@@ -16,9 +21,11 @@ _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class PlanBoard:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, authority=None) -> None:
         self.directory = directory
+        self.authority = authority
         self._lock = threading.Lock()
+        self._publish_lock = threading.Lock()  # version check, signing and writing: one at a time
         self._plans: dict[str, Plan] = {}
         self.reports: list[dict] = []  # jobs telling us they refused a plan
         self.reload()
@@ -33,6 +40,8 @@ class PlanBoard:
                 continue  # a damaged file is ignored; the next publish rewrites it
         with self._lock:
             self._plans = plans
+        if self.authority is not None:
+            self.authority.reload()
 
     def current(self, job_id: str | None) -> Plan | None:
         """The plan for ``job_id``: its own, else the default; None when there is neither."""
@@ -48,28 +57,63 @@ class PlanBoard:
 
         return plan.validate(default_registry())
 
-    def publish(self, plan: Plan, job_id: str | None = None) -> Plan:
-        """Validate and store ``plan`` for ``job_id`` (or as the default). Raises PlanError."""
+    def publish(self, plan: Plan, job_id: str | None = None, *, decision: dict | None = None,
+                evidence: dict | None = None) -> Plan:
+        """Validate, sign (with an authority) and store ``plan`` for ``job_id`` (or as the
+        default). ``decision`` defaults to a manual one. Raises PlanError (policy denials too)."""
         self.validate(plan, job_id)
         key = job_id or DEFAULT_KEY
-        with self._lock:
-            running = self._plans.get(key)
+        with self._publish_lock:
+            with self._lock:
+                running = self._plans.get(key)
             if running is not None and plan.version <= running.version:
                 raise PlanError(f"plan version {plan.version} is not newer than the published "
                                 f"version {running.version} for {key}")
+            if self.authority is not None:
+                self._issue(plan, key, decision or {"kind": "manual"}, evidence)
             path = self.directory / f"{key}.json"
             tmp = path.with_suffix(".tmp")
             tmp.write_text(plan.to_json())
             tmp.replace(path)
-            self._plans[key] = plan
+            with self._lock:
+                self._plans[key] = plan
         return plan
+
+    def _issue(self, plan: Plan, key: str, decision: dict, evidence: dict | None) -> None:
+        from rtxops.governance import GovernanceError
+        from rtxops.runtime.registry import default_registry
+
+        try:
+            self.authority.issue_plan(plan, key, default_registry(), decision=decision,
+                                      evidence=evidence)
+        except GovernanceError as e:
+            raise PlanError(f"plan version {plan.version} refused by governance: {e}") from None
+
+    def bundle(self, job_id: str | None) -> tuple[Plan, dict[str, bytes]] | None:
+        """The current plan for ``job_id`` with its signed bundle's files, or None."""
+        plan = self.current(job_id)
+        if plan is None or self.authority is None:
+            return None
+        from rtxops.governance.authority import bundle_files
+
+        for key in (job_id or DEFAULT_KEY, DEFAULT_KEY):
+            with self._lock:
+                if self._plans.get(key) is not plan:
+                    continue
+            directory = self.authority.bundle_dir(key, plan.version)
+            if directory.is_dir():
+                return plan, bundle_files(directory)
+        return None
 
     def promote(self, plan: Plan, job_id: str | None = None, *, decision: dict | None = None,
                 evidence: dict | None = None) -> Plan:
-        """Publish a plan the evolve loop decided on. ``decision`` (what changed and the statistics)
-        and ``evidence`` (trial ids, telemetry windows) travel with it; governance (#6) turns them
-        into a signed bundle before the plan is published. Raises PlanError."""
-        return self.publish(plan, job_id)
+        """Publish a plan the evolve loop decided on. ``decision`` (kind promote|rollback, op,
+        bucket, candidate, incumbent, gain, ci_low, ci_high, p_value, objective, deterministic)
+        and ``evidence`` (trial_ids, windows, telemetry_digest) go into the bundle's provenance;
+        the policy decides; the ledger records the outcome. Raises PlanError with the reason."""
+        if not isinstance(decision, dict) or decision.get("kind") not in ("promote", "rollback"):
+            raise PlanError("promote needs a decision of kind 'promote' or 'rollback'")
+        return self.publish(plan, job_id, decision=decision, evidence=evidence)
 
     def report(self, job_id: str, version: int, reason: str) -> None:
         with self._lock:
