@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Response
 
-from rtxops import __version__
+from rtxops import __version__, dashboard
 from rtxops.telemetry.receiver import make_router as receiver_router
 
 from . import api_jobs, api_plans, api_telemetry
@@ -21,6 +21,7 @@ def create_app(daemon) -> FastAPI:
     app.include_router(api_plans.make_router(daemon.board, auth, daemon.last_step))
     app.include_router(api_telemetry.make_router(daemon.store))
     metrics = registry_for(daemon)
+    app.include_router(dashboard.make_router(daemon.store, problems=daemon.readiness_problems))
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict:

@@ -1,0 +1,230 @@
+"""What each page shows, as JSON-ready dicts: the API returns them as they are, the pages render
+them. Reads go through :mod:`rtxops.telemetry.store_views` only."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from rtxops.telemetry import export
+from rtxops.telemetry import store_views as V
+
+from .params import Paging, Window
+
+TRACE_ROW_LIMIT = 200_000
+JOB_STATES = ("pending", "running", "hung", "restarting", "cancelling", "succeeded", "failed",
+              "cancelled", "lost")
+
+
+class GovernanceReports(Protocol):
+    """What governance can tell the dashboard (wired in by the daemon once governance exists)."""
+
+    def verify_chain(self) -> dict: ...
+
+    def verify_bundle(self, digest: str) -> dict | None: ...
+
+    def policies(self) -> list[dict]: ...
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with NaN/inf floats as None and tuples as lists (strict JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def page(total: int, rows: list[dict], paging: Paging) -> dict:
+    return {"total": total, "limit": paging.limit, "offset": paging.offset, "items": rows}
+
+
+def _record(row: dict | None) -> dict:
+    try:
+        return json.loads(row["record"]) if row and row.get("record") else {}
+    except ValueError:
+        return {}
+
+
+# ---- overview ----------------------------------------------------------------------------------
+
+def jobs_page(q, *, state: str | None, search: str | None, paging: Paging) -> dict:
+    """Jobs with state, steps, restarts, current plan version."""
+    total, rows = V.jobs(q, state=state, search=search, limit=paging.limit, offset=paging.offset)
+    steps = V.job_step_summary(q) if rows else {}
+    items = []
+    for row in rows:
+        rec, stat = _record(row), steps.get(row["job_id"], {})
+        items.append({
+            "job_id": row["job_id"], "name": row["name"], "state": row["state"] or "telemetry only",
+            "created_ns": row["created_ns"], "updated_ns": row["updated_ns"],
+            "last_step": rec.get("last_step", stat.get("last_step")),
+            "steps_stored": stat.get("steps", 0), "ranks": stat.get("ranks", 0),
+            "plan_version": stat.get("plan_version"),
+            "crash_restarts": rec.get("crash_restarts", 0), "hang_restarts": rec.get("hang_restarts", 0),
+            "reason": rec.get("reason", ""),
+        })
+    return page(total, items, paging)
+
+
+def step_chart(q, *, job_id: str | None, window: Window, points: int) -> dict:
+    """Step time p50/p95 per job over time, with swap and rollback markers and speed-ups."""
+    series: dict[str, dict] = {}
+    for r in V.step_series(q, job_id=job_id, since_ns=window.since_ns, until_ns=window.until_ns,
+                           points=points):
+        s = series.setdefault(r["job_id"], {"job_id": r["job_id"], "t_ns": [], "p50_ms": [],
+                                            "p95_ms": [], "steps": []})
+        s["t_ns"].append(r["t_ns"])
+        s["p50_ms"].append(r["p50_ns"] / 1e6)
+        s["p95_ms"].append(r["p95_ns"] / 1e6)
+        s["steps"].append(r["steps"])
+    markers = V.swap_markers(q, job_id=job_id, since_ns=window.since_ns, until_ns=window.until_ns,
+                             limit=1000)
+    return {"series": list(series.values()), "markers": markers,
+            "speedups": V.speedups(q, job_id=job_id)}
+
+
+def ingest(q, *, window: Window, stats: dict | None, problems: list[str] | None) -> dict:
+    """Ingest rate (last minute), drops jobs reported in the window, the daemon's counters and
+    readiness (``problems``: why it is not ready; None: unknown)."""
+    return {"rate": V.ingest_rate(q, now_ns=time.time_ns()),
+            "drops_reported": V.reported_drops(q, since_ns=window.since_ns, until_ns=window.until_ns),
+            "daemon": stats or {},
+            "health": {"ready": None if problems is None else not problems, "problems": problems or []}}
+
+
+# ---- kernels -----------------------------------------------------------------------------------
+
+def kernels(q, *, job_id: str | None, op: str | None, window: Window, paging: Paging) -> dict:
+    """Per job → op → bucket → variant and phase: calls, time, share of step time, p50/p95, and
+    whether it is the variant the job ran last (``current``); one page of them."""
+    rows = q.kernel_stats(since_ns=window.since_ns, until_ns=window.until_ns, job_id=job_id, op=op)
+    totals = V.step_totals(q, job_id=job_id, since_ns=window.since_ns, until_ns=window.until_ns)
+    latest: dict[tuple, int] = {}
+    for r in rows:
+        key = (r["job_id"], r["op"], r["bucket"], r["phase"])
+        latest[key] = max(latest.get(key, 0), r["last_ns"] or 0)
+    items = []
+    for r in rows[paging.offset:paging.offset + paging.limit]:
+        step = totals.get(r["job_id"], {})
+        items.append({**r, "share": (r["total_ns"] / step["step_ns"]) if step.get("step_ns") else None,
+                      "current": r["last_ns"] == latest[(r["job_id"], r["op"], r["bucket"], r["phase"])],
+                      "plan_version": step.get("plan_version")})
+    return {**page(len(rows), items, paging), "steps": list(totals.values())}
+
+
+def kernel_series(q, *, job_id: str | None, op: str | None, bucket: str | None, window: Window,
+                  points: int) -> dict:
+    """p50/p95 of per-call mean time over time, one series per (op, bucket, variant, phase)."""
+    series: dict[tuple, dict] = {}
+    for r in V.kernel_series(q, job_id=job_id, op=op, bucket=bucket, since_ns=window.since_ns,
+                             until_ns=window.until_ns, points=points):
+        key = (r["op"], r["bucket"], r["variant"], r["phase"])
+        s = series.setdefault(key, {"op": r["op"], "bucket": r["bucket"], "variant": r["variant"],
+                                    "phase": r["phase"], "t_ns": [], "p50_us": [], "p95_us": []})
+        s["t_ns"].append(r["t_ns"])
+        s["p50_us"].append(r["p50_ns"] / 1e3)
+        s["p95_us"].append(r["p95_ns"] / 1e3)
+    return {"series": list(series.values())}
+
+
+def breakdown(q, *, job_id: str, at_ns: int | None, span_s: int, window: Window) -> dict:
+    """Kernel time per step by op, ``span_s`` seconds before vs after a swap (default: the job's
+    last swap in the window); empty when the job has no swap."""
+    swaps = [m for m in V.swap_markers(q, job_id=job_id, since_ns=window.since_ns,
+                                       until_ns=window.until_ns, limit=1000) if m["step"] is not None]
+    chosen = next((m for m in swaps if m["at_ns"] == at_ns), None) if at_ns else (swaps[-1] if swaps else None)
+    if chosen is None:
+        return {"swap": None, "swaps": swaps, "before": [], "after": []}
+    at, span = chosen["at_ns"], span_s * 10**9
+    return {"swap": chosen, "swaps": swaps, "span_s": span_s,
+            "before": V.op_breakdown(q, job_id=job_id, since_ns=at - span, until_ns=at),
+            "after": V.op_breakdown(q, job_id=job_id, since_ns=at, until_ns=at + span)}
+
+
+# ---- evolve ------------------------------------------------------------------------------------
+
+def evolve(q, *, job_id: str | None, window: Window) -> dict:
+    """Hot spots, running explorations, canaries and rollbacks (first page of each)."""
+    _, running = V.trials(q, job_id=job_id, op=None, bucket=None, variant=None, status="running",
+                          limit=50, offset=0)
+    _, canaries = V.decisions(q, job_id=job_id, op=None, kind="canary", limit=50, offset=0)
+    _, rollbacks = V.decisions(q, job_id=job_id, op=None, kind="rollback", limit=50, offset=0)
+    return {"hot_spots": V.hot_spots(q, job_id=job_id, since_ns=window.since_ns,
+                                     until_ns=window.until_ns, limit=10),
+            "running": running, "canaries": canaries, "rollbacks": rollbacks}
+
+
+# ---- jobs --------------------------------------------------------------------------------------
+
+def job_detail(q, job_id: str) -> dict | None:
+    """One job: its record (spec, attempts with exit and restart reasons), status history and
+    captured stacks; None when neither the supervisor nor telemetry knows it."""
+    row = V.job(q, job_id)
+    if row is None and not V.job_known(q, job_id):
+        return None
+    rec = _record(row)
+    rec.pop("token", None)
+    _, events = V.job_events(q, job_id, kind=None, limit=1000, offset=0)
+    history, stacks = [], []
+    for e in events:
+        try:
+            detail = json.loads(e["detail"] or "{}")
+        except ValueError:
+            detail = {"raw": e["detail"]}
+        (stacks if e["kind"] == "stacks" else history).append(
+            {"ts_ns": e["ts_ns"], "kind": e["kind"], "detail": detail})
+    return {"job_id": job_id, "name": (row or {}).get("name") or job_id,
+            "state": (row or {}).get("state") or "telemetry only",
+            "command": rec.get("spec", {}).get("command", []), "reason": rec.get("reason", ""),
+            "last_step": rec.get("last_step"), "crash_restarts": rec.get("crash_restarts", 0),
+            "hang_restarts": rec.get("hang_restarts", 0),
+            "attempts": [{k: a.get(k) for k in ("number", "started_at_ns", "ended_at_ns", "pid",
+                                                 "outcome", "exit_code", "signal", "detail")}
+                         for a in rec.get("attempts", [])],
+            "history": history, "stacks": stacks,
+            "steps": V.job_step_summary(q).get(job_id, {})}
+
+
+# ---- governance --------------------------------------------------------------------------------
+
+def governance(q, paging: Paging, reports: GovernanceReports | None) -> dict:
+    """Ledger entries (empty without a ledger table), chain status and policies when governance
+    is wired in."""
+    total, rows = V.ledger(q, limit=paging.limit, offset=paging.offset)
+    return {"ledger_table": V.table_exists(q, V.LEDGER), "ledger": page(total, rows, paging),
+            "chain": _call(reports, "verify_chain", None),
+            "policies": _call(reports, "policies", []) or []}
+
+
+def bundle(q, digest: str, reports: GovernanceReports | None) -> dict | None:
+    entry = V.ledger_entry(q, digest)
+    if entry is None:
+        return None
+    return {"entry": entry, "verify": _call(reports, "verify_bundle", None, digest)}
+
+
+def _call(reports: Any, name: str, default: Any, *args: Any) -> Any:
+    fn: Callable | None = getattr(reports, name, None)
+    if fn is None:
+        return default
+    try:
+        return fn(*args)
+    except Exception as e:  # a governance failure is shown, never a dashboard error
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+# ---- export ------------------------------------------------------------------------------------
+
+def chrome_trace(q, *, job_id: str | None, window: Window) -> dict:
+    """The window's spans (without sampled calls, at most 200 000) as a Chrome trace."""
+    rows = V.window_rows(q, job_id=job_id, since_ns=window.since_ns, until_ns=window.until_ns,
+                         limit=TRACE_ROW_LIMIT)
+    doc = export.chrome_trace(rows)
+    doc["otherData"] = {"rtxops.window": window.query(), "rtxops.job": job_id,
+                        "rtxops.truncated": len(rows) >= TRACE_ROW_LIMIT}
+    return doc

@@ -1,0 +1,175 @@
+// rtxops dashboard: draws the charts from /api JSON and keeps the page live by polling.
+// Tables are rendered by the server; this script only swaps in fresher copies of them.
+"use strict";
+(() => {
+  const REFRESH_MS = 5000;
+  const LOG_POLL_MS = 2000;
+  // plotly reads a few HTML-like tags in text; every label from the store is shown literally
+  const esc = (s) => String(s ?? "").replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  const date = (ns) => new Date(ns / 1e6);
+  const base = (extra) => Object.assign({
+    margin: { t: 24, r: 60, b: 40, l: 60 }, height: 340, hovermode: "closest",
+    legend: { orientation: "h", y: -0.2 }, xaxis: { type: "date" },
+  }, extra);
+  const sum = (xs) => xs.reduce((a, b) => a + (b || 0), 0);
+
+  const charts = {
+    steps(d) {
+      const traces = [];
+      for (const s of d.series) {
+        const x = s.t_ns.map(date);
+        traces.push({ type: "scatter", mode: "lines+markers", x, y: s.p50_ms, name: esc(`${s.job_id} p50`) });
+        traces.push({ type: "scatter", mode: "lines", x, y: s.p95_ms, name: esc(`${s.job_id} p95`), line: { dash: "dot" } });
+      }
+      const color = (m) => (m.kind === "rollback" ? "#c0392b" : "#1e8449");
+      const shapes = d.markers.map((m) => ({
+        type: "line", xref: "x", yref: "paper", x0: date(m.at_ns), x1: date(m.at_ns), y0: 0, y1: 1,
+        line: { dash: "dash", width: 1.5, color: color(m) },
+      }));
+      const annotations = d.markers.map((m) => ({
+        x: date(m.at_ns), y: 1, xref: "x", yref: "paper", yanchor: "bottom", showarrow: false,
+        font: { color: color(m), size: 11 },
+        text: esc(`${m.kind} ${m.plan_from ?? "?"}→${m.plan_to ?? "?"}`),
+      }));
+      return { traces, layout: base({ yaxis: { title: { text: "step time (ms)" }, rangemode: "tozero" }, shapes, annotations }),
+               markers: d.markers.length };
+    },
+    kseries(d) {
+      const traces = [];
+      for (const s of d.series) {
+        const label = `${s.op} ${s.variant} ${s.phase}`;
+        const x = s.t_ns.map(date);
+        const dash = s.phase === "bwd" ? "dot" : "solid";
+        traces.push({ type: "scatter", mode: "lines+markers", x, y: s.p50_us, name: esc(`${label} p50`), line: { dash } });
+        traces.push({ type: "scatter", mode: "lines", x, y: s.p95_us, name: esc(`${label} p95`), line: { dash, width: 1 }, visible: "legendonly" });
+      }
+      return { traces, layout: base({ yaxis: { title: { text: "time per call (µs)" }, type: "log" } }) };
+    },
+    breakdown(d) {
+      if (!d.swap) return { traces: [] };
+      const perOp = (rows) => {
+        const out = {};
+        for (const r of rows) out[r.op] = (out[r.op] || 0) + (r.per_step_ns || 0) / 1e6;
+        return out;
+      };
+      const before = perOp(d.before), after = perOp(d.after);
+      const ops = [...new Set([...Object.keys(before), ...Object.keys(after)])].sort();
+      const traces = ops.map((op) => ({
+        type: "bar", name: esc(op), x: ["before", "after"], y: [before[op] || 0, after[op] || 0],
+      }));
+      return { traces, layout: base({ barmode: "stack", xaxis: { type: "category" },
+        yaxis: { title: { text: "kernel time per step (ms)" } },
+        title: { text: esc(`swap at step ${d.swap.step}: plan ${d.swap.plan_from} → ${d.swap.plan_to}`), font: { size: 13 } } }) };
+    },
+    trials(d) {
+      const byVariant = {};
+      for (const t of d.items) {
+        if (t.median_ns == null || t.started_ns == null) continue;
+        const g = (byVariant[t.variant] ||= { x: [], y: [], text: [] });
+        g.x.push(date(t.started_ns)); g.y.push(t.median_ns / 1e3); g.text.push(esc(`${t.trial_id} ${t.config ?? ""} ${t.status ?? ""}`));
+      }
+      const traces = Object.entries(byVariant).map(([v, g]) => ({
+        type: "scatter", mode: "markers", name: esc(v), x: g.x, y: g.y, text: g.text, marker: { size: 9 },
+      }));
+      return { traces, layout: base({ yaxis: { title: { text: "median per call (µs)" } } }) };
+    },
+    memory(d) {
+      const traces = [];
+      const jobs = {};
+      for (const r of d.series) (jobs[r.job_id] ||= []).push(r);
+      const fields = [["rss_bytes", "RSS"], ["cuda_allocated_bytes", "CUDA allocated"],
+                      ["cuda_reserved_bytes", "CUDA reserved"], ["cuda_peak_bytes", "CUDA peak"]];
+      for (const [job, rows] of Object.entries(jobs)) {
+        const x = rows.map((r) => date(r.t_ns));
+        for (const [f, label] of fields) {
+          const y = rows.map((r) => (r[f] == null ? null : r[f] / 2 ** 20));
+          if (y.some((v) => v != null)) traces.push({ type: "scatter", mode: "lines+markers", x, y, name: esc(`${job} ${label}`) });
+        }
+        const frag = rows.map((r) => r.cuda_fragmentation);
+        if (frag.some((v) => v != null)) traces.push({ type: "scatter", mode: "lines", x, y: frag, yaxis: "y2", name: esc(`${job} fragmentation`), line: { dash: "dot" } });
+      }
+      return { traces, layout: base({ yaxis: { title: { text: "MiB" }, rangemode: "tozero" },
+        yaxis2: { title: { text: "fragmentation" }, overlaying: "y", side: "right", range: [0, 1] } }) };
+    },
+  };
+
+  async function getJson(url) {
+    const r = await fetch(url, { headers: { Accept: "application/json" }, cache: "no-store" });
+    if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
+    return r.json();
+  }
+
+  function setLive(ok) {
+    const el = document.getElementById("live");
+    if (el) { el.classList.toggle("offline", !ok); el.textContent = ok ? "live" : "offline"; }
+  }
+
+  async function draw(el) {
+    const fig = charts[el.dataset.chart](await getJson(el.dataset.src));
+    const points = sum(fig.traces.map((t) => (t.y || []).filter((v) => v != null).length));
+    el.dataset.points = String(points);
+    el.dataset.markers = String(fig.markers || 0);
+    if (!points) {
+      if (el.dataset.drawn) window.Plotly.purge(el);
+      delete el.dataset.drawn;
+      el.classList.add("no-data");
+      el.textContent = "No data in this window.";
+      return;
+    }
+    if (!el.dataset.drawn) el.textContent = "";
+    el.classList.remove("no-data");
+    await window.Plotly.react(el, fig.traces, fig.layout, { displaylogo: false, responsive: true });
+    el.dataset.drawn = "1";
+  }
+
+  async function drawAll() {
+    const els = [...document.querySelectorAll("[data-chart]")];
+    const results = await Promise.allSettled(els.map(draw));
+    setLive(results.every((r) => r.status === "fulfilled"));
+  }
+
+  async function refreshSections() {
+    const live = [...document.querySelectorAll("[data-live][id]")];
+    if (!live.length) return;
+    const r = await fetch(location.href, { cache: "no-store" });
+    if (!r.ok) throw new Error(`HTTP ${r.status}`);
+    const fresh = new DOMParser().parseFromString(await r.text(), "text/html");
+    for (const el of live) {
+      const next = fresh.getElementById(el.id);
+      if (next && !el.contains(document.activeElement)) el.replaceChildren(...next.childNodes);
+    }
+  }
+
+  async function followLog() {
+    const log = document.getElementById("log");
+    const follow = document.getElementById("follow");
+    if (!log || !follow || !follow.checked || document.hidden) return;
+    const params = new URLSearchParams({ after: log.dataset.after, limit: "1000" });
+    if (log.dataset.search) params.set("search", log.dataset.search);
+    const d = await getJson(`/api/jobs/${encodeURIComponent(log.dataset.job)}/logs?${params}`);
+    for (const line of d.lines) {
+      const span = document.createElement("span");
+      span.className = line.stream;
+      span.textContent = line.text;               // text, never HTML
+      log.append(span, "\n");
+    }
+    log.dataset.after = String(d.last_seq);
+    if (d.lines.length) log.scrollTop = log.scrollHeight;
+  }
+
+  function every(ms, fn) {
+    setInterval(() => {
+      if (document.hidden) return;
+      fn().then(() => setLive(true), () => setLive(false));
+    }, ms);
+  }
+
+  function start() {
+    drawAll();
+    every(REFRESH_MS, async () => { await refreshSections(); await drawAll(); });
+    every(LOG_POLL_MS, followLog);
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();
