@@ -10,6 +10,7 @@ from .. import originals
 from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
 from ._compiled import compiled_variant
+from .triton import variants as triton_variants
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
@@ -151,7 +152,7 @@ VARIANTS = [
             description="row chunks compute loss and input gradient in the forward; "
                         "only the gradient (input dtype) is kept for backward"),
     compiled_variant("cross_entropy", logsoftmax_nll),
-]
+] + triton_variants("cross_entropy")
 
 
 def cases(dtype: torch.dtype):

@@ -17,6 +17,10 @@ ELEMENTWISE_BLOCK = [AUTO, 256, 1024, 4096]
 _TABLE: dict[str, tuple[str, dict[str, list], str]] = {
     "rms_norm": ("rms_norm", {"num_warps": WARPS, "rows_per_program": ROWS_PER_PROGRAM},
                  "Triton RMSNorm: one row per program; weight grad from per-program fp32 partials"),
+    "cross_entropy": ("cross_entropy", {"block_v": [AUTO, 1024, 2048, 4096, 8192, 16384, 32768],
+                                        "num_warps": WARPS, "num_stages": [AUTO, 1, 2, 3, 4]},
+                      "Triton cross-entropy: online softmax over vocab tiles, gradient written in "
+                      "the forward in the logits' dtype, no fp32 (rows, vocab) temporary"),
 }
 
 

@@ -1,0 +1,93 @@
+"""Cross-entropy kernel edge cases beyond the op's own cases: vocab streamed over many tiles, large
+logits, all-ignored batches, smoothing with ignored rows, and the single-use gradient buffer."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rtxops.runtime.registry import default_registry
+
+from .compare import assert_matches, build_for, clone_args, run
+
+SPEC = default_registry().op("cross_entropy")
+
+
+def logits(rows: int, vocab: int, dtype: torch.dtype, scale: float = 2.0, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(rows, vocab, generator=g)).to(dtype).requires_grad_()
+
+
+def targets(rows: int, vocab: int, ignored=(), seed: int = 1):
+    t = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(seed))
+    t[list(ignored)] = -100
+    return t
+
+
+def small_tiles(args, kwargs, block_v: int = 16):
+    """The Triton build with ``block_v`` tiles, so a 200-column row takes 13 tiles."""
+    from rtxops.runtime.ops.triton.cross_entropy import CrossEntropyFunction
+    from rtxops.runtime.ops.triton._report import Reporter
+
+    config = {"block_v": block_v, "num_warps": 4, "num_stages": 1}
+    reporter = Reporter("cross_entropy", "triton", "test", config, config)
+
+    def fn(input, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+        return CrossEntropyFunction.apply(input, target, ignore_index, reduction,
+                                          float(label_smoothing), config, reporter)
+    return fn
+
+
+CASES = [
+    ("mean", {}),
+    ("sum", {"reduction": "sum"}),
+    ("none", {"reduction": "none"}),
+    ("smoothing_mean", {"label_smoothing": 0.1}),
+    ("smoothing_sum", {"reduction": "sum", "label_smoothing": 0.3}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name,kwargs", CASES, ids=[c[0] for c in CASES])
+def test_vocab_streamed_over_many_tiles_with_ignored_rows(name, kwargs, dtype):
+    args = (logits(7, 200, dtype), targets(7, 200, ignored=(0, 5)))
+    assert_matches(SPEC, small_tiles(args, kwargs), args, kwargs, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_large_logits_do_not_overflow(dtype):
+    x = logits(5, 150, dtype, scale=1.0)
+    with torch.no_grad():
+        x += 3e4 * torch.arange(150, dtype=dtype)[None, :] / 150  # exp() of these overflows fp32
+        x[:, 7] = 5e4
+    args, kwargs = (x, targets(5, 150, ignored=(2,))), {"label_smoothing": 0.1}
+    out, grads = run(small_tiles(args, kwargs), *clone_args(args, kwargs))
+    assert torch.isfinite(out[0]).all() and torch.isfinite(grads[0]).all()
+    assert_matches(SPEC, small_tiles(args, kwargs), args, kwargs, "large")
+    assert_matches(SPEC, build_for("cross_entropy", args, kwargs), args, kwargs, "large/default")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_ignored_batch(reduction):
+    args, kwargs = (logits(4, 40, torch.float32), targets(4, 40, ignored=range(4))), \
+        {"reduction": reduction}
+    out, grads = run(build_for("cross_entropy", args, kwargs), *clone_args(args, kwargs))
+    ref = F.cross_entropy(*clone_args(args, kwargs)[0], **kwargs)
+    torch.testing.assert_close(out[0], ref, equal_nan=True)  # mean over no rows: nan, like torch
+    assert not grads[0].any()
+
+
+def test_one_row_odd_vocab_with_smoothing_bf16():
+    args, kwargs = (logits(1, 97, torch.bfloat16), targets(1, 97)), {"label_smoothing": 0.2}
+    assert_matches(SPEC, build_for("cross_entropy", args, kwargs), args, kwargs, "one_row")
+
+
+def test_no_gradient_buffer_without_grad_and_second_backward_is_refused():
+    x, t = logits(3, 30, torch.float32), targets(3, 30)
+    fn = build_for("cross_entropy", (x, t), {})
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x, t), F.cross_entropy(x, t))
+    loss = fn(x, t)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
