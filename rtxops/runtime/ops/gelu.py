@@ -11,6 +11,7 @@ from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
 from ._chunked import over_elements
 from ._compiled import compiled_variant
+from .triton import variants as triton_variants
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _APPROX = {"none": 0, "tanh": 1}
@@ -97,7 +98,7 @@ VARIANTS = [
             config_space={"chunk_elems": [1 << 16, 1 << 18, 1 << 20]},
             description="element chunks bound the fp32 temporaries"),
     compiled_variant("gelu", eager),
-]
+] + triton_variants("gelu")
 
 
 def cases(dtype: torch.dtype):

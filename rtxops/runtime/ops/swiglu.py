@@ -9,6 +9,7 @@ from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
 from ._chunked import over_elements
 from ._compiled import compiled_variant
+from .triton import variants as triton_variants
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -86,7 +87,7 @@ VARIANTS = [
             config_space={"chunk_elems": [1 << 16, 1 << 18, 1 << 20]},
             description="element chunks bound the fp32 temporaries"),
     compiled_variant("swiglu", eager),
-]
+] + triton_variants("swiglu")
 
 
 def cases(dtype: torch.dtype):

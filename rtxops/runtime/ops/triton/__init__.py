@@ -21,6 +21,10 @@ _TABLE: dict[str, tuple[str, dict[str, list], str]] = {
                                         "num_warps": WARPS, "num_stages": [AUTO, 1, 2, 3, 4]},
                       "Triton cross-entropy: online softmax over vocab tiles, gradient written in "
                       "the forward in the logits' dtype, no fp32 (rows, vocab) temporary"),
+    "swiglu": ("swiglu", {"block": ELEMENTWISE_BLOCK, "num_warps": WARPS[:5]},
+               "Triton silu(a) * b: elementwise, backward recomputes the sigmoid"),
+    "gelu": ("gelu", {"block": ELEMENTWISE_BLOCK, "num_warps": WARPS[:5]},
+             "Triton GELU (erf or tanh): elementwise, backward recomputes from the input"),
 }
 
 
