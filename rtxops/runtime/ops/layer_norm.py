@@ -9,6 +9,7 @@ from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
 from ._chunked import over_rows
 from ._compiled import compiled_variant
+from .triton import variants as triton_variants
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -109,7 +110,7 @@ VARIANTS = [
             config_space={"chunk_rows": [256, 1024, 4096]},
             description="row chunks bound the fp32 temporaries"),
     compiled_variant("layer_norm", eager),
-]
+] + triton_variants("layer_norm")
 
 
 def cases(dtype: torch.dtype):

@@ -8,6 +8,7 @@ from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
 from ._chunked import over_rows
 from ._compiled import compiled_variant
+from .triton import variants as triton_variants
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -92,7 +93,7 @@ VARIANTS = [
             config_space={"chunk_rows": [256, 1024, 4096]},
             description="row chunks bound the fp32 temporaries"),
     compiled_variant("softmax", eager),
-]
+] + triton_variants("softmax")
 
 
 def cases(dtype: torch.dtype):

@@ -25,6 +25,11 @@ _TABLE: dict[str, tuple[str, dict[str, list], str]] = {
                "Triton silu(a) * b: elementwise, backward recomputes the sigmoid"),
     "gelu": ("gelu", {"block": ELEMENTWISE_BLOCK, "num_warps": WARPS[:5]},
              "Triton GELU (erf or tanh): elementwise, backward recomputes from the input"),
+    "softmax": ("softmax", {"num_warps": WARPS},
+                "Triton softmax: one row per program in one tile; backward from the saved output"),
+    "layer_norm": ("layer_norm", {"num_warps": WARPS, "rows_per_program": ROWS_PER_PROGRAM},
+                   "Triton LayerNorm: fp32 mean/rstd saved; weight and bias grads from "
+                   "per-program fp32 partials"),
 }
 
 
