@@ -9,6 +9,7 @@ import torch
 from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
 from ._compiled import compiled_variant
+from .triton import variants as triton_variants
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -128,7 +129,7 @@ VARIANTS = [
             description="q and k stacked into one tensor when shapes match"),
     Variant("rope", "addcmul", "aten", lambda c, b: addcmul, description="torch.addcmul"),
     compiled_variant("rope", reference),
-]
+] + triton_variants("rope")
 
 
 def cases(dtype: torch.dtype):

@@ -30,6 +30,9 @@ _TABLE: dict[str, tuple[str, dict[str, list], str]] = {
     "layer_norm": ("layer_norm", {"num_warps": WARPS, "rows_per_program": ROWS_PER_PROGRAM},
                    "Triton LayerNorm: fp32 mean/rstd saved; weight and bias grads from "
                    "per-program fp32 partials"),
+    "rope": ("rope", {"num_warps": WARPS[:5]},
+             "Triton RoPE: one program per (batch, position) over all heads, strided (no layout "
+             "copies), in-place safe"),
 }
 
 
