@@ -20,10 +20,14 @@ from .params import (
     window,
 )
 
-JobFilter = text_filter("only this job id")
-OpFilter = text_filter("only this op, e.g. rms_norm")
-IdPath = Path(min_length=1, max_length=200)
-Points = Query(200, ge=2, le=2000, description="at most this many time slices per series")
+
+def id_path():
+    """A path parameter holding an id (1-200 characters); one instance per route."""
+    return Path(min_length=1, max_length=200)
+
+
+def points_query():
+    return Query(200, ge=2, le=2000, description="at most this many time slices per series")
 
 
 class Json(JSONResponse):
@@ -52,7 +56,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return data.jobs_page(store, state=state, search=search, paging=page)
 
     @router.get("/jobs/{job_id}", responses={404: {"description": "unknown job"}})
-    def job(job_id: str = IdPath) -> dict:
+    def job(job_id: str = id_path()) -> dict:
         """One job: command, attempts with exit reasons, restarts, status history, stacks."""
         detail = data.job_detail(store, job_id)
         if detail is None:
@@ -60,7 +64,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return detail
 
     @router.get("/jobs/{job_id}/events", responses={404: {"description": "unknown job"}})
-    def events(job_id: str = IdPath, kind: Filter = text_filter("only this event kind"),
+    def events(job_id: str = id_path(), kind: Filter = text_filter("only this event kind"),
                page: Paging = Depends(paging)) -> dict:
         """The supervisor's events of one job, oldest first."""
         total, rows = V.job_events(store, known_job(job_id), kind=kind, limit=page.limit,
@@ -68,7 +72,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return data.page(total, rows, page)
 
     @router.get("/jobs/{job_id}/logs", responses={404: {"description": "unknown job"}})
-    def logs(job_id: str = IdPath, after: int = Query(0, ge=0, le=2**62, description="lines after this seq"),
+    def logs(job_id: str = id_path(), after: int = Query(0, ge=0, le=2**62, description="lines after this seq"),
              rank: int | None = Query(None, ge=-1, le=100_000),
              stream: Filter = one_of(("stdout", "stderr"), "only this stream"),
              search: Filter = text_filter("case-insensitive substring"),
@@ -80,7 +84,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
                 "last_seq": lines[-1]["seq"] if lines else after}
 
     @router.get("/steps")
-    def steps(job: Filter = JobFilter, win: Window = Depends(window), points: int = Points) -> dict:
+    def steps(job: Filter = text_filter("only this job id"), win: Window = Depends(window), points: int = points_query()) -> dict:
         """Step time p50/p95 per job over time, swap/rollback markers, speed-up since the first plan."""
         return data.step_chart(store, job_id=job, window=win, points=points)
 
@@ -91,15 +95,15 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
                            problems=problems() if problems else None)
 
     @router.get("/kernels")
-    def kernels(job: Filter = JobFilter, op: Filter = OpFilter,
+    def kernels(job: Filter = text_filter("only this job id"), op: Filter = text_filter("only this op, e.g. rms_norm"),
                 win: Window = Depends(window), page: Paging = Depends(paging)) -> dict:
         """Per op → bucket → variant and phase: calls, time, share of step time, p50/p95."""
         return data.kernels(store, job_id=job, op=op, window=win, paging=page)
 
     @router.get("/kernels/series")
-    def kernel_series(job: Filter = JobFilter, op: Filter = OpFilter,
+    def kernel_series(job: Filter = text_filter("only this job id"), op: Filter = text_filter("only this op, e.g. rms_norm"),
                       bucket: Filter = text_filter("only this bucket id"),
-                      win: Window = Depends(window), points: int = Points) -> dict:
+                      win: Window = Depends(window), points: int = points_query()) -> dict:
         """Per-call time p50/p95 over time per (op, bucket, variant, phase)."""
         return data.kernel_series(store, job_id=job, op=op, bucket=bucket, window=win, points=points)
 
@@ -112,12 +116,12 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return data.breakdown(store, job_id=known_job(job), at_ns=at_ns, span_s=span_s, window=win)
 
     @router.get("/evolve")
-    def evolve(job: Filter = JobFilter, win: Window = Depends(window)) -> dict:
+    def evolve(job: Filter = text_filter("only this job id"), win: Window = Depends(window)) -> dict:
         """Hot spots, running explorations, canaries, rollbacks."""
         return data.evolve(store, job_id=job, window=win)
 
     @router.get("/evolve/trials")
-    def trials(job: Filter = JobFilter, op: Filter = OpFilter,
+    def trials(job: Filter = text_filter("only this job id"), op: Filter = text_filter("only this op, e.g. rms_norm"),
                bucket: Filter = text_filter("only this bucket id"),
                variant: Filter = text_filter("only this variant"),
                status: Filter = text_filter("only this status"),
@@ -128,7 +132,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return data.page(total, rows, page)
 
     @router.get("/evolve/trials/{trial_id}", responses={404: {"description": "unknown trial"}})
-    def trial(trial_id: str = IdPath) -> dict:
+    def trial(trial_id: str = id_path()) -> dict:
         """One trial."""
         row = V.trial(store, trial_id)
         if row is None:
@@ -136,7 +140,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return row
 
     @router.get("/evolve/decisions")
-    def decisions(job: Filter = JobFilter, op: Filter = OpFilter,
+    def decisions(job: Filter = text_filter("only this job id"), op: Filter = text_filter("only this op, e.g. rms_norm"),
                   kind: Filter = text_filter("promote, reject, canary, rollback, …"),
                   page: Paging = Depends(paging)) -> dict:
         """Decisions with their statistics (gain, confidence interval, p-value), newest first."""
@@ -145,7 +149,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return data.page(total, rows, page)
 
     @router.get("/evolve/tuning")
-    def tuning(op: Filter = OpFilter, variant: Filter = text_filter("only this variant"),
+    def tuning(op: Filter = text_filter("only this op, e.g. rms_norm"), variant: Filter = text_filter("only this variant"),
                status: Filter = text_filter("only this status"),
                device: Filter = text_filter("only this device"),
                page: Paging = Depends(paging)) -> dict:
@@ -155,13 +159,13 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return data.page(total, rows, page)
 
     @router.get("/memory")
-    def memory(job: Filter = JobFilter, win: Window = Depends(window), points: int = Points) -> dict:
+    def memory(job: Filter = text_filter("only this job id"), win: Window = Depends(window), points: int = points_query()) -> dict:
         """RSS and CUDA allocated/reserved/peak/fragmentation over time per job."""
         return {"series": V.memory_series(store, job_id=job, since_ns=win.since_ns,
                                           until_ns=win.until_ns, points=points)}
 
     @router.get("/caches")
-    def caches(job: Filter = JobFilter, win: Window = Depends(window)) -> dict:
+    def caches(job: Filter = text_filter("only this job id"), win: Window = Depends(window)) -> dict:
         """Hit rates of the variant build cache, Inductor's FX graph cache, Triton autotuning."""
         return {"items": store.cache_hit_rates(job_id=job, since_ns=win.since_ns,
                                                until_ns=win.until_ns)}
@@ -172,7 +176,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return data.governance(store, page, governance)
 
     @router.get("/governance/bundles/{digest}", responses={404: {"description": "unknown bundle"}})
-    def bundle(digest: str = IdPath) -> dict:
+    def bundle(digest: str = id_path()) -> dict:
         """One ledger entry and its bundle's verify report."""
         found = data.bundle(store, digest, governance)
         if found is None:
@@ -180,7 +184,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return found
 
     @router.get("/trace")
-    def trace(job: Filter = JobFilter, win: Window = Depends(window)) -> Json:
+    def trace(job: Filter = text_filter("only this job id"), win: Window = Depends(window)) -> Json:
         """The window's spans as a Chrome trace (open in ui.perfetto.dev or chrome://tracing)."""
         return Json(data.chrome_trace(store, job_id=job, window=win),
                     headers={"Content-Disposition": 'attachment; filename="rtxops-trace.json"'})

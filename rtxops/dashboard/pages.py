@@ -24,9 +24,6 @@ from .params import (
 )
 from .render import templates
 
-JobFilter = text_filter("only this job id")
-OpFilter = text_filter("only this op")
-
 
 def make_router(store, *, problems: Callable[[], list[str]] | None = None,
                 governance: data.GovernanceReports | None = None) -> APIRouter:
@@ -44,7 +41,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return response
 
     @router.get("/")
-    def overview(request: Request, job: Filter = JobFilter, win: Window = Depends(window)):
+    def overview(request: Request, job: Filter = text_filter("only this job id"), win: Window = Depends(window)):
         jobs = data.jobs_page(store, state=None, search=None, paging=Paging(20, 0))
         ingest = data.ingest(store, window=win, stats=store.stats() if hasattr(store, "stats") else None,
                              problems=problems() if problems else None)
@@ -52,7 +49,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
                       speedups=V.speedups(store, job_id=job))
 
     @router.get("/kernels")
-    def kernels(request: Request, job: Filter = JobFilter, op: Filter = OpFilter,
+    def kernels(request: Request, job: Filter = text_filter("only this job id"), op: Filter = text_filter("only this op"),
                 bucket: Filter = text_filter("only this bucket"),
                 at_ns: int | None = Query(None, ge=0, le=2**62), win: Window = Depends(window),
                 page: Paging = Depends(paging)):
@@ -64,7 +61,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
                       job_ids=[s["job_id"] for s in table["steps"]])
 
     @router.get("/evolve")
-    def evolve(request: Request, job: Filter = JobFilter, op: Filter = OpFilter,
+    def evolve(request: Request, job: Filter = text_filter("only this job id"), op: Filter = text_filter("only this op"),
                bucket: Filter = text_filter("only this bucket"),
                variant: Filter = text_filter("only this variant"),
                status: Filter = text_filter("only this status"),
@@ -78,7 +75,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
                       trials=data.page(total, trials, page), decisions=decisions, tuning=tuning)
 
     @router.get("/memory")
-    def memory(request: Request, job: Filter = JobFilter, win: Window = Depends(window)):
+    def memory(request: Request, job: Filter = text_filter("only this job id"), win: Window = Depends(window)):
         caches = store.cache_hit_rates(job_id=job, since_ns=win.since_ns, until_ns=win.until_ns)
         return render(request, "memory.html", win, job, caches=caches)
 

@@ -1,0 +1,125 @@
+"""The dashboard's JSON API against the live daemon: pagination bounds, 404 for unknown ids, 422
+for bad parameters, injection attempts that stay data, read-only routes, no 5xx under fuzzing."""
+from __future__ import annotations
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+
+INJECTIONS = ["' OR '1'='1", "x'; DROP TABLE trials; --", "%", "_", "\\", "\" OR 1=1 --",
+              "silu') UNION SELECT * FROM jobs --"]
+
+
+@pytest.fixture(scope="module")
+def api(live):
+    with live.client() as c:
+        yield c
+
+
+def test_pagination_bounds(api, live):
+    for bad in ({"limit": 0}, {"limit": 501}, {"offset": -1}, {"limit": "ten"}):
+        assert api.get("/api/evolve/trials", params=bad).status_code == 422, bad
+    ids = []
+    for offset in (0, 2, 4):
+        page = api.get("/api/evolve/trials", params={"limit": 2, "offset": offset}).json()
+        assert page["total"] == len(live.trial_ids) and page["limit"] == 2 and page["offset"] == offset
+        assert len(page["items"]) == max(0, min(2, len(live.trial_ids) - offset))
+        ids += [t["trial_id"] for t in page["items"]]
+    assert sorted(ids) == sorted(live.trial_ids)
+    jobs = api.get("/api/jobs", params={"limit": 1, "offset": 1}).json()
+    assert jobs["total"] == 1 and jobs["items"] == []
+    kernels = api.get("/api/kernels", params={"job": live.job_id, "limit": 3}).json()
+    assert len(kernels["items"]) == 3 and kernels["total"] > 3
+
+
+@pytest.mark.parametrize("path", [
+    "/api/jobs/no-such-job", "/api/jobs/no-such-job/logs", "/api/jobs/no-such-job/events",
+    "/api/evolve/trials/no-such-trial", "/api/governance/bundles/sha256:0000",
+    "/api/kernels/breakdown?job=no-such-job", "/jobs/no-such-job", "/governance/bundles/x",
+    "/static/../pyproject.toml", "/static/vendor/other.js",
+])
+def test_unknown_ids_are_404(api, path):
+    assert api.get(path).status_code == 404
+
+
+@pytest.mark.parametrize("path,params", [
+    ("/api/steps", {"window_s": "abc"}), ("/api/steps", {"window_s": 5}),
+    ("/api/steps", {"until_ns": 5}), ("/api/steps", {"points": 1}),
+    ("/api/jobs", {"state": "bogus"}), ("/api/kernels", {"job": "x" * 201}),
+    ("/api/kernels/breakdown", {}), ("/api/kernels/breakdown", {"job": "j", "span_s": 0}),
+    ("/api/jobs/x/logs", {"stream": "stdin"}), ("/api/jobs/x/logs", {"limit": 5001}),
+    ("/api/jobs/x/logs", {"after": -1}), ("/kernels", {"at_ns": "soon"}),
+    ("/jobs", {"state": "<script>"}),
+])
+def test_bad_query_parameters_are_422(api, path, params):
+    r = api.get(path, params=params)
+    assert r.status_code == 422, (path, params, r.text)
+    assert r.json()["detail"]
+
+
+@pytest.mark.parametrize("attempt", INJECTIONS)
+def test_injection_attempts_in_filters_are_plain_data(api, live, attempt):
+    for path, name in (("/api/jobs", "search"), ("/api/evolve/trials", "op"),
+                       ("/api/evolve/trials", "bucket"), ("/api/evolve/decisions", "kind"),
+                       ("/api/evolve/tuning", "device"), ("/api/kernels", "op"), ("/api/steps", "job")):
+        r = api.get(path, params={name: attempt})
+        assert r.status_code == 200, (path, name, r.text)
+        body = r.json()
+        assert body.get("total", 0) == 0 and not body.get("items") and not body.get("series")
+    logs = api.get(f"/api/jobs/{live.job_id}/logs", params={"search": attempt}).json()
+    assert logs["lines"] == []
+    assert live.store.query("SELECT count(*) AS n FROM trials")[0]["n"] == len(live.trial_ids)
+
+
+def test_the_api_is_read_only(api, live):
+    spec = api.get("/openapi.json").json()
+    api_paths = {p: ops for p, ops in spec["paths"].items() if p.startswith("/api/")}
+    assert len(api_paths) >= 15
+    assert {m for ops in api_paths.values() for m in ops} == {"get"}
+    for path in ("/api/jobs", "/api/evolve/trials", "/"):
+        assert api.post(path, json={}).status_code == 405
+        assert api.delete(path).status_code == 405
+
+
+def test_filters_and_windows_select_the_right_rows(api, live):
+    mine = api.get("/api/steps", params={"job": live.job_id}).json()
+    assert [s["job_id"] for s in mine["series"]] == [live.job_id]
+    assert [m["step"] for m in mine["markers"] if m["kind"] == "swap"] == [live.swap_step]
+    assert api.get("/api/steps", params={"job": live.job_id, "until_ns": 10**18}).json()["series"] == []
+    one = api.get("/api/evolve/trials", params={"variant": "tanh"}).json()
+    assert one["total"] == 1 and one["items"][0]["variant"] == "tanh"
+    brk = api.get("/api/kernels/breakdown", params={"job": live.job_id}).json()
+    assert brk["swap"]["step"] == live.swap_step
+    assert {r["op"] for r in brk["before"]} >= {"silu"} and {r["op"] for r in brk["after"]} >= {"silu"}
+
+
+def test_no_server_errors_under_fuzzing(live):
+    """schemathesis over every /api operation, valid and invalid inputs, aimed at real ids too."""
+    schema = schemathesis.openapi.from_url(live.url + "/openapi.json").include(path_regex="^/api/")
+    server_errors, seen = [], set()
+    aimed = {"job_id": live.job_id, "trial_id": live.trial_ids[0]}
+
+    def check(case) -> None:
+        response = case.call(timeout=60)
+        seen.add((case.operation.path, response.status_code))
+        if response.status_code >= 500:
+            server_errors.append((case.formatted_path, case.query, response.status_code,
+                                  response.text[:500]))
+
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 15
+    for op in operations:
+        strategy = op.as_strategy() | op.as_strategy(schemathesis.GenerationMode.NEGATIVE)
+        for name, value in aimed.items():
+            if "{" + name + "}" in op.path:
+                strategy |= op.as_strategy(path_parameters={name: value})
+
+        @given(case=strategy)
+        @settings(max_examples=12, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+        def fuzz(case):
+            check(case)
+
+        fuzz()
+    assert not server_errors, server_errors
+    assert ("/api/jobs/{job_id}", 200) in seen and ("/api/steps", 422) in seen

@@ -1,0 +1,87 @@
+"""The dashboard in Chromium against a real daemon that ran a real training job which swapped
+plans: every page loads cleanly, charts have data, the swap is marked, kernel → trials works,
+user-controlled strings stay text. Screenshots go to the ``artifacts`` directory."""
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from .conftest import HOSTILE_LINE, HOSTILE_NAME
+
+
+def pages(job_id: str) -> dict[str, str]:
+    return {"overview": "/", "kernels": f"/kernels?job={job_id}", "evolve": "/evolve",
+            "memory": "/memory", "governance": "/governance", "jobs": "/jobs",
+            "job": f"/jobs/{job_id}"}
+
+
+@pytest.mark.parametrize("name", list(pages("x")))
+def test_page_loads_without_console_errors(web, live, artifacts, name):
+    web.open(pages(live.job_id)[name])
+    web.page.screenshot(path=str(artifacts / f"{name}.png"), full_page=True)
+    assert web.errors == [] and web.dialogs == []
+    assert web.page.locator("main h1").count() == 1
+    assert web.page.locator("#live").inner_text() == "live"     # every chart's JSON loaded
+
+
+def test_charts_render_with_data_points(web, live):
+    web.open(f"/?job={live.job_id}")
+    assert web.points("#steps-chart") >= 2
+    assert web.page.locator("#steps-chart .scatterlayer .trace .points path").count() >= 2
+    web.open(f"/kernels?job={live.job_id}&op=silu")
+    assert web.points("#kernel-series-chart") >= 1
+    assert web.points("#breakdown-chart") >= 2                  # one bar each side per op
+    assert web.page.locator("#breakdown-chart .barlayer .point").count() >= 2
+    web.open(f"/memory?job={live.job_id}")
+    assert web.points("#memory-chart") >= 2                     # RSS on CPU
+    assert web.errors == []
+
+
+def test_swap_marker_appears_after_the_promoted_plan(web, live):
+    web.open(f"/?job={live.job_id}")
+    assert int(web.page.get_attribute("#steps-chart", "data-markers")) >= 1
+    labels = web.page.locator("#steps-chart .annotation-text").all_text_contents()
+    assert any(text.startswith("swap") and text.endswith("→1") for text in labels), labels
+    assert web.page.locator("#steps-chart .shapelayer path").count() >= 1
+    # the speed-up table names the job that swapped
+    assert live.job_id in web.page.locator("#speedups").inner_text()
+
+
+def test_a_kernel_links_to_its_trials(web, live, artifacts):
+    web.open(f"/kernels?job={live.job_id}&op={live.trial_op}")
+    row = web.page.locator("table.kernels tbody tr", has_text=live.trial_bucket).first
+    row.locator("a.trials-link").click()
+    web.page.wait_for_url("**/evolve?**")
+    web.page.wait_for_function("document.querySelector('#trials-chart')?.dataset.points !== undefined")
+    query = parse_qs(urlparse(web.page.url).query)
+    assert query == {"op": [live.trial_op], "bucket": [live.trial_bucket]}
+    table = web.page.locator("table.trials").inner_text()
+    assert all(t in table for t in live.trial_ids)
+    assert web.points("#trials-chart") == len(live.trial_ids)
+    web.page.screenshot(path=str(artifacts / "kernel-to-trials.png"), full_page=True)
+    assert web.errors == []
+
+
+def test_user_controlled_strings_are_shown_as_text(web, live):
+    web.open("/jobs")
+    assert web.page.locator("#job-list").get_by_text(HOSTILE_NAME).count() >= 1
+    assert web.page.locator("#job-list img").count() == 0
+    web.open(f"/jobs/{live.job_id}")
+    assert HOSTILE_LINE in web.page.locator("#log").inner_text()
+    assert web.page.locator("#log script, #log b").count() == 0
+    web.open(f"/evolve?op={live.trial_op}")
+    assert "<b>not bold</b>" in web.page.locator("table.trials").inner_text()
+    web.open(f"/?job={live.job_id}")
+    assert web.dialogs == [] and web.errors == []
+
+
+def test_log_search_and_trace_link(web, live):
+    web.open(f"/jobs/{live.job_id}?search=ALERT('LOG')")
+    assert web.page.locator("#log").inner_text().strip() == HOSTILE_LINE
+    web.open(f"/?job={live.job_id}")
+    href = web.page.get_attribute("a.trace", "href")
+    with live.client() as c:
+        trace = c.get(href).json()
+    steps = [e for e in trace["traceEvents"] if e.get("cat") == "rtx.step"]
+    assert steps and {e["name"] for e in trace["traceEvents"] if e.get("cat") == "rtx.swap"}
