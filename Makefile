@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_WORKERS ?= 2
 DEMO_STEPS ?= 30
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench clean chromium
 
 install: $(STAMP)
 
@@ -22,8 +22,13 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	@bash examples/demo.sh "$(VENV)" "$(DEMO_STEPS)"
 
-test: install
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --durations=15 -p no:cacheprovider
+test: install chromium
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 -p no:cacheprovider
+
+# The dashboard's browser tests drive Debian's Chromium (never `playwright install`).
+chromium:
+	@command -v chromium >/dev/null || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update && $$SUDO apt-get install -y chromium; }
 
 bench: install
 	mkdir -p bench/results

@@ -18,6 +18,7 @@ trap stop_daemon EXIT
 
 URL=$(cat "$RTXOPS_HOME/daemon.url")
 echo "== rtxops daemon: $URL (API docs: $URL/docs, metrics: $URL/metrics)"
+echo "== dashboard: $URL/ (open it in a browser; it follows the job live)"
 echo "== the example GPT under 'rtxops run' ($STEPS steps)"
 "$RTXOPS" run --name demo-gpt -- "$VENV/bin/python" examples/train_gpt.py --steps "$STEPS"
 echo
