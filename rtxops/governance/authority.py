@@ -7,9 +7,10 @@ outcome in the ledger: the decision, or the denial with the policy's reason."""
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
-from . import _keys, ledger
+from . import _keys
 from ._bundle import Signer, write_plan_bundle
 from ._errors import PolicyDenied, VerificationError
 from ._kernels import plan_kernels
@@ -37,6 +38,9 @@ class Authority:
                           kinds=DAEMON_KINDS)
             keyring.save()
         self.policies = load_policies()
+        # the first bundle would otherwise pay for imports and the environment SBOM (seconds),
+        # while the plan's effective step, set before signing, comes nearer
+        threading.Thread(target=_warm_signing, name="rtxops-governance-warm", daemon=True).start()
 
     def reload(self) -> None:
         self.policies = load_policies()
@@ -73,6 +77,8 @@ class Authority:
 
     def _record(self, **entry) -> None:
         if self.store is not None:
+            from . import ledger  # the store (DuckDB, Arrow): only the daemon needs it
+
             ledger.append(self.store, self.head_file, **entry)
 
 
@@ -82,16 +88,46 @@ def bundle_files(directory: Path) -> dict[str, bytes]:
             for p in sorted(directory.rglob("*")) if p.is_file() and not p.is_symlink()}
 
 
+def verify_plan_directory(directory: str | Path, keyring_file: str, job: dict,
+                          running_version: int) -> bytes:
+    """``plan.json`` of the plan bundle at ``directory`` once it verifies as a job requires
+    (signature, trusted key, digests, policy, kind plan, version newer than the running one);
+    else VerificationError with the reason."""
+    report = verify(directory, Trust(keyring=Keyring.load(keyring_file)), policies=load_policies(),
+                    expected_kind="plan", newer_than=running_version, job=job)
+    if not report.ok:
+        f = report.failure
+        raise VerificationError(f.name, f.message)
+    return (Path(directory) / "plan.json").read_bytes()
+
+
+def _warm_signing() -> None:
+    from . import sbom
+
+    try:
+        sbom._environment()
+        sbom._validator().validate_str("{}")
+        warm_up()
+    except Exception:  # only a head start: the first bundle does it again and reports errors
+        pass
+
+
+def warm_up() -> None:
+    """Load what verifying needs (schema validator, CEL, policies) ahead of the first bundle."""
+    from . import sbom
+
+    sbom.schema_problem("{}")
+    load_policies()
+
+
 def job_verifier(keyring_file: str, job: dict):
     """A callable for the runtime: ``(files, running_version) -> plan.json bytes``, raising an
     exception whose message says why a bundle is refused."""
     import tempfile
 
-    from ._layout import MAX_METADATA_BYTES, PLAN, check_name
+    from ._layout import MAX_METADATA_BYTES, check_name
 
     def verify_files(files: dict[str, bytes], running_version: int) -> bytes:
-        keyring = Keyring.load(keyring_file)
-        policies = load_policies()
         with tempfile.TemporaryDirectory(prefix="rtxops-bundle-") as tmp:
             root = Path(tmp)
             total = 0
@@ -103,14 +139,9 @@ def job_verifier(keyring_file: str, job: dict):
                 path = root / name
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
-            report = verify(root, Trust(keyring=keyring), policies=policies, expected_kind="plan",
-                            newer_than=running_version, job=job)
-            if not report.ok:
-                f = report.failure
-                raise VerificationError(f.name, f.message)
-            return (root / PLAN).read_bytes()
+            return verify_plan_directory(root, keyring_file, job, running_version)
 
     return verify_files
 
 
-__all__ = ["Authority", "bundle_files", "job_verifier"]
+__all__ = ["Authority", "bundle_files", "job_verifier", "verify_plan_directory"]

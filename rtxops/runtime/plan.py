@@ -41,6 +41,8 @@ class Plan:
     parent: str | None = None
     created_at: str = ""
     effective_step: int | None = None
+    # where the plan was tuned: {torch, triton, cuda, device}; None = anywhere (not in the JSON)
+    environment: Mapping[str, str] | None = None
 
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -65,6 +67,8 @@ class Plan:
         }
         if self.effective_step is not None:
             d["effective_step"] = self.effective_step
+        if self.environment is not None:
+            d["environment"] = dict(self.environment)
         return d
 
     def to_json(self) -> str:
@@ -129,8 +133,12 @@ class Plan:
         step = data.get("effective_step")
         if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
             raise PlanError("plan.effective_step must be a non-negative integer")
+        environment = data.get("environment")
+        if environment is not None and (not isinstance(environment, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in environment.items())):
+            raise PlanError("plan.environment must be an object of strings (torch, triton, cuda, device)")
         return cls(version, tuple(entries), defaults, parent,
-                   _field(data, "created_at", str, "plan", default=""), step)
+                   _field(data, "created_at", str, "plan", default=""), step, environment)
 
     # ---- validation against a registry ----------------------------------------------------
     def validate(self, registry) -> Plan:
@@ -164,7 +172,34 @@ class Plan:
             parent=self.digest,
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             effective_step=effective_step,
+            environment=self.environment,
         )
+
+    def environment_mismatch(self, here: Mapping[str, str] | None = None) -> str | None:
+        """Why this plan, tuned in another environment, must not run here; None when it may."""
+        if not self.environment:
+            return None
+        here = current_environment() if here is None else here
+        diffs = [f"{k} {v!r} (here {here.get(k)!r})" for k, v in sorted(self.environment.items())
+                 if here.get(k) != v]
+        if not diffs:
+            return None
+        return f"plan version {self.version} was tuned for another environment: " + ", ".join(diffs)
+
+
+def current_environment() -> dict[str, str]:
+    """This process's torch, triton, CUDA and device model (what a plan records it was tuned in)."""
+    import importlib.metadata
+
+    import torch
+
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = ""
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {"torch": torch.__version__, "triton": triton, "cuda": torch.version.cuda or "",
+            "device": device}
 
 
 def default_plan() -> Plan:
@@ -194,4 +229,4 @@ def _check(registry, op: str, variant: str, config: Mapping, where: str) -> None
         raise PlanError(f"{where}: variant {op}/{variant}: {problem}")
 
 
-__all__ = ["Plan", "PlanEntry", "ExploreArm", "default_plan"]
+__all__ = ["Plan", "PlanEntry", "ExploreArm", "default_plan", "current_environment"]

@@ -1,28 +1,37 @@
-"""The job's side of the plan endpoint: a background thread that polls for a newer plan, queues it
-in the dispatcher (which swaps it in at a step boundary) and reports refusals back.
+"""The job's side of the plan endpoint: a background thread that polls for a newer plan, fetches
+its signed bundle, has it verified, queues it in the dispatcher (which swaps it in at a step
+boundary) and reports refusals back.
+
+The runtime knows nothing of signatures: the bootstrap injects ``verifier``, a callable
+``(bundle files, running version) -> plan.json bytes`` that raises with the reason a bundle is
+refused. Without a verifier every plan is refused (fail closed).
 
 Plain HTTP with the standard library: the runtime depends on no web framework.
 """
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Callable
 
 from .dispatcher import Dispatcher
 from .errors import PlanError
 from .plan import Plan
 
+PlanVerifier = Callable[[dict[str, bytes], int], bytes]
 log = logging.getLogger("rtxops.runtime")
 
 
 class PlanPoller:
     def __init__(self, dispatcher: Dispatcher, daemon_url: str, job_id: str, token: str | None,
-                 interval_s: float = 2.0) -> None:
+                 interval_s: float = 2.0, verifier: PlanVerifier | None = None) -> None:
         self.dispatcher, self.job_id, self.token = dispatcher, job_id, token
+        self.verifier = verifier
         self.base = daemon_url.rstrip("/")
         self.interval_s = interval_s
         self.etag: str | None = None
@@ -39,6 +48,12 @@ class PlanPoller:
         self._stop.set()
 
     def _run(self) -> None:
+        warm = getattr(self.verifier, "warm", None)
+        if warm is not None:  # load the verifier's code now, not when a plan's effective step is near
+            try:
+                warm()
+            except Exception as e:
+                log.warning("rtxops: plan verifier warm-up failed: %s", e)
         while not self._stop.wait(self.interval_s):
             try:
                 self.poll_once()
@@ -65,14 +80,39 @@ class PlanPoller:
             plan = Plan.from_json(body)
             if plan.version <= self.dispatcher.plan.version and self.dispatcher.pending is None:
                 return "unchanged"
+            plan = self._verified(plan)
+            problem = plan.environment_mismatch()
+            if problem:
+                raise PlanError(problem)
             self.dispatcher.install_plan(plan)
-        except PlanError as e:
+        except Exception as e:  # a refused plan, whatever the reason: the job keeps its plan
             version = _version_of(body)
-            self.refused.append((version, str(e)))
-            self._report(version, str(e))
+            reason = str(e) if isinstance(e, PlanError) else f"{type(e).__name__}: {e}"
+            if not isinstance(e, PlanError) or reason not in self.dispatcher.plan_rejections:
+                self.dispatcher.plan_rejections.append(reason)
+            self.refused.append((version, reason))
+            self._report(version, reason)
             return "refused"
         self.installed.append(plan.version)
         return "installed"
+
+    def _verified(self, served: Plan) -> Plan:
+        """The plan inside the served plan's signed bundle, once the verifier accepts it."""
+        if self.verifier is None:
+            raise PlanError(f"plan version {served.version} refused: this job has no plan verifier")
+        query = urllib.parse.urlencode({"job": self.job_id})
+        try:
+            with urllib.request.urlopen(f"{self.base}/v1/plans/bundle?{query}", timeout=10) as resp:
+                data = json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            raise PlanError(f"plan version {served.version} refused: no signed bundle "
+                            f"(HTTP {e.code})") from None
+        files = {name: base64.b64decode(text) for name, text in data.get("files", {}).items()}
+        plan = Plan.from_json(self.verifier(files, self.dispatcher.plan.version))
+        if plan.digest != served.digest:
+            raise PlanError(f"plan version {served.version} refused: the signed bundle holds "
+                            f"version {plan.version} with another digest")
+        return plan
 
     def _report(self, version: int, reason: str) -> None:
         data = json.dumps({"job": self.job_id, "version": version, "reason": reason}).encode()

@@ -1,6 +1,10 @@
 """Start the runtime inside a job process from ``RTXOPS_*`` environment variables.
 
-``RTXOPS_PLAN``     path of a plan JSON file to run with (default: every op on its reference)
+``RTXOPS_PLAN``     path of a plan JSON file (the user's own: trusted) or of a signed plan bundle
+                   directory (verified first) to run with (default: every op on its reference)
+``RTXOPS_KEYRING``  trusted keyring: plans from the daemon are installed only when their signed
+                   bundle verifies against it (and the policies); without it none is installed
+``RTXOPS_DETERMINISTIC``  ``1``: refuse plans that use a non-deterministic variant
 ``RTXOPS_SUMMARY``  path where the per-slot summary JSON is written when the process exits
 ``RTXOPS_VERIFY_FIRST_CALL``  ``0`` turns off the first-call check of non-reference variants
 ``RTXOPS_DAEMON``, ``RTXOPS_JOB_ID``, ``RTXOPS_TOKEN``  poll the daemon for this job's plan
@@ -28,7 +32,7 @@ def start() -> None:
         # a supervisor that cannot attach py-spy asks for stacks with SIGUSR1
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     from ..dispatcher import Dispatcher
-    from ..errors import RuntimeErrorBase
+    from ..errors import PlanError
     from ..patching import enable
     from ..plan import Plan
 
@@ -36,9 +40,16 @@ def start() -> None:
     plan_path = os.environ.get("RTXOPS_PLAN")
     if plan_path:
         try:
-            dispatcher.install_plan(Plan.from_json(Path(plan_path).read_text()))
+            if Path(plan_path).is_dir():  # a signed bundle (`rtxops plan export`)
+                plan = Plan.from_json(_plan_verifier(required=True)({}, -1, directory=plan_path))
+            else:
+                plan = Plan.from_json(Path(plan_path).read_text())
+            problem = plan.environment_mismatch()
+            if problem:
+                raise PlanError(problem)
+            dispatcher.install_plan(plan)
             dispatcher.apply_pending()
-        except (OSError, RuntimeErrorBase) as e:
+        except Exception as e:
             print(f"rtxops: plan {plan_path} not installed, running the reference plan: {e}",
                   file=sys.stderr)
     factory = os.environ.get("RTXOPS_READINGS_FACTORY")
@@ -53,8 +64,43 @@ def start() -> None:
     if daemon and job_id and interval > 0:
         from ..plan_client import PlanPoller
 
-        PlanPoller(dispatcher, daemon, job_id, os.environ.get("RTXOPS_TOKEN"), interval).start()
+        PlanPoller(dispatcher, daemon, job_id, os.environ.get("RTXOPS_TOKEN"), interval,
+                   verifier=_plan_verifier()).start()
     atexit.register(_at_exit, dispatcher, os.environ.get("RTXOPS_SUMMARY"))
+
+
+def _plan_verifier(required: bool = False):
+    """The verifier the plan client gets: governance (imported on first use, so a job that never
+    receives a plan never loads it) with the trusted keyring from ``RTXOPS_KEYRING``."""
+    keyring = os.environ.get("RTXOPS_KEYRING")
+    if not keyring:
+        if not required:
+            return None
+        keyring = str(Path(os.environ.get("RTXOPS_HOME") or ".rtxops") / "keyring.json")
+
+    def verify(files: dict, running_version: int, directory: str | None = None) -> bytes:
+        from rtxops.governance.authority import job_verifier, verify_plan_directory
+
+        job = {"id": os.environ.get("RTXOPS_JOB_ID", ""), "deterministic": _wants_determinism()}
+        if directory is not None:
+            return verify_plan_directory(directory, keyring, job, running_version)
+        return job_verifier(keyring, job)(files, running_version)
+
+    def warm() -> None:
+        from rtxops.governance.authority import warm_up
+
+        warm_up()
+
+    verify.warm = warm  # type: ignore[attr-defined]
+    return verify
+
+
+def _wants_determinism() -> bool:
+    if os.environ.get("RTXOPS_DETERMINISTIC") == "1":
+        return True
+    import torch
+
+    return bool(torch.are_deterministic_algorithms_enabled())
 
 
 def _at_exit(dispatcher, summary_path: str | None) -> None:
