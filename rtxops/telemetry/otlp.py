@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from . import _wire
+from . import _columns, _wire
 from . import schema as S
 
 PROTOBUF = "application/x-protobuf"
@@ -122,6 +122,10 @@ def convert(body: bytes, content_type: str, received_ns: int) -> Batch:
     """:func:`decode_request` then :func:`to_arrow`; the protobuf path skips building the full
     request (attribute values are checked while they are converted)."""
     if media_type(content_type) == PROTOBUF:
+        if _columns.available():
+            batch = _columns.convert(body, received_ns)
+            if batch is not None:
+                return batch
         return to_arrow(_parse_protobuf(_wire.LightRequest, body), received_ns, wire=body)
     return to_arrow(decode_request(body, content_type), received_ns)
 
@@ -225,7 +229,7 @@ def to_arrow(request: ExportTraceServiceRequest, received_ns: int, *, wire: byte
     for i, (rs, rs_view) in enumerate(zip(request.resource_spans, view.resource_spans)):
         if not rs.HasField("resource"):
             raise TelemetryInputError(f"resource_spans[{i}] has no resource")
-        resource_id, copies = _resource(rs, i, received_ns, resources)
+        resource_id, copies = _resource(rs.resource, rs.schema_url, i, received_ns, resources)
         if len(rs_view.scope_spans) != len(rs.scope_spans):
             raise TelemetryInputError("request and its wire form disagree")
         for j, (ss, ss_view) in enumerate(zip(rs.scope_spans, rs_view.scope_spans)):
@@ -252,8 +256,9 @@ def response(rejected: int = 0, message: str = "") -> ExportTraceServiceResponse
     return resp
 
 
-def _resource(rs: Any, i: int, received_ns: int, seen: dict[int, list]) -> tuple[int, tuple]:
-    attrs = _attributes_dict(rs.resource.attributes, f"resource_spans[{i}].resource")
+def _resource(resource: Any, schema_url: str, i: int, received_ns: int,
+              seen: dict[int, list]) -> tuple[int, tuple]:
+    attrs = _attributes_dict(resource.attributes, f"resource_spans[{i}].resource")
     digest = hashlib.blake2b(orjson.dumps(attrs, option=orjson.OPT_SORT_KEYS), digest_size=8).digest()
     resource_id = int.from_bytes(digest, "big", signed=True)
     typed = {c: _typed_scalar(attrs, k, S.TYPED_RESOURCE_ATTRIBUTES[k])
@@ -262,7 +267,7 @@ def _resource(rs: Any, i: int, received_ns: int, seen: dict[int, list]) -> tuple
             typed[RESOURCE_ATTRIBUTE_COLUMNS[k]] is None}
     if resource_id not in seen:
         seen[resource_id] = [resource_id, *typed.values(), orjson.dumps(rest).decode(),
-                             rs.schema_url or None, received_ns]
+                             schema_url or None, received_ns]
     return resource_id, tuple(typed[RESOURCE_ATTRIBUTE_COLUMNS[k]] for k in SPAN_RESOURCE_COPIES)
 
 
