@@ -15,12 +15,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rtxops.cli_governance import register as _register_governance
+
 app = typer.Typer(help="rtxops: a self-optimizing runtime for PyTorch training jobs.",
                   no_args_is_help=True, add_completion=False)
 daemon_app = typer.Typer(help="The rtxops daemon: supervises jobs, stores telemetry, serves plans.")
 telemetry_app = typer.Typer(help="Look at and export stored telemetry.", no_args_is_help=True)
 app.add_typer(daemon_app, name="daemon")
 app.add_typer(telemetry_app, name="telemetry")
+_register_governance(app)
 err = Console(stderr=True)
 out = Console()
 TELEMETRY_FACTORY = "rtxops.telemetry.job:readings_for_job"

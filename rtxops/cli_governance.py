@@ -1,0 +1,334 @@
+"""``rtxops keys|sign|verify|policy|ledger|plan``: governance commands. Thin: parse, call
+:mod:`rtxops.governance`, print. Exit codes: 0 ok, 1 verification or check failed, 2 bad usage or
+unreadable input."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True)
+out = Console(highlight=False, soft_wrap=True)
+
+keys_app = typer.Typer(help="Signing keys and the trusted keyring.", no_args_is_help=True)
+policy_app = typer.Typer(help="CEL policies over bundles.", no_args_is_help=True)
+ledger_app = typer.Typer(help="The hash-chained ledger of signed decisions.", no_args_is_help=True)
+plan_app = typer.Typer(help="Move signed plans between machines.", no_args_is_help=True)
+
+HomeOpt = typer.Option(None, "--home", help="RTXOPS_HOME (default: $RTXOPS_HOME or ./.rtxops)")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the governance commands to the ``rtxops`` app."""
+    app.add_typer(keys_app, name="keys")
+    app.add_typer(policy_app, name="policy")
+    app.add_typer(ledger_app, name="ledger")
+    app.add_typer(plan_app, name="plan")
+    app.command("sign")(sign)
+    app.command("verify")(verify)
+
+
+def _home(home: Optional[Path]):
+    from rtxops.daemon.home import Home
+
+    return Home.resolve(home)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"rtxops: {message}", markup=False)
+    return typer.Exit(code)
+
+
+def _keyring_path(keyring: Optional[Path], home: Optional[Path]) -> Path:
+    return keyring or _home(home).root / "keyring.json"
+
+
+def _guard(fn):
+    """Governance usage errors → exit 2 with the message."""
+    from rtxops.governance import GovernanceError, VerificationError
+
+    try:
+        return fn()
+    except VerificationError as e:
+        raise _fail(str(e), 1) from None
+    except GovernanceError as e:
+        raise _fail(str(e), 2) from None
+
+
+# ---- keys ----------------------------------------------------------------------------------------
+@keys_app.command("init")
+def keys_init(name: str = typer.Option("signing", help="key file name under $RTXOPS_HOME/keys"),
+              out_path: Optional[Path] = typer.Option(None, "--out", help="private key path"),
+              trust: bool = typer.Option(True, help="also trust the new key in the keyring"),
+              kinds: str = typer.Option("plan,checkpoint,telemetry,ledger", help="kinds it may sign"),
+              keyring: Optional[Path] = typer.Option(None), home: Optional[Path] = HomeOpt) -> None:
+    """Make an ECDSA P-256 key pair (private key mode 0600) and trust its public key."""
+    from rtxops.governance import Keyring, generate_key
+
+    private = out_path or _home(home).root / "keys" / f"{name}.pem"
+    kid = _guard(lambda: generate_key(private))
+    public = private.with_suffix(".pub")
+    if trust:
+        ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
+        _guard(lambda: ring.trust(public.read_bytes(), name=name, kinds=kinds.split(",")))
+        ring.save()
+    out.print(f"key {kid}\nprivate {private}\npublic  {public}" + ("\ntrusted" if trust else ""))
+
+
+@keys_app.command("list")
+def keys_list(keyring: Optional[Path] = typer.Option(None), home: Optional[Path] = HomeOpt,
+              as_json: bool = typer.Option(False, "--json")) -> None:
+    """The trusted keys: id, name, kinds, validity, revocation."""
+    from dataclasses import asdict
+
+    from rtxops.governance import Keyring
+
+    ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
+    if as_json:
+        out.print(json.dumps([asdict(k) for k in ring.keys.values()], indent=1))
+        return
+    now = time.time()
+    for k in ring.keys.values():
+        state = k.problem(None, now) or "valid"
+        out.print(f"{k.key_id[:16]}  {k.name or '-':<16} {','.join(k.kinds):<34} {state}")
+
+
+@keys_app.command("trust")
+def keys_trust(public_key: Path = typer.Argument(..., help="PEM public key"),
+               name: str = typer.Option(""), kinds: str = typer.Option("plan,checkpoint,telemetry,ledger"),
+               days: Optional[float] = typer.Option(None, help="valid for this many days (default: no end)"),
+               keyring: Optional[Path] = typer.Option(None), home: Optional[Path] = HomeOpt) -> None:
+    """Trust a public key for the given artifact kinds."""
+    from rtxops.governance import Keyring
+
+    try:
+        pem = public_key.read_bytes()
+    except OSError as e:
+        raise _fail(f"cannot read {public_key}: {e.strerror}") from None
+    ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
+    now = time.time()
+    entry = _guard(lambda: ring.trust(pem, name=name, kinds=kinds.split(","), not_before=now,
+                                      not_after=now + days * 86400 if days else None))
+    ring.save()
+    out.print(f"trusted {entry.key_id} for {','.join(entry.kinds)}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str, reason: str = typer.Option(""), keyring: Optional[Path] = typer.Option(None),
+                home: Optional[Path] = HomeOpt) -> None:
+    """Revoke a key: bundles it signed no longer verify."""
+    from rtxops.governance import Keyring
+
+    ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
+    entry = _guard(lambda: ring.revoke(key_id, reason))
+    ring.save()
+    out.print(f"revoked {entry.key_id}")
+
+
+# ---- sign / verify -------------------------------------------------------------------------------
+def sign(directory: Path = typer.Argument(..., help="directory to turn into a bundle"),
+         kind: str = typer.Option("checkpoint", help="plan|checkpoint|telemetry|ledger"),
+         key: Optional[Path] = typer.Option(None, help="private key (default: $RTXOPS_HOME/keys/signing.pem)"),
+         keyless: bool = typer.Option(False, help="sign with a Sigstore OIDC identity (online)"),
+         version: int = typer.Option(0, help="artifact version (plans: plan.json's version)"),
+         home: Optional[Path] = HomeOpt) -> None:
+    """Turn DIR into a signed bundle: SBOM, provenance (with KIND), Sigstore bundle."""
+    from rtxops.governance import Signer
+
+    if keyless:
+        raise _fail("keyless signing needs a Sigstore OIDC identity and the network; it is not "
+                    "available in this build (use a key: rtxops keys init)")
+    if kind == "plan":
+        try:
+            version = json.loads((directory / "plan.json").read_text())["version"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise _fail(f"a plan bundle needs a readable plan.json with a version: {e}") from None
+    key = key or _home(home).root / "keys" / "signing.pem"
+    signer = _guard(lambda: Signer.from_key_file(key))
+    digest = _guard(lambda: signer.sign_directory(directory, kind=kind, version=version))
+    out.print(f"signed {directory} ({kind}) {digest} with key {signer.key_id[:16]}")
+
+
+def verify(path: Path = typer.Argument(..., help="bundle directory"),
+           key: Optional[Path] = typer.Option(None, help="trust exactly this PEM public key"),
+           keyring: Optional[Path] = typer.Option(None, help="trusted keyring (default: $RTXOPS_HOME's)"),
+           identity: Optional[str] = typer.Option(None, help="keyless: required certificate identity"),
+           issuer: Optional[str] = typer.Option(None, help="keyless: required OIDC issuer"),
+           trusted_root: Optional[Path] = typer.Option(None, help="keyless: pinned Sigstore trusted root"),
+           kind: Optional[str] = typer.Option(None, help="require this artifact kind"),
+           min_version: Optional[int] = typer.Option(None, help="refuse versions below this"),
+           ledger: bool = typer.Option(True, help="refuse plan versions below the ledger's newest"),
+           policy: Optional[List[Path]] = typer.Option(None, help="policy file/folder (default: shipped)"),
+           no_policy: bool = typer.Option(False, "--no-policy", help="skip policies"),
+           as_json: bool = typer.Option(False, "--json"), home: Optional[Path] = HomeOpt) -> None:
+    """Verify a bundle offline: signature and signer, every file digest, SBOM, provenance,
+    policy, version. One line per check (or JSON). Exit 0 ok, 1 failed, 2 bad usage/input."""
+    from rtxops.governance import Keyring, Trust, load_policies
+    from rtxops.governance import verify as run_verify
+
+    if key and (identity or issuer):
+        raise _fail("give either --key or --identity/--issuer, not both")
+    if bool(identity) != bool(issuer):
+        raise _fail("keyless verification needs both --identity and --issuer")
+    try:
+        pem = key.read_bytes() if key else None
+    except OSError as e:
+        raise _fail(f"cannot read {key}: {e.strerror}") from None
+    trust = Trust(keyring=None if key else _guard(lambda: Keyring.load(_keyring_path(keyring, home))),
+                  public_key=pem, identity=identity, issuer=issuer, trusted_root=trusted_root)
+    policies = None if no_policy else _guard(lambda: load_policies(policy))
+    report = _guard(lambda: run_verify(path, trust, policies=policies, expected_kind=kind,
+                                       min_version=min_version))
+    if report.ok and ledger and report.facts.get("kind") == "plan":
+        newest = _ledger_newest(home, report.facts["scope"])
+        if newest is not None and report.facts["version"] < newest:
+            from rtxops.governance import Check
+
+            report.checks.append(Check("ledger", False, f"version {report.facts['version']} is older "
+                                       f"than {newest}, the ledger's newest for "
+                                       f"{report.facts['scope']} (replay of an older plan)"))
+    if as_json:
+        out.print(json.dumps(report.to_dict(), indent=1, default=str))
+    else:
+        for line in report.lines():
+            out.print(line)
+        out.print(("verified: " if report.ok else "NOT verified: ") + str(path))
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def _ledger_entries(home: Optional[Path]) -> tuple[list[dict], dict | None]:
+    """The ledger from the store file, or from the daemon when it holds the store."""
+    from rtxops.governance import ledger as gl
+    from rtxops.telemetry.store import ReadOnlyStore, StoreError
+
+    h = _home(home)
+    if not h.store.exists():
+        return [], gl.read_head(h.root / "ledger.head")
+    try:
+        store = ReadOnlyStore(h.store)
+    except StoreError:
+        from rtxops.daemon.client import DaemonClient, DaemonError
+
+        client = DaemonClient.find(h)
+        if client is None:
+            raise _fail(f"the store {h.store} is locked and no daemon answers") from None
+        try:
+            data = client._call("GET", "/v1/plans/ledger")
+        except DaemonError as e:
+            raise _fail(str(e)) from None
+        return data["entries"], data["head"]
+    try:
+        try:
+            rows = gl.read_entries(store)
+        except Exception:  # an older store without the ledger table
+            rows = []
+        return rows, gl.read_head(h.root / "ledger.head")
+    finally:
+        store.close()
+
+
+def _ledger_newest(home: Optional[Path], scope: str) -> int | None:
+    accepted = ("promote", "rollback", "manual")
+    versions = [r["version"] for r in _ledger_entries(home)[0] if r["scope"] == scope and r["kind"] in accepted]
+    return max(versions) if versions else None
+
+
+# ---- policy --------------------------------------------------------------------------------------
+@policy_app.command("check")
+def policy_check(path: Path = typer.Argument(..., help="bundle directory"),
+                 policy: Optional[List[Path]] = typer.Option(None, help="policy file/folder"),
+                 keyring: Optional[Path] = typer.Option(None), deterministic: bool = typer.Option(
+                     False, help="evaluate as for a job that asks for determinism"),
+                 home: Optional[Path] = HomeOpt) -> None:
+    """Evaluate the policies on a (verified) bundle: allow → exit 0, deny → exit 1 with reasons."""
+    from rtxops.governance import Keyring, Trust, load_policies
+    from rtxops.governance import verify as run_verify
+
+    trust = Trust(keyring=_guard(lambda: Keyring.load(_keyring_path(keyring, home))))
+    policies = _guard(lambda: load_policies(policy))
+    report = _guard(lambda: run_verify(path, trust, policies=policies,
+                                       job={"deterministic": deterministic}))
+    failure = report.failure
+    if failure is None:
+        out.print(f"allowed by {', '.join(p.name for p in policies)}")
+        return
+    out.print(f"denied: {failure.name}: {failure.message}")
+    raise typer.Exit(1)
+
+
+# ---- ledger --------------------------------------------------------------------------------------
+@ledger_app.command("verify")
+def ledger_verify(home: Optional[Path] = HomeOpt) -> None:
+    """Check the hash chain: an edited, deleted or reordered entry fails (exit 1)."""
+    from rtxops.governance import ledger as gl
+
+    rows, head = _ledger_entries(home)
+    problems = gl.check_chain(rows, head)
+    for p in problems:
+        out.print(f"FAIL {p}")
+    if problems:
+        raise typer.Exit(1)
+    out.print(f"ledger intact: {len(rows)} entries")
+
+
+@ledger_app.command("export")
+def ledger_export(out_dir: Path = typer.Argument(..., help="folder to write ledger.jsonl into"),
+                  sign_it: bool = typer.Option(False, "--sign", help="sign the folder (kind ledger)"),
+                  key: Optional[Path] = typer.Option(None, help="signing key (default: the daemon's)"),
+                  home: Optional[Path] = HomeOpt) -> None:
+    """Write every ledger entry as JSON lines; with --sign the folder becomes a signed bundle."""
+    from rtxops.governance import Signer
+    from rtxops.governance import ledger as gl
+
+    rows, _ = _ledger_entries(home)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "ledger.jsonl").write_text(gl.export_jsonl(rows))
+    if sign_it:
+        key = key or _home(home).root / "keys" / "daemon.pem"
+        signer = _guard(lambda: Signer.from_key_file(key))
+        last = rows[-1]["seq"] if rows else 0
+        _guard(lambda: signer.sign_directory(out_dir, kind="ledger", version=last))
+    out.print(f"{len(rows)} entries → {out_dir / 'ledger.jsonl'}" + (" (signed)" if sign_it else ""))
+
+
+# ---- plan export / import ------------------------------------------------------------------------
+@plan_app.command("export")
+def plan_export(out_dir: Path = typer.Argument(..., help="folder to copy the signed bundle to"),
+                job: Optional[str] = typer.Option(None, help="job id (default: the default plan)"),
+                home: Optional[Path] = HomeOpt) -> None:
+    """Copy the newest signed plan bundle for JOB out of $RTXOPS_HOME (ship it with a model)."""
+    scope = job or "_default"
+    root = _home(home).root / "bundles" / scope
+    versions = sorted((int(p.name[1:]), p) for p in root.glob("v*") if p.name[1:].isdigit()) if root.is_dir() else []
+    if not versions:
+        raise _fail(f"no signed plan bundle for {scope} in {root.parent}")
+    if out_dir.exists():
+        raise _fail(f"{out_dir} exists; give a new folder")
+    shutil.copytree(versions[-1][1], out_dir, symlinks=True)
+    out.print(f"plan version {versions[-1][0]} for {scope} → {out_dir}")
+
+
+@plan_app.command("import")
+def plan_import(bundle: Path = typer.Argument(..., help="signed plan bundle folder"),
+                keyring: Optional[Path] = typer.Option(None), home: Optional[Path] = HomeOpt) -> None:
+    """Verify a plan bundle (signature, trusted key, digests, policy) and keep a copy under
+    $RTXOPS_HOME/imported; run with it via ``RTXOPS_PLAN=<that folder>``."""
+    from rtxops.governance import Keyring, Trust, load_policies
+    from rtxops.governance import verify as run_verify
+
+    trust = Trust(keyring=_guard(lambda: Keyring.load(_keyring_path(keyring, home))))
+    report = _guard(lambda: run_verify(bundle, trust, policies=_guard(load_policies), expected_kind="plan"))
+    for line in report.lines():
+        out.print(line)
+    if not report.ok:
+        raise typer.Exit(1)
+    target = _home(home).root / "imported" / f"{report.facts['scope'] or 'plan'}-v{report.facts['version']}"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(bundle, target)
+    out.print(f"imported → {target}")
