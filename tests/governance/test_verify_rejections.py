@@ -1,0 +1,297 @@
+"""The rejection matrix: every broken bundle fails `rtxops verify` with its own message and exit 1;
+the intact one passes (so each case can fail). Runs the real CLI in-process."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rtxops.cli import app
+from rtxops.governance import Keyring
+from rtxops.governance._layout import MAX_SIGNATURE_BYTES
+
+from .helpers import copy, edit_bundle_json, plan_bundle, resign
+
+KERNEL = "kernels/rtxops.runtime.ops.gelu.py"
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["verify", *args])
+    return result.exit_code, result.output
+
+
+def flip_byte(path: Path, at: int = 10) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _sig(d):
+    return d["dsseEnvelope"]["signatures"][0]
+
+
+def case_tampered(b, keys):
+    flip_byte(b / KERNEL)
+
+
+def case_truncated(b, keys):
+    p = b / KERNEL
+    p.write_bytes(p.read_bytes()[:-5])
+
+
+def case_appended(b, keys):
+    with open(b / "plan.json", "ab") as f:
+        f.write(b" ")
+
+
+def case_extra_file(b, keys):
+    (b / "kernels" / "evil.py").write_text("import os\n")
+
+
+def case_missing_file(b, keys):
+    (b / KERNEL).unlink()
+
+
+def case_renamed(b, keys):
+    (b / KERNEL).rename(b / "kernels" / "renamed.py")
+
+
+def case_swapped(b, keys):
+    a, c = (b / KERNEL).read_bytes(), (b / "plan.json").read_bytes()
+    (b / KERNEL).write_bytes(c)
+    (b / "plan.json").write_bytes(a)
+
+
+def case_symlink(b, keys):
+    os.symlink(b / "plan.json", b / "kernels" / "link.py")
+
+
+def case_dotdot(b, keys):
+    resign(b, keys.signer(), digests={**_digests(b), "../outside.py": "0" * 64})
+
+
+def case_absolute(b, keys):
+    resign(b, keys.signer(), digests={**_digests(b), "/etc/passwd": "0" * 64})
+
+
+def case_signature_flipped(b, keys):
+    def f(d):
+        raw = bytearray(base64.b64decode(_sig(d)["sig"]))
+        raw[-3] ^= 0x40
+        _sig(d)["sig"] = base64.b64encode(bytes(raw)).decode()
+    edit_bundle_json(b, f)
+
+
+def case_signature_empty(b, keys):
+    edit_bundle_json(b, lambda d: _sig(d).update(sig=""))
+
+
+def case_signature_not_base64(b, keys):
+    edit_bundle_json(b, lambda d: _sig(d).update(sig="%%not-base64%%"))
+
+
+def case_two_signatures(b, keys):
+    edit_bundle_json(b, lambda d: d["dsseEnvelope"]["signatures"].append(dict(_sig(d))))
+
+
+def case_payload_type(b, keys):
+    edit_bundle_json(b, lambda d: d["dsseEnvelope"].update(payloadType="application/json"))
+
+
+def case_unknown_predicate(b, keys):
+    resign(b, keys.signer(), mutate_statement=lambda st: st.update(predicateType="https://evil/v1"))
+
+
+def case_subject_digest(b, keys):
+    resign(b, keys.signer(), mutate_statement=lambda st: st["subject"][0]["digest"].update(sha256="1" * 64))
+
+
+def case_wrong_key(b, keys):
+    resign(b, keys.signer("stranger"))
+    return ["--key", str(keys.root / "daemon.pub")]
+
+
+def case_not_in_keyring(b, keys):
+    resign(b, keys.signer("stranger"))
+
+
+def case_revoked(b, keys):
+    resign(b, keys.signer("revoked"))
+
+
+def case_expired(b, keys):
+    resign(b, keys.signer("expired"))
+
+
+def case_malformed_json(b, keys):
+    (b / "bundle.sigstore.json").write_text('{"mediaType": ')
+
+
+def case_media_type(b, keys):
+    edit_bundle_json(b, lambda d: d.update(mediaType="application/vnd.dev.sigstore.bundle.v9+json"))
+
+
+def case_oversized(b, keys):
+    with open(b / "bundle.sigstore.json", "a") as f:
+        f.write(" " * (MAX_SIGNATURE_BYTES + 1))
+
+
+def case_other_kind_for_key(b, keys):
+    resign(b, keys.signer("ckpt_only"))
+
+
+def case_other_kind_expected(b, keys):
+    return ["--kind", "checkpoint"]
+
+
+def case_sbom_schema(b, keys):
+    sbom = json.loads((b / "sbom.cdx.json").read_text())
+    sbom["components"][0]["type"] = "spaceship"
+    (b / "sbom.cdx.json").write_text(json.dumps(sbom))
+    resign(b, keys.signer())
+
+
+def case_sbom_digest(b, keys):
+    sbom = json.loads((b / "sbom.cdx.json").read_text())
+    sbom["components"] = sbom["components"][1:]
+    (b / "sbom.cdx.json").write_text(json.dumps(sbom))
+
+
+def case_provenance_digest(b, keys):
+    prov = json.loads((b / "provenance.intoto.json").read_text())
+    prov["predicate"]["buildDefinition"]["externalParameters"]["decision"]["gain"] = 0.5
+    (b / "provenance.intoto.json").write_text(json.dumps(prov))
+
+
+def case_provenance_subjects(b, keys):
+    prov = json.loads((b / "provenance.intoto.json").read_text())
+    prov["subject"] = prov["subject"][1:]
+    (b / "provenance.intoto.json").write_text(json.dumps(prov))
+    resign(b, keys.signer())
+
+
+def case_policy(b, keys):
+    plan_bundle(b, keys.signer(), 5, decision={"kind": "promote", "gain": 0.01, "ci_low": -0.01})
+
+
+def case_min_version(b, keys):
+    return ["--min-version", "6"]
+
+
+def _digests(b: Path) -> dict:
+    from rtxops.governance._layout import list_files, sha256_file
+
+    return {n: sha256_file(b / n) for n in list_files(b)}
+
+
+CASES = {
+    "tampered": (case_tampered, "files", f"{KERNEL}: sha256"),
+    "truncated": (case_truncated, "files", f"{KERNEL}: sha256"),
+    "appended": (case_appended, "files", "plan.json: sha256"),
+    "extra file": (case_extra_file, "files", "extra file kernels/evil.py"),
+    "missing file": (case_missing_file, "files", f"missing file {KERNEL}"),
+    "renamed file": (case_renamed, "files", f"missing file {KERNEL}"),
+    "swapped files": (case_swapped, "files", f"{KERNEL}: sha256"),
+    "symlink": (case_symlink, "layout", "kernels/link.py is a symlink"),
+    "dotdot in manifest": (case_dotdot, "manifest", "'../outside.py' has '..'"),
+    "absolute in manifest": (case_absolute, "manifest", "'/etc/passwd' is an absolute path"),
+    "signature flipped": (case_signature_flipped, "signature", "the signature does not verify"),
+    "signature empty": (case_signature_empty, "signature", "the signature is empty"),
+    "signature not base64": (case_signature_not_base64, "signature", "the signature is not base64"),
+    "two signatures": (case_two_signatures, "bundle", "2 signatures; exactly one"),
+    "payload type": (case_payload_type, "bundle", "DSSE payload type 'application/json'"),
+    "unknown predicate": (case_unknown_predicate, "statement", "unknown predicate type 'https://evil/v1'"),
+    "subject digest": (case_subject_digest, "statement", "subject digest mismatch"),
+    "wrong key": (case_wrong_key, "signature", "(wrong key)"),
+    "not in keyring": (case_not_in_keyring, "signer", "is not in the keyring"),
+    "revoked key": (case_revoked, "signer", "was revoked at"),
+    "expired key": (case_expired, "signer", "expired at"),
+    "malformed json": (case_malformed_json, "bundle", "is not valid JSON"),
+    "media type": (case_media_type, "bundle", "unknown bundle media type"),
+    "oversized": (case_oversized, "bundle", "oversized input"),
+    "key for another kind": (case_other_kind_for_key, "signer", "may sign checkpoint bundles, not plan"),
+    "another kind expected": (case_other_kind_expected, "kind", "a plan bundle, not a checkpoint bundle"),
+    "sbom schema": (case_sbom_schema, "sbom", "fails the CycloneDX 1.6 schema"),
+    "sbom digest": (case_sbom_digest, "files", "the SBOM's sha256"),
+    "provenance digest": (case_provenance_digest, "files", "the provenance's sha256"),
+    "provenance subjects": (case_provenance_subjects, "provenance", "subjects do not match"),
+    "policy": (case_policy, "policy", "default/measured-gain"),
+    "older than min version": (case_min_version, "version", "older than 6"),
+}
+
+
+def test_intact_bundle_verifies(good_plan, keys):
+    code, output = run(str(good_plan), "--keyring", str(keys.keyring_file), "--no-ledger")
+    assert code == 0, output
+    assert output.count("ok  ") == 9 and "verified:" in output
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_broken_bundle_is_rejected(name, good_plan, keys, tmp_path):
+    mutate, check, message = CASES[name]
+    bundle = copy(good_plan, tmp_path / "b")
+    extra = mutate(bundle, keys) or []
+    args = [str(bundle), "--no-ledger", *(["--keyring", str(keys.keyring_file)] if "--key" not in extra else []), *extra]
+    code, output = run(*args)
+    assert code == 1, output
+    fail = [line for line in output.splitlines() if line.startswith("FAIL")]
+    assert len(fail) == 1 and fail[0].split()[1] == check and message in fail[0], output
+
+
+def test_json_report(good_plan, keys, tmp_path):
+    bundle = copy(good_plan, tmp_path / "b")
+    case_tampered(bundle, keys)
+    result = CliRunner().invoke(app, ["verify", str(bundle), "--keyring", str(keys.keyring_file),
+                                      "--no-ledger", "--json"])
+    report = json.loads(result.output)
+    assert result.exit_code == 1 and report["ok"] is False
+    assert report["checks"][-1]["check"] == "files" and not report["checks"][-1]["ok"]
+    assert all(c["ok"] for c in report["checks"][:-1])
+
+
+def test_unreadable_input_and_bad_usage_exit_2(good_plan, keys, tmp_path):
+    assert run(str(tmp_path / "nope"), "--keyring", str(keys.keyring_file))[0] == 2
+    assert run(str(good_plan), "--identity", "me@example.com")[0] == 2
+    assert run(str(good_plan), "--key", str(tmp_path / "missing.pub"))[0] == 2
+    bad = tmp_path / "keyring.json"
+    bad.write_text("{not json")
+    code, output = run(str(good_plan), "--keyring", str(bad))
+    assert code == 2 and "keyring" in output
+
+
+def test_replay_of_an_older_plan_is_refused_by_the_ledger(keys, tmp_path):
+    """The ledger of $RTXOPS_HOME holds version 7 for the scope; a valid version-5 bundle is a replay."""
+    from rtxops.governance import ledger
+    from rtxops.telemetry.store import Store
+
+    home = tmp_path / "home"
+    home.mkdir()
+    bundle = plan_bundle(tmp_path / "v5", keys.signer(), 5, scope="job-1")
+    store = Store(home / "rtxops.duckdb")
+    try:
+        ledger.append(store, home / "ledger.head", kind="promote", scope="job-1", version=7,
+                      subject_digest="sha256:" + "0" * 64, decision={}, signer="k")
+    finally:
+        store.close()
+    code, output = run(str(bundle), "--keyring", str(keys.keyring_file), "--home", str(home))
+    assert code == 1 and "replay of an older plan" in output, output
+    # another scope's ledger entries do not count
+    other = plan_bundle(tmp_path / "other", keys.signer(), 5, scope="job-2")
+    assert run(str(other), "--keyring", str(keys.keyring_file), "--home", str(home))[0] == 0
+
+
+def test_keyring_revocation_through_the_cli(good_plan, keys, tmp_path):
+    ring = tmp_path / "ring.json"
+    Keyring(ring).save()
+    r = CliRunner().invoke(app, ["keys", "trust", str(keys.root / "daemon.pub"), "--keyring", str(ring)])
+    assert r.exit_code == 0, r.output
+    assert run(str(good_plan), "--keyring", str(ring), "--no-ledger")[0] == 0
+    kid = Keyring.load(ring).keys.popitem()[0]
+    r = CliRunner().invoke(app, ["keys", "revoke", kid[:12], "--keyring", str(ring), "--reason", "lost laptop"])
+    assert r.exit_code == 0, r.output
+    code, output = run(str(good_plan), "--keyring", str(ring), "--no-ledger")
+    assert code == 1 and "revoked" in output and "lost laptop" in output
