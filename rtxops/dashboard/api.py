@@ -85,8 +85,13 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
 
     @router.get("/steps")
     def steps(job: Filter = text_filter("only this job id"), win: Window = Depends(window), points: int = points_query()) -> dict:
-        """Step time p50/p95 per job over time, swap/rollback markers, speed-up since the first plan."""
+        """Step time p50/p95 per job over time, with swap and rollback markers."""
         return data.step_chart(store, job_id=job, window=win, points=points)
+
+    @router.get("/speedups")
+    def speedups(job: Filter = text_filter("only this job id"), win: Window = Depends(window)) -> dict:
+        """Per job that swapped: median step time before the first swap vs since the last one."""
+        return {"items": V.speedups(store, job_id=job, since_ns=win.since_ns, until_ns=win.until_ns)}
 
     @router.get("/ingest")
     def ingest(win: Window = Depends(window)) -> dict:

@@ -55,16 +55,15 @@ def _record(row: dict | None) -> dict:
 def jobs_page(q, *, state: str | None, search: str | None, paging: Paging) -> dict:
     """Jobs with state, steps, restarts, current plan version."""
     total, rows = V.jobs(q, state=state, search=search, limit=paging.limit, offset=paging.offset)
-    steps = V.job_step_summary(q) if rows else {}
+    facts = V.job_facts(q, [r["job_id"] for r in rows]) if rows else {}
     items = []
     for row in rows:
-        rec, stat = _record(row), steps.get(row["job_id"], {})
+        rec, fact = _record(row), facts.get(row["job_id"], {})
         items.append({
             "job_id": row["job_id"], "name": row["name"], "state": row["state"] or "telemetry only",
             "created_ns": row["created_ns"], "updated_ns": row["updated_ns"],
-            "last_step": rec.get("last_step", stat.get("last_step")),
-            "steps_stored": stat.get("steps", 0), "ranks": stat.get("ranks", 0),
-            "plan_version": stat.get("plan_version"),
+            "last_step": rec.get("last_step"), "ranks": fact.get("ranks", 0),
+            "plan_version": fact.get("plan_version"),
             "crash_restarts": rec.get("crash_restarts", 0), "hang_restarts": rec.get("hang_restarts", 0),
             "reason": rec.get("reason", ""),
         })
@@ -72,7 +71,7 @@ def jobs_page(q, *, state: str | None, search: str | None, paging: Paging) -> di
 
 
 def step_chart(q, *, job_id: str | None, window: Window, points: int) -> dict:
-    """Step time p50/p95 per job over time, with swap and rollback markers and speed-ups."""
+    """Step time p50/p95 per job over time, with swap and rollback markers."""
     series: dict[str, dict] = {}
     for r in V.step_series(q, job_id=job_id, since_ns=window.since_ns, until_ns=window.until_ns,
                            points=points):
@@ -84,8 +83,7 @@ def step_chart(q, *, job_id: str | None, window: Window, points: int) -> dict:
         s["steps"].append(r["steps"])
     markers = V.swap_markers(q, job_id=job_id, since_ns=window.since_ns, until_ns=window.until_ns,
                              limit=1000)
-    return {"series": list(series.values()), "markers": markers,
-            "speedups": V.speedups(q, job_id=job_id)}
+    return {"series": list(series.values()), "markers": markers}
 
 
 def ingest(q, *, window: Window, stats: dict | None, problems: list[str] | None) -> dict:
@@ -119,13 +117,15 @@ def kernels(q, *, job_id: str | None, op: str | None, window: Window, paging: Pa
 
 def kernel_series(q, *, job_id: str | None, op: str | None, bucket: str | None, window: Window,
                   points: int) -> dict:
-    """p50/p95 of per-call mean time over time, one series per (op, bucket, variant, phase)."""
+    """p50/p95 of per-call mean time over time, one series per (op, bucket, variant, config,
+    phase), for the keys with the most kernel time."""
     series: dict[tuple, dict] = {}
     for r in V.kernel_series(q, job_id=job_id, op=op, bucket=bucket, since_ns=window.since_ns,
                              until_ns=window.until_ns, points=points):
-        key = (r["op"], r["bucket"], r["variant"], r["phase"])
+        key = (r["op"], r["bucket"], r["variant"], r["config"], r["phase"])
         s = series.setdefault(key, {"op": r["op"], "bucket": r["bucket"], "variant": r["variant"],
-                                    "phase": r["phase"], "t_ns": [], "p50_us": [], "p95_us": []})
+                                    "config": r["config"], "phase": r["phase"], "t_ns": [],
+                                    "p50_us": [], "p95_us": []})
         s["t_ns"].append(r["t_ns"])
         s["p50_us"].append(r["p50_ns"] / 1e3)
         s["p95_us"].append(r["p95_ns"] / 1e3)
@@ -187,7 +187,7 @@ def job_detail(q, job_id: str) -> dict | None:
                                                  "outcome", "exit_code", "signal", "detail")}
                          for a in rec.get("attempts", [])],
             "history": history, "stacks": stacks,
-            "steps": V.job_step_summary(q).get(job_id, {})}
+            "ranks": V.job_facts(q, [job_id]).get(job_id, {}).get("ranks", 0)}
 
 
 # ---- governance --------------------------------------------------------------------------------

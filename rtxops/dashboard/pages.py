@@ -46,7 +46,8 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         ingest = data.ingest(store, window=win, stats=store.stats() if hasattr(store, "stats") else None,
                              problems=problems() if problems else None)
         return render(request, "overview.html", win, job, jobs=jobs, ingest=ingest,
-                      speedups=V.speedups(store, job_id=job))
+                      speedups=V.speedups(store, job_id=job, since_ns=win.since_ns,
+                                                  until_ns=win.until_ns))
 
     @router.get("/kernels")
     def kernels(request: Request, job: Filter = text_filter("only this job id"), op: Filter = text_filter("only this op"),

@@ -14,32 +14,33 @@ WINDOWS = (("5 min", 300), ("15 min", 900), ("1 hour", 3600), ("6 hours", 21600)
            ("1 day", 86400), ("7 days", 604800))
 
 
+SLACK_NS = 60 * 10**9
+
+
 @dataclass(frozen=True)
 class Window:
-    """``[since_ns, until_ns)``: the last ``window_s`` seconds before ``until_ns`` (default: now,
-    plus a minute for clocks ahead of ours)."""
+    """``[since_ns, until_ns)``: the last ``window_s`` seconds before ``until_ns``; by default
+    before now, and then ``until_ns`` also takes a minute's slack for clocks ahead of ours."""
 
     window_s: int
+    since_ns: int
     until_ns: int
     pinned: bool
-
-    @property
-    def since_ns(self) -> int:
-        return self.until_ns - self.window_s * 10**9
 
     def query(self) -> dict[str, int]:
         """The parameters that reproduce this window in a link."""
         return {"window_s": self.window_s, **({"until_ns": self.until_ns} if self.pinned else {})}
 
 
-def window(window_s: int = Query(3600, ge=10, le=MAX_WINDOW_S,
+def window(window_s: int = Query(900, ge=10, le=MAX_WINDOW_S,
                                  description="length of the time window, seconds"),
            until_ns: int | None = Query(None, ge=10**18, le=MAX_NS,
                                         description="end of the window, Unix ns (default: now)")
            ) -> Window:
     if until_ns is None:
-        return Window(window_s, time.time_ns() + 60 * 10**9, pinned=False)
-    return Window(window_s, until_ns, pinned=True)
+        now = time.time_ns()
+        return Window(window_s, now - window_s * 10**9, now + SLACK_NS, pinned=False)
+    return Window(window_s, until_ns - window_s * 10**9, until_ns, pinned=True)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .store import MINUTE_NS
+from .store import HIST_BINS_PER_OCTAVE, MINUTE_NS
 
 Row = dict[str, Any]
 
@@ -95,42 +95,40 @@ def job_logs(q, job_id: str, *, rank: int | None, stream: str | None, search: st
                     "search": search, "limit": limit})
 
 
-def job_step_summary(q) -> dict[str, Row]:
-    """Per job id: steps stored, last step, ranks, current plan version."""
+def job_facts(q, job_ids: list[str]) -> dict[str, Row]:
+    """Per job id of ``job_ids``: ranks seen (resources) and the plan version it swapped to last
+    (swaps; None before the first swap). Cheap: neither scans the step spans."""
     rows = q.query("""
-        SELECT job_id, count(*) AS steps, max(step) AS last_step, count(DISTINCT rank) AS ranks,
-               arg_max(plan_version, start_ns) AS plan_version, max(end_ns) AS last_ns
-        FROM step_times WHERE job_id IS NOT NULL GROUP BY job_id""")
+        SELECT r.job_id, count(DISTINCT r.rank) AS ranks,
+               (SELECT max(plan_to) FROM swaps w WHERE w.job_id = r.job_id) AS plan_version
+        FROM resources r WHERE r.job_id IN (SELECT unnest($ids)) GROUP BY r.job_id""",
+                   {"ids": job_ids})
     return {r["job_id"]: r for r in rows}
 
 
 # ---- steps, swaps and speed-up -----------------------------------------------------------------
 
-def data_range(q, *, job_id: str | None, since_ns: int, until_ns: int) -> tuple[int, int] | None:
-    """The first and last step start inside the window, or None when there is none."""
-    row = q.query("""
-        SELECT min(start_ns) AS lo, max(start_ns) AS hi FROM step_times
-        WHERE start_ns >= $since AND start_ns < $until AND ($job IS NULL OR job_id = $job)""",
-                  {"since": since_ns, "until": until_ns, "job": job_id})[0]
-    return None if row["lo"] is None else (row["lo"], row["hi"])
+_SLICED = """
+    WITH picked AS MATERIALIZED (
+        SELECT * FROM {source}
+        WHERE start_ns >= $since AND start_ns < $until AND ($job IS NULL OR job_id = $job)
+    ), bounds AS (
+        SELECT min(start_ns) AS lo, greatest((max(start_ns) - min(start_ns)) // ($points - 1) + 1, 1)
+               AS width FROM picked
+    )
+    SELECT job_id, lo + (start_ns - lo) // width * width AS t_ns, {aggregates}
+    FROM picked, bounds GROUP BY ALL ORDER BY job_id, t_ns"""
 
 
 def step_series(q, *, job_id: str | None, since_ns: int, until_ns: int,
                 points: int) -> list[Row]:
-    """Step time p50/p95 per job in at most ``points`` time slices of the window's data."""
-    span = data_range(q, job_id=job_id, since_ns=since_ns, until_ns=until_ns)
-    if span is None:
-        return []
-    lo, hi = span
-    width = max(1, (hi - lo) // max(1, points - 1) + 1)
-    return q.query("""
-        SELECT job_id, $lo + (start_ns - $lo) // $width * $width AS t_ns, count(*) AS steps,
-               quantile_cont(duration_ns, 0.5) AS p50_ns, quantile_cont(duration_ns, 0.95) AS p95_ns,
-               max(plan_version) AS plan_version, max(step) AS last_step
-        FROM step_times
-        WHERE start_ns >= $lo AND start_ns <= $hi AND ($job IS NULL OR job_id = $job)
-        GROUP BY ALL ORDER BY job_id, t_ns""",
-                   {"lo": lo, "hi": hi, "width": width, "job": job_id})
+    """Step time p50/p95 per job in at most ``points`` time slices of the window's data (one
+    scan of the step spans)."""
+    return q.query(_SLICED.format(source="step_times", aggregates="""
+        count(*) AS steps, quantile_cont(duration_ns, 0.5) AS p50_ns,
+        quantile_cont(duration_ns, 0.95) AS p95_ns, max(plan_version) AS plan_version,
+        max(step) AS last_step"""),
+                   {"since": since_ns, "until": until_ns, "job": job_id, "points": max(2, points)})
 
 
 def swap_markers(q, *, job_id: str | None, since_ns: int, until_ns: int, limit: int) -> list[Row]:
@@ -151,23 +149,29 @@ def swap_markers(q, *, job_id: str | None, since_ns: int, until_ns: int, limit: 
                    {"since": since_ns, "until": until_ns, "job": job_id, "limit": limit})
 
 
-def speedups(q, *, job_id: str | None) -> list[Row]:
-    """Per job that swapped: median step time before its first swap and since its last one
-    (steps 0-2 left out as warm-up), and the speed-up ``before / after``."""
+def speedups(q, *, job_id: str | None, since_ns: int, until_ns: int) -> list[Row]:
+    """Per job that swapped in the window: median step time in the window before its first swap
+    and since its last one (steps 0-2 left out as warm-up), and the speed-up ``before / after``."""
+    swapped = [r["job_id"] for r in q.query(
+        "SELECT DISTINCT job_id FROM swaps WHERE ($job IS NULL OR job_id = $job) "
+        "AND at_ns >= $since AND at_ns < $until", {"job": job_id, "since": since_ns, "until": until_ns})]
+    if not swapped:
+        return []
     return q.query("""
         WITH sw AS (
             SELECT job_id, min(at_ns) AS first_ns, max(at_ns) AS last_ns,
                    count(DISTINCT step) AS swaps
-            FROM swaps WHERE ($job IS NULL OR job_id = $job) GROUP BY job_id
+            FROM swaps WHERE ($job IS NULL OR job_id = $job) AND at_ns >= $since AND at_ns < $until
+            GROUP BY job_id
         ), med AS (
             SELECT s.job_id, any_value(sw.swaps) AS swaps,
                    median(s.duration_ns) FILTER (WHERE s.start_ns < sw.first_ns) AS before_ns,
                    median(s.duration_ns) FILTER (WHERE s.start_ns >= sw.last_ns) AS after_ns
             FROM step_times s JOIN sw USING (job_id)
-            WHERE s.step >= 3 GROUP BY s.job_id
+            WHERE s.step >= 3 AND s.start_ns >= $since AND s.start_ns < $until GROUP BY s.job_id
         )
         SELECT *, before_ns / nullif(after_ns, 0) AS speedup FROM med ORDER BY job_id""",
-                   {"job": job_id})
+                   {"job": job_id, "since": since_ns, "until": until_ns})
 
 
 # ---- ingest ------------------------------------------------------------------------------------
@@ -188,13 +192,15 @@ def reported_drops(q, *, since_ns: int, until_ns: int) -> Row:
     """Drops jobs reported on their step spans in the window: call records (per step, summed),
     steps and spans (cumulative per process: the last value per job and rank, summed)."""
     row = q.query("""
-        WITH per_process AS (
-            SELECT job_id, rank,
-                   sum(coalesce(TRY_CAST(attributes->>'rtx.dropped.records' AS BIGINT), 0)) AS records,
-                   max(coalesce(TRY_CAST(attributes->>'rtx.dropped.steps' AS BIGINT), 0)) AS steps,
-                   max(coalesce(TRY_CAST(attributes->>'rtx.dropped.spans' AS BIGINT), 0)) AS spans
+        WITH picked AS (
+            SELECT job_id, rank, json_extract_string(attributes, ['$."rtx.dropped.records"',
+                       '$."rtx.dropped.steps"', '$."rtx.dropped.spans"']) AS v
             FROM spans WHERE name = 'rtx.step' AND start_ns >= $since AND start_ns < $until
-            GROUP BY job_id, rank)
+        ), per_process AS (
+            SELECT job_id, rank, sum(coalesce(TRY_CAST(v[1] AS BIGINT), 0)) AS records,
+                   max(coalesce(TRY_CAST(v[2] AS BIGINT), 0)) AS steps,
+                   max(coalesce(TRY_CAST(v[3] AS BIGINT), 0)) AS spans
+            FROM picked GROUP BY job_id, rank)
         SELECT coalesce(sum(records), 0) AS records, coalesce(sum(steps), 0) AS steps,
                coalesce(sum(spans), 0) AS spans FROM per_process""",
                   {"since": since_ns, "until": until_ns})[0]
@@ -214,27 +220,83 @@ def step_totals(q, *, job_id: str | None, since_ns: int, until_ns: int) -> dict[
     return {r["job_id"]: r for r in rows}
 
 
+RAW_SERIES_MAX_NS = 15 * MINUTE_NS
+_KEY_FIELDS = ("op", "bucket", "variant", "config", "phase")
+
+_TOP_KEYS = f"""
+    SELECT key_id, any_value(op) AS op, any_value(bucket) AS bucket, any_value(variant) AS variant,
+           any_value(config) AS config, any_value(phase) AS phase, sum(total_ns) AS total_ns, min(first_ns) AS first_ns,
+           max(last_ns) AS last_ns
+    FROM kernel_minutes
+    WHERE minute >= $since // {MINUTE_NS} AND minute <= ($until - 1) // {MINUTE_NS}
+      AND ($job IS NULL OR job_id = $job) AND ($op IS NULL OR op = $op)
+      AND ($bucket IS NULL OR bucket = $bucket)
+    GROUP BY key_id ORDER BY total_ns DESC LIMIT $series"""
+
+_SERIES_FROM_SPANS = """
+    WITH picked AS MATERIALIZED (
+        SELECT op, bucket, variant, config, phase, start_ns, count, total_ns FROM spans
+        WHERE name = 'rtx.kernel' AND start_ns >= $lo AND start_ns <= $hi AND count > 0
+          AND ($job IS NULL OR job_id = $job) AND ($op IS NULL OR op = $op)
+          AND ($bucket IS NULL OR bucket = $bucket)
+          AND list_contains($keys, {'op': op, 'bucket': bucket, 'variant': variant,
+                                     'config': config, 'phase': phase})
+    )
+    SELECT op, bucket, variant, config, phase, $lo + (start_ns - $lo) // $width * $width AS t_ns,
+           sum(count) AS calls, quantile_cont(total_ns / count, 0.5) AS p50_ns,
+           quantile_cont(total_ns / count, 0.95) AS p95_ns
+    FROM picked GROUP BY ALL ORDER BY op, bucket, variant, config, phase, t_ns"""
+
+_SERIES_FROM_MINUTES = f"""
+    WITH picked AS (
+        SELECT k.key_id, k.minute // $per AS slice, k.calls, k.mean_hist FROM kernel_minutes k
+        WHERE k.key_id IN (SELECT unnest($ids))
+          AND k.minute >= $since // {MINUTE_NS} AND k.minute <= ($until - 1) // {MINUTE_NS}
+    ), calls AS (
+        SELECT key_id, slice, sum(calls) AS calls FROM picked GROUP BY ALL
+    ), bins AS (
+        SELECT key_id, slice, e.key AS bin, sum(e.value) AS n
+        FROM picked, unnest(map_entries(mean_hist)) AS t(e) GROUP BY ALL
+    ), cumulative AS (
+        SELECT key_id, slice, bin,
+               sum(n) OVER (PARTITION BY key_id, slice ORDER BY bin) AS upto,
+               sum(n) OVER (PARTITION BY key_id, slice) AS all_n
+        FROM bins
+    )
+    SELECT c.key_id, c.slice * $per * {MINUTE_NS} AS t_ns, any_value(calls.calls) AS calls,
+           pow(2, (min(bin) FILTER (WHERE upto >= 0.5 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE})
+               AS p50_ns,
+           pow(2, (min(bin) FILTER (WHERE upto >= 0.95 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE})
+               AS p95_ns
+    FROM cumulative c JOIN calls USING (key_id, slice)
+    GROUP BY c.key_id, c.slice ORDER BY c.key_id, t_ns"""
+
+
 def kernel_series(q, *, job_id: str | None, op: str | None, bucket: str | None, since_ns: int,
-                  until_ns: int, points: int) -> list[Row]:
-    """Per-call mean time over time per (op, bucket, variant, phase): p50/p95 of the kernel
-    spans' per-step means in at most ``points`` time slices of the window's data."""
+                  until_ns: int, points: int, series: int = 12) -> list[Row]:
+    """Per-call time over time for the ``series`` (op, bucket, variant, config, phase) keys with
+    the most kernel time in the window: p50/p95 of the kernel spans' per-step means in at most
+    ``points`` time slices. When the keys' data spans at most 15 minutes the slices come from the
+    spans themselves; otherwise from the per-minute rollup (whole minutes, bins within 2 %)."""
     params = {"job": job_id, "op": op, "bucket": bucket, "since": since_ns, "until": until_ns}
-    where = """name = 'rtx.kernel' AND start_ns >= $since AND start_ns < $until
-               AND ($job IS NULL OR job_id = $job) AND ($op IS NULL OR op = $op)
-               AND ($bucket IS NULL OR bucket = $bucket) AND count > 0"""
-    span = q.query(f"SELECT min(start_ns) AS lo, max(start_ns) AS hi FROM spans WHERE {where}",
-                   params)[0]
-    if span["lo"] is None:
+    keys = q.query(_TOP_KEYS, {**params, "series": series})
+    if not keys:
         return []
-    width = max(1, (span["hi"] - span["lo"]) // max(1, points - 1) + 1)
-    return q.query(f"""
-        SELECT op, bucket, variant, phase,
-               $lo + (start_ns - $lo) // $width * $width AS t_ns, sum(count) AS calls,
-               quantile_cont(total_ns / count, 0.5) AS p50_ns,
-               quantile_cont(total_ns / count, 0.95) AS p95_ns
-        FROM spans WHERE {where}
-        GROUP BY ALL ORDER BY op, bucket, variant, phase, t_ns""",
-                   {**params, "lo": span["lo"], "width": width})
+    lo, hi = min(k["first_ns"] for k in keys), max(k["last_ns"] for k in keys)
+    points = max(2, points)
+    if hi - lo <= RAW_SERIES_MAX_NS:
+        return q.query(_SERIES_FROM_SPANS, {
+            **{k: v for k, v in params.items() if k not in ("since", "until")},
+            "lo": lo, "hi": hi, "width": max(1, (hi - lo) // (points - 1) + 1),
+            "keys": [{f: k[f] for f in _KEY_FIELDS} for k in keys]})
+    minutes = (hi - lo) // MINUTE_NS + 1
+    by_id = {k["key_id"]: k for k in keys}
+    rows = q.query(_SERIES_FROM_MINUTES, {"ids": list(by_id), "since": since_ns, "until": until_ns,
+                                          "per": max(1, -(-minutes // points))})
+    out = [{**{f: by_id[r["key_id"]][f] for f in _KEY_FIELDS},
+            "t_ns": r["t_ns"], "calls": r["calls"], "p50_ns": r["p50_ns"], "p95_ns": r["p95_ns"]}
+           for r in rows]
+    return sorted(out, key=lambda r: (*(r[f] for f in _KEY_FIELDS), r["t_ns"]))
 
 
 def op_breakdown(q, *, job_id: str, since_ns: int, until_ns: int) -> list[Row]:
@@ -317,22 +379,31 @@ def hot_spots(q, *, job_id: str | None, since_ns: int, until_ns: int, limit: int
 
 # ---- memory ------------------------------------------------------------------------------------
 
+_MEMORY = """
+    WITH picked AS MATERIALIZED (
+        SELECT job_id, start_ns, json_extract_string(attributes, [
+                   '$."rtx.mem.rss_bytes"', '$."rtx.cuda.allocated_bytes"',
+                   '$."rtx.cuda.reserved_bytes"', '$."rtx.cuda.peak_bytes"',
+                   '$."rtx.cuda.fragmentation"', '$."rtx.cuda.ooms"']) AS v
+        FROM spans WHERE name = 'rtx.step' AND start_ns >= $since AND start_ns < $until
+          AND ($job IS NULL OR job_id = $job)
+    ), bounds AS (
+        SELECT min(start_ns) AS lo, greatest((max(start_ns) - min(start_ns)) // ($points - 1) + 1, 1)
+               AS width FROM picked
+    )
+    SELECT job_id, lo + (start_ns - lo) // width * width AS t_ns,
+           max(TRY_CAST(v[1] AS BIGINT)) AS rss_bytes, max(TRY_CAST(v[2] AS BIGINT)) AS cuda_allocated_bytes,
+           max(TRY_CAST(v[3] AS BIGINT)) AS cuda_reserved_bytes, max(TRY_CAST(v[4] AS BIGINT)) AS cuda_peak_bytes,
+           max(TRY_CAST(v[5] AS DOUBLE)) AS cuda_fragmentation, max(TRY_CAST(v[6] AS BIGINT)) AS cuda_ooms
+    FROM picked, bounds GROUP BY ALL ORDER BY job_id, t_ns"""
+
+
 def memory_series(q, *, job_id: str | None, since_ns: int, until_ns: int, points: int) -> list[Row]:
-    """RSS and CUDA allocator figures per job, the maximum in each of at most ``points`` slices."""
-    span = data_range(q, job_id=job_id, since_ns=since_ns, until_ns=until_ns)
-    if span is None:
-        return []
-    lo, hi = span
-    width = max(1, (hi - lo) // max(1, points - 1) + 1)
-    return q.query("""
-        SELECT job_id, $lo + (start_ns - $lo) // $width * $width AS t_ns,
-               max(rss_bytes) AS rss_bytes, max(cuda_allocated_bytes) AS cuda_allocated_bytes,
-               max(cuda_reserved_bytes) AS cuda_reserved_bytes, max(cuda_peak_bytes) AS cuda_peak_bytes,
-               max(cuda_fragmentation) AS cuda_fragmentation, max(cuda_ooms) AS cuda_ooms
-        FROM memory_timeline
-        WHERE start_ns >= $lo AND start_ns <= $hi AND ($job IS NULL OR job_id = $job)
-        GROUP BY ALL ORDER BY job_id, t_ns""",
-                   {"lo": lo, "hi": hi, "width": width, "job": job_id})
+    """RSS and CUDA allocator figures per job (the step spans' attributes, as the
+    ``memory_timeline`` view reads them, parsed once per span), the maximum in each of at most
+    ``points`` time slices."""
+    return q.query(_MEMORY, {"since": since_ns, "until": until_ns, "job": job_id,
+                             "points": max(2, points)})
 
 
 # ---- governance ledger (schema v6; may be missing) ----------------------------------------------

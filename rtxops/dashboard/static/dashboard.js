@@ -37,7 +37,7 @@
     kseries(d) {
       const traces = [];
       for (const s of d.series) {
-        const label = `${s.op} ${s.variant} ${s.phase}`;
+        const label = `${s.op} ${s.variant}${s.config && s.config !== "{}" ? " " + s.config : ""} ${s.phase}`;
         const x = s.t_ns.map(date);
         const dash = s.phase === "bwd" ? "dot" : "solid";
         traces.push({ type: "scatter", mode: "lines+markers", x, y: s.p50_us, name: esc(`${label} p50`), line: { dash } });
