@@ -89,7 +89,7 @@ def hotspots(q, job_id: str, since_step: int) -> list[dict]:
 def recorded_buckets(q, op: str | None = None, job_id: str | None = None) -> list[dict]:
     """The (op, bucket) pairs seen in telemetry (the shapes ``rtxops tune`` benchmarks)."""
     return q.query(
-        """SELECT op, bucket, sum(count) AS calls, sum(total_ns) AS total_ns FROM kernel_minutes
+        """SELECT op, bucket, sum(calls) AS calls, sum(total_ns) AS total_ns FROM kernel_minutes
            WHERE (? IS NULL OR op = ?) AND (? IS NULL OR job_id = ?) AND phase = 'fwd'
            GROUP BY op, bucket ORDER BY total_ns DESC""",
         [op, op, job_id, job_id])
