@@ -57,7 +57,7 @@ class Signer:
             (root / generated).unlink(missing_ok=True)
         names = list_files(root)
         hashing = hash_files(root, names)  # overlaps with building the SBOM below
-        sbom_bytes = sbom.build(kernels, name=root.name or "bundle", kind=kind)
+        sbom_bytes = sbom.build(kernels, name=f"rtxops-{kind}-bundle", kind=kind)  # not the folder name: reproducible
         (root / SBOM).write_bytes(sbom_bytes)
         digests = dict(hashing.result())
         digests[SBOM] = hashlib.sha256(sbom_bytes).hexdigest()

@@ -77,6 +77,8 @@ def verify(path: str | Path, trust: Trust, *, policies: list[Policy] | None = No
              time.time() if at is None else at)
     except VerificationError as e:
         report.checks.append(Check(e.check, False, e.message))
+    except UsageError:
+        raise
     except (OSError, GovernanceError) as e:
         report.checks.append(Check("input", False, str(e)))
     return report

@@ -1,0 +1,187 @@
+"""Ledger tamper detection (edit, delete, reorder, tail cut) through `rtxops ledger verify`; the
+default policy's decisions; reproducible SBOMs; a key-mode bundle verified by model_signing."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from rtxops.cli import app
+from rtxops.governance import Keyring, Trust, load_policies, verify
+from rtxops.governance import ledger as gl
+from rtxops.telemetry.store import Store
+
+from .helpers import PROMOTE, copy, plan_bundle
+
+
+@pytest.fixture
+def ledger_home(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    store = Store(home / "rtxops.duckdb")
+    for v, kind in [(1, "manual"), (2, "promote"), (3, "deny"), (3, "promote"), (4, "rollback")]:
+        gl.append(store, home / "ledger.head", kind=kind, scope="job-1", version=v,
+                  subject_digest=f"sha256:{v:064x}", decision={"kind": kind}, signer="k")
+    store.close()
+    return home
+
+
+def ledger_verify(home):
+    r = CliRunner().invoke(app, ["ledger", "verify", "--home", str(home)])
+    return r.exit_code, r.output
+
+
+def tamper(home, sql):
+    store = Store(home / "rtxops.duckdb")
+    try:
+        store.run_write(lambda cur: cur.execute(sql)).result(30)
+    finally:
+        store.close()
+
+
+def test_intact_ledger_verifies_and_exports(ledger_home, tmp_path, keys):
+    code, output = ledger_verify(ledger_home)
+    assert code == 0 and "5 entries" in output, output
+    out = tmp_path / "export"
+    r = CliRunner().invoke(app, ["ledger", "export", str(out), "--home", str(ledger_home), "--sign",
+                                 "--key", str(keys.root / "daemon.pem")])
+    assert r.exit_code == 0, r.output
+    lines = (out / "ledger.jsonl").read_text().splitlines()
+    assert [json.loads(x)["version"] for x in lines] == [1, 2, 3, 3, 4]
+    assert gl.check_chain([json.loads(x) for x in lines]) == []
+    report = verify(out, Trust(keyring=Keyring.load(keys.keyring_file)), expected_kind="ledger")
+    assert report.ok, report.lines()
+
+
+@pytest.mark.parametrize("sql, problem", [
+    ("UPDATE ledger SET version = 9 WHERE seq = 2", "entry 2: its hash does not match its contents (edited entry)"),
+    ("UPDATE ledger SET decision = '{\"kind\":\"promote\"}' WHERE seq = 3", "entry 3: its hash does not match"),
+    ("DELETE FROM ledger WHERE seq = 3", "entry 4: expected sequence number 3"),
+    ("UPDATE ledger SET seq = CASE seq WHEN 2 THEN 3 WHEN 3 THEN 2 ELSE seq END WHERE seq IN (2, 3)",
+     "previous hash does not match"),
+    ("DELETE FROM ledger WHERE seq = 5", "the last entry is 4, the head file says 5"),
+])
+def test_ledger_detects_tampering(ledger_home, sql, problem):
+    tamper(ledger_home, sql)
+    code, output = ledger_verify(ledger_home)
+    assert code == 1 and problem in output, output
+
+
+def _facts(good_plan, keys, job=None, policies=None):
+    return verify(good_plan, Trust(keyring=Keyring.load(keys.keyring_file)),
+                  policies=policies or load_policies(), job=job)
+
+
+def test_default_policy(good_plan, keys, tmp_path):
+    assert _facts(good_plan, keys).ok
+    # a rollback needs no gain; a manual publish is allowed when the daemon signed it
+    for decision in ({"kind": "rollback"}, {"kind": "manual"}):
+        b = plan_bundle(tmp_path / decision["kind"], keys.signer(), 6, decision=decision)
+        assert _facts(b, keys).ok, decision
+    # gain below 3 %, or a confidence interval reaching zero: denied
+    for bad in ({**PROMOTE, "gain": 0.02}, {**PROMOTE, "ci_low": 0.0}, {"kind": "whim"}):
+        b = plan_bundle(tmp_path / "bad", keys.signer(), 6, decision=bad)
+        report = _facts(b, keys)
+        assert not report.ok and report.failure.name == "policy", bad
+    # a job asking for determinism refuses a non-deterministic variant
+    b = copy(good_plan, tmp_path / "nd")
+    report = _facts(b, keys, job={"deterministic": True})
+    assert report.ok  # algebraic gelu is deterministic
+    facts = dict(report.facts)
+    facts["variants"] = [{**facts["variants"][0], "deterministic": False}]
+    from rtxops.governance.policy import evaluate_all
+
+    denied = evaluate_all(load_policies(), facts, {"deterministic": True})
+    assert not denied.allowed and any("determinism" in r for r in denied.reasons)
+    assert evaluate_all(load_policies(), facts, {"deterministic": False}).allowed
+    # a plan built by a builder other than the daemon whose key signed it
+    from rtxops.governance import Signer
+
+    user = Signer.from_key_file(keys.root / "daemon.pem", builder="rtxops-cli")
+    b = plan_bundle(tmp_path / "cli", user, 6)
+    report = _facts(b, keys)
+    assert not report.ok and "builder-is-daemon" in report.failure.message
+
+
+def test_policy_check_cli(good_plan, keys, tmp_path):
+    r = CliRunner().invoke(app, ["policy", "check", str(good_plan), "--keyring", str(keys.keyring_file)])
+    assert r.exit_code == 0 and "allowed by default" in r.output
+    strict = tmp_path / "strict.yaml"
+    strict.write_text("name: strict\nrules:\n  - name: big-gain\n    require: bundle.decision.gain >= 0.5\n"
+                      "    reason: only huge gains\n")
+    r = CliRunner().invoke(app, ["policy", "check", str(good_plan), "--keyring", str(keys.keyring_file),
+                                 "--policy", str(strict)])
+    assert r.exit_code == 1 and "strict/big-gain: only huge gains" in r.output
+    strict.write_text("name: broken\nrules:\n  - name: x\n    require: 'bundle.('\n    reason: r\n")
+    r = CliRunner().invoke(app, ["policy", "check", str(good_plan), "--keyring", str(keys.keyring_file),
+                                 "--policy", str(strict)])
+    assert r.exit_code == 2 and "not valid CEL" in r.output
+
+
+def test_sbom_is_reproducible_and_lists_kernels(keys, tmp_path):
+    a = plan_bundle(tmp_path / "a", keys.signer(), 3)
+    b = plan_bundle(tmp_path / "b", keys.signer(), 3)
+    assert (a / "sbom.cdx.json").read_bytes() == (b / "sbom.cdx.json").read_bytes()
+    assert (a / "provenance.intoto.json").read_bytes() == (b / "provenance.intoto.json").read_bytes()
+    sbom = json.loads((a / "sbom.cdx.json").read_text())
+    assert sbom["specVersion"] == "1.6" and "serialNumber" not in sbom
+    names = {c["name"] for c in sbom["components"]}
+    assert {"gelu/algebraic", "torch"} <= names
+    prov = json.loads((a / "provenance.intoto.json").read_text())
+    assert prov["predicateType"] == "https://slsa.dev/provenance/v1"
+    deps = prov["predicate"]["buildDefinition"]["resolvedDependencies"]
+    assert {d.get("name") for d in deps} >= {"trial:t-1", "trial:t-2", "telemetry"}
+
+
+def test_model_signing_verifies_our_key_mode_bundle(keys, tmp_path):
+    model_signing = pytest.importorskip("model_signing")  # a test dependency (pyproject [test])
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "shards").mkdir(parents=True)
+    (ckpt / "shards" / "w0.bin").write_bytes(b"\x01" * 4096)
+    (ckpt / "config.json").write_text("{}")
+    r = CliRunner().invoke(app, ["sign", str(ckpt), "--kind", "checkpoint", "--key", str(keys.root / "daemon.pem")])
+    assert r.exit_code == 0, r.output
+    config = model_signing.verifying.Config().use_elliptic_key_verifier(public_key=keys.root / "daemon.pub")
+    config.verify(ckpt, ckpt / "bundle.sigstore.json")
+    (ckpt / "config.json").write_text('{"x": 1}')
+    with pytest.raises(ValueError):
+        config.verify(ckpt, ckpt / "bundle.sigstore.json")
+
+
+def test_keyless_bundle_against_a_foreign_trusted_root(good_plan, keys, tmp_path):
+    """A bundle with a certificate that does not chain to the pinned trusted root is refused
+    offline (no network): here a self-made certificate against sigstore's pinned production root."""
+    import base64
+    import datetime
+
+    import sigstore
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "not-fulcio")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(minutes=10))
+            .sign(key, hashes.SHA256()))
+    b = copy(good_plan, tmp_path / "keyless")
+    data = json.loads((b / "bundle.sigstore.json").read_text())
+    data["verificationMaterial"] = {"certificate": {"rawBytes": base64.b64encode(
+        cert.public_bytes(serialization.Encoding.DER)).decode()}, "tlogEntries": []}
+    (b / "bundle.sigstore.json").write_text(json.dumps(data))
+    from pathlib import Path
+
+    store = Path(sigstore.__path__[0]) / "_store"  # the trusted roots sigstore-python pins
+    root = next(p for p in store.rglob("trusted_root.json") if "sigstage" not in str(p))
+    r = CliRunner().invoke(app, ["verify", str(b), "--identity", "me@example.com", "--issuer",
+                                 "https://accounts.example.com", "--trusted-root", str(root), "--no-ledger"])
+    assert r.exit_code == 1, r.output
+    fail = [line for line in r.output.splitlines() if line.startswith("FAIL")]
+    assert len(fail) == 1 and ("signature" in fail[0] or "bundle" in fail[0]), r.output
+    # without identity and issuer a keyless bundle is a usage error
+    r = CliRunner().invoke(app, ["verify", str(b), "--keyring", str(keys.keyring_file), "--no-ledger"])
+    assert r.exit_code == 2 and "--identity" in r.output
