@@ -1,0 +1,274 @@
+"""The offline tuner (``rtxops tune``): benchmark a bucket's candidates in worker processes on its
+recorded shapes, with a search strategy on a trial budget.
+
+Per bucket: candidates → correctness gate (stored) → a baseline trial of the reference → strategy
+rounds, each one ``bench`` worker run of the arms it asked (a crash there fails those trials, not
+the tuner) → ``trials`` rows and ``rtx.trial`` spans → tuning-database rows (source ``offline``) →
+a decision (``offline_best``: the best arm against the reference, with its statistics).
+A trial is one arm's repetitions in one worker run; the budget counts every trial, the baseline's
+included.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rtxops.runtime.bucket import Bucket
+from rtxops.runtime.registry import Registry
+from rtxops.runtime.spec import REFERENCE
+from rtxops.telemetry import store_evolve
+from rtxops.telemetry.store import Store
+
+from . import stats
+from .candidates import Arm, candidates
+from .runner import WorkerError, run_worker
+from .screen import screen
+from .search import STRATEGIES, make_strategy
+from .trace import TrialSpans
+from .tuning import TuningDB
+
+BASELINE = Arm.of(REFERENCE)
+BATCH = 4
+Progress = Callable[[dict], None]
+
+
+class TuneError(ValueError):
+    """Bad tuning input (unknown op, variant or strategy, malformed bucket, nothing recorded)."""
+
+
+def targets(store, registry: Registry, op: str | None, bucket: str | None) -> list[tuple[str, str]]:
+    """The (op, bucket) pairs to tune: the given one, or every one recorded in telemetry."""
+    if bucket is not None and op is None:
+        raise TuneError("--bucket needs --op (a bucket's form depends on its op)")
+    if op is not None:
+        _check(registry.op, op)
+    if bucket is not None:
+        _check(Bucket.parse, op, bucket)
+        return [(op, bucket)]
+    found = [(r["op"], r["bucket"]) for r in store_evolve.recorded_buckets(store, op)]
+    known = {s.name for s in registry.ops()}
+    found = [t for t in found if t[0] in known]
+    if not found:
+        raise TuneError(f"no recorded {op or 'op'} buckets in the telemetry store; run a job under "
+                        "rtxops first, or give --op and --bucket")
+    return found
+
+
+def validate(registry: Registry, op: str | None, bucket: str | None, strategy: str,
+             budget: int, variants: Sequence[str] | None) -> None:
+    """Raise :class:`TuneError` for input :func:`tune` would refuse (before any work starts)."""
+    if strategy not in STRATEGIES:
+        raise TuneError(f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+    if budget < 1:
+        raise TuneError("the trial budget must be at least 1")
+    if bucket is not None and op is None:
+        raise TuneError("--bucket needs --op (a bucket's form depends on its op)")
+    if op is not None:
+        _check(registry.op, op)
+        if bucket is not None:
+            _check(Bucket.parse, op, bucket)
+        for v in variants or ():
+            _check(registry.variant, op, v)
+
+
+def tune(store: Store, registry: Registry, *, op: str | None = None, bucket: str | None = None,
+         strategy: str = "successive_halving", budget: int = 12, reps: int = 20, warmup: int = 3,
+         variants: Sequence[str] | None = None, seed: int = 0, timeout_s: float = 600.0,
+         on_progress: Progress | None = None, sweep_out: str | Path | None = None,
+         stop: threading.Event | None = None) -> dict:
+    """Tune each target bucket; the report (per bucket: best arm, decision, trials, gate failures,
+    the sweep of every measured arm's values). ``variants`` limits the candidates to those names."""
+    validate(registry, op, bucket, strategy, budget, variants)
+    todo = targets(store, registry, op, bucket)
+    tuner = _Tuner(store, registry, strategy, budget, reps, warmup, variants, seed, timeout_s,
+                   on_progress or (lambda _: None), stop or threading.Event())
+    report = {"strategy": strategy, "budget": budget, "reps": reps, "warmup": warmup,
+              "buckets": []}
+    for i, (o, b) in enumerate(todo):
+        if tuner.stop.is_set():
+            break
+        tuner.where = {"op": o, "bucket": b, "index": i, "buckets": len(todo)}
+        report["buckets"].append(tuner.bucket(o, b))
+    if sweep_out is not None:
+        report["sweep_files"] = write_sweeps(report, sweep_out)
+    return report
+
+
+def write_sweeps(report: dict, path: str | Path) -> list[str]:
+    """Write each tuned bucket's sweep (``{"op", "bucket", "arms": [...]}``, the format
+    :func:`rtxops.evolve.replay.load_sweep` reads) to ``path``; with several buckets, to
+    ``<stem>-<n><suffix>`` next to it. The paths written."""
+    path = Path(path)
+    sweeps = [b["sweep"] for b in report["buckets"]]
+    paths = [path] if len(sweeps) == 1 else [
+        path.with_name(f"{path.stem}-{n}{path.suffix}") for n in range(len(sweeps))]
+    for p, sweep in zip(paths, sweeps):
+        p.write_text(json.dumps(sweep, indent=1))
+    return [str(p) for p in paths]
+
+
+class _Tuner:
+    def __init__(self, store, registry, strategy, budget, reps, warmup, variants, seed, timeout_s,
+                 on_progress, stop) -> None:
+        self.store, self.registry = store, registry
+        self.strategy, self.budget, self.reps, self.warmup = strategy, budget, reps, warmup
+        self.variants = set(variants) if variants else None
+        self.seed, self.timeout_s = seed, timeout_s
+        self.on_progress, self.stop = on_progress, stop
+        self.tuning = TuningDB(store, registry)
+        self.spans = TrialSpans(store)
+        self.where: dict = {}
+
+    def progress(self, stage: str, **kw) -> None:
+        self.on_progress({**self.where, "stage": stage, "budget": self.budget, **kw})
+
+    def bucket(self, op: str, bucket: str) -> dict:
+        arms = [a for a in candidates(self.registry, op, Bucket.parse(op, bucket))
+                if a != BASELINE and (self.variants is None or a.variant in self.variants)]
+        self.progress("gate", trials=0, arms=len(arms))
+        passed, failed = screen(self.tuning, op, bucket, arms, self.timeout_s)
+        values: dict[Arm, list[float]] = {}
+        trials: list[dict] = []
+        s = make_strategy(self.strategy, sorted(passed), max(1, self.budget - 1), seed=self.seed,
+                          batch=BATCH) if passed and self.budget > 1 else None
+        asked = s.ask() if s else []
+        first = True
+        while (first or asked) and not self.stop.is_set():
+            run = ([BASELINE] if first else []) + asked
+            for arm, trial in self._run(op, bucket, run, len(trials)):
+                trials.append(trial)
+                values.setdefault(arm, []).extend(trial["values"])
+                if s and arm in asked:
+                    s.tell(arm, trial["median_ns"] if trial["status"] == "ok" else float("inf"))
+            first, asked = False, (s.ask() if s else [])
+        self._record_tuning(op, bucket, trials)
+        best = self._best(s, values)
+        decision = self._decide(op, bucket, best, values, trials, failed)
+        self.progress("done", trials=len(trials))
+        return {"op": op, "bucket": bucket, "candidates": len(arms), "gate_passed": len(passed),
+                "gate_failures": {str(a): r for a, r in failed.items()},
+                "trials": len(trials), "best": _arm_dict(best) if best else None,
+                "decision": decision,
+                "arms": [{**_arm_dict(a), "trials": sum(t["arm"] == a for t in trials),
+                          "median_ns": statistics.median(v) if v else None}
+                         for a, v in sorted(values.items())],
+                "sweep": {"op": op, "bucket": bucket, "reps": self.reps, "warmup": self.warmup,
+                          "arms": [{**_arm_dict(a), "values": v}
+                                   for a, v in sorted(values.items()) if v]}}
+
+    # ---- trials --------------------------------------------------------------------------------
+    def _run(self, op: str, bucket: str, arms: list[Arm], done: int) -> list[tuple[Arm, dict]]:
+        """One worker run of ``arms``; a worker that dies is retried one arm at a time, so only the
+        arm that kills it fails."""
+        request = {"command": "bench", "op": op, "bucket": bucket, "warmup": self.warmup,
+                   "reps": self.reps, "arms": [{"variant": a.variant, "config": a.config} for a in arms]}
+        started = time.time_ns()
+
+        def on_worker(d: int, total: int) -> None:
+            self.progress("bench", trials=done, running=[str(a) for a in arms], run_done=d,
+                          run_total=total)
+
+        on_worker(0, self.reps * len(arms))
+        try:
+            results = {r["index"]: r for r in run_worker(request, self.timeout_s, on_worker)}
+        except WorkerError as e:
+            if len(arms) > 1:
+                out = []
+                for arm in arms:
+                    out += self._run(op, bucket, [arm], done + len(out))
+                return out
+            results = {0: {"status": "failed", "reason": str(e)[:2000], "values": []}}
+        ended = time.time_ns()
+        out = []
+        for i, arm in enumerate(arms):
+            r = results.get(i, {"status": "failed", "reason": "the worker gave no result",
+                                "values": []})
+            out.append((arm, self._trial(op, bucket, arm, r, started, ended)))
+        self.progress("bench", trials=done + len(out))
+        return out
+
+    def _trial(self, op, bucket, arm: Arm, r: dict, started: int, ended: int) -> dict:
+        ok = r.get("status") == "ok" and bool(r.get("values"))
+        row = {"trial_id": uuid.uuid4().hex, "job_id": None, "op": op, "bucket": bucket,
+               "variant": arm.variant, "config": arm.config_json, "mode": "offline",
+               "strategy": "baseline" if arm == BASELINE else self.strategy,
+               "started_ns": started, "ended_ns": ended, "samples": len(r.get("values") or []),
+               "median_ns": r.get("median_ns") if ok else None,
+               "p95_ns": r.get("p95_ns") if ok else None,
+               "spread": r.get("spread") if ok else None, "peak_bytes": r.get("peak_bytes"),
+               "status": "ok" if ok else "failed",
+               "detail": {"reps": self.reps, "warmup": self.warmup,
+                          **({"reason": r.get("reason", "no values")} if not ok else {})}}
+        store_evolve.save_trial(self.store, row)
+        self.spans.record(row)
+        return {**row, "arm": arm, "values": list(r.get("values") or []) if ok else []}
+
+    def _record_tuning(self, op: str, bucket: str, trials: list[dict]) -> None:
+        by_arm: dict[Arm, list[dict]] = {}
+        for t in trials:
+            by_arm.setdefault(t["arm"], []).append(t)
+        for arm, ts in by_arm.items():
+            v = [x for t in ts for x in t["values"]]
+            failed = [t for t in ts if t["status"] != "ok"]
+            peaks = [t["peak_bytes"] for t in ts if t["peak_bytes"] is not None]
+            self.tuning.record(
+                op, bucket, arm, source="offline", trials=len(ts),
+                median_ns=statistics.median(v) if v else None,
+                spread=statistics.pstdev(v) / statistics.fmean(v) if len(v) > 1 else None,
+                peak_bytes=max(peaks) if peaks else None,
+                status="ok" if v else "failed",
+                reason=failed[-1]["detail"].get("reason", "") if failed else "")
+
+    # ---- decision ------------------------------------------------------------------------------
+    @staticmethod
+    def _best(s, values: dict[Arm, list[float]]) -> Arm | None:
+        pick = s.best() if s else None
+        if pick is not None and not values.get(pick):
+            pick = None
+        if pick is None or (values.get(BASELINE) and statistics.median(values[BASELINE])
+                            <= statistics.median(values[pick])):
+            return BASELINE if values.get(BASELINE) else pick
+        return pick
+
+    def _decide(self, op, bucket, best: Arm | None, values, trials, failed) -> dict:
+        base = values.get(BASELINE, [])
+        if best is None or best == BASELINE:
+            cmp, reason = None, ("the reference is the fastest arm measured" if best
+                                 else "nothing was measured")
+        else:
+            cmp = stats.compare_independent(base, values[best], seed=self.seed)
+            reason = cmp.reason
+        finite = (lambda v: v if v is not None and abs(v) != float("inf") else None)
+        row = {"decision_id": uuid.uuid4().hex, "job_id": None, "op": op, "bucket": bucket,
+               "kind": "offline_best",
+               "candidate_variant": best.variant if best else None,
+               "candidate_config": best.config_json if best else None,
+               "incumbent_variant": BASELINE.variant, "incumbent_config": BASELINE.config_json,
+               "gain": finite(cmp.gain) if cmp else None,
+               "ci_low": finite(cmp.ci_low) if cmp else None,
+               "ci_high": finite(cmp.ci_high) if cmp else None,
+               "p_value": cmp.p_value if cmp else None, "reason": reason,
+               "evidence": {"trial_ids": [t["trial_id"] for t in trials], "strategy": self.strategy,
+                            "budget": self.budget, "reps": self.reps, "warmup": self.warmup,
+                            "better": bool(cmp and cmp.promote), "samples": cmp.samples if cmp else 0,
+                            "gate_failures": {str(a): r for a, r in failed.items()}},
+               "at_ns": time.time_ns()}
+        store_evolve.save_decision(self.store, row)
+        return {k: row[k] for k in ("decision_id", "kind", "gain", "ci_low", "ci_high", "p_value",
+                                    "reason")} | {"better": row["evidence"]["better"]}
+
+
+def _arm_dict(arm: Arm) -> dict:
+    return {"variant": arm.variant, "config": arm.config}
+
+
+def _check(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # RegistryError, PlanError: the message names what is wrong
+        raise TuneError(str(e)) from None
