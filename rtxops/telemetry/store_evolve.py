@@ -142,21 +142,24 @@ def upsert_tuning(store: Store, key: dict, values: dict) -> None:
                   f"({', '.join('?' * len(cols))})", [row.get(c) for c in cols])
 
 
-def tuning_rows(q, key: dict | None = None, *, op: str | None = None, limit: int = 1000) -> list[dict]:
+def tuning_rows(q, key: dict | None = None, *, op: str | None = None, limit: int = 1000,
+                offset: int = 0) -> list[dict]:
     """Tuning rows matching ``key``'s parts (any subset of :data:`TUNING_KEY`), or every row."""
     key = {k: v for k, v in (key or {}).items() if k in TUNING_KEY}
     if op is not None:
         key["op"] = op
     where = " AND ".join(f"{c} = ?" for c in key) or "true"
-    return q.query(f"SELECT * FROM tuning WHERE {where} ORDER BY op, bucket, median_ns LIMIT ?",
-                   [*key.values(), limit])
+    return q.query(f"SELECT * FROM tuning WHERE {where} ORDER BY op, bucket, median_ns, variant, "
+                   "config LIMIT ? OFFSET ?", [*key.values(), limit, offset])
 
 
-def decisions(q, job_id: str | None = None, limit: int = 200) -> list[dict]:
+def decisions(q, job_id: str | None = None, limit: int = 200, offset: int = 0) -> list[dict]:
     return q.query("SELECT * FROM decisions WHERE (? IS NULL OR job_id = ?) "
-                   "ORDER BY at_ns DESC LIMIT ?", [job_id, job_id, limit])
+                   "ORDER BY at_ns DESC, decision_id LIMIT ? OFFSET ?", [job_id, job_id, limit, offset])
 
 
-def trials(q, job_id: str | None = None, op: str | None = None, limit: int = 500) -> list[dict]:
+def trials(q, job_id: str | None = None, op: str | None = None, limit: int = 500,
+           offset: int = 0) -> list[dict]:
     return q.query("SELECT * FROM trials WHERE (? IS NULL OR job_id = ?) AND (? IS NULL OR op = ?) "
-                   "ORDER BY started_ns DESC LIMIT ?", [job_id, job_id, op, op, limit])
+                   "ORDER BY started_ns DESC, trial_id LIMIT ? OFFSET ?",
+                   [job_id, job_id, op, op, limit, offset])
