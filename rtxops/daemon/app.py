@@ -7,7 +7,7 @@ from fastapi import FastAPI, Response
 from rtxops import __version__, dashboard
 from rtxops.telemetry.receiver import make_router as receiver_router
 
-from . import api_jobs, api_plans, api_telemetry
+from . import api_evolve, api_jobs, api_plans, api_telemetry
 from .auth import require_token
 from .metrics import registry_for, render
 
@@ -20,6 +20,7 @@ def create_app(daemon) -> FastAPI:
     app.include_router(api_jobs.make_router(daemon.supervisor, auth))
     app.include_router(api_plans.make_router(daemon.board, auth, daemon.last_step))
     app.include_router(api_telemetry.make_router(daemon.store))
+    app.include_router(api_evolve.make_router(daemon, auth))
     metrics = registry_for(daemon)
     app.include_router(dashboard.make_router(daemon.store, problems=daemon.readiness_problems))
 

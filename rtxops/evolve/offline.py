@@ -90,7 +90,7 @@ def tune(store: Store, registry: Registry, *, op: str | None = None, bucket: str
     report = {"strategy": strategy, "budget": budget, "reps": reps, "warmup": warmup,
               "buckets": []}
     for i, (o, b) in enumerate(todo):
-        if tuner.stop.is_set():
+        if tuner.stopped():
             break
         tuner.where = {"op": o, "bucket": b, "index": i, "buckets": len(todo)}
         report["buckets"].append(tuner.bucket(o, b))
@@ -124,6 +124,9 @@ class _Tuner:
         self.spans = TrialSpans(store)
         self.where: dict = {}
 
+    def stopped(self) -> bool:
+        return self.stop.is_set() or bool(getattr(self.store, "closed", False))
+
     def progress(self, stage: str, **kw) -> None:
         self.on_progress({**self.where, "stage": stage, "budget": self.budget, **kw})
 
@@ -138,7 +141,7 @@ class _Tuner:
                           batch=BATCH) if passed and self.budget > 1 else None
         asked = s.ask() if s else []
         first = True
-        while (first or asked) and not self.stop.is_set():
+        while (first or asked) and not self.stopped():
             run = ([BASELINE] if first else []) + asked
             for arm, trial in self._run(op, bucket, run, len(trials)):
                 trials.append(trial)
@@ -261,6 +264,71 @@ class _Tuner:
         store_evolve.save_decision(self.store, row)
         return {k: row[k] for k in ("decision_id", "kind", "gain", "ci_low", "ci_high", "p_value",
                                     "reason")} | {"better": row["evidence"]["better"]}
+
+
+class TuneTasks:
+    """Tuning tasks of the daemon (the only store writer), run one at a time on a background
+    thread; their state, progress and report are kept in memory (the results are in the store)."""
+
+    def __init__(self, store: Store, registry: Callable[[], Registry], keep: int = 50) -> None:
+        self.store, self.registry, self.keep = store, registry, keep
+        self.tasks: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self._queue: list[tuple[str, dict]] = []
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def submit(self, params: dict) -> dict:
+        """Validate ``params`` (``tune``'s keyword arguments; :class:`TuneError` when bad) and
+        queue a task; its state."""
+        registry = self.registry()
+        validate(registry, params.get("op"), params.get("bucket"),
+                 params.get("strategy", "successive_halving"), params.get("budget", 12),
+                 params.get("variants"))
+        targets(self.store, registry, params.get("op"), params.get("bucket"))
+        task_id = uuid.uuid4().hex[:16]
+        with self._lock:
+            self.tasks[task_id] = {"id": task_id, "state": "queued", "params": params,
+                                   "progress": {}, "report": None, "error": None,
+                                   "submitted_ns": time.time_ns(), "ended_ns": None}
+            for old in list(self.tasks)[: max(0, len(self.tasks) - self.keep)]:
+                if self.tasks[old]["state"] in ("done", "failed"):
+                    del self.tasks[old]
+            self._queue.append((task_id, params))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="rtxops-tune", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+            return dict(self.tasks[task_id])
+
+    def get(self, task_id: str) -> dict | None:
+        with self._lock:
+            task = self.tasks.get(task_id)
+            return dict(task) if task else None
+
+    def summary(self) -> list[dict]:
+        with self._lock:
+            return [{k: t[k] for k in ("id", "state", "params", "progress", "error")}
+                    for t in self.tasks.values()]
+
+    def _update(self, task_id: str, **fields) -> None:
+        with self._lock:
+            self.tasks[task_id].update(fields)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._wake.wait()
+                task_id, params = self._queue.pop(0)
+                self.tasks[task_id]["state"] = "running"
+            try:
+                report = tune(self.store, self.registry(), **params,
+                              on_progress=lambda p: self._update(task_id, progress=p))
+                self._update(task_id, state="done", report=report, ended_ns=time.time_ns())
+            except Exception as e:  # the task fails with its reason; the daemon keeps serving
+                self._update(task_id, state="failed", error=f"{type(e).__name__}: {e}",
+                             ended_ns=time.time_ns())
 
 
 def _arm_dict(arm: Arm) -> dict:
