@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rtxops.cli_evolve import register as _register_evolve
 from rtxops.cli_governance import register as _register_governance
 
 app = typer.Typer(help="rtxops: a self-optimizing runtime for PyTorch training jobs.",
@@ -24,6 +25,7 @@ telemetry_app = typer.Typer(help="Look at and export stored telemetry.", no_args
 app.add_typer(daemon_app, name="daemon")
 app.add_typer(telemetry_app, name="telemetry")
 _register_governance(app)
+_register_evolve(app)
 err = Console(stderr=True)
 out = Console()
 TELEMETRY_FACTORY = "rtxops.telemetry.job:readings_for_job"

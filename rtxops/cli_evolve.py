@@ -1,0 +1,304 @@
+"""``rtxops tune`` and ``rtxops evolve replay|status``. Thin: parse, call :mod:`rtxops.evolve` (or
+the daemon that owns the store), print. Exit codes: 0 ok, 1 failed (task, daemon), 2 bad usage or
+unreadable input."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+err = Console(stderr=True)
+out = Console(highlight=False, soft_wrap=True)
+
+evolve_app = typer.Typer(help="The evolve loop: status, and the replay simulator.",
+                         no_args_is_help=True)
+HomeOpt = typer.Option(None, "--home", help="RTXOPS_HOME (default: $RTXOPS_HOME or ./.rtxops)")
+POLL_S = 0.5
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``tune`` and ``evolve`` to the ``rtxops`` app."""
+    app.command("tune")(tune)
+    app.add_typer(evolve_app, name="evolve")
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"rtxops: {message}", markup=False)
+    return typer.Exit(code)
+
+
+def _home(home: Optional[Path]):
+    from rtxops.daemon.home import Home
+
+    return Home.resolve(home)
+
+
+def _daemon(home):
+    from rtxops.daemon.client import DaemonClient
+
+    return DaemonClient.find(home)
+
+
+def _call(client, method: str, path: str, **kw) -> dict:
+    """A daemon call; a 422 (bad input) exits 2, anything else that fails exits 1."""
+    from rtxops.daemon.client import DaemonError
+
+    try:
+        return client._call(method, path, **kw)
+    except DaemonError as e:
+        raise _fail(str(e), 2 if str(e).startswith("422") else 1) from None
+
+
+def _store_path(home) -> Path:
+    return Path(os.environ.get("RTXOPS_STORE") or home.store)
+
+
+# ---- tune --------------------------------------------------------------------------------------
+def tune(
+    op: Optional[str] = typer.Option(None, help="only this op (default: every recorded op)"),
+    bucket: Optional[str] = typer.Option(None, help="only this bucket, e.g. float32/cpu/hidden=64,rows=16"),
+    strategy: str = typer.Option("successive_halving", help="exhaustive | random | successive_halving | thompson"),
+    budget: int = typer.Option(12, help="trials per bucket (one trial: one arm's repetitions)"),
+    reps: int = typer.Option(20, help="timed fwd+bwd repetitions per trial"),
+    warmup: int = typer.Option(3, help="untimed calls per arm before timing"),
+    variant: Optional[List[str]] = typer.Option(None, "--variant", help="only these variants (repeatable)"),
+    sweep_out: Optional[Path] = typer.Option(None, help="write every measured arm's values (replay format)"),
+    show: bool = typer.Option(False, "--show", help="print the tuning database instead of tuning"),
+    as_json: bool = typer.Option(False, "--json", help="JSON instead of tables"),
+    home: Optional[Path] = HomeOpt,
+) -> None:
+    """Benchmark candidate variants on the recorded buckets in worker processes and store the
+    results in the tuning database; through the running daemon, or in-process when none runs."""
+    from rtxops.evolve.search import STRATEGIES
+
+    h = _home(home)
+    if show:
+        rows = _tuning_rows(h, op)
+        out.print_json(data=rows) if as_json else out.print(_tuning_table(rows))
+        return
+    if strategy not in STRATEGIES:
+        raise _fail(f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+    if budget < 1 or reps < 1 or warmup < 0:
+        raise _fail("--budget and --reps must be at least 1, --warmup at least 0")
+    params = {"op": op, "bucket": bucket, "strategy": strategy, "budget": budget, "reps": reps,
+              "warmup": warmup, "variants": list(variant) if variant else None}
+    client = _daemon(h)
+    report = _tune_remote(client, params, as_json) if client else _tune_local(h, params, as_json, sweep_out)
+    if sweep_out is not None and client:
+        from rtxops.evolve.offline import write_sweeps
+
+        report["sweep_files"] = write_sweeps(report, sweep_out)
+    if as_json:
+        out.print_json(data=report)
+    else:
+        _print_report(report)
+
+
+def _tune_remote(client, params: dict, quiet: bool) -> dict:
+    task = _call(client, "POST", "/v1/evolve/tune", json=params)
+    with _progress(quiet) as bar:
+        while task["state"] in ("queued", "running"):
+            time.sleep(POLL_S)
+            task = _call(client, "GET", f"/v1/evolve/tune/{task['id']}")
+            bar(task.get("progress") or {})
+    if task["state"] != "done":
+        raise _fail(f"tuning task {task['id']} failed: {task.get('error')}", 1)
+    return task["report"]
+
+
+def _tune_local(h, params: dict, quiet: bool, sweep_out: Optional[Path]) -> dict:
+    from rtxops.evolve.offline import TuneError
+    from rtxops.evolve.offline import tune as run_tune
+    from rtxops.runtime.registry import default_registry
+    from rtxops.telemetry.store import Store
+
+    try:
+        store = Store(_store_path(h))
+    except Exception as e:  # StoreError, OSError, DuckDB lock errors: all mean "cannot open"
+        raise _fail(f"cannot open the store {_store_path(h)}: {e}", 1) from None
+    try:
+        with _progress(quiet) as bar:
+            return run_tune(store, default_registry(), **params, on_progress=bar, sweep_out=sweep_out)
+    except TuneError as e:
+        raise _fail(str(e), 2) from None
+    finally:
+        store.close()
+
+
+class _progress:
+    """A rich progress bar fed with the tuner's progress events (nothing with ``quiet``)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def __enter__(self):
+        if self.quiet:
+            return lambda p: None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                            TextColumn("{task.fields[trials]}"), TimeElapsedColumn(), console=err)
+        self.bar.start()
+        self.task = self.bar.add_task("tuning", total=1.0, trials="")
+        return self.update
+
+    def update(self, p: dict) -> None:
+        if not p:
+            return
+        budget, n = p.get("budget", 1), p.get("buckets", 1)
+        running = len(p.get("running") or ()) * (p.get("run_done", 0) / max(1, p.get("run_total", 1)))
+        done = p.get("trials", 0) + (running if p.get("stage") == "bench" else 0)
+        if p.get("stage") == "done":
+            done = budget
+        self.bar.update(self.task, completed=(p.get("index", 0) + min(done, budget) / budget) / n,
+                        description=f"{p.get('op')} {p.get('bucket')} ({p.get('stage')})",
+                        trials=f"{p.get('trials', 0)}/{budget} trials")
+
+    def __exit__(self, *exc) -> None:
+        if not self.quiet:
+            self.bar.stop()
+
+
+def _print_report(report: dict) -> None:
+    table = Table(title=f"rtxops tune: {report['strategy']}, budget {report['budget']}, "
+                        f"{report['reps']} reps")
+    for col in ("op", "bucket", "trials", "gate rejected", "best", "median µs", "gain vs reference",
+                "CI", "verdict"):
+        table.add_column(col, overflow="fold")
+    for b in report["buckets"]:
+        d = b["decision"]
+        best = b["best"]
+        median = next((a["median_ns"] for a in b["arms"] if best and
+                       (a["variant"], a["config"]) == (best["variant"], best["config"])), None)
+        table.add_row(b["op"], b["bucket"], str(b["trials"]), str(len(b["gate_failures"])),
+                      _arm_label(best) if best else "-",
+                      f"{median / 1e3:.1f}" if median else "-",
+                      f"{d['gain']:+.1%}" if d["gain"] is not None else "-",
+                      f"{d['ci_low']:+.1%} … {d['ci_high']:+.1%}" if d["ci_low"] is not None else "-",
+                      d["reason"])
+    out.print(table)
+    for b in report["buckets"]:
+        for arm, reason in b["gate_failures"].items():
+            err.print(f"gate rejected {b['op']} {arm} on {b['bucket']}: {reason}", markup=False,
+                      style="yellow")
+    for path in report.get("sweep_files") or ():
+        err.print(f"sweep written to {path}", markup=False)
+
+
+def _arm_label(arm: dict) -> str:
+    return arm["variant"] + (f" {json.dumps(arm['config'], sort_keys=True)}" if arm["config"] else "")
+
+
+def _tuning_rows(h, op: Optional[str]) -> list[dict]:
+    client = _daemon(h)
+    if client is not None:
+        params = {"limit": 1000, **({"op": op} if op else {})}
+        return _call(client, "GET", "/v1/evolve/tuning", params=params)["tuning"]
+    from rtxops.telemetry import store_evolve
+    from rtxops.telemetry.store import ReadOnlyStore, StoreError
+
+    path = _store_path(h)
+    if not path.exists():
+        raise _fail(f"no store at {path}", 2)
+    try:
+        store = ReadOnlyStore(path)
+    except StoreError as e:
+        raise _fail(str(e), 1) from None
+    try:
+        return store_evolve.tuning_rows(store, op=op, limit=100_000)
+    finally:
+        store.close()
+
+
+def _tuning_table(rows: list[dict]) -> Table:
+    table = Table(title=f"rtxops tuning database ({len(rows)} rows)")
+    for col in ("op", "bucket", "variant", "config", "median µs", "spread", "trials", "source",
+                "status", "device", "torch"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["op"], r["bucket"], r["variant"], r["config"] if r["config"] != "{}" else "",
+                      f"{r['median_ns'] / 1e3:.1f}" if r["median_ns"] is not None else "-",
+                      f"{r['spread']:.1%}" if r["spread"] is not None else "-", str(r["trials"]),
+                      r["source"], r["status"] + (f": {r['reason']}" if r["reason"] else ""),
+                      r["device"], r["torch_version"])
+    return table
+
+
+# ---- evolve replay / status ----------------------------------------------------------------------
+@evolve_app.command("replay")
+def replay(
+    sweep: Path = typer.Option(..., "--sweep", help="a sweep file (rtxops tune --sweep-out)"),
+    strategy: Optional[List[str]] = typer.Option(None, "--strategy", help="repeatable (default: all)"),
+    budget: Optional[int] = typer.Option(None, help="trials per run (default: 2 × the arms)"),
+    seeds: int = typer.Option(20, help="runs per strategy, one seed each"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Run search strategies against a recorded exhaustive sweep: trials each needs to come
+    within 5 % of the best arm."""
+    from rtxops.evolve.replay import SweepError, load_sweep
+    from rtxops.evolve.replay import replay as run_replay
+    from rtxops.evolve.search import STRATEGIES
+
+    unknown = [s for s in strategy or () if s not in STRATEGIES]
+    if unknown:
+        raise _fail(f"unknown strategy {unknown[0]!r} (known: {', '.join(STRATEGIES)})")
+    if (budget is not None and budget < 1) or seeds < 1:
+        raise _fail("--budget and --seeds must be at least 1")
+    try:
+        arms = load_sweep(sweep)
+    except SweepError as e:
+        raise _fail(str(e)) from None
+    result = run_replay(arms, strategy or None, budget, seeds)
+    if as_json:
+        out.print_json(data=result)
+        return
+    table = Table(title=f"replay of {sweep}: {result['arms']} arms, budget {result['budget']}, "
+                        f"{result['seeds']} seeds, within {result['within']:.0%} of the best")
+    for col in ("strategy", "reached", "median trials", "worst trials", "median / arms"):
+        table.add_column(col, justify="left" if col == "strategy" else "right")
+    for name, s in result["strategies"].items():
+        med = s["median_trials"]
+        table.add_row(name, f"{s['reached']:.0%}", "-" if med is None else f"{med:g}",
+                      "-" if s["worst_trials"] is None else str(s["worst_trials"]),
+                      "-" if med is None else f"{med / result['arms']:.0%}")
+    out.print(table)
+
+
+@evolve_app.command("status")
+def status(as_json: bool = typer.Option(False, "--json"), home: Optional[Path] = HomeOpt) -> None:
+    """The evolve loop's state per job, tuning tasks and the latest decisions (needs the daemon)."""
+    h = _home(home)
+    client = _daemon(h)
+    if client is None:
+        raise _fail(f"no daemon serving {h.root} (start one with `rtxops daemon`)", 1)
+    state = _call(client, "GET", "/v1/evolve/status")
+    state["decisions"] = _call(client, "GET", "/v1/evolve/decisions", params={"limit": 10})["decisions"]
+    if as_json:
+        out.print_json(data=state)
+        return
+    if not state["enabled"]:
+        out.print("evolve loop: off (RTXOPS_EVOLVE=0)")
+    else:
+        out.print(f"evolve loop: {'running' if state['ready'] else 'starting'}"
+                  + (f" (error: {state['error']})" if state.get("error") else ""))
+        for job, s in state["jobs"].items():
+            active = s["active"]
+            out.print(f"  job {job}: " + (f"{active['op']} {active['bucket']} {active['phase']}"
+                                          if active else "idle") + f", {len(s['done'])} buckets done")
+    for t in state["tune_tasks"]:
+        out.print(f"tune task {t['id']}: {t['state']}" + (f" ({t['error']})" if t["error"] else ""))
+    table = Table(title="latest decisions")
+    for col in ("kind", "job", "op", "bucket", "candidate", "gain", "reason"):
+        table.add_column(col, overflow="fold")
+    for d in state["decisions"]:
+        table.add_row(d["kind"], d["job_id"] or "-", d["op"], d["bucket"],
+                      (d["candidate_variant"] or "-") + (f" {d['candidate_config']}"
+                                                         if d["candidate_config"] not in (None, "{}") else ""),
+                      f"{d['gain']:+.1%}" if d["gain"] is not None else "-", d["reason"] or "")
+    out.print(table)
