@@ -78,8 +78,12 @@ class PlanPoller:
         self.etag = etag
         try:
             plan = Plan.from_json(body)
-            if plan.version <= self.dispatcher.plan.version and self.dispatcher.pending is None:
+            running = self.dispatcher.plan.version
+            if plan.version == running and self.dispatcher.pending is None:
                 return "unchanged"
+            if plan.version < running:
+                raise PlanError(f"plan version {plan.version} is not newer than the running version "
+                                f"{running} (an older plan replayed); keeping version {running}")
             plan = self._verified(plan)
             problem = plan.environment_mismatch()
             if problem:

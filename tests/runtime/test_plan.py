@@ -81,3 +81,18 @@ def test_plans_naming_unknown_things_fail_validation(text, message):
     with pytest.raises(PlanError) as e:
         plan.validate(default_registry())
     assert message in str(e.value)
+
+
+def test_environment_is_optional_and_keeps_old_digests():
+    plain = Plan.from_dict({"version": 1, "defaults": {"gelu": "algebraic"}})
+    assert "environment" not in plain.to_json()
+    assert plain.digest == Plan.from_json(plain.to_json()).digest
+    env = {"torch": "2.0", "triton": "3.0", "cuda": "12.4", "device": "NVIDIA H100"}
+    tuned = Plan.from_dict({"version": 1, "defaults": {"gelu": "algebraic"}, "environment": env})
+    assert tuned.digest != plain.digest and Plan.from_json(tuned.to_json()).environment == env
+    assert tuned.environment_mismatch(env) is None
+    problem = tuned.environment_mismatch({**env, "device": "cpu"})
+    assert "another environment" in problem and "device 'NVIDIA H100' (here 'cpu')" in problem
+    assert plain.environment_mismatch({"device": "cpu"}) is None
+    with pytest.raises(PlanError, match="plan.environment"):
+        Plan.from_dict({"version": 1, "environment": {"torch": 2}})
