@@ -1,0 +1,39 @@
+"""Broken ``gelu`` variants for the offline tuner's tests, loaded through
+``RTXOPS_VARIANT_MODULES=tests.evolve.plugins_broken``: one returns NaN, one raises, one passes the
+correctness gate (a single call) and then kills its process on the third call in it."""
+from __future__ import annotations
+
+import os
+
+from rtxops.runtime.originals import gelu as _gelu
+from rtxops.runtime.spec import Variant
+
+CRASH_EXIT = 17
+
+
+def _nan(config, bucket):
+    return lambda input, approximate="none": _gelu(input, approximate=approximate) * float("nan")
+
+
+def _raises(config, bucket):
+    def gelu(input, approximate="none"):
+        raise RuntimeError("this kernel is broken on purpose")
+    return gelu
+
+
+def _crashes(config, bucket):
+    calls = {"n": 0}
+
+    def gelu(input, approximate="none"):
+        calls["n"] += 1
+        if calls["n"] >= 3:
+            os._exit(CRASH_EXIT)  # what a segfaulting kernel does to its process
+        return _gelu(input, approximate=approximate)
+    return gelu
+
+
+VARIANTS = [
+    Variant("gelu", "broken_nan", "eager", _nan, description="returns NaN"),
+    Variant("gelu", "broken_raise", "eager", _raises, description="raises"),
+    Variant("gelu", "crashes", "eager", _crashes, description="kills its process on the 3rd call"),
+]

@@ -1,0 +1,173 @@
+"""The offline tuner against a real store file and real worker processes: budget, trials, spans,
+tuning rows, the decision, sweep files for the replay simulator, the gate keeping broken variants
+out, and a crashing kernel failing only its own trial."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from rtxops.evolve import replay
+from rtxops.evolve.offline import TuneError, tune
+from rtxops.runtime.registry import Registry, load_builtin
+from rtxops.telemetry import store_evolve
+from rtxops.telemetry.store import Store
+
+from .plugins_broken import CRASH_EXIT
+
+ROOT = Path(__file__).resolve().parents[2]
+GELU = "float32/cpu/tanh=0,hidden=64,rows=16"
+FAST = {"reps": 5, "warmup": 1}
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    return load_builtin(Registry())
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, registry):
+    """One successive-halving run on gelu: 5 candidates, a budget of 4 trials."""
+    tmp = tmp_path_factory.mktemp("offline")
+    store = Store(tmp / "rtxops.duckdb")
+    events: list[dict] = []
+    report = tune(store, registry, op="gelu", bucket=GELU, budget=4, **FAST,
+                  variants=["eager", "algebraic", "chunked"], on_progress=events.append,
+                  sweep_out=tmp / "sweep.json")
+    yield store, report, events, tmp / "sweep.json"
+    store.close()
+
+
+def test_the_budget_counts_every_trial_the_baseline_included(tuned):
+    store, report, _, _ = tuned
+    (b,) = report["buckets"]
+    assert b["candidates"] == 5 and b["gate_passed"] == 5
+    rows = store_evolve.trials(store, op="gelu")
+    assert len(rows) == b["trials"] == 4  # the reference and the 3 arms the strategy asked for
+    assert {r["mode"] for r in rows} == {"offline"}
+    assert sorted(r["strategy"] for r in rows) == ["baseline"] + ["successive_halving"] * 3
+    baseline = next(r for r in rows if r["strategy"] == "baseline")
+    assert baseline["variant"] == "reference"
+    for r in rows:
+        assert r["status"] == "ok" and r["samples"] == FAST["reps"] and r["median_ns"] > 0
+        assert r["p95_ns"] >= r["median_ns"] and json.loads(r["detail"])["reps"] == FAST["reps"]
+
+
+def test_each_trial_is_an_rtx_trial_span(tuned):
+    store, _, _, _ = tuned
+    spans = store.query("""SELECT attributes->>'rtx.trial.id' AS id, attributes->>'rtx.trial.mode' AS mode,
+                                  variant, start_ns, end_ns
+                           FROM spans WHERE name = 'rtx.trial'""")
+    rows = {r["trial_id"]: r for r in store_evolve.trials(store)}
+    assert sorted(s["id"] for s in spans) == sorted(rows)
+    for s in spans:
+        assert s["mode"] == "offline" and s["variant"] == rows[s["id"]]["variant"]
+        assert s["end_ns"] > s["start_ns"]
+
+
+def test_measured_arms_land_in_the_tuning_database_under_the_full_key(tuned, registry):
+    store, report, _, _ = tuned
+    rows = store_evolve.tuning_rows(store, op="gelu")
+    measured = {(a["variant"], json.dumps(a["config"], sort_keys=True, separators=(",", ":")))
+                for a in report["buckets"][0]["arms"]}
+    assert {(r["variant"], r["config"]) for r in rows} == measured
+    for r in rows:
+        assert r["source"] == "offline" and r["status"] == "ok" and r["median_ns"] > 0
+        assert r["bucket"] == GELU and r["device"].startswith("cpu:") and r["torch_version"]
+        assert r["source_hash"] == registry.variant("gelu", r["variant"]).source_hash
+
+
+def test_the_decision_compares_the_best_arm_with_the_reference(tuned):
+    store, report, _, _ = tuned
+    (b,) = report["buckets"]
+    (d,) = store_evolve.decisions(store)
+    assert d["kind"] == "offline_best" and d["job_id"] is None
+    assert d["incumbent_variant"] == "reference" and d["candidate_variant"] == b["best"]["variant"]
+    evidence = json.loads(d["evidence"])
+    assert sorted(evidence["trial_ids"]) == sorted(r["trial_id"] for r in store_evolve.trials(store))
+    assert evidence["strategy"] == "successive_halving" and evidence["budget"] == 4
+    medians = {(a["variant"], json.dumps(a["config"])): a["median_ns"] for a in b["arms"]}
+    best = medians[(b["best"]["variant"], json.dumps(b["best"]["config"]))]
+    if b["best"]["variant"] == "reference":  # nothing beat it: no statistics to show
+        assert d["gain"] is None and "reference is the fastest" in d["reason"]
+    else:
+        assert best < medians[("reference", "{}")]
+        assert d["gain"] is not None and d["ci_low"] <= d["gain"] <= d["ci_high"]
+        assert 0 < d["p_value"] <= 1 and evidence["samples"] == FAST["reps"]
+
+
+def test_progress_reaches_done_and_never_goes_back(tuned):
+    _, _, events, _ = tuned
+    assert events[0]["stage"] == "gate" and events[-1]["stage"] == "done"
+    trials = [e["trials"] for e in events]
+    assert trials == sorted(trials) and trials[-1] == 4
+    assert all(e["op"] == "gelu" and e["bucket"] == GELU and e["budget"] == 4 for e in events)
+
+
+def test_the_sweep_file_replays(tuned):
+    store, report, _, path = tuned
+    assert report["sweep_files"] == [str(path)]
+    arms = replay.load_sweep(path)
+    trials = {f'{r["variant"]} {json.dumps(json.loads(r["config"]), sort_keys=True)}': r
+              for r in store_evolve.trials(store)}
+    assert set(arms) == set(trials) and "reference {}" in arms
+    for label, values in arms.items():  # each arm ran once: its values are its trial's
+        assert len(values) == FAST["reps"]
+        assert statistics.median(values) == trials[label]["median_ns"]
+    result = replay.replay(arms, ["exhaustive"], budget=8, seeds=3)
+    assert result["strategies"]["exhaustive"]["reached"] == 1.0
+    assert result["strategies"]["exhaustive"]["worst_trials"] <= 4
+
+
+def test_broken_variants_fail_the_gate_and_a_crash_fails_only_its_trial(tmp_path, monkeypatch):
+    monkeypatch.setenv("RTXOPS_VARIANT_MODULES", "tests.evolve.plugins_broken")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the worker processes import the plugin too
+    registry = load_builtin(Registry())
+    store = Store(tmp_path / "rtxops.duckdb")
+    try:
+        report = tune(store, registry, op="gelu", bucket=GELU, strategy="exhaustive", budget=10,
+                      **FAST, variants=["broken_nan", "broken_raise", "crashes", "algebraic"])
+        (b,) = report["buckets"]
+        assert set(b["gate_failures"]) == {"broken_nan", "broken_raise"}
+        gates = {r["variant"]: r for r in store.query("SELECT * FROM gate_results")}
+        assert not gates["broken_nan"]["passed"] and "NaN" in gates["broken_nan"]["reason"]
+        assert not gates["broken_raise"]["passed"]
+        assert "broken on purpose" in gates["broken_raise"]["reason"]
+        assert gates["crashes"]["passed"] and gates["algebraic"]["passed"]
+
+        trials = {r["variant"]: r for r in store_evolve.trials(store)}
+        assert set(trials) == {"reference", "algebraic", "crashes"}  # the rejected never ran
+        assert len(store_evolve.trials(store)) == b["trials"] == 3  # budget 10, 3 arms to try
+        crash = trials["crashes"]
+        assert crash["status"] == "failed" and crash["median_ns"] is None
+        assert f"exited with {CRASH_EXIT}" in json.loads(crash["detail"])["reason"]
+        assert trials["algebraic"]["status"] == trials["reference"]["status"] == "ok"
+        tuning = {r["variant"]: r for r in store_evolve.tuning_rows(store, op="gelu")}
+        assert tuning["crashes"]["status"] == "failed" and tuning["algebraic"]["status"] == "ok"
+        assert b["best"]["variant"] in ("reference", "algebraic")
+        assert "crashes" not in {a["variant"] for a in b["sweep"]["arms"]}
+    finally:
+        store.close()
+
+
+def test_bad_input_is_refused_before_any_work(tmp_path, registry):
+    store = Store(tmp_path / "rtxops.duckdb")
+    try:
+        cases = [
+            (dict(op="nope"), "unknown op 'nope'"),
+            (dict(bucket=GELU), "--bucket needs --op"),
+            (dict(op="gelu", bucket="float32-cpu"), "not of the form"),
+            (dict(op="gelu", bucket=GELU, strategy="annealing"), "unknown strategy 'annealing'"),
+            (dict(op="gelu", bucket=GELU, budget=0), "at least 1"),
+            (dict(op="gelu", bucket=GELU, variants=["warp_drive"]), "unknown variant 'warp_drive'"),
+            (dict(), "no recorded op buckets"),
+            (dict(op="gelu"), "no recorded gelu buckets"),
+        ]
+        for kwargs, message in cases:
+            with pytest.raises(TuneError, match=message):
+                tune(store, registry, **kwargs)
+        assert store_evolve.trials(store) == [] and store_evolve.tuning_rows(store) == []
+    finally:
+        store.close()
