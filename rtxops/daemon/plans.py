@@ -7,6 +7,7 @@ installing the plan. A manual publish (``POST /v1/plans`` with the token) is a `
 which the default policy allows when the daemon's own key signs it."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -113,6 +114,10 @@ class PlanBoard:
         the policy decides; the ledger records the outcome. Raises PlanError with the reason."""
         if not isinstance(decision, dict) or decision.get("kind") not in ("promote", "rollback"):
             raise PlanError("promote needs a decision of kind 'promote' or 'rollback'")
+        if plan.environment is None:  # tuned here: jobs elsewhere (other torch, device) skip it
+            from rtxops.runtime.plan import current_environment
+
+            plan = dataclasses.replace(plan, environment=current_environment())
         return self.publish(plan, job_id, decision=decision, evidence=evidence)
 
     def report(self, job_id: str, version: int, reason: str) -> None:

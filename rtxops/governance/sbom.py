@@ -31,7 +31,13 @@ class KernelComponent:
 
 def build(kernels: list[KernelComponent] | tuple = (), name: str = "rtxops-bundle",
           kind: str = "plan") -> bytes:
-    """The SBOM as canonical JSON bytes, validated with the library's strict JSON validator."""
+    """The SBOM as canonical JSON bytes, validated with the library's strict JSON validator.
+    Reproducible, so the same inputs in one process (same environment) give the cached bytes."""
+    return _build(tuple(kernels), name, kind)
+
+
+@functools.lru_cache(maxsize=64)
+def _build(kernels: tuple[KernelComponent, ...], name: str, kind: str) -> bytes:
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.bom import Bom
     from cyclonedx.model.component import Component, ComponentType
