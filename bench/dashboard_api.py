@@ -30,12 +30,14 @@ TARGET_P95_MS = 200
 
 
 def endpoints(job: str, op: str, bucket: str) -> dict[str, str]:
-    """Every /api endpoint with the parameters its page sends (default window: the last hour)."""
-    return {
+    """Every /api endpoint with the parameters its page sends (the default window, 15 min), and
+    the heavier ones again over the last hour (``*_1h``: the whole synthetic hour)."""
+    paths = {
         "jobs": "/api/jobs", "job": f"/api/jobs/{job}", "job_events": f"/api/jobs/{job}/events",
         "job_logs": f"/api/jobs/{job}/logs", "steps_all": "/api/steps",
-        "steps_one_job": f"/api/steps?job={job}", "ingest": "/api/ingest",
+        "steps_one_job": f"/api/steps?job={job}", "speedups": "/api/speedups", "ingest": "/api/ingest",
         "kernels_all": "/api/kernels", "kernels_one_job": f"/api/kernels?job={job}",
+        "kernel_series_all": "/api/kernels/series",
         "kernel_series_op": f"/api/kernels/series?job={job}&op={op}",
         "kernel_series_bucket": f"/api/kernels/series?job={job}&op={op}&bucket={bucket}",
         "breakdown": f"/api/kernels/breakdown?job={job}", "evolve": "/api/evolve",
@@ -43,8 +45,13 @@ def endpoints(job: str, op: str, bucket: str) -> dict[str, str]:
         "tuning": "/api/evolve/tuning", "memory_all": "/api/memory",
         "memory_one_job": f"/api/memory?job={job}", "caches_all": "/api/caches",
         "caches_one_job": f"/api/caches?job={job}", "governance": "/api/governance",
-        "trace_one_job_1_min": f"/api/trace?job={job}&window_s=60",
+        "trace_one_job_5_min": f"/api/trace?job={job}&window_s=300",
     }
+    for name in ("steps_all", "speedups", "ingest", "kernels_all", "kernel_series_all",
+                 "evolve", "memory_all", "caches_all"):
+        sep = "&" if "?" in paths[name] else "?"
+        paths[f"{name}_1h"] = paths[name] + sep + "window_s=3600"
+    return paths
 
 
 class Ingest(threading.Thread):
@@ -142,15 +149,16 @@ def main() -> None:
             ingest.join(30)
             proc.terminate()
             proc.wait(60)
-        worst = max(results.values(), key=lambda r: r["p95_ms"])
+        default = {k: v for k, v in results.items() if not k.endswith("_1h")}
         result = {
             "bench": "dashboard_api", "python": platform.python_version(), "cpus": os.cpu_count(),
             "spans": args.spans, "fill": filled, "target": {"p95_ms": TARGET_P95_MS},
             "ingest_during_calls": {"target_spans_per_s": args.ingest_spans_per_s,
                                     "spans_per_s": round(ingest.sent / elapsed),
                                     "refused_requests": ingest.refused, "errors": ingest.errors},
-            "max_p95_ms": worst["p95_ms"],
-            "all_under_target": all(r["p95_ms"] < TARGET_P95_MS for r in results.values()),
+            "max_p95_ms_default_window": max(r["p95_ms"] for r in default.values()),
+            "max_p95_ms_1h_window": max(r["p95_ms"] for r in results.values()),
+            "over_target": sorted(k for k, r in results.items() if r["p95_ms"] >= TARGET_P95_MS),
             "endpoints": results,
         }
     text = json.dumps(result, indent=2)

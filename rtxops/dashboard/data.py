@@ -86,11 +86,16 @@ def step_chart(q, *, job_id: str | None, window: Window, points: int) -> dict:
     return {"series": list(series.values()), "markers": markers}
 
 
+DROPS_WINDOW_S = 900
+
+
 def ingest(q, *, window: Window, stats: dict | None, problems: list[str] | None) -> dict:
-    """Ingest rate (last minute), drops jobs reported in the window, the daemon's counters and
-    readiness (``problems``: why it is not ready; None: unknown)."""
+    """Ingest rate (last minute), drops jobs reported in the window's last 15 minutes at most,
+    the daemon's counters and readiness (``problems``: why it is not ready; None: unknown)."""
+    drops_since = max(window.since_ns, window.until_ns - DROPS_WINDOW_S * 10**9)
     return {"rate": V.ingest_rate(q, now_ns=time.time_ns()),
-            "drops_reported": V.reported_drops(q, since_ns=window.since_ns, until_ns=window.until_ns),
+            "drops_reported": V.reported_drops(q, since_ns=drops_since, until_ns=window.until_ns),
+            "drops_window_s": (window.until_ns - drops_since) // 10**9,
             "daemon": stats or {},
             "health": {"ready": None if problems is None else not problems, "problems": problems or []}}
 
@@ -100,19 +105,15 @@ def ingest(q, *, window: Window, stats: dict | None, problems: list[str] | None)
 def kernels(q, *, job_id: str | None, op: str | None, window: Window, paging: Paging) -> dict:
     """Per job → op → bucket → variant and phase: calls, time, share of step time, p50/p95, and
     whether it is the variant the job ran last (``current``); one page of them."""
-    rows = q.kernel_stats(since_ns=window.since_ns, until_ns=window.until_ns, job_id=job_id, op=op)
+    total, rows = V.kernel_table(q, job_id=job_id, op=op, since_ns=window.since_ns,
+                                 until_ns=window.until_ns, limit=paging.limit, offset=paging.offset)
     totals = V.step_totals(q, job_id=job_id, since_ns=window.since_ns, until_ns=window.until_ns)
-    latest: dict[tuple, int] = {}
-    for r in rows:
-        key = (r["job_id"], r["op"], r["bucket"], r["phase"])
-        latest[key] = max(latest.get(key, 0), r["last_ns"] or 0)
     items = []
-    for r in rows[paging.offset:paging.offset + paging.limit]:
+    for r in rows:
         step = totals.get(r["job_id"], {})
         items.append({**r, "share": (r["total_ns"] / step["step_ns"]) if step.get("step_ns") else None,
-                      "current": r["last_ns"] == latest[(r["job_id"], r["op"], r["bucket"], r["phase"])],
                       "plan_version": step.get("plan_version")})
-    return {**page(len(rows), items, paging), "steps": list(totals.values())}
+    return {**page(total, items, paging), "steps": list(totals.values())}
 
 
 def kernel_series(q, *, job_id: str | None, op: str | None, bucket: str | None, window: Window,
@@ -214,7 +215,7 @@ def _call(reports: Any, name: str, default: Any, *args: Any) -> Any:
         return default
     try:
         return fn(*args)
-    except Exception as e:  # a governance failure is shown, never a dashboard error
+    except Exception as e:  # noqa: BLE001 (a governance failure is shown, not raised)
         return {"error": f"{type(e).__name__}: {e}"}
 
 

@@ -209,6 +209,65 @@ def reported_drops(q, *, since_ns: int, until_ns: int) -> Row:
 
 # ---- kernels -----------------------------------------------------------------------------------
 
+_KERNEL_TABLE = f"""
+WITH window_rows AS MATERIALIZED (
+    SELECT * FROM kernel_minutes
+    WHERE minute >= $since // {MINUTE_NS} AND minute <= ($until - 1) // {MINUTE_NS}
+      AND ($job IS NULL OR job_id = $job) AND ($op IS NULL OR op = $op)
+), totals AS (
+    SELECT key_id, any_value(job_id) AS job_id, any_value(op) AS op, any_value(bucket) AS bucket,
+           any_value(variant) AS variant, any_value(config) AS config, any_value(phase) AS phase,
+           sum(samples) AS samples, sum(calls) AS calls, sum(total_ns) AS total_ns,
+           sum(total_ns) / nullif(sum(calls), 0) AS mean_ns, min(min_ns) AS min_ns,
+           max(max_ns) AS max_ns, min(first_ns) AS first_ns, max(last_ns) AS last_ns
+    FROM window_rows GROUP BY key_id
+), ranked AS (
+    SELECT *, count(*) OVER () AS total_rows,
+           max(last_ns) OVER (PARTITION BY job_id, op, bucket, phase) = last_ns AS current
+    FROM totals
+), paged AS (
+    SELECT * FROM ranked ORDER BY job_id, op, bucket, phase, mean_ns, key_id
+    LIMIT $limit OFFSET $offset
+), bins AS (
+    SELECT w.key_id, e.key AS bin, sum(e.value) AS n
+    FROM window_rows w, unnest(map_entries(w.mean_hist)) AS t(e)
+    WHERE w.key_id IN (SELECT key_id FROM paged) GROUP BY ALL
+), cumulative AS (
+    SELECT key_id, bin, sum(n) OVER (PARTITION BY key_id ORDER BY bin) AS upto,
+           sum(n) OVER (PARTITION BY key_id) AS all_n
+    FROM bins
+), quantiles AS (
+    SELECT key_id,
+           pow(2, (min(bin) FILTER (WHERE upto >= 0.5 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE})
+               AS p50_step_mean_ns,
+           pow(2, (min(bin) FILTER (WHERE upto >= 0.95 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE})
+               AS p95_step_mean_ns
+    FROM cumulative GROUP BY key_id
+)
+SELECT p.* EXCLUDE (key_id), q.p50_step_mean_ns, q.p95_step_mean_ns
+FROM paged p LEFT JOIN quantiles q USING (key_id)
+ORDER BY job_id, op, bucket, phase, mean_ns
+"""
+
+
+def kernel_table(q, *, job_id: str | None, op: str | None, since_ns: int, until_ns: int,
+                 limit: int, offset: int) -> tuple[int, list[Row]]:
+    """One page of per (job, op, bucket, variant, config, phase) kernel figures over the whole
+    minutes of the window, as ``Store.kernel_stats`` computes them (p50/p95 of the per-step
+    mean from the rollup's histograms, only for the page's rows), plus ``current``: the key ran
+    last in its (job, op, bucket, phase). ``(total rows, page)``."""
+    rows = q.query(_KERNEL_TABLE, {"since": since_ns, "until": until_ns, "job": job_id, "op": op,
+                                   "limit": limit, "offset": offset})
+    if not rows and offset:
+        total = q.query(f"""SELECT count(DISTINCT key_id) AS n FROM kernel_minutes
+            WHERE minute >= $since // {MINUTE_NS} AND minute <= ($until - 1) // {MINUTE_NS}
+              AND ($job IS NULL OR job_id = $job) AND ($op IS NULL OR op = $op)""",
+                        {"since": since_ns, "until": until_ns, "job": job_id, "op": op})[0]["n"]
+        return total, []
+    total = rows[0]["total_rows"] if rows else 0
+    return total, [{k: v for k, v in r.items() if k != "total_rows"} for r in rows]
+
+
 def step_totals(q, *, job_id: str | None, since_ns: int, until_ns: int) -> dict[str, Row]:
     """Per job: steps and summed step time in the window (the denominator of kernel shares)."""
     rows = q.query("""
@@ -220,7 +279,7 @@ def step_totals(q, *, job_id: str | None, since_ns: int, until_ns: int) -> dict[
     return {r["job_id"]: r for r in rows}
 
 
-RAW_SERIES_MAX_NS = 15 * MINUTE_NS
+RAW_SERIES_MAX_NS = 5 * MINUTE_NS
 _KEY_FIELDS = ("op", "bucket", "variant", "config", "phase")
 
 _TOP_KEYS = f"""
@@ -239,6 +298,7 @@ _SERIES_FROM_SPANS = """
         WHERE name = 'rtx.kernel' AND start_ns >= $lo AND start_ns <= $hi AND count > 0
           AND ($job IS NULL OR job_id = $job) AND ($op IS NULL OR op = $op)
           AND ($bucket IS NULL OR bucket = $bucket)
+          AND list_contains($ops, op) AND list_contains($buckets, bucket)
           AND list_contains($keys, {'op': op, 'bucket': bucket, 'variant': variant,
                                      'config': config, 'phase': phase})
     )
@@ -276,7 +336,7 @@ def kernel_series(q, *, job_id: str | None, op: str | None, bucket: str | None, 
                   until_ns: int, points: int, series: int = 12) -> list[Row]:
     """Per-call time over time for the ``series`` (op, bucket, variant, config, phase) keys with
     the most kernel time in the window: p50/p95 of the kernel spans' per-step means in at most
-    ``points`` time slices. When the keys' data spans at most 15 minutes the slices come from the
+    ``points`` time slices. When the keys' data spans at most 5 minutes the slices come from the
     spans themselves; otherwise from the per-minute rollup (whole minutes, bins within 2 %)."""
     params = {"job": job_id, "op": op, "bucket": bucket, "since": since_ns, "until": until_ns}
     keys = q.query(_TOP_KEYS, {**params, "series": series})
@@ -288,6 +348,7 @@ def kernel_series(q, *, job_id: str | None, op: str | None, bucket: str | None, 
         return q.query(_SERIES_FROM_SPANS, {
             **{k: v for k, v in params.items() if k not in ("since", "until")},
             "lo": lo, "hi": hi, "width": max(1, (hi - lo) // (points - 1) + 1),
+            "ops": sorted({k["op"] for k in keys}), "buckets": sorted({k["bucket"] for k in keys}),
             "keys": [{f: k[f] for f in _KEY_FIELDS} for k in keys]})
     minutes = (hi - lo) // MINUTE_NS + 1
     by_id = {k["key_id"]: k for k in keys}

@@ -2,9 +2,13 @@
 for bad parameters, injection attempts that stay data, read-only routes, no 5xx under fuzzing."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+
+from rtxops.telemetry import store_views as V
 
 INJECTIONS = ["' OR '1'='1", "x'; DROP TABLE trials; --", "%", "_", "\\", "\" OR 1=1 --",
               "silu') UNION SELECT * FROM jobs --"]
@@ -123,3 +127,28 @@ def test_no_server_errors_under_fuzzing(live):
         fuzz()
     assert not server_errors, server_errors
     assert ("/api/jobs/{job_id}", 200) in seen and ("/api/steps", 422) in seen
+
+
+def test_kernel_table_pages_agree_with_the_store_kernel_stats(live):
+    """The dashboard's paged kernel table computes what Store.kernel_stats does, page by page."""
+    now = time.time_ns()
+    since, until = now - 3600 * 10**9, now + 60 * 10**9
+    expected = live.store.kernel_stats(since_ns=since, until_ns=until)
+    got, offset = [], 0
+    while True:
+        total, rows = V.kernel_table(live.store, job_id=None, op=None, since_ns=since,
+                                     until_ns=until, limit=7, offset=offset)
+        assert total == len(expected)
+        if not rows:
+            break
+        got += rows
+        offset += 7
+    key = ("job_id", "op", "bucket", "variant", "config", "phase")
+    assert len(got) > 7
+    by_key = {tuple(r[k] for k in key): r for r in got}
+    for want in expected:
+        row = by_key[tuple(want[k] for k in key)]
+        assert {k: row[k] for k in want} == want
+    for (job, op, bucket, _, _, phase), row in by_key.items():
+        latest = max(r["last_ns"] for k, r in by_key.items() if (k[0], k[1], k[2], k[5]) == (job, op, bucket, phase))
+        assert row["current"] == (row["last_ns"] == latest)
