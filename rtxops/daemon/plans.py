@@ -108,12 +108,13 @@ class PlanBoard:
 
     def promote(self, plan: Plan, job_id: str | None = None, *, decision: dict | None = None,
                 evidence: dict | None = None) -> Plan:
-        """Publish a plan the evolve loop decided on. ``decision`` (kind promote|rollback, op,
+        """Publish a plan the evolve loop decided on. ``decision`` (kind promote|rollback|explore, op,
         bucket, candidate, incumbent, gain, ci_low, ci_high, p_value, objective, deterministic)
         and ``evidence`` (trial_ids, windows, telemetry_digest) go into the bundle's provenance;
         the policy decides; the ledger records the outcome. Raises PlanError with the reason."""
-        if not isinstance(decision, dict) or decision.get("kind") not in ("promote", "rollback"):
-            raise PlanError("promote needs a decision of kind 'promote' or 'rollback'")
+        if not isinstance(decision, dict) or decision.get("kind") not in ("promote", "rollback",
+                                                                           "explore"):
+            raise PlanError("promote needs a decision of kind 'promote', 'rollback' or 'explore'")
         if plan.environment is None:  # tuned here: jobs elsewhere (other torch, device) skip it
             from rtxops.runtime.plan import current_environment
 
