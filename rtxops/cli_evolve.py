@@ -88,6 +88,7 @@ def tune(
         raise _fail("--budget and --reps must be at least 1, --warmup at least 0")
     params = {"op": op, "bucket": bucket, "strategy": strategy, "budget": budget, "reps": reps,
               "warmup": warmup, "variants": list(variant) if variant else None}
+    sweep_out = sweep_out.resolve() if sweep_out is not None else None
     client = _daemon(h)
     report = _tune_remote(client, params, as_json) if client else _tune_local(h, params, as_json, sweep_out)
     if sweep_out is not None and client:

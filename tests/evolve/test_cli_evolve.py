@@ -1,0 +1,178 @@
+"""``rtxops tune``, ``rtxops evolve replay|status`` as a user runs them, and the daemon's
+``/v1/evolve`` API: in-process tuning from recorded telemetry, tuning through a real daemon, exit
+codes, and the API's 401/404/422 answers."""
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.daemon.live import PY, Daemons, cli
+
+GELU = "float32/cpu/tanh=0,hidden=64,rows=16"
+JOB = """
+import torch, torch.nn.functional as F
+w = torch.nn.Parameter(torch.randn(64, 64))
+opt = torch.optim.SGD([w], lr=0.01)
+x = torch.randn(16, 64)
+for _ in range(4):
+    F.rms_norm(F.gelu(x @ w), (64,)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.fixture
+def daemons(tmp_path):
+    ds = Daemons(tmp_path)
+    yield ds
+    assert not ds.cleanup(), "processes outlived the test"
+
+
+def _sweep(path: Path, arms: list[tuple[str, list[float]]]) -> Path:
+    path.write_text(json.dumps({"arms": [{"variant": v, "config": {}, "values": vals}
+                                         for v, vals in arms]}))
+    return path
+
+
+# ---- replay --------------------------------------------------------------------------------------
+def test_replay_finds_the_known_best_with_every_strategy(tmp_path, daemons):
+    # 8 arms, the best last (so exhaustive needs all 8 trials), the others ≥ 20 % slower
+    arms = [(f"v{i}", [1200.0 + 50 * i, 1210.0 + 50 * i, 1190.0 + 50 * i]) for i in range(7)]
+    sweep = _sweep(tmp_path / "sweep.json", arms + [("best", [1000.0, 1001.0, 999.0])])
+    r = cli("evolve", "replay", "--sweep", str(sweep), "--seeds", "5", "--json", mark=daemons.mark)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["arms"] == 8 and result["budget"] == 16 and result["seeds"] == 5
+    assert set(result["strategies"]) == {"exhaustive", "random", "successive_halving", "thompson"}
+    for name, s in result["strategies"].items():
+        assert s["reached"] == 1.0, name
+        assert 1 <= s["median_trials"] <= s["worst_trials"] <= 8, name
+    assert result["strategies"]["exhaustive"]["worst_trials"] == 8
+
+    r = cli("evolve", "replay", "--sweep", str(sweep), "--strategy", "thompson", "--strategy",
+            "random", "--budget", "4", "--seeds", "3", mark=daemons.mark)
+    assert r.returncode == 0, r.stderr
+    assert "thompson" in r.stdout and "random" in r.stdout and "exhaustive" not in r.stdout
+    assert "budget 4" in r.stdout
+
+
+@pytest.mark.parametrize("content,args,message", [
+    ("{not json", [], "cannot read sweep"),
+    ('{"arms": 3}', [], "cannot read sweep"),
+    ('{"arms": []}', [], "has no arms"),
+    ('{"arms": [{"variant": "a", "values": [1.0, -2.0]}]}', [], "needs positive values"),
+    ('{"arms": [{"variant": "a", "values": [1.0]}]}', ["--strategy", "annealing"], "unknown strategy"),
+    ('{"arms": [{"variant": "a", "values": [1.0]}]}', ["--budget", "0"], "at least 1"),
+    (None, [], "cannot read sweep"),
+])
+def test_replay_refuses_bad_input_with_exit_2(tmp_path, daemons, content, args, message):
+    path = tmp_path / "sweep.json"
+    if content is not None:
+        path.write_text(content)
+    r = cli("evolve", "replay", "--sweep", str(path), *args, mark=daemons.mark)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- tune without a daemon -----------------------------------------------------------------------
+def test_tune_in_process_tunes_the_recorded_buckets_and_show_lists_them(tmp_path, daemons):
+    (tmp_path / "job.py").write_text(textwrap.dedent(JOB))
+    r = cli("run", "--direct", "--no-summary", "--", PY, "job.py", mark=daemons.mark,
+            cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+    r = cli("tune", "--budget", "2", "--reps", "3", "--warmup", "1", "--variant", "eager",
+            "--sweep-out", "sweep.json", "--json", mark=daemons.mark, cwd=tmp_path, timeout=180)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    tuned = {(b["op"], b["bucket"]): b for b in report["buckets"]}
+    assert set(tuned) == {("gelu", GELU), ("rms_norm", "float32/cpu/hidden=64,rows=16")}
+    for b in tuned.values():
+        assert b["trials"] == 2 and b["candidates"] == 1
+        assert {a["variant"] for a in b["arms"]} == {"reference", "eager"}
+        assert b["decision"]["reason"]
+    assert sorted(Path(p).name for p in report["sweep_files"]) == ["sweep-0.json", "sweep-1.json"]
+    for p in report["sweep_files"]:
+        assert len(json.loads(Path(p).read_text())["arms"]) == 2
+
+    r = cli("tune", "--show", "--json", mark=daemons.mark, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {(x["op"], x["variant"]) for x in rows} == {(op, v) for op in ("gelu", "rms_norm")
+                                                       for v in ("reference", "eager")}
+    assert all(x["source"] == "offline" and x["trials"] == 1 for x in rows)
+    r = cli("tune", "--show", "--op", "gelu", mark=daemons.mark, cwd=tmp_path)
+    assert r.returncode == 0 and "tuning database (2 rows)" in r.stdout and "rms_norm" not in r.stdout
+
+    for args, code, message in [
+        (["tune", "--op", "nope"], 2, "unknown op 'nope'"),
+        (["tune", "--strategy", "annealing"], 2, "unknown strategy"),
+        (["tune", "--bucket", GELU], 2, "--bucket needs --op"),
+        (["tune", "--show", "--home", str(tmp_path / "empty")], 2, "no store at"),
+        (["evolve", "status"], 1, "no daemon serving"),
+    ]:
+        r = cli(*args, mark=daemons.mark, cwd=tmp_path, timeout=120)
+        assert r.returncode == code and message in r.stderr, (args, r.returncode, r.stderr)
+
+
+# ---- the daemon ----------------------------------------------------------------------------------
+def test_tune_through_the_daemon_and_the_evolve_api(tmp_path, daemons):
+    d = daemons.start(tmp_path / "home")
+    api, anonymous = d.client(), d.client(token=None)
+    body = {"op": "gelu", "bucket": GELU, "budget": 3, "reps": 3, "warmup": 1,
+            "variants": ["algebraic", "eager"]}
+    assert anonymous.post("/v1/evolve/tune", json=body).status_code == 401
+    assert d.client(token="wrong").post("/v1/evolve/tune", json=body).status_code == 401
+    for bad, message in [
+        ({**body, "strategy": "annealing"}, "strategy"), ({**body, "budget": 0}, "budget"),
+        ({**body, "colour": "red"}, "colour"), ({**body, "op": "nope"}, "unknown op 'nope'"),
+        ({"bucket": GELU}, "--bucket needs --op"), ({**body, "bucket": "float32"}, "not of the form"),
+        ({**body, "variants": ["warp_drive"]}, "unknown variant"), ({}, "no recorded op buckets"),
+    ]:
+        r = api.post("/v1/evolve/tune", json=bad)
+        assert r.status_code == 422 and message in r.text, (bad, r.status_code, r.text)
+    assert api.get("/v1/evolve/tune/nosuchtask").status_code == 404
+    for path in ("decisions", "trials", "tuning", "hotspots?job=j"):
+        sep = "&" if "?" in path else "?"
+        for q in ("limit=0", "limit=1001", "offset=-1", "limit=many"):
+            assert api.get(f"/v1/evolve/{path}{sep}{q}").status_code == 422, (path, q)
+    assert api.get("/v1/evolve/hotspots").status_code == 422  # which job?
+    assert api.get("/v1/evolve/hotspots?job=nojob").json()["hotspots"] == []
+    assert api.get("/v1/evolve/status").json() == {"enabled": False, "tune_tasks": []}
+
+    r = cli("tune", "--home", str(d.home), "--op", "gelu", "--bucket", GELU, "--budget", "3",
+            "--reps", "3", "--warmup", "1", "--variant", "algebraic", "--variant", "eager",
+            "--sweep-out", str(tmp_path / "sweep.json"), mark=daemons.mark, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert "rtxops tune: successive_halving" in r.stdout and "3/3 trials" in r.stderr
+
+    trials = api.get("/v1/evolve/trials").json()["trials"]
+    assert len(trials) == 3 and {t["mode"] for t in trials} == {"offline"}
+    assert {t["variant"] for t in trials} == {"reference", "algebraic", "eager"}
+    page = api.get("/v1/evolve/trials?limit=1&offset=1").json()["trials"]
+    assert [t["trial_id"] for t in page] == [trials[1]["trial_id"]]
+    assert all(t["detail"]["reps"] == 3 for t in trials)  # parsed JSON, not text
+    tuning = api.get("/v1/evolve/tuning?op=gelu").json()["tuning"]
+    assert {t["variant"] for t in tuning} == {"reference", "algebraic", "eager"}
+    (decision,) = api.get("/v1/evolve/decisions").json()["decisions"]
+    assert decision["kind"] == "offline_best"
+    assert sorted(decision["evidence"]["trial_ids"]) == sorted(t["trial_id"] for t in trials)
+    (task,) = api.get("/v1/evolve/status").json()["tune_tasks"]
+    assert task["state"] == "done" and task["params"]["budget"] == 3
+    full = api.get(f"/v1/evolve/tune/{task['id']}").json()
+    assert full["report"]["buckets"][0]["trials"] == 3 and full["error"] is None
+
+    r = cli("evolve", "replay", "--sweep", str(tmp_path / "sweep.json"), "--seeds", "3",
+            mark=daemons.mark)
+    assert r.returncode == 0 and "successive_halving" in r.stdout, r.stderr
+    r = cli("tune", "--home", str(d.home), "--show", "--json", mark=daemons.mark)
+    assert r.returncode == 0 and len(json.loads(r.stdout)) == 3, r.stderr
+    r = cli("evolve", "status", "--home", str(d.home), "--json", mark=daemons.mark)
+    assert r.returncode == 0, r.stderr
+    status = json.loads(r.stdout)
+    assert status["enabled"] is False and status["decisions"][0]["kind"] == "offline_best"
+    r = cli("tune", "--home", str(d.home), "--op", "nope", mark=daemons.mark)
+    assert r.returncode == 2 and "unknown op 'nope'" in r.stderr, r.stderr
