@@ -233,7 +233,7 @@ def _ledger_entries(home: Optional[Path]) -> tuple[list[dict], dict | None]:
 
 
 def _ledger_newest(home: Optional[Path], scope: str) -> int | None:
-    accepted = ("promote", "rollback", "manual")
+    accepted = ("promote", "rollback", "explore", "manual")  # every kind the board publishes
     versions = [r["version"] for r in _ledger_entries(home)[0] if r["scope"] == scope and r["kind"] in accepted]
     return max(versions) if versions else None
 

@@ -45,7 +45,7 @@ def read_entries(q) -> list[dict]:
     return q.query(f"SELECT {', '.join(FIELDS)}, entry_hash FROM ledger ORDER BY seq")
 
 
-def newest_version(q, scope: str, kinds: tuple[str, ...] = ("promote", "rollback", "manual")) -> int | None:
+def newest_version(q, scope: str, kinds: tuple[str, ...] = ("promote", "rollback", "explore", "manual")) -> int | None:
     """The highest plan version the ledger accepted for ``scope``, or None."""
     rows = q.query("SELECT max(version) AS v FROM ledger WHERE scope = $scope AND list_contains($kinds, kind)",
                    {"scope": scope, "kinds": list(kinds)})
