@@ -27,6 +27,7 @@ class LoopConfig:
     drift_threshold: float = 0.25    # settled: live time this far from the decision → re-open
     objective: str = "time"
     deterministic: bool = False      # leave non-deterministic variants out
+    variants: str = ""               # comma-separated allow-list of variant names ("": all)
     seed: int = 0
     gate_timeout_s: float = 600.0
 

@@ -51,15 +51,19 @@ class BucketTuning:
     strategy: Strategy | None = None
     phase: str = "exploring"  # exploring | canary | settled | rejected | rolled_back | failed
     round_arms: list[Arm] = field(default_factory=list)
-    round_from: int = 0
+    round_from: int | None = None  # the step the round's plan was swapped in (None: not yet)
+    plan_version: int = 0          # the last plan published for this bucket
+    published_ns: int = 0
     # per arm: (incumbent ns, arm ns) per step both ran in — the paired evidence
     pairs: dict[Arm, list[tuple[float, float]]] = field(default_factory=dict)
     trial_ids: list[str] = field(default_factory=list)
     windows: list[list[int]] = field(default_factory=list)
     step_before: list[float] = field(default_factory=list)
     winner: Arm | None = None
-    canary_from: int = 0
+    canary_from: int | None = None
     decision_ns: float | None = None  # the winner's per-call time when it was promoted
+    drift_checked: int = 0
+    drift_strikes: int = 0
     gate_failures: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict:
@@ -121,11 +125,20 @@ class EvolveLoop:
                 self._open_hot_bucket(job, state, last)
 
     def _advance(self, job: str, state: JobEvolution, bt: BucketTuning, last: int) -> None:
-        if bt.phase == "exploring" and last >= bt.round_from + self.config.window_steps:
-            self._finish_round(job, bt, last)
-            self._next_round(job, bt, last)
-        elif bt.phase == "canary" and last >= bt.canary_from + self.config.window_steps:
-            self._finish_canary(job, bt, last)
+        # windows count from the step the job actually swapped plans (its rtx.swap span), not
+        # from the effective step asked for: telemetry lags the job by an export interval
+        swapped = store_evolve.swap_step(self.store, job, bt.plan_version)
+        if swapped is None:
+            self._check_refused(job, bt)
+        elif bt.phase == "exploring":
+            bt.round_from = swapped
+            if last >= swapped + self.config.window_steps:
+                self._finish_round(job, bt, last)
+                self._next_round(job, bt, last)
+        elif bt.phase == "canary":
+            bt.canary_from = swapped
+            if last >= swapped + self.config.window_steps:
+                self._finish_canary(job, bt, last)
         if bt.phase not in ("exploring", "canary"):
             state.done[(bt.op, bt.bucket)] = bt
             state.active = None
@@ -157,7 +170,9 @@ class EvolveLoop:
         bt = BucketTuning(op, bucket, incumbent)
         arms = [a for a in candidates(self.registry, op, spec_bucket,
                                       deterministic=self.config.deterministic) if a != incumbent]
-        arms = [a for a in arms if not self._regressed(op, bucket, a)]
+        allowed = {v.strip() for v in self.config.variants.split(",") if v.strip()}
+        arms = [a for a in arms if (not allowed or a.variant in allowed)
+                and not self._regressed(op, bucket, a)]
         passed, failed = screen(self.tuning, op, bucket, arms, self.config.gate_timeout_s)
         bt.gate_failures = {str(a): r for a, r in failed.items()}
         for arm, reason in failed.items():
@@ -195,8 +210,7 @@ class EvolveLoop:
         if published is None:
             bt.phase = "failed"
             return
-        bt.round_arms, bt.round_from = arms, published.effective_step
-        bt.phase = "exploring"
+        bt.round_arms, bt.round_from, bt.phase = arms, None, "exploring"
 
     def _finish_round(self, job: str, bt: BucketTuning, last: int) -> None:
         rows = store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, bt.round_from)
@@ -246,7 +260,7 @@ class EvolveLoop:
         if best is None or not cmp.promote:
             bt.phase = "rejected"
             entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
-            self._publish(job, bt, entry, last, {"kind": "explore_end", "op": bt.op,
+            self._publish(job, bt, entry, last, {"kind": "explore", "arms": [], "op": bt.op,
                                                  "bucket": bt.bucket})
             self._decide_record(job, bt, "reject", best, cmp,
                                 reason=cmp.reason if best is not None else "nothing measured")
@@ -257,7 +271,7 @@ class EvolveLoop:
         if published is None:
             bt.phase = "failed"
             return
-        bt.winner, bt.phase, bt.canary_from = best, "canary", published.effective_step
+        bt.winner, bt.phase, bt.canary_from = best, "canary", None
         bt.decision_ns = statistics.median(c for _, c in pairs)
         self._decide_record(job, bt, "promote", best, cmp, plan_version=published.version,
                             reason=cmp.reason)
@@ -304,17 +318,24 @@ class EvolveLoop:
 
     # ---- drift ---------------------------------------------------------------------------------
     def _check_drift(self, job: str, state: JobEvolution, last: int) -> None:
+        """Re-open a settled bucket whose promoted variant's live time (median per-step mean over
+        the last window) is beyond the drift threshold from its decision-time figure in two
+        checks a window apart — one noisy window is not drift."""
         for key, bt in list(state.done.items()):
-            if bt.phase != "settled" or bt.decision_ns is None:
+            if bt.phase != "settled" or bt.decision_ns is None or last < bt.drift_checked + self.config.window_steps:
                 continue
-            means = store_evolve.arm_means(self.store, job, bt.op, bt.bucket,
-                                           max(0, last - self.config.window_steps), last)
-            live = [m for m in means if m["phase"] == "fwd"
-                    and Arm(m["variant"], m["config"] or "{}") == bt.winner]
-            if not live or live[0]["steps"] < self.config.window_steps // 2:
+            bt.drift_checked = last
+            since = max(0, last - self.config.window_steps)
+            live = [r["total_ns"] / r["calls"] for r in store_evolve.arm_steps(
+                self.store, job, bt.op, bt.bucket, since) if Arm(r["variant"], r["config"] or "{}") == bt.winner]
+            if len(live) < self.config.window_steps // 2:
                 continue
-            ratio = live[0]["mean_ns"] / bt.decision_ns
-            if abs(ratio - 1) > self.config.drift_threshold:
+            ratio = statistics.median(live) / bt.decision_ns
+            if abs(ratio - 1) <= self.config.drift_threshold:
+                bt.drift_strikes = 0
+                continue
+            bt.drift_strikes += 1
+            if bt.drift_strikes >= 2:
                 reason = f"live time {ratio - 1:+.0%} from the decision-time figure"
                 self._decide_record(job, bt, "drift", bt.winner, None, reason=reason)
                 log.info("evolve: job %s: %s %s drifted (%s): re-opened", job, bt.op, bt.bucket, reason)
@@ -328,12 +349,23 @@ class EvolveLoop:
         plan = current.derive(entries=entries + [entry],
                               effective_step=last + self.config.margin_steps)
         try:
-            return self.board.promote(plan, job, decision=decision, evidence=evidence or {})
+            published = self.board.promote(plan, job, decision=decision, evidence=evidence or {})
         except PlanError as e:
             log.warning("evolve: job %s: plan for %s %s refused: %s", job, bt.op, bt.bucket, e)
             self._decide_record(job, bt, "refused", None, None, reason=str(e),
                                 extra={"decision": decision})
             return None
+        bt.plan_version, bt.published_ns = published.version, time.time_ns()
+        return published
+
+    def _check_refused(self, job: str, bt: BucketTuning) -> None:
+        """A job that refused the bucket's plan (it reports why) ends the bucket's tuning."""
+        for report in getattr(self.board, "reports", []):
+            if report["job_id"] == job and report["version"] == bt.plan_version:
+                bt.phase = "failed"
+                self._decide_record(job, bt, "refused", None, None,
+                                    reason=f"the job refused plan {bt.plan_version}: {report['reason']}")
+                return
 
     def _decision(self, bt: BucketTuning, kind: str, arm: Arm, cmp: stats.Comparison) -> dict:
         variant = self.registry.variant(bt.op, arm.variant)

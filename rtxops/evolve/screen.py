@@ -51,6 +51,7 @@ def _gate(tuning: TuningDB, op: str, bucket: str, arms: list[Arm],
     out = {}
     for i, arm in enumerate(arms):
         r = results.get(i, {"passed": False, "reason": "the gate worker gave no result"})
-        tuning.save_gate(op, bucket, arm, bool(r["passed"]), r["reason"], r.get("max_error"))
+        if not r.get("setup_error"):  # e.g. a plugin module the worker cannot import: retried
+            tuning.save_gate(op, bucket, arm, bool(r["passed"]), r["reason"], r.get("max_error"))
         out[arm] = (bool(r["passed"]), r["reason"])
     return out

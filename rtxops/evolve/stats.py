@@ -3,6 +3,8 @@
 Online trials give paired samples (both arms ran in the same training steps); offline trials give
 two independent sets of repetitions. Both are compared on log ratios, so a gain is a fraction of
 the incumbent's time (0.05 = 5 % faster), with a bootstrap confidence interval and a p-value.
+A candidate is promoted when its gain is at least the minimum (3 %) and the 99 % interval's lower
+end clears half of it.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 
 from .config import MIN_GAIN
 
-CONFIDENCE = 0.95
+CONFIDENCE = 0.99
 RESAMPLES = 2000
 MIN_SAMPLES = 5
 
@@ -87,11 +89,13 @@ def _decide(observed: float, resampled: np.ndarray, p_value: float, n: int, min_
     lo, hi = np.quantile(resampled, [alpha / 2, 1 - alpha / 2])
     gain = 1.0 - math.exp(observed)
     ci_low, ci_high = 1.0 - math.exp(hi), 1.0 - math.exp(lo)
-    if ci_low <= 0:
+    # the interval must clear half the minimum gain, not just zero: over many windows a
+    # zero-clearing rule alone lets noise through now and then, and every promotion is a swap
+    if gain < min_gain:
+        promote, reason = False, f"gain {gain:+.1%} is below the minimum {min_gain:.1%}"
+    elif ci_low < min_gain / 2:
         promote, reason = False, (f"gain {gain:+.1%} is within the noise "
                                   f"({confidence:.0%} CI {ci_low:+.1%} … {ci_high:+.1%})")
-    elif gain < min_gain:
-        promote, reason = False, f"gain {gain:+.1%} is below the minimum {min_gain:.1%}"
     else:
         promote, reason = True, (f"gain {gain:+.1%} ({confidence:.0%} CI {ci_low:+.1%} … "
                                  f"{ci_high:+.1%}, p={p_value:.3g}, n={n})")

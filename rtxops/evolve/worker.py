@@ -47,11 +47,14 @@ def _gate(registry, items: list[dict]) -> None:
         started = time.perf_counter()
         try:
             spec = registry.op(item["op"])
-            result = check(spec, registry.variant(item["op"], item["variant"]), item.get("config", {}),
-                           Bucket.parse(item["op"], item["bucket"]))
+            variant = registry.variant(item["op"], item["variant"])
+            bucket = Bucket.parse(item["op"], item["bucket"])
+        except Exception as e:  # not the kernel's fault: reported, not stored as its verdict
+            out = {"passed": False, "reason": f"{type(e).__name__}: {e}", "max_error": None,
+                   "setup_error": True}
+        else:
+            result = check(spec, variant, item.get("config", {}), bucket)
             out = {"passed": result.passed, "reason": result.reason, "max_error": result.max_error}
-        except Exception as e:  # an unknown variant or op is a failed gate, with the reason
-            out = {"passed": False, "reason": f"{type(e).__name__}: {e}", "max_error": None}
         _emit({"event": "result", "index": i, **item, **out,
                "seconds": round(time.perf_counter() - started, 3)})
         _emit({"event": "progress", "done": i + 1, "total": len(items)})

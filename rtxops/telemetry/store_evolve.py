@@ -51,6 +51,13 @@ def last_step(q, job_id: str) -> int | None:
     return rows[0]["step"] if rows else None
 
 
+def swap_step(q, job_id: str, plan_version: int) -> int | None:
+    """The step at which the job (its first rank to do so) swapped to ``plan_version``."""
+    rows = q.query("SELECT min(step) AS step FROM swaps WHERE job_id = ? AND plan_to = ?",
+                   [job_id, plan_version])
+    return rows[0]["step"] if rows else None
+
+
 def hotspots(q, job_id: str, since_step: int) -> list[dict]:
     """Every (op, bucket) of a job since ``since_step``: its kernel time (forward + sampled
     backward, scaled to every step), calls per step, the variant with most calls, and the CV of

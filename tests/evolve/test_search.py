@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from rtxops.evolve import replay, search
+
+ARMS = [f"arm{i}" for i in range(12)]
+
+
+def truth(arm: str) -> float:
+    """A synthetic sweep with its optimum at arm7."""
+    return 100.0 + 10 * abs(int(arm[3:]) - 7)
+
+
+def run(strategy: search.Strategy, noise: float, seed: int) -> int:
+    rng = random.Random(seed)
+    used = 0
+    while arms := strategy.ask():
+        for arm in arms:
+            strategy.tell(arm, truth(arm) * (1 + rng.gauss(0, noise)))
+            used += 1
+    return used
+
+
+@pytest.mark.parametrize("name", list(search.STRATEGIES))
+def test_each_strategy_respects_its_budget(name):
+    for budget in (1, 5, 30):
+        s = search.make_strategy(name, ARMS, budget, seed=1)
+        assert run(s, 0.02, 1) <= budget
+
+
+@pytest.mark.parametrize("name", list(search.STRATEGIES))
+def test_each_strategy_finds_the_known_optimum(name):
+    s = search.make_strategy(name, ARMS, budget=40, seed=3)
+    run(s, 0.01, 3)
+    assert s.best() == "arm7"
+
+
+def test_unknown_strategy_and_bad_budget_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown strategy"):
+        search.make_strategy("annealing", ARMS, 3)
+    with pytest.raises(ValueError, match="budget"):
+        search.make_strategy("random", ARMS, 0)
+
+
+def test_successive_halving_remeasures_survivors():
+    s = search.SuccessiveHalving(ARMS, budget=100, batch=100)
+    run(s, 0.0, 0)
+    assert len(s.values["arm7"]) > 1 and len(s.values["arm0"]) == 1
+
+
+def test_replay_counts_trials_to_within_five_percent(tmp_path):
+    sweep = {"arms": [{"variant": a, "config": {}, "values": [truth(a) * f for f in (0.99, 1.0, 1.01)]}
+                      for a in ARMS]}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(sweep))
+    loaded = replay.load_sweep(path)
+    report = replay.replay(loaded, budget=24, seeds=5)
+    assert report["arms"] == 12
+    for name, r in report["strategies"].items():
+        assert r["reached"] == 1.0, name
+        assert 1 <= r["median_trials"] <= 24
+    # exhaustive walks the arms in order: the optimum (arm7) is the 8th trial
+    assert report["strategies"]["exhaustive"]["median_trials"] == 8
+
+
+@pytest.mark.parametrize("text", ["not json", '{"arms": []}', '{"arms": [{"variant": "a", "values": []}]}',
+                                  '{"arms": [{"values": [1]}]}'])
+def test_replay_rejects_malformed_sweeps(tmp_path, text):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(replay.SweepError):
+        replay.load_sweep(path)

@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rtxops.evolve import stats
+
+
+def noisy(rng, base, n, cv=0.05):
+    return list(base * np.exp(rng.normal(0, cv, n)))
+
+
+def test_identical_arms_never_promote_over_many_windows():
+    """Noise alone (same distribution, fixed seed, many windows) never produces a promotion."""
+    rng = np.random.default_rng(1234)
+    promoted = 0
+    for window in range(300):
+        step_noise = rng.normal(0, 0.1, 20)  # both arms share each step's conditions
+        inc = list(1000 * np.exp(step_noise + rng.normal(0, 0.05, 20)))
+        cand = list(1000 * np.exp(step_noise + rng.normal(0, 0.05, 20)))
+        promoted += stats.compare_paired(inc, cand, seed=window).promote
+    assert promoted == 0
+
+
+def test_a_clearly_faster_arm_is_promoted_with_a_positive_interval():
+    rng = np.random.default_rng(7)
+    inc = noisy(rng, 1000, 20)
+    cand = [v * 0.8 for v in noisy(rng, 1000, 20, cv=0.02)]
+    c = stats.compare_paired(inc, cand)
+    assert c.promote, c.reason
+    assert 0 < c.ci_low <= c.gain <= c.ci_high
+    assert 0.1 < c.gain < 0.3
+    assert c.p_value < 0.01
+
+
+def test_a_slower_arm_is_never_promoted():
+    rng = np.random.default_rng(3)
+    inc = noisy(rng, 1000, 30)
+    c = stats.compare_paired(inc, [3 * v for v in inc])
+    assert not c.promote and c.gain < -1.5
+
+
+def test_a_real_but_small_gain_is_below_the_minimum():
+    inc = [1000.0 + i % 3 for i in range(40)]
+    c = stats.compare_paired(inc, [v * 0.99 for v in inc], min_gain=0.03)
+    assert not c.promote and "below the minimum" in c.reason
+
+
+def test_too_few_samples_decide_nothing():
+    c = stats.compare_paired([1.0, 1.0], [0.5, 0.5])
+    assert not c.promote and "needed" in c.reason
+    with pytest.raises(ValueError):
+        stats.compare_paired([1.0], [1.0, 2.0])
+
+
+def test_independent_comparison_sees_a_shift_and_not_noise():
+    rng = np.random.default_rng(5)
+    a = noisy(rng, 1000, 25)
+    assert stats.compare_independent(a, noisy(rng, 700, 25)).promote
+    same = stats.compare_independent(a, noisy(rng, 1000, 25))
+    assert not same.promote and same.p_value > 0.01
+
+
+def test_objective_combines_time_and_memory():
+    assert stats.objective_value(50, 10, "time", 100, 20) == 50
+    assert stats.objective_value(50, 10, "memory", 100, 20) == 10
+    assert stats.objective_value(50, 10, "time+memory", 100, 20) == pytest.approx(1.0)
+    assert stats.objective_value(50, None, "memory", 100, None) == 50  # not measured: time
+    with pytest.raises(ValueError):
+        stats.objective_value(1, 1, "speed", 1, 1)
