@@ -61,7 +61,7 @@ def main() -> None:
 @app.command(context_settings=PASSTHROUGH)
 def run(
     command: List[str] = typer.Argument(..., help="the command to run, after --"),
-    plan: Optional[Path] = typer.Option(None, help="plan JSON to start with (default: reference)"),
+    plan: Optional[Path] = typer.Option(None, help="plan JSON or signed plan bundle folder to start with (default: reference)"),
     summary: bool = typer.Option(True, help="print what the runtime did when the job ends"),
     json_summary: Optional[Path] = typer.Option(None, "--json", help="also write the summary JSON here"),
     direct: bool = typer.Option(False, help="no daemon: run the command as a plain child process "
@@ -73,8 +73,8 @@ def run(
 
     With a daemon running, the job is submitted to it and its output followed; without one, a
     daemon is started in this process for the job's lifetime."""
-    if plan is not None and not plan.is_file():
-        raise _fail(f"plan file {plan} does not exist")
+    if plan is not None and not plan.exists():  # a plan JSON file or a signed bundle folder
+        raise _fail(f"plan {plan} does not exist")
     with tempfile.TemporaryDirectory(prefix="rtxops-run-") as tmp:
         summary_file = Path(tmp) / "summary.json"
         if direct:
