@@ -74,6 +74,7 @@ def main() -> None:
             proc.wait(60)
     worst = max(p["load"]["max_ms"] for p in pages.values())
     result = {"bench": "page_load", "python": platform.python_version(), "cpus": os.cpu_count(),
+              "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
               "spans": args.spans, "fill": filled, "target": {"first_load_ms": TARGET_MS},
               "cache": "cold (a fresh browser context per load)", "max_load_ms": worst,
               "all_under_target": worst < TARGET_MS, "pages": pages}

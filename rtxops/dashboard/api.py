@@ -190,7 +190,8 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
 
     @router.get("/trace")
     def trace(job: Filter = text_filter("only this job id"), win: Window = Depends(window)) -> Json:
-        """The window's spans as a Chrome trace (open in ui.perfetto.dev or chrome://tracing)."""
+        """The window's spans (the first 50 000, sampled calls left out) as a Chrome trace, for
+        ui.perfetto.dev or chrome://tracing."""
         return Json(data.chrome_trace(store, job_id=job, window=win),
                     headers={"Content-Disposition": 'attachment; filename="rtxops-trace.json"'})
 

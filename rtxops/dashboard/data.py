@@ -13,7 +13,7 @@ from rtxops.telemetry import store_views as V
 
 from .params import Paging, Window
 
-TRACE_ROW_LIMIT = 200_000
+TRACE_ROW_LIMIT = 50_000
 JOB_STATES = ("pending", "running", "hung", "restarting", "cancelling", "succeeded", "failed",
               "cancelled", "lost")
 
@@ -222,7 +222,8 @@ def _call(reports: Any, name: str, default: Any, *args: Any) -> Any:
 # ---- export ------------------------------------------------------------------------------------
 
 def chrome_trace(q, *, job_id: str | None, window: Window) -> dict:
-    """The window's spans (without sampled calls, at most 200 000) as a Chrome trace."""
+    """The window's first 50 000 spans (without sampled calls) as a Chrome trace;
+    ``otherData.rtxops.truncated`` says when the window held more."""
     rows = V.window_rows(q, job_id=job_id, since_ns=window.since_ns, until_ns=window.until_ns,
                          limit=TRACE_ROW_LIMIT)
     doc = export.chrome_trace(rows)

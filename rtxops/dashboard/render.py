@@ -49,5 +49,11 @@ def pretty(value: object) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str)
 
 
+def compact(value: object) -> str:
+    """JSON text on one line, non-ASCII as is (escaped by the template like any string)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
 templates = Jinja2Templates(directory=str(TEMPLATES))
-templates.env.filters.update(ms=ms, when=when, pct=pct, size=size, num=num, pretty=pretty)
+templates.env.filters.update(ms=ms, when=when, pct=pct, size=size, num=num, pretty=pretty,
+                            compact=compact)
