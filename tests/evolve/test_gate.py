@@ -1,0 +1,76 @@
+"""The correctness gate against the float64 oracle, in process (the loop runs it in a worker)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from rtxops.evolve.gate import check
+from rtxops.runtime.bucket import Bucket
+from rtxops.runtime.registry import default_registry
+from rtxops.runtime.spec import Variant
+
+from .plugins_speed import VARIANTS as TEST_VARIANTS
+
+PLUGINS = {v.name: v for v in TEST_VARIANTS}
+
+
+def bucket(op: str, *args) -> Bucket:
+    spec = default_registry().op(op)
+    return spec.to_bucket(spec.bucket(*args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("op,variant", [("gelu", "eager"), ("layer_norm", "eager"),
+                                        ("softmax", "chunked"), ("rms_norm", "eager")])
+def test_real_variants_pass(op, variant, dtype):
+    reg = default_registry()
+    spec = reg.op(op)
+    x = torch.randn(8, 96, dtype=dtype)
+    args = {"gelu": (x,), "layer_norm": (x, [96]), "softmax": (x, -1), "rms_norm": (x, [96])}[op]
+    result = check(spec, reg.variant(op, variant), reg.variant(op, variant).default_config, bucket(op, *args))
+    assert result.passed, result.reason
+    assert result.max_error is not None and result.max_error < 0.1
+
+
+@pytest.mark.parametrize("name,needle", [("wrong", "max error"), ("nan", "NaN/Inf")])
+def test_wrong_values_and_nan_fail_with_the_reason(name, needle):
+    spec = default_registry().op("gelu")
+    result = check(spec, PLUGINS[name], {}, bucket("gelu", torch.randn(4, 64)))
+    assert not result.passed and needle in result.reason
+
+
+def test_a_raising_variant_and_a_failing_build_fail():
+    spec = default_registry().op("gelu")
+    b = bucket("gelu", torch.randn(4, 64))
+
+    def boom(*a, **k):
+        raise RuntimeError("kernel exploded")
+    raising = Variant("gelu", "raising", "test", lambda c, b: boom)
+    assert "kernel exploded" in check(spec, raising, {}, b).reason
+    broken = dataclasses.replace(raising, build=lambda c, b: boom())
+    assert check(spec, broken, {}, b).reason.startswith("build failed")
+
+
+def test_a_wrong_gradient_fails_even_when_the_forward_is_right():
+    spec = default_registry().op("gelu")
+    ref = spec.reference
+
+    class DoubleGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return ref(x.detach())
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            with torch.enable_grad():
+                x = x.detach().requires_grad_()
+                (grad,) = torch.autograd.grad(ref(x), x, g)
+            return 2 * grad
+
+    v = Variant("gelu", "double_grad", "test", lambda c, b: lambda input, approximate="none": DoubleGrad.apply(input))
+    result = check(spec, v, {}, bucket("gelu", torch.randn(4, 64)))
+    assert not result.passed and result.reason.startswith("grad of input 0")

@@ -1,0 +1,82 @@
+"""The tuning database: results survive a store (daemon) restart and go stale by themselves when
+the torch version, the device or the kernel's source changes."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rtxops.evolve import environment as env_module
+from rtxops.evolve import tuning as tuning_module
+from rtxops.evolve.candidates import Arm
+from rtxops.evolve.tuning import TuningDB
+from rtxops.runtime.registry import Registry, load_builtin
+from rtxops.telemetry.store import Store
+
+BUCKET = "float32/cpu/tanh=0,hidden=64,rows=16"
+ARM = Arm.of("eager")
+
+
+@pytest.fixture
+def registry() -> Registry:
+    return load_builtin(Registry())
+
+
+def record(store, registry, median=1234.0, status="ok"):
+    TuningDB(store, registry).record("gelu", BUCKET, ARM, source="offline", trials=5,
+                                     median_ns=median, spread=0.02, status=status)
+
+
+def test_results_survive_a_restart_of_the_store(tmp_path, registry):
+    path = tmp_path / "rtxops.duckdb"
+    with Store(path) as store:
+        record(store, registry)
+    with Store(path) as store:  # what a daemon restart does: a new Store on the same file
+        row = TuningDB(store, registry).lookup("gelu", BUCKET, ARM)
+    assert row is not None and row["median_ns"] == 1234.0 and row["trials"] == 5
+    assert row["torch_version"] and row["device"].startswith("cpu:")
+
+
+def test_a_new_result_replaces_the_old_one_for_the_same_key(tmp_path, registry):
+    with Store(tmp_path / "s.duckdb") as store:
+        record(store, registry, 1000.0)
+        record(store, registry, 900.0, status="regressed")
+        rows = store.query("SELECT median_ns, status FROM tuning")
+    assert rows == [{"median_ns": 900.0, "status": "regressed"}]
+
+
+def test_a_changed_torch_version_makes_the_result_stale(tmp_path, registry, monkeypatch):
+    with Store(tmp_path / "s.duckdb") as store:
+        record(store, registry)
+        real = env_module.environment("cpu")
+        monkeypatch.setattr(tuning_module, "environment",
+                            lambda device: {**real, "torch_version": real["torch_version"] + "+other"})
+        assert TuningDB(store, registry).lookup("gelu", BUCKET, ARM) is None
+        monkeypatch.setattr(tuning_module, "environment",
+                            lambda device: {**real, "device": "cpu:another model"})
+        assert TuningDB(store, registry).lookup("gelu", BUCKET, ARM) is None
+        monkeypatch.setattr(tuning_module, "environment", lambda device: real)
+        assert TuningDB(store, registry).lookup("gelu", BUCKET, ARM) is not None
+
+
+def test_a_changed_kernel_source_makes_the_result_stale(tmp_path, registry):
+    with Store(tmp_path / "s.duckdb") as store:
+        record(store, registry)
+        eager = registry.variant("gelu", "eager")
+        # the same variant name built by code from another file: another source hash
+        registry.add_variant(dataclasses.replace(eager, build=test_a_changed_kernel_source_makes_the_result_stale))
+        assert registry.variant("gelu", "eager").source_hash != eager.source_hash
+        assert TuningDB(store, registry).lookup("gelu", BUCKET, ARM) is None
+        registry.add_variant(eager)
+        assert TuningDB(store, registry).lookup("gelu", BUCKET, ARM) is not None
+
+
+def test_gate_verdicts_are_keyed_like_results(tmp_path, registry, monkeypatch):
+    with Store(tmp_path / "s.duckdb") as store:
+        db = TuningDB(store, registry)
+        db.save_gate("gelu", BUCKET, ARM, False, "output 0: NaN/Inf where the reference has none", None)
+        assert db.gate("gelu", BUCKET, ARM)["reason"].startswith("output 0: NaN")
+        real = env_module.environment("cpu")
+        monkeypatch.setattr(tuning_module, "environment",
+                            lambda device: {**real, "triton_version": "9.9"})
+        assert db.gate("gelu", BUCKET, ARM) is None  # a new triton: the verdict is re-checked
