@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rtxops.evolve import replay
-from rtxops.evolve.offline import TuneError, tune
+from rtxops.evolve.offline import TuneError, tune, write_sweeps
 from rtxops.runtime.registry import Registry, load_builtin
 from rtxops.telemetry import store_evolve
 from rtxops.telemetry.store import Store
@@ -119,6 +119,18 @@ def test_the_sweep_file_replays(tuned):
     result = replay.replay(arms, ["exhaustive"], budget=8, seeds=3)
     assert result["strategies"]["exhaustive"]["reached"] == 1.0
     assert result["strategies"]["exhaustive"]["worst_trials"] <= 4
+
+
+def test_several_buckets_get_one_sweep_file_each(tmp_path):
+    sweeps = [{"op": op, "bucket": GELU, "arms": [{"variant": "reference", "config": {},
+                                                   "values": [1.0 + i, 2.0]}]}
+              for i, op in enumerate(("gelu", "gelu"))]
+    report = {"buckets": [{"sweep": s} for s in sweeps]}
+    paths = write_sweeps(report, tmp_path / "sweep.json")
+    assert paths == [str(tmp_path / "sweep-0.json"), str(tmp_path / "sweep-1.json")]
+    assert [replay.load_sweep(p)["reference {}"] for p in paths] == [[1.0, 2.0], [2.0, 2.0]]
+    assert write_sweeps(report | {"buckets": report["buckets"][:1]}, tmp_path / "one.json") == \
+        [str(tmp_path / "one.json")]
 
 
 def test_broken_variants_fail_the_gate_and_a_crash_fails_only_its_trial(tmp_path, monkeypatch):
