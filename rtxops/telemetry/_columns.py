@@ -16,6 +16,8 @@ import pyarrow.compute as pc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
+from . import schema as S
+
 try:
     from . import _otlp_columns
 except ImportError:                     # no compiler at install time: the reference decoder only
@@ -30,7 +32,7 @@ def convert(body: bytes, received_ns: int) -> Any:
     """A :class:`.otlp.Batch` from OTLP protobuf ``body``, or None: use the reference decoder."""
     from . import otlp as O
 
-    out = _otlp_columns.decode(body, _typed_spec())
+    out = _otlp_columns.decode(body, _typed_spec(), CACHE_KEYS)
     if out is None:
         return None
     seen: dict[int, list] = {}
@@ -67,9 +69,12 @@ def convert(body: bytes, received_ns: int) -> Any:
     m = out["events_count"]
     events = pa.table([_array(f.type, m, c) for f, c in zip(O.EVENTS_SCHEMA, out["events"])],
                       schema=O.EVENTS_SCHEMA)
-    return O.Batch(O._resource_table(seen.values()), spans, events, n, received_ns)
+    hints = out["hints"]
+    counts = None if hints is None else tuple(_array(pa.int64(), n, c) for c in hints)
+    return O.Batch(O._resource_table(seen.values()), spans, events, n, received_ns, counts)
 
 
+CACHE_KEYS = (S.CACHE_HITS, S.CACHE_MISSES)
 _FIXED_TYPES = (pa.string(), pa.string(), pa.string(), pa.string(), pa.int32(), pa.int64(), pa.int64(),
                 pa.int32(), pa.string())
 _spec: tuple | None = None

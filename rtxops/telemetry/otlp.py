@@ -90,6 +90,9 @@ class Batch:
     events: pa.Table
     span_count: int
     received_ns: int = 0
+    # rtx.cache.hits / rtx.cache.misses of every span as int64 columns (null: absent), when the
+    # decoder saw them as integers; spares the store's rollup a JSON parse per span
+    cache_counts: tuple[pa.Array, pa.Array] | None = None
 
     @classmethod
     def empty(cls, received_ns: int = 0) -> Batch:

@@ -25,8 +25,10 @@ os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 import duckdb  # noqa: E402
 import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 
-from .otlp import Batch, TelemetryError
+from . import rollup  # noqa: E402
+from .otlp import Batch, TelemetryError  # noqa: E402
 
 log = logging.getLogger("rtxops.telemetry.store")
 
@@ -363,6 +365,10 @@ class Store:
         return max(1.0, min(60.0, self.queue_spans / max(self._rate, 1.0)))
 
     def _run(self, cur: duckdb.DuckDBPyConnection) -> None:
+        # Fewer automatic checkpoints than DuckDB's 16 MB default (they were half the writer's time
+        # under load; commits stay durable through the WAL), but below the memory limit: past it,
+        # the data waiting for a checkpoint is spilled to temporary files.
+        cur.execute(f"SET checkpoint_threshold = '{os.environ.get('RTXOPS_STORE_WAL', '64MB')}'")
         stop = False
         deferred: list[_Task] = []
         while not stop:
@@ -604,9 +610,7 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
                 cur.execute(f"{verb} INTO {name} BY NAME SELECT * FROM _rtx_batch")
                 cur.unregister("_rtx_batch")
         if tables["spans"].num_rows:
-            cur.register("_rtx_batch", tables["spans"])
-            cur.execute(_ROLLUP)
-            cur.unregister("_rtx_batch")
+            _rollup(cur, tables["spans"], batches)
         cur.register("_rtx_batch", log_rows)
         cur.execute("INSERT INTO ingest_batches BY NAME SELECT * FROM _rtx_batch")
         cur.unregister("_rtx_batch")
@@ -619,21 +623,31 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
         raise
 
 
-_ROLLUP = f"""
-INSERT INTO kernel_minutes BY NAME
-SELECT {_KEY} AS key_id, start_ns // {MINUTE_NS} AS minute,
-       any_value(job_id) AS job_id, any_value(op) AS op, any_value(bucket) AS bucket,
-       any_value(variant) AS variant, any_value(config) AS config, any_value(phase) AS phase,
-       count(*) AS samples, sum(count) AS calls, sum(total_ns) AS total_ns,
-       min(min_ns) AS min_ns, max(max_ns) AS max_ns, min(start_ns) AS first_ns,
-       max(start_ns) AS last_ns,
-       sum(TRY_CAST(attributes->>'rtx.cache.hits' AS BIGINT)) AS cache_hits,
-       sum(TRY_CAST(attributes->>'rtx.cache.misses' AS BIGINT)) AS cache_misses,
-       histogram(CAST(floor(log2(greatest(total_ns / count, 1)) * {HIST_BINS_PER_OCTAVE}) AS INTEGER))
-           FILTER (WHERE count > 0 AND total_ns IS NOT NULL) AS mean_hist
-FROM _rtx_batch WHERE name = 'rtx.kernel'
-GROUP BY 1, 2
-"""
+def _rollup(cur: duckdb.DuckDBPyConnection, spans: pa.Table, batches: list[Batch]) -> None:
+    """kernel_minutes rows of ``spans`` (see :mod:`.rollup`), in the caller's transaction."""
+    kernel = rollup.kernels(spans)
+    if not kernel.num_rows:
+        return
+    if all(b.cache_counts is not None for b in batches):
+        mask = pc.equal(spans["name"], "rtx.kernel")
+        hits, misses = (pa.chunked_array([b.cache_counts[i] for b in batches], pa.int64()).filter(mask)
+                        for i in (0, 1))
+    else:
+        cur.register("_rtx_kernels", kernel)
+        try:
+            counts = cur.sql(rollup.CACHE_COUNTS_SQL).to_arrow_table()
+        finally:
+            cur.unregister("_rtx_kernels")
+        hits, misses = counts["cache_hits"], counts["cache_misses"]
+    totals, bins = rollup.tables(kernel, hits, misses)
+    cur.register("_rtx_totals", totals)
+    cur.register("_rtx_bins", bins)
+    try:
+        cur.execute(rollup.INSERT_SQL)
+    finally:
+        cur.unregister("_rtx_totals")
+        cur.unregister("_rtx_bins")
+
 
 # Merges the rows of a (key, minute) that separate commits wrote, in minutes before $before.
 _COMPACT = (

@@ -380,6 +380,9 @@ typedef struct {
     const char *typed_key[N_TYPED_MAX];
     Py_ssize_t typed_len[N_TYPED_MAX];
     int typed_int[N_TYPED_MAX];       /* 1: BIGINT column, 0: VARCHAR column */
+    int n_hint;                       /* attributes of the JSON column also wanted as int64 columns */
+    const char *hint_key[4];
+    Py_ssize_t hint_len[4];
 } Typed;
 
 enum { C_TRACE, C_SPAN, C_PARENT, C_NAME, C_KIND, C_START, C_END, C_CODE, C_MESSAGE, N_FIXED };
@@ -390,6 +393,8 @@ typedef struct {
     Col fixed[N_FIXED];
     Col typed_cols[N_TYPED_MAX];
     Col attrs;
+    Col hints[4];
+    int hints_exact;                  /* 0: a hinted attribute held something other than an int */
     Col events[N_EVENT];
     Buf scope_of_span;                /* int32 per span: index into scopes */
     PyObject *scopes;                 /* [(resource index, scope name or None)] */
@@ -514,9 +519,18 @@ static int span(Out *o, Rd r) {
     Col *a = &o->attrs;
     Py_ssize_t mark = a->data.len;
     int rest = 0;
+    int hinted[4] = {0};
     for (int i = 0; i < n_kv; i++) {
         int ti = typed_index(t, kvs[i].key);
         if (ti >= 0) { has_typed[ti] = 1; typed_val[ti] = kvs[i].value; continue; }
+        for (int h = 0; h < t->n_hint; h++) {
+            Py_ssize_t kn = kvs[i].key.end - kvs[i].key.p;
+            AnyV v;
+            if (kn != t->hint_len[h] || memcmp(kvs[i].key.p, t->hint_key[h], kn)) continue;
+            if (any_parse(kvs[i].value, &v)) return FALLBACK;
+            if (v.kind == AV_INT) { if ((rc = col_i64(&o->hints[h], (int64_t)v.num))) return rc; hinted[h] = 1; }
+            else if (v.kind != AV_NONE) o->hints_exact = 0;
+        }
         if (buf_putc(&a->data, rest++ ? ',' : '{')) return PYERR;
         if ((rc = json_str(&a->data, kvs[i].key.p, kvs[i].key.end - kvs[i].key.p))) return rc;
         if (buf_putc(&a->data, ':')) return PYERR;
@@ -533,6 +547,8 @@ static int span(Out *o, Rd r) {
         else return FALLBACK;  /* goes back to the JSON column in the reference */
         if (rc) return rc;
     }
+    for (int h = 0; h < t->n_hint; h++)
+        if (!hinted[h] && (rc = col_null(&o->hints[h]))) return rc;
     if (rest) {
         if (buf_putc(&a->data, '}')) return PYERR;
         if ((rc = col_end_str(a))) return rc;
@@ -662,10 +678,16 @@ static int resource_spans(Out *o, Rd r) {
     return 0;
 }
 
-static int typed_from(PyObject *spec, Typed *t) {
-    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) > N_TYPED_MAX) {
-        PyErr_SetString(PyExc_TypeError, "typed: a tuple of (key, is_int) pairs");
+static int typed_from(PyObject *spec, PyObject *hints, Typed *t) {
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) > N_TYPED_MAX || !PyTuple_Check(hints)
+        || PyTuple_GET_SIZE(hints) > 4) {
+        PyErr_SetString(PyExc_TypeError, "typed: a tuple of (key, is_int) pairs; hints: up to 4 keys");
         return -1;
+    }
+    t->n_hint = (int)PyTuple_GET_SIZE(hints);
+    for (int i = 0; i < t->n_hint; i++) {
+        t->hint_key[i] = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(hints, i), &t->hint_len[i]);
+        if (!t->hint_key[i]) return -1;
     }
     t->n_typed = (int)PyTuple_GET_SIZE(spec);
     for (int i = 0; i < t->n_typed; i++) {
@@ -679,10 +701,10 @@ static int typed_from(PyObject *spec, Typed *t) {
 
 static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer body;
-    PyObject *spec, *result = NULL;
+    PyObject *spec, *hints, *result = NULL;
     Typed typed;
-    if (!PyArg_ParseTuple(args, "y*O", &body, &spec)) return NULL;
-    if (typed_from(spec, &typed)) { PyBuffer_Release(&body); return NULL; }
+    if (!PyArg_ParseTuple(args, "y*OO", &body, &spec, &hints)) return NULL;
+    if (typed_from(spec, hints, &typed)) { PyBuffer_Release(&body); return NULL; }
     Out o;
     memset(&o, 0, sizeof o);
     o.typed = &typed;
@@ -693,6 +715,8 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     for (int i = 0; i < typed.n_typed && !rc; i++) rc = col_init(&o.typed_cols[i], typed.typed_int[i] ? 8 : 0);
     for (int i = 0; i < N_EVENT && !rc; i++) rc = col_init(&o.events[i], event_width[i]);
     if (!rc) rc = col_init(&o.attrs, 0);
+    for (int i = 0; i < typed.n_hint && !rc; i++) rc = col_init(&o.hints[i], 8);
+    o.hints_exact = 1;
     o.scopes = PyList_New(0);
     o.resources = PyList_New(0);
     if (!o.scopes || !o.resources) rc = PYERR;
@@ -710,18 +734,27 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         result = Py_NewRef(Py_None);
     } else if (rc == 0) {
         PyObject *fixed = PyList_New(N_FIXED), *tcols = PyList_New(typed.n_typed), *ev = PyList_New(N_EVENT);
-        if (fixed && tcols && ev) {
+        PyObject *hcols = o.hints_exact ? PyList_New(typed.n_hint) : Py_NewRef(Py_None);
+        if (hcols && hcols != Py_None) {
+            for (int i = 0; i < typed.n_hint; i++) {
+                PyObject *c = col_export(&o.hints[i]);
+                if (!c) { Py_CLEAR(hcols); break; }
+                PyList_SET_ITEM(hcols, i, c);
+            }
+        }
+        if (fixed && tcols && ev && hcols) {
             int ok = 1;
             for (int i = 0; i < N_FIXED && ok; i++) { PyObject *c = col_export(&o.fixed[i]); if (!c) ok = 0; else PyList_SET_ITEM(fixed, i, c); }
             for (int i = 0; i < typed.n_typed && ok; i++) { PyObject *c = col_export(&o.typed_cols[i]); if (!c) ok = 0; else PyList_SET_ITEM(tcols, i, c); }
             for (int i = 0; i < N_EVENT && ok; i++) { PyObject *c = col_export(&o.events[i]); if (!c) ok = 0; else PyList_SET_ITEM(ev, i, c); }
             PyObject *attrs = ok ? col_export(&o.attrs) : NULL;
             if (attrs)
-                result = Py_BuildValue("{s:n,s:N,s:N,s:N,s:n,s:N,s:O,s:O}",
+                result = Py_BuildValue("{s:n,s:N,s:N,s:N,s:n,s:N,s:O,s:O,s:N}",
                                        "spans", o.fixed[C_TRACE].n, "fixed", fixed, "typed", tcols,
                                        "attributes", attrs, "events_count", o.events[E_TIME].n,
-                                       "events", ev, "scopes", o.scopes, "resources", o.resources);
-            if (result) fixed = tcols = ev = NULL;
+                                       "events", ev, "scopes", o.scopes, "resources", o.resources,
+                                       "hints", hcols);
+            if (result) fixed = tcols = ev = hcols = NULL;
             else Py_XDECREF(attrs);
         }
         if (result) {
@@ -729,12 +762,13 @@ static PyObject *decode(PyObject *self, PyObject *args) {
             if (!idx || PyDict_SetItemString(result, "scope_of_span", idx)) Py_CLEAR(result);
             Py_XDECREF(idx);
         }
-        Py_XDECREF(fixed); Py_XDECREF(tcols); Py_XDECREF(ev);
+        Py_XDECREF(fixed); Py_XDECREF(tcols); Py_XDECREF(ev); Py_XDECREF(hcols);
     }
     for (int i = 0; i < N_FIXED; i++) col_free(&o.fixed[i]);
     for (int i = 0; i < N_TYPED_MAX; i++) col_free(&o.typed_cols[i]);
     for (int i = 0; i < N_EVENT; i++) col_free(&o.events[i]);
     col_free(&o.attrs);
+    for (int i = 0; i < 4; i++) col_free(&o.hints[i]);
     buf_free(&o.scope_of_span);
     buf_free(&o.scratch);
     Py_XDECREF(o.scopes);
@@ -745,7 +779,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS,
-     "decode(body, typed) -> dict of column buffers, or None: use the reference decoder."},
+     "decode(body, typed, hints) -> dict of column buffers, or None: use the reference decoder."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,68 @@
+"""The per-minute kernel rollup (``kernel_minutes``) of a group of span rows, aggregated with Arrow.
+
+Same rows as the SQL rollup it replaces (``GROUP BY hash(job, op, bucket, variant, config,
+phase), minute`` with a ``histogram`` of per-span mean ns), at a fraction of its cost: DuckDB
+only hashes the keys and builds the maps of the few aggregated rows.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+KEYS = ("job_id", "op", "bucket", "variant", "config", "phase")
+MINUTE_NS = 60 * 10**9
+HIST_BINS_PER_OCTAVE = 16
+
+CACHE_COUNTS_SQL = """
+SELECT TRY_CAST(attributes->>'rtx.cache.hits' AS BIGINT) AS cache_hits,
+       TRY_CAST(attributes->>'rtx.cache.misses' AS BIGINT) AS cache_misses
+FROM _rtx_kernels"""
+
+# _rtx_totals and _rtx_bins (from :func:`tables`) → kernel_minutes rows
+INSERT_SQL = f"""
+INSERT INTO kernel_minutes BY NAME
+WITH hist AS (
+    SELECT hash({', '.join(KEYS)}) AS key_id, minute,
+           map_from_entries(list((bin, n) ORDER BY bin)) AS mean_hist
+    FROM _rtx_bins GROUP BY 1, 2
+)
+SELECT hash({', '.join('t.' + k for k in KEYS)}) AS key_id, t.*, hist.mean_hist
+FROM _rtx_totals t LEFT JOIN hist
+  ON hist.key_id = hash({', '.join('t.' + k for k in KEYS)}) AND hist.minute = t.minute
+"""
+
+
+def kernels(spans: pa.Table) -> pa.Table:
+    """The kernel spans' columns the rollup reads."""
+    mask = pc.equal(spans["name"], "rtx.kernel")
+    return spans.select([*KEYS, "start_ns", "count", "total_ns", "min_ns", "max_ns",
+                         "attributes"]).filter(mask)
+
+
+def tables(kernel: pa.Table, hits: pa.Array, misses: pa.Array) -> tuple[pa.Table, pa.Table]:
+    """(totals per key and minute, histogram bin counts per key, minute and bin)."""
+    minute = pc.divide(kernel["start_ns"], MINUTE_NS)           # truncates, as DuckDB's //
+    t = pa.table({**{k: kernel[k] for k in KEYS}, "minute": minute, "count": kernel["count"],
+                  "total_ns": kernel["total_ns"], "min_ns": kernel["min_ns"],
+                  "max_ns": kernel["max_ns"], "start_ns": kernel["start_ns"],
+                  "cache_hits": hits, "cache_misses": misses})
+    group = [*KEYS, "minute"]
+    totals = t.group_by(group, use_threads=False).aggregate([
+        ([], "count_all"), ("count", "sum"), ("total_ns", "sum"), ("min_ns", "min"),
+        ("max_ns", "max"), ("start_ns", "min"), ("start_ns", "max"), ("cache_hits", "sum"),
+        ("cache_misses", "sum")])
+    totals = totals.rename_columns({
+        "count_all": "samples", "count_sum": "calls", "total_ns_sum": "total_ns",
+        "min_ns_min": "min_ns", "max_ns_max": "max_ns", "start_ns_min": "first_ns",
+        "start_ns_max": "last_ns", "cache_hits_sum": "cache_hits",
+        "cache_misses_sum": "cache_misses"})
+    # bin of the span's mean ns, as floor(log2(greatest(total_ns / count, 1)) * 16) in SQL
+    valid = pc.and_(pc.greater(t["count"], 0), pc.is_valid(t["total_ns"]))
+    binned = t.filter(valid)
+    mean = pc.divide(pc.cast(binned["total_ns"], pa.float64()), pc.cast(binned["count"], pa.float64()))
+    bin_ = pc.cast(pc.floor(pc.multiply(pc.log2(pc.max_element_wise(mean, 1.0)),
+                                        float(HIST_BINS_PER_OCTAVE))), pa.int32())
+    bins = pa.table({**{k: binned[k] for k in group}, "bin": bin_}).group_by(
+        [*group, "bin"], use_threads=False).aggregate([([], "count_all")]).rename_columns(
+        {"count_all": "n"})
+    return totals, bins
