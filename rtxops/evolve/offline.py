@@ -324,7 +324,7 @@ class TuneTasks:
                 self.tasks[task_id]["state"] = "running"
             try:
                 report = tune(self.store, self.registry(), **params,
-                              on_progress=lambda p: self._update(task_id, progress=p))
+                              on_progress=lambda p, t=task_id: self._update(t, progress=p))
                 self._update(task_id, state="done", report=report, ended_ns=time.time_ns())
             except Exception as e:  # the task fails with its reason; the daemon keeps serving
                 self._update(task_id, state="failed", error=f"{type(e).__name__}: {e}",
