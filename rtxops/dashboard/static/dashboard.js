@@ -122,12 +122,6 @@
     el.dataset.drawn = "1";
   }
 
-  async function drawAll() {
-    const els = [...document.querySelectorAll("[data-chart]")];
-    const results = await Promise.allSettled(els.map(draw));
-    setLive(results.every((r) => r.status === "fulfilled"));
-  }
-
   async function refreshSections() {
     const live = [...document.querySelectorAll("[data-live][id]")];
     if (!live.length) return;
@@ -150,7 +144,7 @@
     for (const line of d.lines) {
       const span = document.createElement("span");
       span.className = line.stream;
-      span.textContent = line.text;               // text, never HTML
+      span.textContent = (line.rank !== 0 ? `[rank ${line.rank}] ` : "") + line.text;  // text, never HTML
       log.append(span, "\n");
     }
     log.dataset.after = String(d.last_seq);
@@ -164,12 +158,33 @@
     }, ms);
   }
 
+  // plotly.js (4.8 MB) loads after the page did, and only where there are charts: the tables
+  // are readable at once, the charts follow
+  function loadPlotly() {
+    if (window.Plotly) return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      const script = document.createElement("script");
+      script.src = "/static/vendor/plotly.min.js";
+      script.onload = resolve;
+      script.onerror = () => reject(new Error("plotly.js did not load"));
+      document.head.append(script);
+    });
+  }
+
+  async function drawAll() {
+    const els = [...document.querySelectorAll("[data-chart]")];
+    if (!els.length) return;
+    await loadPlotly();
+    const results = await Promise.allSettled(els.map(draw));
+    setLive(results.every((r) => r.status === "fulfilled"));
+  }
+
   function start() {
-    drawAll();
+    drawAll().catch(() => setLive(false));
     every(REFRESH_MS, async () => { await refreshSections(); await drawAll(); });
     every(LOG_POLL_MS, followLog);
   }
 
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
-  else start();
+  if (document.readyState === "complete") start();
+  else window.addEventListener("load", start);
 })();
