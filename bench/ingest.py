@@ -5,8 +5,10 @@ End to end: a receiver (uvicorn + the store) runs in a child process, as the dae
 process sends pre-encoded requests of ``--spans-per-request`` rtxops-shaped spans from
 ``--clients`` concurrent keep-alive connections. A 200 means committed, so the figure is committed
 spans per second of wall time, cross-checked against the rows in the file afterwards. Also
-reported: the conversion alone (one core), and ``Store.write`` of ready Arrow batches. Prints JSON
-(and writes it with ``--out``).
+reported: the conversion alone (one core; the compiled decoder and the pure-Python reference), and
+``Store.write`` of ready Arrow batches, each with its CPU seconds: on a small shared machine the
+wall-clock figures move with everyone else's load (recorded as the load average), CPU time much
+less. Prints JSON (and writes it with ``--out``).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import http.client
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -45,7 +48,13 @@ def serve(path: str) -> None:
     thread.join()
     stats = store.stats()
     store.close()
+    stats["cpu_s"] = round(_cpu(), 2)
     print(json.dumps(stats), flush=True)
+
+
+def _cpu(who: int = resource.RUSAGE_SELF) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
 
 
 def end_to_end(workdir: Path, requests: list[bytes], spans_per_request: int, clients: int,
@@ -76,32 +85,41 @@ def end_to_end(workdir: Path, requests: list[bytes], spans_per_request: int, cli
             k += clients
         conn.close()
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - started
+    client_cpu = _cpu() - cpu_started
     child.stdin.close()
     server_stats = json.loads(child.stdout.readline())
     child.wait(60)
     with Store(path) as store:
         stored = store.query("SELECT count(*) AS n FROM spans")[0]["n"]
     acked = sum(sent)
+    server_cpu = server_stats.pop("cpu_s")
     return {"spans_per_s": round(acked / elapsed), "spans_acked": acked, "spans_in_file": stored,
+            "server_cpu_us_per_span": round(server_cpu / max(acked, 1) * 1e6, 2),
+            "client_cpu_us_per_span": round(client_cpu / max(acked, 1) * 1e6, 2),
             "seconds": round(elapsed, 2), "clients": clients, "spans_per_request": spans_per_request,
             "bytes_per_request": len(requests[0]), "http_statuses": statuses, "server": server_stats}
 
 
-def conversion_only(requests: list[bytes], spans_per_request: int) -> dict:
-    otlp.convert(requests[0], otlp.PROTOBUF, 0)
-    started = time.perf_counter()
-    for body in requests:
-        otlp.convert(body, otlp.PROTOBUF, 0)
-    elapsed = time.perf_counter() - started
-    return {"spans_per_s": round(len(requests) * spans_per_request / elapsed),
-            "us_per_span": round(elapsed / (len(requests) * spans_per_request) * 1e6, 2)}
+def conversion_only(requests: list[bytes], spans_per_request: int, native: bool) -> dict:
+    os.environ["RTXOPS_OTLP_NATIVE"] = "1" if native else "0"
+    try:
+        otlp.convert(requests[0], otlp.PROTOBUF, 0)
+        started, cpu_started = time.perf_counter(), _cpu()
+        for body in requests:
+            otlp.convert(body, otlp.PROTOBUF, 0)
+        elapsed, cpu = time.perf_counter() - started, _cpu() - cpu_started
+    finally:
+        os.environ.pop("RTXOPS_OTLP_NATIVE")
+    spans = len(requests) * spans_per_request
+    return {"spans_per_s": round(spans / elapsed), "us_per_span": round(elapsed / spans * 1e6, 2),
+            "cpu_us_per_span": round(cpu / spans * 1e6, 2)}
 
 
 def arrow_write(workdir: Path, rows_per_batch: int, batches: int) -> dict:
@@ -110,13 +128,14 @@ def arrow_write(workdir: Path, rows_per_batch: int, batches: int) -> dict:
     ready = [synthetic.kernel_batch(rows_per_batch, start_ns=start + i * 10**9, seed=i)
              for i in range(min(batches, 3))]
     store.write(ready[0])                              # warm-up, not timed
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu()
     for i in range(batches):
         store.write(ready[i % len(ready)])
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, _cpu() - cpu_started
     stats = store.stats()
     store.close()
-    return {"rows_per_s": round(batches * rows_per_batch / elapsed), "rows_per_batch": rows_per_batch,
+    return {"rows_per_s": round(batches * rows_per_batch / elapsed),
+            "rows_per_cpu_s": round(batches * rows_per_batch / cpu), "rows_per_batch": rows_per_batch,
             "batches": batches, "seconds": round(elapsed, 2), "commits": stats["commits"]}
 
 
@@ -138,13 +157,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rtxops-bench-") as tmp:
         result = {
             "bench": "ingest", "python": platform.python_version(), "cpus": os.cpu_count(),
-            "machine": platform.machine(),
+            "machine": platform.machine(), "load_average_before": os.getloadavg(),
             "targets": {"end_to_end_spans_per_s": 100_000, "arrow_rows_per_s": 1_000_000},
             "end_to_end": end_to_end(Path(tmp), requests, args.spans_per_request, args.clients,
                                      args.seconds),
-            "conversion_only_one_core": conversion_only(requests, args.spans_per_request),
+            "conversion_only_one_core": conversion_only(requests, args.spans_per_request, True),
+            "conversion_only_reference_decoder": conversion_only(requests, args.spans_per_request,
+                                                                 False),
             "arrow_write": arrow_write(Path(tmp), args.arrow_rows, args.arrow_batches),
         }
+    result["load_average_after"] = os.getloadavg()
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

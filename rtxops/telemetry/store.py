@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -282,6 +283,7 @@ class Store:
         self.spans_rejected = 0
         self.write_errors = 0
         self._rate = 200_000.0                       # spans/s, for Retry-After hints
+        self._resources_stored: set[int] = set()     # writer thread only
         self._writer = threading.Thread(target=self._run, args=(self._con.cursor(),),
                                         name="rtxops-store-writer", daemon=True)
         self._writer.start()
@@ -433,7 +435,7 @@ class Store:
     def _commit_group(self, cur: duckdb.DuckDBPyConnection, group: list[_Pending]) -> None:
         started = time.perf_counter()
         try:
-            _insert(cur, [p.batch for p in group])
+            _insert(cur, self._without_stored_resources([p.batch for p in group]))
         except Exception as e:                       # isolate the batch that failed
             if len(group) > 1:
                 for pending in group:
@@ -444,6 +446,10 @@ class Store:
             self._dequeued(group[0].batch)
             group[0].future.set_exception(StoreError(f"writing a batch failed: {e}"))
             return
+        if len(self._resources_stored) > 100_000:
+            self._resources_stored.clear()
+        for p in group:
+            self._resources_stored.update(p.batch.resources["resource_id"].to_pylist())
         spans = sum(p.batch.span_count for p in group)
         elapsed = time.perf_counter() - started
         with self._lock:
@@ -456,6 +462,16 @@ class Store:
                 self._rate = 0.8 * self._rate + 0.2 * spans / elapsed
         for pending in group:
             pending.future.set_result(None)
+
+    def _without_stored_resources(self, batches: list[Batch]) -> list[Batch]:
+        """Batches less the resource rows already committed (their INSERT OR IGNORE costs a
+        primary-key probe per commit)."""
+        if not self._resources_stored:
+            return batches
+        stored = pa.array(list(self._resources_stored), pa.int64())
+        return [b if not b.resources.num_rows else dataclasses.replace(
+            b, resources=b.resources.filter(pc.invert(pc.is_in(b.resources["resource_id"], stored))))
+            for b in batches]
 
     # -- reading --
 
