@@ -24,7 +24,7 @@ from rtxops.telemetry import synthetic
 from rtxops.telemetry.store import Store
 
 sys.path.insert(0, str(Path(__file__).parent))
-from store_query import fill  # noqa: E402
+from store_query import fill
 
 TARGET_P95_MS = 200
 BULK = {"trace_one_job_5_min"}   # a file download (up to 50 000 spans), reported, not targeted

@@ -22,7 +22,8 @@ def create_app(daemon) -> FastAPI:
     app.include_router(api_telemetry.make_router(daemon.store))
     app.include_router(api_evolve.make_router(daemon, auth))
     metrics = registry_for(daemon)
-    app.include_router(dashboard.make_router(daemon.store, problems=daemon.readiness_problems))
+    app.include_router(dashboard.make_router(daemon.store, problems=daemon.readiness_problems,
+                                             governance=_GovernanceReports(daemon)))
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict:
@@ -42,3 +43,45 @@ def create_app(daemon) -> FastAPI:
         return Response(render(metrics), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+class _GovernanceReports:
+    """Governance facts for the dashboard (:class:`rtxops.dashboard.GovernanceReports`)."""
+
+    def __init__(self, daemon) -> None:
+        self.daemon = daemon
+
+    def verify_chain(self) -> dict:
+        from rtxops.governance import ledger
+
+        authority = self.daemon.authority
+        problems = ledger.check_chain(ledger.read_entries(self.daemon.store),
+                                      ledger.read_head(authority.head_file))
+        return {"ok": not problems, "problems": problems}
+
+    def verify_bundle(self, entry: dict) -> dict | None:
+        import json
+
+        from rtxops.governance._layout import PROVENANCE, SBOM
+        from rtxops.governance.keyring import Keyring
+        from rtxops.governance.verify import Trust, verify
+
+        authority = self.daemon.authority
+        directory = authority.bundle_dir(entry["scope"], entry["version"])
+        if not directory.is_dir():
+            return None
+        report = verify(directory, Trust(keyring=Keyring.load(authority.keyring_file)),
+                        policies=authority.policies).to_dict()
+
+        def read(name: str) -> dict:
+            try:
+                return json.loads((directory / name).read_text())
+            except (OSError, ValueError):
+                return {}
+        return {**report, "sbom": read(SBOM).get("components", []),
+                "provenance": read(PROVENANCE).get("predicate")}
+
+    def policies(self) -> list[dict]:
+        return [{"name": p.name, "rules": [{"name": r.name, "require": r.require, "reason": r.reason}
+                                           for r in p.rules]} for p in self.daemon.authority.policies]
+

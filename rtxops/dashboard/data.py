@@ -19,13 +19,17 @@ JOB_STATES = ("pending", "running", "hung", "restarting", "cancelling", "succeed
 
 
 class GovernanceReports(Protocol):
-    """What governance can tell the dashboard (wired in by the daemon once governance exists)."""
+    """What governance tells the dashboard (the daemon wires it in)."""
 
-    def verify_chain(self) -> dict: ...
+    def verify_chain(self) -> dict:
+        """``{"ok": bool, "problems": [str]}`` for the whole ledger."""
 
-    def verify_bundle(self, digest: str) -> dict | None: ...
+    def verify_bundle(self, entry: dict) -> dict | None:
+        """The verify report (as ``rtxops verify``), SBOM components and provenance of the
+        bundle a ledger entry names; None when the bundle is not on disk."""
 
-    def policies(self) -> list[dict]: ...
+    def policies(self) -> list[dict]:
+        """The policies in force: name and rules (name, CEL ``require``, reason)."""
 
 
 def jsonable(value: Any) -> Any:
@@ -198,15 +202,16 @@ def governance(q, paging: Paging, reports: GovernanceReports | None) -> dict:
     is wired in."""
     total, rows = V.ledger(q, limit=paging.limit, offset=paging.offset)
     return {"ledger_table": V.table_exists(q, V.LEDGER), "ledger": page(total, rows, paging),
-            "chain": _call(reports, "verify_chain", None),
-            "policies": _call(reports, "policies", []) or []}
+            "chain": _call(reports, "verify_chain", None) if total else None,
+            "policies": _call(reports, "policies", []) or [],
+            "last_denial": next((r for r in rows if r.get("kind") == "deny"), None)}
 
 
 def bundle(q, digest: str, reports: GovernanceReports | None) -> dict | None:
     entry = V.ledger_entry(q, digest)
     if entry is None:
         return None
-    return {"entry": entry, "verify": _call(reports, "verify_bundle", None, digest)}
+    return {"entry": entry, "verify": _call(reports, "verify_bundle", None, entry)}
 
 
 def _call(reports: Any, name: str, default: Any, *args: Any) -> Any:

@@ -378,11 +378,6 @@ def op_breakdown(q, *, job_id: str, since_ns: int, until_ns: int) -> list[Row]:
 
 # ---- evolve ------------------------------------------------------------------------------------
 
-TRIAL_COLUMNS = ("trial_id", "job_id", "op", "bucket", "variant", "config", "mode", "strategy",
-                 "started_ns", "ended_ns", "samples", "median_ns", "p95_ns", "spread",
-                 "peak_bytes", "status", "detail")
-
-
 def trials(q, *, job_id: str | None, op: str | None, bucket: str | None, variant: str | None,
            status: str | None, limit: int, offset: int) -> tuple[int, list[Row]]:
     """Evolve trials, newest first, with exact-match filters."""
@@ -473,25 +468,21 @@ LEDGER = "ledger"
 
 
 def ledger(q, *, limit: int, offset: int) -> tuple[int, list[Row]]:
-    """Ledger entries in append order, newest first; ``(0, [])`` when there is no ledger table."""
+    """Ledger entries, newest first; ``(0, [])`` when there is no ledger table."""
     if not table_exists(q, LEDGER):
         return 0, []
     total = q.query(f"SELECT count(*) AS n FROM {LEDGER}")[0]["n"]
-    rows = q.query(f"SELECT * FROM {LEDGER} ORDER BY rowid DESC LIMIT $limit OFFSET $offset",
+    rows = q.query(f"SELECT * FROM {LEDGER} ORDER BY seq DESC LIMIT $limit OFFSET $offset",
                    {"limit": limit, "offset": offset})
     return total, rows
 
 
 def ledger_entry(q, digest: str) -> Row | None:
-    """The ledger entry whose bundle digest column (the first of ``bundle_digest``, ``digest``,
-    ``entry_digest``) equals ``digest``."""
+    """The newest ledger entry about the bundle whose digest is ``digest``, or None."""
     if not table_exists(q, LEDGER):
         return None
-    cols = table_columns(q, LEDGER)
-    key = next((c for c in ("bundle_digest", "digest", "entry_digest") if c in cols), None)
-    if key is None:
-        return None
-    rows = q.query(f'SELECT * FROM {LEDGER} WHERE "{key}" = $d LIMIT 1', {"d": digest})
+    rows = q.query(f"SELECT * FROM {LEDGER} WHERE subject_digest = $d ORDER BY seq DESC LIMIT 1",
+                   {"d": digest})
     return rows[0] if rows else None
 
 

@@ -85,3 +85,16 @@ def test_log_search_and_trace_link(web, live):
         trace = c.get(href).json()
     steps = [e for e in trace["traceEvents"] if e.get("cat") == "rtx.step"]
     assert steps and {e["name"] for e in trace["traceEvents"] if e.get("cat") == "rtx.swap"}
+
+
+def test_governance_shows_the_signed_plan_and_its_verify_report(web, live, artifacts):
+    web.open("/governance")
+    assert "chain verified" in web.page.locator("#chain-status").inner_text()
+    ledger = web.page.locator("#ledger table").inner_text()
+    assert live.job_id in ledger                      # the plan published for the job
+    web.page.locator("#ledger a.bundle-link").first.click()
+    web.page.wait_for_url("**/governance/bundles/**")
+    assert web.page.locator("#verify-status").inner_text() == "verified"
+    assert web.page.locator("table", has_text="purl").locator("tbody tr").count() >= 1
+    web.page.screenshot(path=str(artifacts / "bundle.png"), full_page=True)
+    assert web.errors == []
