@@ -68,6 +68,8 @@ def run(
                                             "and write telemetry straight to the store"),
     name: str = typer.Option("", help="job name (daemon mode)"),
     telemetry: bool = typer.Option(True, help="record and export spans (--no-telemetry: runtime only)"),
+    compile_model: bool = typer.Option(False, help="compile the whole model with torch.compile in "
+                                       "the background; swap it in when ready, keep it if faster"),
 ) -> None:
     """Run COMMAND with the runtime enabled: ``rtxops run -- python train.py ARGS``.
 
@@ -75,6 +77,8 @@ def run(
     daemon is started in this process for the job's lifetime."""
     if plan is not None and not plan.exists():  # a plan JSON file or a signed bundle folder
         raise _fail(f"plan {plan} does not exist")
+    if compile_model:
+        os.environ["RTXOPS_COMPILE_MODEL"] = "1"  # the job inherits it, directly or via the daemon
     with tempfile.TemporaryDirectory(prefix="rtxops-run-") as tmp:
         summary_file = Path(tmp) / "summary.json"
         if direct:
@@ -131,6 +135,8 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
     client = DaemonClient.find(home)
     local = None
     env = {"RTXOPS_SUMMARY": str(summary_file)}
+    if os.environ.get("RTXOPS_COMPILE_MODEL"):
+        env["RTXOPS_COMPILE_MODEL"] = os.environ["RTXOPS_COMPILE_MODEL"]
     if not telemetry:
         env["RTXOPS_TELEMETRY"] = "off"
     if plan:

@@ -315,6 +315,7 @@ class Dispatcher:
         self.disabled: dict[tuple, str] = {}  # (op, variant, config, bucket) -> reason
         self.plan_rejections: list[str] = []
         self.on_miss: Callable[[], None] | None = None
+        self.regions = None  # a RegionCompiler when the whole model is to be compiled (regions.py)
         self._lock = threading.RLock()
 
     # ---- sites ----------------------------------------------------------------------------
@@ -368,6 +369,8 @@ class Dispatcher:
         self.step += 1
         if self.pending is not None:
             self.apply_pending()
+        if self.regions is not None:
+            self.regions.on_step(self.step)
         if self.backward_every and self.step % self.backward_every == 0:
             for site in self.sites:
                 site.arm_backward(self._backward_sampler)

@@ -11,6 +11,8 @@
 ``RTXOPS_PLAN_POLL_S``  seconds between polls (default 2; 0 turns polling off)
 ``RTXOPS_READINGS_FACTORY``  ``module:function`` called with the dispatcher to attach more readings
                              (telemetry); the runtime never imports those packages itself
+``RTXOPS_COMPILE_MODEL``  ``1`` (or a torch.compile mode) compiles the model in the background and
+                   keeps it when faster (regions.py)
 """
 from __future__ import annotations
 
@@ -66,6 +68,15 @@ def start() -> None:
 
         PlanPoller(dispatcher, daemon, job_id, os.environ.get("RTXOPS_TOKEN"), interval,
                    verifier=_plan_verifier()).start()
+    compile_model = os.environ.get("RTXOPS_COMPILE_MODEL", "")
+    if compile_model and compile_model != "0":
+        from ..regions import RegionCompiler
+
+        def report(step: int, outcome: str) -> None:
+            v = dispatcher.plan.version
+            dispatcher.readings.swap(step, v, v, f"region:model:{outcome}")
+
+        dispatcher.regions = RegionCompiler(report, mode=None if compile_model == "1" else compile_model)
     atexit.register(_at_exit, dispatcher, os.environ.get("RTXOPS_SUMMARY"))
 
 

@@ -1,0 +1,178 @@
+"""Whole-region variant: the model's forward compiled with ``torch.compile`` in the background while
+eager steps go on, swapped in at a step boundary when ready, and kept only if it is faster.
+
+So the first step never waits for a compiler, and the converged step is never slower than the
+better of eager-with-variants and the compiled model. Steps:
+
+1. *discover* — during the first optimizer step a global module pre-hook notes the outermost
+   modules called; after the step the one holding most parameters is the model and the hooks go;
+2. *compile* — on the next call of the model its inputs are cloned and a background thread runs
+   the compiled forward and backward on them once (``torch.autograd.grad`` on a throw-away copy of
+   the graph: the parameters' ``.grad`` are not touched);
+3. *trial* — at the first step boundary after that, ``model.forward`` is replaced; ``trial_steps``
+   step times after the swap are compared with as many before it; the slower one loses and the
+   outcome is reported as an ``rtx.swap`` with digest ``region:model:<compiled|eager>``.
+
+Caveats (documented, not hidden): the background pass runs the model once more, so modules with
+side effects in forward (BatchNorm running statistics, dropout's RNG) see one extra call.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+log = logging.getLogger("rtxops.runtime")
+
+DISCOVER, WAIT_INPUTS, COMPILING, READY, TRIAL, COMPILED, EAGER, FAILED = (
+    "discover", "wait_inputs", "compiling", "ready", "trial", "compiled", "eager", "failed")
+
+
+class RegionCompiler:
+    """Compiles the training job's model in the background (see the module docstring).
+
+    ``on_step(step)`` is called at every optimizer-step boundary; ``report(step, outcome)`` is
+    called on a swap (``outcome`` is "compiled" or "eager")."""
+
+    def __init__(self, report: Callable[[int, str], None], *, mode: str | None = None,
+                 trial_steps: int = 20, compile_fn: Callable = torch.compile) -> None:
+        self.report = report
+        self.mode = mode
+        self.trial_steps = trial_steps
+        self.compile_fn = compile_fn
+        self.state = DISCOVER
+        self.error: str | None = None
+        self.compile_seconds: float | None = None
+        self._model: weakref.ReferenceType[nn.Module] | None = None
+        self._roots: dict[int, weakref.ReferenceType[nn.Module]] = {}
+        self._depth = threading.local()
+        self._compiled: Callable | None = None
+        self._step_ns: list[int] = []
+        self._last_ns: int | None = None
+        self._swap_step = 0
+        self._hooks = [
+            nn.modules.module.register_module_forward_pre_hook(self._pre),
+            nn.modules.module.register_module_forward_hook(self._post, always_call=True),
+        ]
+
+    # ---- discovery ---------------------------------------------------------------------------
+    def _pre(self, module: nn.Module, args: tuple) -> None:
+        depth = getattr(self._depth, "n", 0)
+        self._depth.n = depth + 1
+        if depth == 0 and threading.current_thread() is threading.main_thread():
+            self._roots.setdefault(id(module), weakref.ref(module))
+
+    def _post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self._depth.n = max(0, getattr(self._depth, "n", 1) - 1)
+
+    def _pick_model(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        roots = [r() for r in self._roots.values()]
+        roots = [m for m in roots if m is not None]
+        self._roots.clear()
+        model = max(roots, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
+        if model is None or not any(True for _ in model.parameters()):
+            self._fail("no module with parameters was called during the first step")
+            return
+        self._model = weakref.ref(model)
+        self._eager_forward = model.forward
+        self.state = WAIT_INPUTS
+
+        def capture(module, args, kwargs):  # one call's inputs, for the background compile
+            handle.remove()
+            if self.state == WAIT_INPUTS:
+                self.state = COMPILING
+                clones = ([_clone(a) for a in args], {k: _clone(v) for k, v in kwargs.items()})
+                threading.Thread(target=self._compile, args=(module, *clones),
+                                 name="rtxops-region-compile", daemon=True).start()
+
+        handle = model.register_forward_pre_hook(capture, with_kwargs=True)
+
+    # ---- background compile ----------------------------------------------------------------------
+    def _compile(self, model: nn.Module, args: list, kwargs: dict) -> None:
+        started = time.perf_counter()
+        try:
+            kw = {"mode": self.mode} if self.mode else {}
+            compiled = self.compile_fn(self._eager_forward, **kw)
+            with torch.enable_grad():
+                out = compiled(*args, **kwargs)
+                roots = [t for t in _tensors(out) if t.requires_grad and t.is_floating_point()]
+                params = [p for p in model.parameters() if p.requires_grad]
+                if roots and params:  # compiles the backward too, without touching .grad
+                    torch.autograd.grad([t.sum() for t in roots], params[:1], allow_unused=True)
+        except Exception as e:  # the job goes on in eager; the reason is kept and logged
+            self._fail(f"torch.compile failed: {type(e).__name__}: {e}")
+            return
+        self.compile_seconds = time.perf_counter() - started
+        self._compiled = compiled
+        self.state = READY
+
+    # ---- step boundary -----------------------------------------------------------------------------
+    def on_step(self, step: int) -> None:
+        now = time.perf_counter_ns()
+        if self._last_ns is not None:
+            self._step_ns.append(now - self._last_ns)
+            del self._step_ns[:-4 * self.trial_steps]
+        self._last_ns = now
+        if self.state == DISCOVER:
+            self._pick_model()
+        elif self.state == READY:
+            model = self._model() if self._model else None
+            if model is None:
+                self._fail("the model is gone")
+                return
+            self._before = list(self._step_ns[-self.trial_steps:])
+            self._step_ns.clear()
+            model.forward = self._compiled  # an instance attribute: one assignment, undone by del
+            self._swap_step, self.state = step, TRIAL
+            self.report(step, "compiled")
+        elif self.state == TRIAL and len(self._step_ns) >= self.trial_steps + 2:
+            after = self._step_ns[2:]  # the first calls after a swap may still specialise
+            if self._before and statistics.median(after) >= statistics.median(self._before):
+                model = self._model() if self._model else None
+                if model is not None:
+                    del model.forward
+                self.state = EAGER
+                self.report(step, "eager")
+            else:
+                self.state = COMPILED
+            log.info("region: compiled model %s (eager median %.2f ms, compiled %.2f ms)",
+                     "kept" if self.state == COMPILED else "reverted",
+                     statistics.median(self._before or [0]) / 1e6, statistics.median(after) / 1e6)
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def _fail(self, reason: str) -> None:
+        self.state, self.error = FAILED, reason
+        log.warning("region: %s; the job stays in eager", reason)
+
+
+def _clone(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone().requires_grad_(x.requires_grad)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_clone(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    return x
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for v in out for t in _tensors(v)]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _tensors(v)]
+    return []

@@ -1,0 +1,112 @@
+"""The whole-region variant: the model compiled in the background, swapped in at a step boundary,
+kept only when faster."""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rtxops.runtime import patching
+from rtxops.runtime.regions import COMPILED, EAGER, FAILED, RegionCompiler
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 10)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 64), nn.Linear(64, 32)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x):
+        return self.norm(self.fc2(F.gelu(self.fc1(x))))
+
+
+def train(steps: int, on_start=None, seed: int = 0, more=lambda: False) -> tuple[list[float], Net, list[float]]:
+    """``steps`` steps, then on while ``more()`` (at most 60 s)."""
+    torch.manual_seed(seed)
+    net, head = Net(), Head()  # head: a smaller root module, called separately
+    opt = torch.optim.SGD([*net.parameters(), *head.parameters()], lr=0.05)
+    if on_start:
+        on_start(net)
+    g = torch.Generator().manual_seed(seed)
+    losses, times = [], []
+    deadline = time.monotonic() + 60
+    while len(losses) < steps or (more() and time.monotonic() < deadline):
+        t = time.perf_counter()
+        x, y = torch.randn(8, 16, generator=g), torch.randint(0, 10, (8,), generator=g)
+        loss = F.cross_entropy(head.proj(net(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        times.append(time.perf_counter() - t)
+    return losses, net, times
+
+
+def aot_eager(fn, **kw):
+    return torch.compile(fn, backend="aot_eager")
+
+
+def run_with(compile_fn, steps=60, trial_steps=5, settle=False):
+    reports = []
+    d = patching.enable()
+    regions = d.regions = RegionCompiler(lambda step, outcome: reports.append((step, outcome)),
+                                         trial_steps=trial_steps, compile_fn=compile_fn)
+    try:
+        losses, net, _ = train(steps, more=lambda: settle and regions.state not in (COMPILED, EAGER, FAILED))
+    finally:
+        patching.disable()
+        regions.close()
+    return regions, reports, losses, net
+
+
+def test_the_model_compiles_in_the_background_and_swaps_in_at_a_step_boundary():
+    regions, reports, losses, net = run_with(aot_eager, steps=20, settle=True)
+    assert regions.error is None and regions.compile_seconds is not None
+    assert reports and reports[0][1] == "compiled" and reports[0][0] >= 2
+    assert regions.state in (COMPILED, EAGER)  # kept or reverted on measured step times
+    if regions.state == COMPILED:
+        assert "forward" in net.__dict__  # the instance's forward is the compiled one
+    plain, _, _ = train(len(losses))
+    torch.testing.assert_close(losses, plain, rtol=1e-4, atol=1e-5)  # same training
+
+
+def test_the_first_step_does_not_wait_for_the_compiler():
+    release = threading.Event()
+
+    def slow_compile(fn, **kw):
+        release.wait(30)  # the compiler takes "forever"
+        return fn
+
+    regions, reports, losses, _ = run_with(slow_compile, steps=10)
+    assert len(losses) == 10 and reports == []  # ten steps ran eager meanwhile
+    release.set()
+
+
+def test_a_slower_compiled_model_is_reverted():
+    def slower(fn, **kw):
+        def run(*a, **k):
+            time.sleep(0.01)
+            return fn(*a, **k)
+        return run
+
+    regions, reports, _, net = run_with(slower, steps=20, settle=True)
+    assert [o for _, o in reports] == ["compiled", "eager"]
+    assert regions.state == EAGER and "forward" not in net.__dict__
+
+
+def test_a_failing_compile_leaves_the_job_in_eager_with_the_reason():
+    def broken(fn, **kw):
+        raise RuntimeError("inductor fell over")
+
+    regions, reports, losses, net = run_with(broken, steps=20)
+    assert regions.state == FAILED and "inductor fell over" in regions.error
+    assert reports == [] and len(losses) == 20 and "forward" not in net.__dict__
