@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from .encode import encode
 from .recorder import StepRecord
 
 log = logging.getLogger("rtxops.telemetry")
@@ -110,10 +111,13 @@ class DuckDBSpanExporter(SpanExporter):
         self.store = store
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        from .otlp import encode_readable_spans, to_arrow
+        from .otlp import PROTOBUF, convert, encode_readable_spans, to_arrow
 
         try:
-            self.store.write(to_arrow(encode_readable_spans(spans), time.time_ns()))
+            body = encode(spans)
+            batch = (to_arrow(encode_readable_spans(spans), time.time_ns()) if body is None
+                     else convert(body, PROTOBUF, time.time_ns()))
+            self.store.write(batch)
         except Exception as e:
             log.warning("rtxops: DuckDB export failed: %s", e)
             return SpanExportResult.FAILURE
@@ -126,9 +130,35 @@ class DuckDBSpanExporter(SpanExporter):
 def otlp_http_exporter(daemon_url: str | None, token: str | None) -> SpanExporter:
     """OTLP/HTTP protobuf exporter: to the standard ``OTEL_EXPORTER_OTLP_*`` endpoint when one is
     set, else to the rtxops daemon at ``daemon_url`` with its bearer token."""
+    cls = _fast_otlp_exporter_class()
+    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return cls()
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    return cls(endpoint=daemon_url.rstrip("/") + "/v1/traces", headers=headers, timeout=10)
+
+
+def _fast_otlp_exporter_class() -> type:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        return OTLPSpanExporter()
-    headers = {"Authorization": f"Bearer {token}"} if token else None
-    return OTLPSpanExporter(endpoint=daemon_url.rstrip("/") + "/v1/traces", headers=headers, timeout=10)
+    class FastOTLPSpanExporter(OTLPSpanExporter):
+        """The SDK's OTLP/HTTP exporter (its HTTP client, retries, limits and metrics) with the
+        request encoded by :func:`.encode.encode`: the same bytes, ~10x cheaper on the job's CPU.
+        Falls back to the SDK's own encoder for what that does not handle, or where this SDK
+        version's internals differ."""
+
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            client = getattr(self, "_client", None)
+            metrics = getattr(self, "_metrics", None)
+            if getattr(self, "_shutdown", True) or client is None or metrics is None:
+                return super().export(spans)
+            body = encode(spans)
+            if body is None or len(body) > (getattr(self, "_max_request_size", None) or len(body)):
+                return super().export(spans)
+            with metrics.export_operation(len(spans)) as result:
+                sent = client.export(body)
+                if not sent.success:
+                    result.error = sent.error
+                    return SpanExportResult.FAILURE
+            return SpanExportResult.SUCCESS
+
+    return FastOTLPSpanExporter

@@ -1,0 +1,179 @@
+"""SDK spans → OTLP ``ExportTraceServiceRequest`` bytes, byte for byte what the OTLP exporters'
+own encoder (``encode_spans(...).SerializeToString()``) writes, at a fraction of its cost.
+
+That encoder builds a protobuf object per attribute; a job's kernel spans repeat the same slot
+attributes every step, so here each (key, value) pair is encoded once and its bytes reused.
+:func:`encode` returns None for spans it does not handle (links, map values, foreign types): the
+caller then uses the SDK's encoder.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_pack_d = struct.Struct("<d").pack
+_pack_q = struct.Struct("<Q").pack
+_pack_i = struct.Struct("<I").pack
+_HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200       # SpanFlags
+_KIND = {0: 1, 1: 2, 2: 3, 3: 4, 4: 5}          # SDK SpanKind value → OTLP Span.SpanKind
+
+
+class Unsupported(Exception):
+    """A span this encoder does not mirror exactly."""
+
+
+def varint(n: int) -> bytes:
+    if n < 0:
+        n += 1 << 64
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _len(tag: int, payload: bytes) -> bytes:
+    return bytes((tag,)) + varint(len(payload)) + payload
+
+
+def _string(tag: int, text: str) -> bytes:
+    return _len(tag, text.encode()) if text else b""
+
+
+def any_value(v: Any) -> bytes:
+    """AnyValue bytes (the oneof is written even when its value is the default)."""
+    if v is None:
+        return b""
+    cls = v.__class__
+    if cls is bool:
+        return b"\x10\x01" if v else b"\x10\x00"
+    if cls is str:
+        return _len(0x0A, v.encode())
+    if cls is int:
+        return b"\x18" + varint(v)
+    if cls is float:
+        return b"\x21" + _pack_d(v)
+    if cls is bytes:
+        return _len(0x3A, v)
+    if cls in (tuple, list):
+        return _len(0x2A, b"".join(_len(0x0A, any_value(x)) for x in v))
+    # subclasses (a TorchVersion is a str), in the order of the SDK encoder's isinstance checks
+    for base in (bool, str, int, float, bytes):
+        if isinstance(v, base):
+            return any_value(base(v))
+    if isinstance(v, Sequence) and not isinstance(v, Mapping):
+        return any_value(tuple(v))
+    raise Unsupported(f"attribute value of type {cls.__name__}")
+
+
+_CACHED = {str, int, bool, float, bytes, tuple}
+_kv_cache: dict[tuple, bytes] = {}
+_KV_CACHE_LIMIT = 1 << 14
+
+
+def key_value(tag: int, key: str, value: Any) -> bytes:
+    """One repeated KeyValue field (tag + length + KeyValue) of a message."""
+    cls = value.__class__
+    hashable = cls in _CACHED
+    if hashable:
+        got = _kv_cache.get((tag, key, cls, value))
+        if got is not None:
+            return got
+    out = _len(tag, _string(0x0A, key) + _len(0x12, any_value(value)))
+    if hashable:
+        if len(_kv_cache) >= _KV_CACHE_LIMIT:
+            _kv_cache.clear()
+        _kv_cache[(tag, key, cls, value)] = out
+    return out
+
+
+def _attributes(tag: int, attributes: Any) -> bytes:
+    if not attributes:
+        return b""
+    return b"".join([key_value(tag, k, v) for k, v in attributes.items()])
+
+
+def _span(span: Any) -> bytes:
+    if span.links:
+        raise Unsupported("links")
+    ctx = span.get_span_context()
+    parent = span.parent
+    parts = [b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big"), b"\x12\x08" + ctx.span_id.to_bytes(8, "big")]
+    if ctx.trace_state:
+        parts.append(_string(0x1A, ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())))
+    if parent is not None:
+        parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
+    parts.append(_string(0x2A, span.name))
+    kind = _KIND[span.kind.value]
+    parts.append(b"\x30" + varint(kind))
+    if span.start_time:
+        parts.append(b"\x39" + _pack_q(span.start_time))
+    if span.end_time:
+        parts.append(b"\x41" + _pack_q(span.end_time))
+    parts.append(_attributes(0x4A, span.attributes))
+    if span.dropped_attributes:
+        parts.append(b"\x50" + varint(span.dropped_attributes))
+    for event in span.events:
+        e = b""
+        if event.timestamp:
+            e += b"\x09" + _pack_q(event.timestamp)
+        e += _string(0x12, event.name) + _attributes(0x1A, event.attributes)
+        if event.dropped_attributes:
+            e += b"\x20" + varint(event.dropped_attributes)
+        parts.append(_len(0x5A, e))
+    if span.dropped_events:
+        parts.append(b"\x60" + varint(span.dropped_events))
+    if span.dropped_links:
+        parts.append(b"\x70" + varint(span.dropped_links))
+    status = span.status
+    if status is not None:
+        s = _string(0x12, status.description or "")
+        if status.status_code.value:
+            s += b"\x18" + varint(status.status_code.value)
+        parts.append(_len(0x7A, s))
+    flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
+    parts.append(b"\x85\x01" + _pack_i(flags))
+    return _len(0x12, b"".join(parts))
+
+
+def _scope(scope: Any) -> bytes:
+    if scope is None:
+        return b""
+    return _string(0x0A, scope.name) + _string(0x12, scope.version or "") + _attributes(
+        0x1A, scope.attributes)
+
+
+def encode(spans: Sequence[Any]) -> bytes | None:
+    """Request bytes for SDK ``ReadableSpan``s, or None (use the SDK's encoder)."""
+    # grouped as the SDK does (by equal resource, then scope), but looked up by identity first:
+    # hashing a Resource serializes its attributes to JSON
+    groups: list[tuple[Any, dict[Any, list[bytes]]]] = []
+    by_id: dict[int, dict[Any, list[bytes]]] = {}
+    try:
+        for span in spans:
+            resource = span.resource
+            scopes = by_id.get(id(resource))
+            if scopes is None:
+                scopes = next((g for r, g in groups if r == resource), None)
+                if scopes is None:
+                    scopes = {}
+                    groups.append((resource, scopes))
+                by_id[id(resource)] = scopes
+            scopes.setdefault(span.instrumentation_scope or None, []).append(_span(span))
+        out = []
+        for resource, scopes in groups:
+            body = _len(0x0A, _attributes(0x0A, resource.attributes))
+            for scope, encoded in scopes.items():
+                ss = _len(0x0A, _scope(scope)) + b"".join(encoded)
+                if scope is not None and scope.schema_url:
+                    ss += _string(0x1A, scope.schema_url)
+                body += _len(0x12, ss)
+            body += _string(0x1A, resource.schema_url or "")
+            out.append(_len(0x0A, body))
+    except (Unsupported, KeyError, AttributeError, OverflowError, TypeError):
+        return None
+    return b"".join(out)
