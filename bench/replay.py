@@ -1,7 +1,12 @@
-"""Search efficiency on real sweeps: record one exhaustive sweep of every candidate of a few
-(op, bucket) pairs on this machine (``rtxops tune --strategy exhaustive`` in worker processes, the
-correctness gate first), then replay each search strategy against it and count the trials each
-needs to come within 5 % of the best arm. Prints JSON (``--out`` writes it).
+"""Search efficiency on real sweeps: record one exhaustive sweep of every candidate of each op at
+two (or more) bucket sizes on this machine (one ``bench`` run of the evolve worker per sweep: every
+arm warmed up, then repetitions interleaved across arms), keep the sweeps as JSON, then replay each
+search strategy against each sweep and count the trials it needs to come within 5 % of the best arm.
+
+Thompson sampling is replayed twice: without priors, and with priors from the OTHER sweeps of the
+same op (leave-one-out: a sweep's own values never inform its prior). Sweeps already in
+``--sweeps-dir`` are reused (``--rerecord`` measures them again). Prints the summary; ``--out``
+writes the full JSON.
 
 The issue's target: the bandit (thompson) or successive halving reaches within 5 % of the best
 with ≤ 25 % of the exhaustive sweep's trials (median over the sweeps).
@@ -13,90 +18,148 @@ import json
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+SWEEPS_DIR = Path(__file__).parent / "results" / "sweeps"
+# Small-to-medium float32 CPU buckets, two sizes per op.
 TARGETS = [
     ("rms_norm", "float32/cpu/hidden=512,rows=256"),
     ("rms_norm", "float32/cpu/hidden=1024,rows=1024"),
     ("layer_norm", "float32/cpu/hidden=512,rows=256"),
     ("layer_norm", "float32/cpu/hidden=1024,rows=1024"),
+    ("softmax", "float32/cpu/cols=512,rows=256"),
+    ("softmax", "float32/cpu/cols=1024,rows=1024"),
+    ("gelu", "float32/cpu/tanh=0,hidden=512,rows=256"),
+    ("gelu", "float32/cpu/tanh=0,hidden=1024,rows=1024"),
+    ("silu", "float32/cpu/hidden=512,rows=256"),
+    ("silu", "float32/cpu/hidden=1024,rows=1024"),
+    ("swiglu", "float32/cpu/hidden=512,rows=256"),
+    ("swiglu", "float32/cpu/hidden=1024,rows=1024"),
+    ("cross_entropy", "float32/cpu/vocab=1024,rows=256,reduction=1,smoothing=0"),
+    ("cross_entropy", "float32/cpu/vocab=4096,rows=512,reduction=1,smoothing=0"),
+    ("rope", "float32/cpu/head_dim=64,seq=128,rows=8,unsqueeze_dim=1,same_qk=1"),
+    ("rope", "float32/cpu/head_dim=64,seq=256,rows=16,unsqueeze_dim=1,same_qk=1"),
+    ("attention", "float32/cpu/head_dim=64,seq_q=128,seq_kv=128,rows=4,causal=1,mask=0"),
+    ("attention", "float32/cpu/head_dim=64,seq_q=256,seq_kv=256,rows=8,causal=1,mask=0"),
+    ("linear", "float32/cpu/in_features=512,out_features=512,rows=256,bias=1"),
+    ("linear", "float32/cpu/in_features=1024,out_features=1024,rows=512,bias=1"),
 ]
+COMPARED = ("thompson", "thompson+priors", "successive_halving", "random", "exhaustive")
+
+
+def sweep_path(sweeps_dir: Path, op: str, bucket: str) -> Path:
+    safe = bucket.replace("/", "_").replace(",", "_").replace("=", "")
+    return sweeps_dir / f"{op}__{safe}.json"
+
+
+def record(op: str, bucket: str, reps: int, warmup: int, timeout_s: float) -> dict:
+    """One exhaustive sweep: every candidate arm of (op, bucket), one worker run."""
+    import torch
+
+    from rtxops.evolve.candidates import candidates
+    from rtxops.evolve.runner import run_worker
+    from rtxops.runtime.bucket import Bucket
+    from rtxops.runtime.registry import default_registry
+
+    arms = candidates(default_registry(), op, Bucket.parse(op, bucket))
+    t0 = time.monotonic()
+    results = run_worker({"command": "bench", "op": op, "bucket": bucket, "warmup": warmup,
+                          "reps": reps, "arms": [{"variant": a.variant, "config": a.config}
+                                                 for a in arms]}, timeout_s)
+    ok = [r for r in results if r.get("status") == "ok" and r.get("values")]
+    return {"op": op, "bucket": bucket, "reps": reps, "warmup": warmup,
+            "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "record_s": round(time.monotonic() - t0, 1),
+            "failed": {f'{r["variant"]} {json.dumps(r.get("config", {}), sort_keys=True)}':
+                       r.get("reason", "") for r in results if r not in ok},
+            "arms": [{"variant": r["variant"], "config": r.get("config", {}), "values": r["values"]}
+                     for r in ok]}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seeds", type=int, default=50)
-    p.add_argument("--no-compiled", action="store_true", help="leave torch.compile variants out")
+    p.add_argument("--sweeps-dir", type=Path, default=SWEEPS_DIR)
+    p.add_argument("--rerecord", action="store_true", help="measure sweeps already on disk again")
+    p.add_argument("--only", help="comma-separated ops to record (default: all)")
+    p.add_argument("--no-replay", action="store_true", help="record only")
+    p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out")
     a = p.parse_args()
 
-    import torch
-
-    from rtxops.evolve.candidates import candidates
-    from rtxops.evolve.offline import tune
-    from rtxops.evolve.replay import load_sweep, replay
-    from rtxops.runtime.bucket import Bucket
-    from rtxops.runtime.registry import default_registry
-    from rtxops.telemetry.store import Store
-
-    registry = default_registry()
-    results = []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "rtxops.duckdb")
-        try:
-            for op, bucket in TARGETS:
-                arms = candidates(registry, op, Bucket.parse(op, bucket))
-                variants = sorted({x.variant for x in arms if not (a.no_compiled and x.variant == "compiled")})
-                t0 = time.monotonic()
-                sweep_file = Path(tmp) / f"{op}-{len(results)}.json"
-                report = tune(store, registry, op=op, bucket=bucket, strategy="exhaustive",
-                              budget=len(arms) + 1, reps=a.reps, warmup=a.warmup, variants=variants,
-                              sweep_out=sweep_file)
-                (b,) = report["buckets"]
-                sweep = load_sweep(sweep_file)
-                replayed = replay(sweep, None, None, a.seeds)
-                medians = {k: statistics.median(v) for k, v in sweep.items()}
-                fastest = min(medians, key=medians.get)
-                results.append({
-                    "op": op, "bucket": bucket, "arms": len(sweep), "record_s": round(time.monotonic() - t0, 1),
-                    "gate_failures": b["gate_failures"], "best": fastest,
-                    "best_median_ns": medians[fastest], "reference_median_ns": medians.get("reference {}"),
-                    "within_5pct_arms": sum(m <= medians[fastest] * 1.05 for m in medians.values()),
-                    "replay": replayed, "sweep": json.loads(sweep_file.read_text()),
-                })
-                print(f"{op} {bucket}: {len(sweep)} arms, best {fastest}", file=sys.stderr)
-        finally:
-            store.close()
-
-    fractions = {}
-    for name in ("thompson", "successive_halving", "random", "exhaustive"):
-        per = [r["replay"]["strategies"][name]["median_trials"] / r["arms"]
-               if r["replay"]["strategies"][name]["median_trials"] is not None else None
-               for r in results]
-        fractions[name] = {"median_fraction_of_arms": statistics.median(x for x in per if x is not None)
-                           if any(x is not None for x in per) else None,
-                           "per_sweep": per,
-                           "reached": [r["replay"]["strategies"][name]["reached"] for r in results]}
-    best_of = min((fractions[n]["median_fraction_of_arms"] for n in ("thompson", "successive_halving")
-                   if fractions[n]["median_fraction_of_arms"] is not None), default=None)
-    out = {
-        "bench": "replay", "machine": platform.processor() or platform.machine(),
-        "torch": torch.__version__, "reps": a.reps, "warmup": a.warmup, "seeds": a.seeds,
-        "compiled_variants": not a.no_compiled, "seconds": round(time.monotonic() - started, 1),
-        "summary": {"strategies": fractions, "target_fraction": 0.25,
-                    "bandit_or_halving_fraction": best_of,
-                    "met": best_of is not None and best_of <= 0.25},
-        "sweeps": results,
-    }
+    a.sweeps_dir.mkdir(parents=True, exist_ok=True)
+    only = set(a.only.split(",")) if a.only else None
+    for op, bucket in TARGETS:
+        path = sweep_path(a.sweeps_dir, op, bucket)
+        if (only and op not in only) or (path.exists() and not a.rerecord):
+            continue
+        sweep = record(op, bucket, a.reps, a.warmup, a.timeout)
+        path.write_text(json.dumps(sweep, indent=1))
+        print(f"recorded {op} {bucket}: {len(sweep['arms'])} arms in {sweep['record_s']} s"
+              f"{' (failed: ' + ', '.join(sweep['failed']) + ')' if sweep['failed'] else ''}",
+              file=sys.stderr)
+    if a.no_replay:
+        return
+    out = replay_dir(a.sweeps_dir, a.seeds)
+    out["seconds"] = round(time.monotonic() - started, 1)
     text = json.dumps(out, indent=1)
     if a.out:
         Path(a.out).write_text(text)
     print(json.dumps(out["summary"], indent=1))
+
+
+def replay_dir(sweeps_dir: Path, seeds: int) -> dict:
+    """Replay every sweep in ``sweeps_dir`` (Thompson with and without leave-one-out priors)."""
+    from rtxops.evolve.replay import load_sweep_data, replay_many
+
+    files = sorted(sweeps_dir.glob("*.json"))
+    sweeps = [load_sweep_data(json.loads(f.read_text()), f) for f in files]
+    raw = [json.loads(f.read_text()) for f in files]
+    results = replay_many(sweeps, seeds=seeds)
+    per_sweep = []
+    for f, data, sweep, r in zip(files, raw, sweeps, results):
+        medians = {k: statistics.median(v) for k, v in sweep.arms.items()}
+        fastest = min(medians, key=medians.get)
+        per_sweep.append({
+            "file": f.name, "op": sweep.op, "bucket": sweep.bucket, "arms": len(sweep.arms),
+            "reps": data.get("reps"), "record_s": data.get("record_s"), "best": fastest,
+            "best_median_ns": medians[fastest], "reference_median_ns": medians.get("reference {}"),
+            "within_5pct_arms": sum(m <= medians[fastest] * 1.05 for m in medians.values()),
+            "prior_best": r.get("prior_best"), "replay": r})
+    summary: dict = {"strategies": {}, "target_fraction": 0.25, "sweeps": len(per_sweep),
+                     "ops": sorted({s["op"] for s in per_sweep})}
+    for name in COMPARED:
+        per, reached = [], []
+        for s in per_sweep:
+            st = s["replay"]["strategies"].get(name)
+            if st is None:
+                continue
+            per.append(st["median_trials"] / s["arms"] if st["median_trials"] is not None else None)
+            reached.append(st["reached"])
+        done = [x for x in per if x is not None]
+        summary["strategies"][name] = {
+            # a sweep where the strategy never got there counts as 1.0 (all its trials and more)
+            "median_fraction_of_arms": statistics.median(x if x is not None else 1.0 for x in per)
+            if per else None,
+            "median_fraction_where_reached": statistics.median(done) if done else None,
+            "median_reached_share": statistics.median(reached) if reached else None,
+            "per_sweep": per, "reached": reached}
+    best = {n: summary["strategies"][n]["median_fraction_of_arms"]
+            for n in ("thompson", "thompson+priors", "successive_halving")}
+    summary["best_bandit_or_halving"] = min(
+        (k for k in best if best[k] is not None), key=best.get, default=None)
+    summary["bandit_or_halving_fraction"] = best.get(summary["best_bandit_or_halving"])
+    summary["met"] = (summary["bandit_or_halving_fraction"] is not None
+                      and summary["bandit_or_halving_fraction"] <= 0.25)
+    import torch
+
+    return {"bench": "replay", "machine": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "seeds": seeds, "within": 0.05,
+            "summary": summary, "sweeps": per_sweep}
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ rounds, each one ``bench`` worker run of the arms it asked (a crash there fails 
 the tuner) → ``trials`` rows and ``rtx.trial`` spans → tuning-database rows (source ``offline``) →
 a decision (``offline_best``: the best arm against the reference, with its statistics).
 A trial is one arm's repetitions in one worker run; the budget counts every trial, the baseline's
-included.
+included. The thompson strategy starts from priors: the op's tuning rows on other buckets
+(:func:`rtxops.evolve.priors.tuning_priors`).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from rtxops.telemetry.store import Store
 
 from . import stats
 from .candidates import Arm, candidates
+from .priors import tuning_priors
 from .runner import WorkerError, run_worker
 from .screen import screen
 from .search import STRATEGIES, make_strategy
@@ -137,8 +139,11 @@ class _Tuner:
         passed, failed = screen(self.tuning, op, bucket, arms, self.timeout_s)
         values: dict[Arm, list[float]] = {}
         trials: list[dict] = []
+        # the bandit starts from what this op measured on other buckets (same device, versions)
+        prior = tuning_priors(self.store, self.registry, op, bucket, sorted(passed)) \
+            if self.strategy == "thompson" and passed else {}
         s = make_strategy(self.strategy, sorted(passed), max(1, self.budget - 1), seed=self.seed,
-                          batch=BATCH) if passed and self.budget > 1 else None
+                          batch=BATCH, prior=prior or None) if passed and self.budget > 1 else None
         asked = s.ask() if s else []
         first = True
         while (first or asked) and not self.stopped():
@@ -154,6 +159,7 @@ class _Tuner:
         decision = self._decide(op, bucket, best, values, trials, failed)
         self.progress("done", trials=len(trials))
         return {"op": op, "bucket": bucket, "candidates": len(arms), "gate_passed": len(passed),
+                "prior_arms": len(prior),
                 "gate_failures": {str(a): r for a, r in failed.items()},
                 "trials": len(trials), "best": _arm_dict(best) if best else None,
                 "decision": decision,

@@ -116,30 +116,119 @@ class SuccessiveHalving(Strategy):
 
 class ThompsonSampling(Strategy):
     """A bandit: each arm's log value has a normal posterior; every trial goes to the arm whose
-    posterior draw is lowest. Arms never measured are tried first. Uses telemetry as reward."""
+    posterior draw is lowest. Uses telemetry as reward.
+
+    Without ``prior``, arms never measured are tried first. With ``prior`` (arm → (mean, sd) of its
+    log value *relative to the best arm*, e.g. from other buckets: :mod:`rtxops.evolve.priors`),
+    no arm is forced: an unmeasured arm draws from its prior mapped onto this bucket (scale and
+    slope fitted on the measured arms, :meth:`_fit`); a measured one draws from the normal-normal
+    posterior, so measurements override a wrong prior. Arms missing from
+    ``prior`` get a weak one (the median prior mean, sd ``prior_sd``). With a prior, picks are
+    top-two (see :meth:`_top_two`)."""
 
     name = "thompson"
+    uses_prior = True
+    slope_shrink = 0.2  # pulls the prior→bucket slope towards 1 like one agreeing pair 0.45 apart
 
-    def __init__(self, arms, budget, seed=0, batch=1, prior_sd: float = 0.5) -> None:
+    def __init__(self, arms, budget, seed=0, batch=1, prior_sd: float = 0.5,
+                 prior: dict[Arm, tuple[float, float]] | None = None,
+                 obs_sd: float = 0.1, top_two: float = 0.5) -> None:
         super().__init__(arms, budget, seed, batch)
-        self.prior_sd = prior_sd
+        self.prior_sd, self.obs_sd, self.top_two = prior_sd, obs_sd, top_two
+        self.prior: dict[Arm, tuple[float, float]] | None = None
+        if prior:
+            given = {a: (float(m), max(float(sd), 1e-3)) for a, (m, sd) in prior.items()}
+            weak = (_median([m for m, _ in given.values()]), prior_sd)
+            self.prior = {a: given.get(a, weak) for a in self.arms}
 
     def _propose(self) -> list[Arm]:
-        untried = [a for a in self.arms if not self.values.get(a)]
-        if untried:
-            return untried[: self.batch]
+        if self.prior is None:
+            untried = [a for a in self.arms if not self.values.get(a)]
+            if untried:
+                return untried[: self.batch]
         out = []
         for _ in range(self.batch):
-            draws = {a: self._draw(a) for a in self.arms}
-            out.append(min(draws, key=draws.get))
+            if self.prior is not None:
+                out.append(self._top_two())
+            else:
+                draws = {a: self._draw(a) for a in self.arms}
+                out.append(min(draws, key=draws.get))
         return out
 
+    def _top_two(self) -> Arm:
+        """Top-two Thompson sampling (Russo 2016), for finding the best arm: the leader of one
+        posterior draw with probability ``top_two``, else the first other arm to lead a fresh
+        draw. Without it a relative prior can trap the bandit: re-measuring only the prior's
+        favourite moves the bucket's scale, never the ranking."""
+        fit, noise = self._fit(), self._noise()
+        post = {a: self.posterior(a, fit, noise) for a in self.arms}
+
+        def lead() -> tuple[Arm, dict]:
+            draws = {a: self.rng.gauss(m, sd) for a, (m, sd) in post.items()}
+            return min(draws, key=draws.get), draws
+
+        leader, draws = lead()
+        if len(self.arms) == 1 or self.rng.random() < self.top_two:
+            return leader
+        for _ in range(50):
+            other, draws = lead()
+            if other != leader:
+                return other
+        return sorted(draws, key=draws.get)[1]
+
     def _draw(self, arm: Arm) -> float:
-        logs = [math.log(max(v, 1e-12)) for v in self.values[arm]]
+        logs = _logs(self.values[arm])
         mean = sum(logs) / len(logs)
-        spread = (sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)) ** 0.5 if len(logs) > 1 \
-            else self.prior_sd
+        spread = _sd(logs) if len(logs) > 1 else self.prior_sd
         return self.rng.gauss(mean, max(spread, 0.01) / math.sqrt(len(logs)))
+
+    def posterior(self, arm: Arm, fit: tuple[float, float, float] | None = None,
+                  noise: float | None = None) -> tuple[float, float]:
+        """Mean and sd of ``arm``'s log value: its prior mapped onto this bucket (see
+        :meth:`_fit`), updated with what was told (normal-normal); the mapped prior itself for
+        an arm never measured."""
+        scale, slope, misfit = self._fit() if fit is None else fit
+        m0, s0 = self.prior[arm]
+        m0, s0 = scale + slope * m0, max(s0, misfit)
+        logs = _logs(self.values.get(arm, []))
+        if not logs:
+            return m0, s0
+        noise = self._noise() if noise is None else noise
+        precision = 1 / s0 ** 2 + len(logs) / noise ** 2
+        mean = (m0 / s0 ** 2 + sum(logs) / noise ** 2) / precision
+        return mean, precision ** -0.5
+
+    def _fit(self) -> tuple[float, float, float]:
+        """How priors map onto this bucket: measured log mean ≈ scale + slope × prior mean, fitted
+        over the measured arms (slope shrunk towards 1, :attr:`slope_shrink`), and the RMS misfit.
+        One arm fixes only the scale; more reveal a prior that ranks this bucket wrongly (a slope
+        far from 1, or a large misfit), so arms the prior wrote off get explored."""
+        pts = []
+        for a, v in self.values.items():
+            logs = [x for x in _logs(v) if math.isfinite(x)]
+            if logs and a in self.prior:
+                pts.append((self.prior[a][0], sum(logs) / len(logs)))
+        if not pts:
+            return 0.0, 1.0, 0.0
+        mx = sum(x for x, _ in pts) / len(pts)
+        my = sum(y for _, y in pts) / len(pts)
+        sxx = sum((x - mx) ** 2 for x, _ in pts)
+        sxy = sum((x - mx) * (y - my) for x, y in pts)
+        slope = (sxy + self.slope_shrink) / (sxx + self.slope_shrink)
+        scale = my - slope * mx
+        resid = [y - scale - slope * x for x, y in pts]
+        misfit = (sum(r * r for r in resid) / (len(pts) - 2)) ** 0.5 if len(pts) > 2 else 0.0
+        return scale, slope, misfit
+
+    def _noise(self) -> float:
+        """One trial's log-value noise: pooled over arms measured more than once, else ``obs_sd``."""
+        ss = dof = 0.0
+        for v in self.values.values():
+            logs = [x for x in _logs(v) if math.isfinite(x)]
+            if len(logs) > 1:
+                ss += _sd(logs) ** 2 * (len(logs) - 1)
+                dof += len(logs) - 1
+        return max((ss / dof) ** 0.5, 0.01) if dof >= 3 else self.obs_sd
 
     def best(self) -> Arm | None:
         # the most-measured arms are the ones the bandit believes in; break ties by median
@@ -155,16 +244,29 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 
 def make_strategy(name: str, arms: Sequence[Arm], budget: int, seed: int = 0,
-                  batch: int | None = None) -> Strategy:
-    """The strategy called ``name`` (exhaustive, random, successive_halving, thompson)."""
+                  batch: int | None = None,
+                  prior: dict[Arm, tuple[float, float]] | None = None) -> Strategy:
+    """The strategy called ``name`` (exhaustive, random, successive_halving, thompson).
+    ``prior`` (arm → (relative log mean, sd)) goes to strategies that use one (thompson); the
+    others ignore it."""
     try:
         cls = STRATEGIES[name]
     except KeyError:
         raise ValueError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})") from None
-    return cls(arms, budget, seed) if batch is None else cls(arms, budget, seed, batch)
+    kw = {"prior": prior} if prior and getattr(cls, "uses_prior", False) else {}
+    return cls(arms, budget, seed, **kw) if batch is None else cls(arms, budget, seed, batch, **kw)
 
 
 def _median(values: list[float]) -> float:
     s = sorted(values)
     n = len(s)
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def _logs(values: list[float]) -> list[float]:
+    return [math.log(max(v, 1e-12)) for v in values]
+
+
+def _sd(xs: list[float]) -> float:
+    m = sum(xs) / len(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
