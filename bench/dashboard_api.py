@@ -159,7 +159,7 @@ def main() -> None:
                                     "spans_per_s": round(ingest.sent / elapsed),
                                     "refused_requests": ingest.refused, "errors": ingest.errors},
             "max_p95_ms_default_window": max(r["p95_ms"] for r in default.values()),
-            "max_p95_ms_1h_window": max(r["p95_ms"] for r in results.values()),
+            "max_p95_ms_1h_window": max(r["p95_ms"] for k, r in results.items() if k not in BULK),
             "over_target": sorted(k for k, r in results.items()
                                   if r["p95_ms"] >= TARGET_P95_MS and k not in BULK),
             "endpoints": results,
