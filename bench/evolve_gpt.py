@@ -1,0 +1,139 @@
+"""Evolve on the example GPT (issue #5's numbers), side by side in one run, same seed and steps:
+
+* ``eager``: ``python examples/train_gpt.py``;
+* ``compile``: the same with ``torch.compile(model)``;
+* ``rtxops``: ``rtxops run --compile-model`` with the evolve loop on (in-process daemon).
+
+Reports time to first step (process start → first step's line), converged step time (median of
+the last quarter of steps), speed-ups, and the largest loss difference from eager. Then the cost
+of exploring: the GPT under ``rtxops run --direct`` with a plan on the reference vs the same plan
+with explore arms on every recorded bucket (10 % of its calls over its candidates), alternated.
+JSON on stdout (``--out`` writes it too).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT = [sys.executable, str(ROOT / "examples" / "train_gpt.py"), "--json"]
+RTXOPS = [sys.executable, "-m", "rtxops.cli"]
+
+
+def run_job(command: list[str], env: dict[str, str]) -> dict:
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT)
+    steps, first = [], None
+    for line in proc.stdout:
+        if line.startswith("{"):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if "step" in row:
+                first = first or time.perf_counter() - started
+                steps.append(row)
+    err = proc.stderr.read()
+    if proc.wait() != 0:
+        raise SystemExit(f"{command} failed: {err[-2000:]}")
+    tail = [s["step_s"] for s in steps[-max(1, len(steps) // 4):]]
+    return {"first_step_s": round(first, 3), "converged_step_ms": round(1000 * statistics.median(tail), 2),
+            "steps": len(steps), "losses": [s["loss"] for s in steps], "stderr_tail": err[-400:]}
+
+
+def side_by_side(steps: int, env: dict[str, str]) -> dict:
+    home = tempfile.mkdtemp(prefix="rtxops-bench-")
+    out = {
+        "eager": run_job(GPT + ["--steps", str(steps)], env),
+        "compile": run_job(GPT + ["--steps", str(steps), "--compile"], env),
+        "rtxops": run_job(RTXOPS + ["run", "--compile-model", "--name", "bench", "--no-summary", "--"]
+                          + GPT + ["--steps", str(steps)],
+                          {**env, "RTXOPS_HOME": home, "RTXOPS_EVOLVE": "1"}),
+    }
+    eager, compiled, rtx = out["eager"], out["compile"], out["rtxops"]
+    out["speedup_vs_eager"] = round(eager["converged_step_ms"] / rtx["converged_step_ms"], 3)
+    out["vs_compile"] = round(compiled["converged_step_ms"] / rtx["converged_step_ms"], 3)
+    out["first_step_vs_eager"] = round(rtx["first_step_s"] / eager["first_step_s"], 3)
+    out["compile_first_step_vs_eager"] = round(compiled["first_step_s"] / eager["first_step_s"], 3)
+    out["max_loss_diff_vs_eager"] = max(abs(a - b) for a, b in zip(eager["losses"], rtx["losses"]))
+    for r in out.values():
+        if isinstance(r, dict):
+            r.pop("losses", None)
+    return out
+
+
+def exploration_cost(steps: int, rounds: int, env: dict[str, str]) -> dict:
+    """Step time with explore arms on every bucket vs without, runs alternated."""
+    from rtxops.evolve.candidates import candidates
+    from rtxops.runtime.bucket import Bucket
+    from rtxops.runtime.plan import ExploreArm, Plan, PlanEntry
+    from rtxops.runtime.registry import default_registry
+    from rtxops.telemetry.store import ReadOnlyStore
+
+    tmp = Path(tempfile.mkdtemp(prefix="rtxops-explore-"))
+    store = tmp / "probe.duckdb"
+    subprocess.run(RTXOPS + ["run", "--direct", "--no-summary", "--"] + GPT + ["--steps", "5"],
+                   env={**env, "RTXOPS_STORE": str(store)}, cwd=ROOT, check=True,
+                   capture_output=True)
+    ro = ReadOnlyStore(store)
+    buckets = ro.cursor().execute("SELECT DISTINCT op, bucket FROM kernel_spans").fetchall()
+    ro.close()
+    registry = default_registry()
+    base, explore = [], []
+    for op, bucket in buckets:
+        arms = [a for a in candidates(registry, op, Bucket.parse(op, bucket))
+                if a.variant not in ("reference", "compiled")]  # compiles would stall the run
+        base.append(PlanEntry(op, bucket, "reference"))
+        if arms:
+            arms = arms[:3]
+            explore.append(PlanEntry(op, bucket, "reference", {}, tuple(
+                ExploreArm(a.variant, a.config, 0.10 / len(arms)) for a in arms)))
+        else:
+            explore.append(PlanEntry(op, bucket, "reference"))
+    plans = {}
+    for name, entries in (("reference", base), ("explore", explore)):
+        path = tmp / f"{name}.json"
+        path.write_text(Plan(version=1, entries=tuple(entries)).to_json())
+        plans[name] = path
+    times: dict[str, list[float]] = {"reference": [], "explore": []}
+    for _ in range(rounds):
+        for name, path in plans.items():
+            r = run_job(RTXOPS + ["run", "--direct", "--no-telemetry", "--no-summary", "--plan", str(path),
+                                  "--"] + GPT + ["--steps", str(steps)], env)
+            times[name].append(r["converged_step_ms"])
+    ref, exp = statistics.median(times["reference"]), statistics.median(times["explore"])
+    return {"buckets": len(buckets), "explored_buckets": sum(1 for e in explore if e.explore),
+            "step_ms": times, "overhead": round(exp / ref - 1, 4)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--explore-steps", type=int, default=120)
+    p.add_argument("--explore-rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2, help="torch threads per job (OMP_NUM_THREADS)")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RTXOPS_", "OTEL_"))}
+    env["OMP_NUM_THREADS"] = str(args.threads)
+    result = {"bench": "evolve_gpt", "steps": args.steps, "cpus": os.cpu_count(),
+              "targets": {"speedup_vs_eager": 1.25, "vs_compile": 1.0, "first_step_vs_eager": 1.5,
+                          "exploration_overhead": 0.05},
+              "side_by_side": side_by_side(args.steps, env),
+              "exploration": exploration_cost(args.explore_steps, args.explore_rounds, env)}
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
