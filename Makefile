@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch lies on local disk on these machines; any newer range pulls a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_WORKERS ?= 2
-DEMO_STEPS ?= 30
+DEMO_STEPS ?= 300
 
 .PHONY: install demo test bench clean chromium
 
@@ -40,6 +40,11 @@ bench: install
 	$(PY) bench/ingest.py --out bench/results/ingest.json
 	$(PY) bench/store_query.py --out bench/results/store_query.json
 	$(PY) bench/soak.py --minutes 8 --out bench/results/soak.json
+	$(PY) bench/evolve_gpt.py --out bench/results/evolve_gpt.json
+	$(PY) bench/replay.py --out bench/results/replay.json
+	$(PY) bench/sign_verify.py --out bench/results/sign_verify.json
+	$(PY) bench/dashboard_api.py --out bench/results/dashboard_api.json
+	$(PY) bench/page_load.py --out bench/results/page_load.json
 
 clean:
 	rm -rf $(VENV) .rtxops .pytest_cache
