@@ -33,6 +33,7 @@ from rtxops.telemetry.store import Store
 from . import stats
 from .candidates import Arm, candidates
 from .config import LoopConfig
+from .priors import tuning_priors
 from .screen import screen
 from .search import Strategy, make_strategy
 from .trace import TrialSpans
@@ -184,8 +185,11 @@ class EvolveLoop:
             return bt
         bt.step_before = [r["duration_ns"] for r in store_evolve.step_durations(
             self.store, job, max(0, last - self.config.window_steps), last)]
+        prior = (tuning_priors(self.store, self.registry, op, bucket, sorted(passed))
+                 if self.config.strategy == "thompson" else None)
         bt.strategy = make_strategy(self.config.strategy, sorted(passed), self.config.budget,
-                                    seed=self.config.seed, batch=self.config.max_arms)
+                                    seed=self.config.seed, batch=self.config.max_arms,
+                                    prior=prior or None)
         log.info("evolve: job %s: tuning %s %s (share %.1f%%, %d candidates)", job, op, bucket,
                  100 * (hs["share"] or 0), len(passed))
         self._next_round(job, bt, last)
