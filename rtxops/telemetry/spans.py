@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 from opentelemetry import trace
-from opentelemetry.sdk.trace import Tracer
+from opentelemetry.sdk.trace import Event, ReadableSpan, Tracer, sampling
+from opentelemetry.trace import SpanContext, TraceFlags
 
 from rtxops.runtime.readings import Slot
 
@@ -53,6 +54,11 @@ class SpanBuilder:
         self.totals = totals  # a CallStats the whole run's calls and time are added to
         self._sampled: dict[int, int] = {}
         self._window = 0
+        self._direct = self._use_direct = _direct_spans(tracer)
+        # as the SDK sets them: sampled, and W3C "random trace id" where the SDK knows that flag
+        random_id = getattr(getattr(tracer, "id_generator", None), "is_trace_id_random", lambda: False)()
+        self._root_flags = TraceFlags(TraceFlags.SAMPLED | (
+            getattr(TraceFlags, "RANDOM_TRACE_ID", 0) if random_id else 0))
         # perf_counter_ns -> Unix epoch ns; both clocks are read together once
         self._epoch_offset = time.time_ns() - perf_counter_ns()
 
@@ -71,11 +77,11 @@ class SpanBuilder:
             **self.step_attributes(),
             **(extra or {}),
         }
-        step_span = self.tracer.start_span(S.STEP, attributes=attrs, start_time=self.epoch(rec.start_ns))
-        for slot, message, at in rec.errors:
-            step_span.add_event(S.ERROR_EVENT, self._slot_attributes(slot, "fwd") | {S.REASON: message},
-                                timestamp=self.epoch(at))
-        ctx = trace.set_span_in_context(step_span)
+        events = [(S.ERROR_EVENT, self._slot_attributes(slot, "fwd") | {S.REASON: message}, self.epoch(at))
+                  for slot, message, at in rec.errors]
+        self._use_direct = self._direct and len(events) <= _MAX_EVENTS
+        step_span = self._start(S.STEP, None, attrs, self.epoch(rec.start_ns), events)
+        ctx = step_span[1] if self._use_direct else trace.set_span_in_context(step_span)
         made = 1
         made += self._kernel_spans(ctx, calls, rec, "fwd")
         if rec.backward:
@@ -84,13 +90,46 @@ class SpanBuilder:
         made += self._call_spans(ctx, calls, rec.step)
         made += self._compile_spans(ctx, rec)
         for step, old, new, digest, at in rec.swaps:
-            span = self.tracer.start_span(S.SWAP, context=ctx, start_time=self.epoch(at), attributes={
-                S.STEP_NUMBER: step, S.PLAN_FROM: old, S.PLAN_TO: new, S.PLAN_DIGEST: digest,
-                S.PLAN_VERSION: new})
-            span.end(end_time=self.epoch(at))
+            self._emit(S.SWAP, ctx, {S.STEP_NUMBER: step, S.PLAN_FROM: old, S.PLAN_TO: new,
+                                      S.PLAN_DIGEST: digest, S.PLAN_VERSION: new},
+                       self.epoch(at), self.epoch(at))
             made += 1
-        step_span.end(end_time=self.epoch(rec.end_ns))
+        self._end(step_span, self.epoch(rec.end_ns))
         return made
+
+    # Spans are either SDK ReadableSpans made here and handed to the provider's processors
+    # (``_direct``: what the tracer would have made, for a fraction of its ~35 µs, which on a
+    # 2-core machine comes straight out of the job's step time), or started and ended through the
+    # tracer when it samples or limits differently from the SDK defaults.
+
+    def _start(self, name: str, parent, attrs: dict, start: int, events=()):
+        if not self._use_direct:
+            span = self.tracer.start_span(name, context=parent, attributes=attrs, start_time=start)
+            for event_name, event_attrs, at in events:
+                span.add_event(event_name, event_attrs, timestamp=at)
+            return span
+        t = self.tracer
+        if parent is None:
+            trace_id, flags = t.id_generator.generate_trace_id(), self._root_flags
+        else:
+            trace_id, flags = parent.trace_id, parent.trace_flags
+        context = SpanContext(trace_id, t.id_generator.generate_span_id(), is_remote=False,
+                              trace_flags=flags)
+        return [name, context, parent, _clean(attrs), start,
+                tuple(Event(n, _clean(a), timestamp=at) for n, a, at in events)]
+
+    def _end(self, span, end: int) -> None:
+        if not self._use_direct:
+            span.end(end_time=end)
+            return
+        name, context, parent, attrs, start, events = span
+        t = self.tracer
+        t.span_processor.on_end(ReadableSpan(
+            name, context, parent, t.resource, attrs, events, (), trace.SpanKind.INTERNAL,
+            t.instrumentation_info, _UNSET, start, end, t._instrumentation_scope))
+
+    def _emit(self, name: str, parent, attrs: dict, start: int, end: int) -> None:
+        self._end(self._start(name, parent, attrs, start), end)
 
     def _slot_attributes(self, slot: int, phase: str) -> dict:
         s = self.slots[slot]
@@ -139,9 +178,7 @@ class SpanBuilder:
                     self.totals.build_misses[s] += misses
             if sampled:
                 attrs[S.SAMPLED] = True
-            span = self.tracer.start_span(S.KERNEL, context=ctx, attributes=attrs,
-                                          start_time=self.epoch(first[s]))
-            span.end(end_time=self.epoch(last[s]))
+            self._emit(S.KERNEL, ctx, attrs, self.epoch(first[s]), self.epoch(last[s]))
             made += 1
         return made
 
@@ -159,9 +196,8 @@ class SpanBuilder:
             if k >= per:
                 continue
             taken[slot] = k + 1
-            span = self.tracer.start_span(S.CALL, context=ctx, start_time=self.epoch(start),
-                                          attributes=self._slot_attributes(slot, "fwd") | {S.STEP_NUMBER: step})
-            span.end(end_time=self.epoch(start + dur))
+            self._emit(S.CALL, ctx, self._slot_attributes(slot, "fwd") | {S.STEP_NUMBER: step},
+                       self.epoch(start), self.epoch(start + dur))
             made += 1
             if len(taken) >= len(self.slots) and all(v >= per for v in taken.values()):
                 break
@@ -172,12 +208,32 @@ class SpanBuilder:
         for slot, start, dur, hit in rec.builds:
             if hit:
                 continue
-            span = self.tracer.start_span(S.COMPILE, context=ctx, start_time=self.epoch(start),
-                                          attributes=self._slot_attributes(slot, "fwd") | {
-                                              S.STEP_NUMBER: rec.step, S.CACHE_MISSES: 1})
-            span.end(end_time=self.epoch(start + dur))
+            self._emit(S.COMPILE, ctx, self._slot_attributes(slot, "fwd") | {
+                S.STEP_NUMBER: rec.step, S.CACHE_MISSES: 1}, self.epoch(start), self.epoch(start + dur))
             made += 1
         return made
+
+
+_MAX_EVENTS = 128                      # the SDK's default span limit, checked in _direct_spans
+_UNSET = trace.Status(trace.StatusCode.UNSET)
+
+
+def _direct_spans(tracer) -> bool:
+    """Whether spans may be made without the tracer: an SDK tracer that records every span
+    (the default sampler) under the default attribute limits."""
+    from opentelemetry.sdk.trace import SpanLimits
+
+    limits = getattr(tracer, "_span_limits", None)
+    return (getattr(tracer, "sampler", None) in (sampling.DEFAULT_ON, sampling.ALWAYS_ON)
+            and hasattr(tracer, "_instrumentation_scope") and hasattr(tracer, "span_processor")
+            and limits is not None and limits.max_span_attributes >= 128
+            and limits.max_event_attributes >= 128 and limits.max_attribute_length is None
+            and limits.max_events >= 128)
+
+
+def _clean(attrs: dict) -> dict:
+    """Attribute values as the SDK stores them (sequences become tuples)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items()}
 
 
 def _bit_length(values: np.ndarray) -> np.ndarray:

@@ -103,3 +103,50 @@ def test_resource_and_plan_attributes():
     assert step.resource.attributes[S.JOB_ID] == "job-1"
     assert step.attributes[S.PLAN_VERSION] == d.plan.version
     assert step.attributes[S.RSS] > 0
+
+
+def test_spans_made_without_the_tracer_equal_the_tracers():
+    """The builder's direct ReadableSpans carry what tracer-made spans carry (ids aside)."""
+    import random
+    from array import array
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from rtxops.runtime.readings import Slot
+    from rtxops.telemetry.exporters import StepProcessor
+    from rtxops.telemetry.recorder import StepRecord
+    from rtxops.telemetry.spans import SpanBuilder
+
+    slots = [Slot(i, "gelu", "eager", "{}", f"b{i}", "F.gelu", "eager") for i in range(3)]
+    rnd = random.Random(1)
+    calls = array("q", [v for i in range(30) for v in (i % 3, 1000 * i, rnd.randrange(100, 9000))])
+    rec = StepRecord(4, 0, 50_000, 2, 123, calls, backward=[(1, 10, 500)],
+                     builds=[(2, 5, 300, False)], errors=[(0, "boom", 70)], swaps=[(4, 1, 2, "d", 80)],
+                     memory={0: (10, 20)})
+    made = {}
+    for direct in (True, False):
+        provider = TracerProvider(resource=Resource.create(RESOURCE))
+        processor = StepProcessor()
+        provider.add_span_processor(processor)
+        builder = SpanBuilder(provider.get_tracer("rtxops"), slots, lambda: {S.RSS: 5},
+                              CallSampling(2, 10))
+        assert builder._direct
+        builder._direct = direct
+        builder._epoch_offset = 0
+        builder.build(rec, {S.DROPPED_STEPS: 0})
+        made[direct] = processor.drain()
+
+    def view(spans):
+        by_id = {s.context.span_id: s.name for s in spans}
+        return [(s.name, by_id.get(s.parent.span_id) if s.parent else None, dict(s.attributes),
+                 s.start_time, s.end_time, s.kind, s.status.status_code, s.resource,
+                 s.instrumentation_scope, [(e.name, dict(e.attributes), e.timestamp) for e in s.events],
+                 s.dropped_attributes, s.context.trace_flags,
+                 s.parent.trace_id == s.context.trace_id if s.parent else True) for s in spans]
+
+    a, b = view(made[True]), view(made[False])
+    for x, y in zip(a, b):
+        for i, (u, v) in enumerate(zip(x, y)):
+            assert u == v, (i, u, v)
+    assert a == b and len(a) > 5
