@@ -51,6 +51,8 @@ class ExportThread:
         self.spans_exported = 0
         self.spans_failed = 0
         self.exports_failed = 0
+        self.steps_built = 0
+        self.cpu_s = 0.0                  # this thread's CPU time: what telemetry takes from the job
         self._thread = threading.Thread(target=self._run, name="rtxops-telemetry", daemon=True)
         self._thread.start()
 
@@ -75,11 +77,13 @@ class ExportThread:
             try:
                 if rec:
                     self._build(rec, self.counters())
+                    self.steps_built += 1
                 if rec is None or time.monotonic() >= next_export:
                     self._export(self.processor.drain())
                     next_export = time.monotonic() + self.interval_s
             except Exception:  # telemetry must never take the job down
                 log.exception("rtxops: building or exporting spans failed")
+            self.cpu_s = time.thread_time()
             if rec is None:
                 return
 

@@ -8,9 +8,11 @@ runtime itself never imports this package. Configuration:
 ``RTXOPS_CALL_SAMPLES`` sampled rtx.call spans, ``"per_slot/window_steps"`` (default ``2/10``)
 ``RTXOPS_RECORDER_CAPACITY`` call records kept per step (default 65536; more are dropped, counted)
 ``RTXOPS_EXPORT_INTERVAL_S`` seconds between exports (default 1; spans of several steps go together)
+``RTXOPS_TELEMETRY_STATS`` a file to write the export thread's figures to at exit (JSON; benchmarks)
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -47,6 +49,12 @@ class JobTelemetry:
             self.recorder.flush(dispatcher.plan.version, rss_bytes())
         self.thread.close()
         self.exporter.shutdown()
+        stats_path = os.environ.get("RTXOPS_TELEMETRY_STATS")
+        if stats_path:
+            t = self.thread
+            with open(stats_path, "w") as f:
+                json.dump({"export_thread_cpu_s": t.cpu_s, "steps": t.steps_built,
+                           "spans_exported": t.spans_exported, "spans_failed": t.spans_failed}, f)
         if self.store is not None:
             self.store.close()
 
