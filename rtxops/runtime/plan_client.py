@@ -11,6 +11,7 @@ Plain HTTP with the standard library: the runtime depends on no web framework.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import logging
 import threading
@@ -25,6 +26,10 @@ from .plan import Plan
 
 PlanVerifier = Callable[[dict[str, bytes], int], bytes]
 log = logging.getLogger("rtxops.runtime")
+
+
+class _Retry(Exception):
+    """The signed bundle could not be fetched this time (network, timeout, not staged yet)."""
 
 
 class PlanPoller:
@@ -61,7 +66,9 @@ class PlanPoller:
                 log.debug("rtxops: plan poll failed: %s", e)
 
     def poll_once(self) -> str:
-        """One poll: ``"unchanged"``, ``"none"``, ``"installed"`` or ``"refused"``."""
+        """One poll: ``"unchanged"``, ``"none"``, ``"installed"``, ``"refused"`` or ``"retry"``
+        (the bundle could not be fetched; the ETag is kept unrecorded so the next poll tries the
+        same version again). The ETag is recorded only once a version is installed or refused."""
         query = urllib.parse.urlencode({"job": self.job_id})
         req = urllib.request.Request(f"{self.base}/v1/plans/current?{query}")
         if self.etag:
@@ -75,11 +82,11 @@ class PlanPoller:
             if e.code == 404:
                 return "none"
             raise
-        self.etag = etag
         try:
             plan = Plan.from_json(body)
             running = self.dispatcher.plan.version
             if plan.version == running and self.dispatcher.pending is None:
+                self.etag = etag
                 return "unchanged"
             if plan.version < running:
                 raise PlanError(f"plan version {plan.version} is not newer than the running version "
@@ -89,14 +96,19 @@ class PlanPoller:
             if problem:
                 raise PlanError(problem)
             self.dispatcher.install_plan(plan)
+        except _Retry as e:  # the bundle could not be fetched this time: no verdict, poll again
+            log.info("rtxops: %s; will retry", e)
+            return "retry"
         except Exception as e:  # a refused plan, whatever the reason: the job keeps its plan
             version = _version_of(body)
             reason = str(e) if isinstance(e, PlanError) else f"{type(e).__name__}: {e}"
             if not isinstance(e, PlanError) or reason not in self.dispatcher.plan_rejections:
                 self.dispatcher.plan_rejections.append(reason)
             self.refused.append((version, reason))
+            self.etag = etag  # a definite verdict: this version is not offered again
             self._report(version, reason)
             return "refused"
+        self.etag = etag
         self.installed.append(plan.version)
         return "installed"
 
@@ -109,8 +121,14 @@ class PlanPoller:
             with urllib.request.urlopen(f"{self.base}/v1/plans/bundle?{query}", timeout=10) as resp:
                 data = json.loads(resp.read())
         except urllib.error.HTTPError as e:
+            if e.code == 404 or e.code >= 500:  # not staged yet, or the daemon's trouble: retry
+                raise _Retry(f"plan version {served.version}: no signed bundle yet "
+                             f"(HTTP {e.code})") from None
             raise PlanError(f"plan version {served.version} refused: no signed bundle "
                             f"(HTTP {e.code})") from None
+        except (OSError, http.client.HTTPException) as e:  # URLError, timeout, reset, cut short
+            raise _Retry(f"plan version {served.version}: could not fetch its signed bundle "
+                         f"({type(e).__name__}: {e})") from None
         files = {name: base64.b64decode(text) for name, text in data.get("files", {}).items()}
         plan = Plan.from_json(self.verifier(files, self.dispatcher.plan.version))
         if plan.digest != served.digest:

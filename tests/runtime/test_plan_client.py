@@ -1,0 +1,127 @@
+"""The plan poller against a real local HTTP server: a bundle that cannot be fetched this time
+(404 while it is staged, a 5xx, a dropped connection) is retried on the next poll, neither
+reported as refused nor remembered by ETag; a definite refusal is remembered."""
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from rtxops.runtime.dispatcher import Dispatcher
+from rtxops.runtime.errors import PlanError
+from rtxops.runtime.plan_client import PlanPoller
+
+from .helpers import plan_for
+
+
+class Endpoint:
+    def __init__(self, plan_json: bytes) -> None:
+        self.plan_json = plan_json
+        self.bundle_answers: list[int | str] = []  # HTTP codes or "drop", served in turn; then 200
+        self.reports: list[dict] = []
+        self.lock = threading.Lock()
+
+    def serve(self) -> ThreadingHTTPServer:
+        ep = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code, body=b"", headers=None):
+                self.send_response(code)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                etag = '"v7"'
+                if self.path.startswith("/v1/plans/current"):
+                    if self.headers.get("If-None-Match") == etag:
+                        return self._send(304)
+                    return self._send(200, ep.plan_json, {"ETag": etag})
+                if self.path.startswith("/v1/plans/bundle"):
+                    with ep.lock:
+                        answer = ep.bundle_answers.pop(0) if ep.bundle_answers else 200
+                    if answer == "drop":
+                        self.close_connection = True
+                        self.wfile.flush()
+                        self.connection.shutdown(2)
+                        return
+                    if answer != 200:
+                        return self._send(answer, b"{}")
+                    files = {"plan.json": base64.b64encode(ep.plan_json).decode()}
+                    return self._send(200, json.dumps({"files": files}).encode())
+                self._send(404)
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", 0))
+                ep.reports.append(json.loads(self.rfile.read(n)))
+                self._send(200, b"{}")
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+
+@pytest.fixture
+def endpoint():
+    ep = Endpoint(plan_for(7).to_json().encode())
+    server = ep.serve()
+    ep.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield ep
+    server.shutdown()
+
+
+def accept(files, running):
+    return files["plan.json"]
+
+
+def test_transient_bundle_failures_are_retried_not_refused(endpoint):
+    endpoint.bundle_answers = [404, 503, "drop"]
+    poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", None, verifier=accept)
+    assert [poller.poll_once() for _ in range(3)] == ["retry", "retry", "retry"]
+    assert poller.etag is None and poller.refused == [] and endpoint.reports == []
+    assert poller.poll_once() == "installed"
+    assert poller.installed == [7] and poller.etag == '"v7"'
+    assert poller.poll_once() == "unchanged"
+
+
+def test_daemon_away_on_the_bundle_fetch_is_retried(endpoint):
+    poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", None, verifier=accept)
+    real = poller._verified
+
+    def away(plan):  # the daemon goes away between /current and /bundle
+        poller.base, base = "http://127.0.0.1:9", poller.base
+        try:
+            return real(plan)
+        finally:
+            poller.base = base
+
+    poller._verified = away
+    assert poller.poll_once() == "retry"
+    assert poller.etag is None and poller.refused == []
+    poller._verified = real
+    assert poller.poll_once() == "installed"
+
+
+def test_a_definite_refusal_is_reported_once_and_remembered(endpoint):
+    def refuse(files, running):
+        raise PlanError("signature does not verify")
+
+    poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", None, verifier=refuse)
+    assert poller.poll_once() == "refused"
+    assert poller.etag == '"v7"' and len(endpoint.reports) == 1
+    assert poller.poll_once() == "unchanged" and len(endpoint.reports) == 1
+
+
+def test_a_forbidden_bundle_is_a_refusal(endpoint):
+    endpoint.bundle_answers = [403]
+    poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", None, verifier=accept)
+    assert poller.poll_once() == "refused"
+    assert "HTTP 403" in poller.refused[0][1]
