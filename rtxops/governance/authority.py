@@ -92,13 +92,16 @@ def verify_plan_directory(directory: str | Path, keyring_file: str, job: dict,
                           running_version: int) -> bytes:
     """``plan.json`` of the plan bundle at ``directory`` once it verifies as a job requires
     (signature, trusted key, digests, policy, kind plan, version newer than the running one);
-    else VerificationError with the reason."""
+    else VerificationError with the reason. The bytes returned are the ones verification hashed
+    and parsed (the file is not read again)."""
     report = verify(directory, Trust(keyring=Keyring.load(keyring_file)), policies=load_policies(),
                     expected_kind="plan", newer_than=running_version, job=job)
     if not report.ok:
         f = report.failure
         raise VerificationError(f.name, f.message)
-    return (Path(directory) / "plan.json").read_bytes()
+    if report.plan_bytes is None:
+        raise VerificationError("plan", "a plan bundle must hold plan.json")
+    return report.plan_bytes
 
 
 def _warm_signing() -> None:

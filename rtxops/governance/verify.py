@@ -2,6 +2,7 @@
 check stops it (later checks rely on the earlier ones)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ class Report:
     path: str
     checks: list[Check] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
+    plan_bytes: bytes | None = field(default=None, repr=False)  # the verified plan.json, as hashed
 
     @property
     def ok(self) -> bool:
@@ -124,7 +126,12 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
         if problem:
             raise VerificationError("signer", problem)
 
-    digests = hashing.result()
+    # the files this function parses are hashed from the very bytes it parses (read once), so a
+    # file swapped between the hashing and the parsing cannot pass
+    parsed = {PROVENANCE: prov_bytes, SBOM: sbom_bytes}
+    if kind == "plan" and PLAN in signed and PLAN in names:
+        parsed[PLAN] = read_limited(root / PLAN, MAX_METADATA_BYTES, "plan")
+    digests = {**hashing.result(), **{n: hashlib.sha256(b).hexdigest() for n, b in parsed.items()}}
     _files(names, signed, digests)
     report.passed("files", f"every file's sha256 matches the signed statement ({len(signed)} files)")
 
@@ -145,7 +152,7 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
     if kind == "plan":
         if PLAN not in signed:
             raise VerificationError("plan", f"a plan bundle must hold {PLAN}")
-        plan = _plan_json(root)
+        plan = _plan_json(parsed[PLAN])
         if plan.get("version") != version:
             raise VerificationError("plan", f"{PLAN} has version {plan.get('version')!r}, the "
                                             f"provenance says {version}")
@@ -175,6 +182,7 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
         if not result.allowed:
             raise VerificationError("policy", "denied: " + "; ".join(result.reasons))
         report.passed("policy", f"allowed by {', '.join(p.name for p in policies)}")
+    report.plan_bytes = parsed.get(PLAN)
 
 
 def _signature(env: _dsse.Envelope, trust: Trust, report: Report) -> dict:
@@ -214,9 +222,9 @@ def _files(names: list[str], signed: dict[str, str], digests: dict[str, str]) ->
                                              f"{signed[n][:16]}… (tampered, truncated or swapped)")
 
 
-def _plan_json(root: Path) -> dict:
+def _plan_json(data: bytes) -> dict:
     try:
-        data = json.loads(read_limited(root / PLAN, MAX_METADATA_BYTES, "plan"))
+        data = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise VerificationError("plan", f"{PLAN} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
