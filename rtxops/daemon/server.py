@@ -195,8 +195,14 @@ class Daemon:
         return self
 
     def reload(self) -> None:
-        """SIGHUP: re-read plans (and, once governance lands, policies) from disk."""
-        self.board.reload()
+        """SIGHUP: re-read plans and policies from disk. A broken file is logged and the policies
+        in force stay (this runs in the signal handler: raising here would kill the daemon)."""
+        try:
+            self.board.reload()
+        except Exception as e:
+            log.error(json.dumps({"event": "reload_failed", "error": f"{type(e).__name__}: {e}",
+                                  "kept": "the policies loaded before stay in force"}))
+            return
         log.info(json.dumps({"event": "reloaded"}))
 
     def shutdown(self) -> None:
