@@ -147,7 +147,10 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
             from rtxops.daemon.errors import JobSpecError
             from rtxops.daemon.jobs import JobSpec
 
-            local = Daemon(home, port=0).start_in_thread(wait=False)
+            try:
+                local = Daemon(home, port=0).start_in_thread(wait=False)
+            except ValueError as e:  # a malformed RTXOPS_EVOLVE_* setting
+                raise DaemonError(str(e)) from None
             try:
                 job_id = local.supervisor.submit(JobSpec(command=list(command), name=name, env=env,
                                                          cwd=os.getcwd())).id
@@ -252,7 +255,10 @@ def daemon(
             time.sleep(0.1)
         raise _fail(f"the daemon did not come up; see {h.root / 'daemon.log'}", 1)
     configure_logging()
-    d = Daemon(h, host=host, port=port)
+    try:
+        d = Daemon(h, host=host, port=port)
+    except ValueError as e:  # a malformed RTXOPS_EVOLVE_* setting
+        raise _fail(str(e)) from None
     raise typer.Exit(d.serve_forever())
 
 

@@ -37,6 +37,8 @@ log = logging.getLogger("rtxops.daemon")
 class Daemon:
     def __init__(self, home: Home, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  job_grace_s: float = 10.0) -> None:
+        # a malformed RTXOPS_EVOLVE_* setting stops the daemon here, before it touches anything
+        self.evolve_config = LoopConfig.from_env() if evolve_enabled() else None
         self.home = home.ensure()
         self.host, self.port = host, port or _free_port(host)
         self.job_grace_s = job_grace_s
@@ -79,7 +81,7 @@ class Daemon:
         from rtxops.runtime.registry import default_registry
 
         return EvolveLoop(self.store, self.board, default_registry(), self.running_jobs,
-                          LoopConfig.from_env())
+                          self.evolve_config)
 
     def running_jobs(self) -> list[str]:
         if self.supervisor is None or self._stopping.is_set():
@@ -126,8 +128,8 @@ class Daemon:
         from .app import create_app
 
         self.supervisor = self._make_supervisor()
-        if evolve_enabled() and self.evolve is None:
-            self.evolve = EvolveScheduler(self._make_evolve_loop, LoopConfig.from_env().interval_s).start()
+        if self.evolve_config is not None and self.evolve is None:
+            self.evolve = EvolveScheduler(self._make_evolve_loop, self.evolve_config.interval_s).start()
         config = uvicorn.Config(create_app(self), host=self.host, port=self.port,
                                 log_level="warning", access_log=False, lifespan="off")
         self.server = uvicorn.Server(config)

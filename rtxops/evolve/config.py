@@ -30,13 +30,36 @@ class LoopConfig:
     variants: str = ""               # comma-separated allow-list of variant names ("": all)
     seed: int = 0
     gate_timeout_s: float = 600.0
+    swap_timeout_s: float = 300.0    # a job that has not swapped to a published plan by then: failed
 
     @classmethod
     def from_env(cls, **overrides) -> LoopConfig:
+        """Read ``RTXOPS_EVOLVE_*``; a malformed value raises ValueError naming the variable."""
         values = {}
         for f in fields(cls):
-            raw = os.environ.get(f"RTXOPS_EVOLVE_{f.name.upper()}")
-            if raw is not None:
-                kind = type(f.default)
+            name = f"RTXOPS_EVOLVE_{f.name.upper()}"
+            raw = os.environ.get(name)
+            if raw is None:
+                continue
+            kind = type(f.default)
+            try:
                 values[f.name] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
-        return cls(**{**values, **overrides})
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+        config = cls(**{**values, **overrides})
+        config.check()
+        return config
+
+    def check(self) -> None:
+        from .search import STRATEGIES  # no torch there
+
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"RTXOPS_EVOLVE_STRATEGY={self.strategy!r}: known strategies are "
+                             f"{', '.join(STRATEGIES)}")
+        if self.objective not in ("time", "memory", "time+memory"):
+            raise ValueError(f"RTXOPS_EVOLVE_OBJECTIVE={self.objective!r}: time, memory or time+memory")
+        for name in ("interval_s", "window_steps", "budget", "max_arms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"RTXOPS_EVOLVE_{name.upper()} must be > 0")
+        if not 0 < self.explore_share <= 0.5:
+            raise ValueError("RTXOPS_EVOLVE_EXPLORE_SHARE must be in (0, 0.5]")

@@ -46,6 +46,14 @@ def check(spec: OpSpec, variant: Variant, config: dict, bucket: Bucket, seed: in
     candidate = _run(fn, args, kwargs, None, grad_seed)
     if isinstance(candidate, Exception):
         return GateResult(False, f"raised {type(candidate).__name__}: {candidate}")
+    (c_out, c_grad), (o_out, o_grad), (r_out, _) = candidate, oracle, reference
+    if len(c_out) != len(o_out):
+        return GateResult(False, f"{len(c_out)} tensor outputs, the reference has {len(o_out)}")
+    for i, (c, r) in enumerate(zip(c_out, r_out)):
+        if c.dtype != r.dtype:
+            return GateResult(False, f"output {i}: dtype {c.dtype}, the reference gives {r.dtype}")
+    if len(c_grad) != len(o_grad) or any(c is None and o is not None for c, o in zip(c_grad, o_grad)):
+        return GateResult(False, "no gradient where the reference has one (autograd is cut)")
     worst = 0.0
     for what, (c, o, r) in _pairs(candidate, oracle, reference):
         grad = what.startswith("grad")

@@ -92,7 +92,8 @@ class EvolveLoop:
         self.tuning = TuningDB(store, registry)
         self.trial_spans = TrialSpans(store)
         self.jobs: dict[str, JobEvolution] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one tick at a time
+        self._status: dict = {}  # a snapshot for readers, replaced after every tick
 
     # ---- the tick ----------------------------------------------------------------------------
     def tick(self) -> None:
@@ -106,12 +107,13 @@ class EvolveLoop:
                     self._tick_job(job)
                 except Exception:  # one job's trouble must not stop the loop for the others
                     log.exception("evolve: tick failed for job %s", job)
+            self._status = {job: {"active": s.active.summary() if s.active else None,
+                                  "done": [b.summary() for b in s.done.values()]}
+                            for job, s in self.jobs.items()}
 
     def status(self) -> dict:
-        with self._lock:
-            return {job: {"active": s.active.summary() if s.active else None,
-                          "done": [b.summary() for b in s.done.values()]}
-                    for job, s in self.jobs.items()}
+        """Where every job's tuning stands, as of the last tick (never waits for a tick)."""
+        return self._status
 
     def _tick_job(self, job: str) -> None:
         last = store_evolve.last_step(self.store, job)
@@ -131,13 +133,20 @@ class EvolveLoop:
         swapped = store_evolve.swap_step(self.store, job, bt.plan_version)
         if swapped is None:
             self._check_refused(job, bt)
+            waited = (time.time_ns() - bt.published_ns) / 1e9
+            if bt.phase in ("exploring", "canary") and waited > self.config.swap_timeout_s:
+                self._decide_record(job, bt, "refused", None, None,
+                                    reason=f"the job did not swap to plan {bt.plan_version} within "
+                                           f"{self.config.swap_timeout_s:g} s")
+                bt.phase = "failed"
+        # the swap step itself closes calls made before the swap: windows start after it
         elif bt.phase == "exploring":
-            bt.round_from = swapped
+            bt.round_from = swapped + 1
             if last >= swapped + self.config.window_steps:
                 self._finish_round(job, bt, last)
                 self._next_round(job, bt, last)
         elif bt.phase == "canary":
-            bt.canary_from = swapped
+            bt.canary_from = swapped + 1
             if last >= swapped + self.config.window_steps:
                 self._finish_canary(job, bt, last)
         if bt.phase not in ("exploring", "canary"):
@@ -201,7 +210,7 @@ class EvolveLoop:
 
     # ---- explore rounds --------------------------------------------------------------------------
     def _next_round(self, job: str, bt: BucketTuning, last: int) -> None:
-        arms = bt.strategy.ask() if bt.strategy else []
+        arms = list(dict.fromkeys(bt.strategy.ask())) if bt.strategy else []
         if not arms:
             self._decide(job, bt, last)
             return
@@ -308,6 +317,13 @@ class EvolveLoop:
             self.tuning.record(bt.op, bt.bucket, bt.winner, source="canary", trials=len(live),
                                median_ns=statistics.median(live) if live else None,
                                status="regressed", reason=reason)
+            if published is None:  # refused: say so; the regressed kernel is still running
+                bt.phase = "failed"
+                self._decide_record(job, bt, "rollback_failed", bt.winner, cmp,
+                                    reason=f"{reason}; the rollback plan was refused, NOT applied",
+                                    extra=evidence)
+                log.error("evolve: job %s: rollback of %s %s refused", job, bt.op, bt.bucket)
+                return
             bt.phase = "rolled_back"
             self._decide_record(job, bt, "rollback", bt.winner, cmp, reason=reason,
                                 plan_version=published.version if published else None,

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from typing import Callable
 
@@ -17,8 +18,11 @@ def run_worker(request: dict, timeout_s: float = 600.0,
                on_progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Send ``request`` to a fresh worker; return its result lines in order. A worker that runs
     past ``timeout_s`` is killed; a crash raises :class:`WorkerError` with its stderr tail."""
+    # stderr goes to a file: a chatty kernel (compiler logs, warnings) must not fill a pipe
+    # nobody drains and block the worker
+    stderr = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen([sys.executable, "-m", "rtxops.evolve.worker"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdout=subprocess.PIPE, stderr=stderr, text=True,
                             env={**os.environ, "RTXOPS_ENABLE": "0"})
     timer = threading.Timer(timeout_s, proc.kill)
     timer.start()
@@ -43,8 +47,10 @@ def run_worker(request: dict, timeout_s: float = 600.0,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    stderr.seek(0)
+    tail = stderr.read()[-2000:]
+    stderr.close()
     if code != 0:
-        tail = proc.stderr.read()[-2000:] if proc.stderr else ""
         reason = "timed out" if code in (-9, 137) else f"exited with {code}"
         raise WorkerError(f"evolve worker {reason}: {tail.strip()}")
     return results

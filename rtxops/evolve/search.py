@@ -146,13 +146,19 @@ class ThompsonSampling(Strategy):
             untried = [a for a in self.arms if not self.values.get(a)]
             if untried:
                 return untried[: self.batch]
-        out = []
-        for _ in range(self.batch):
+        # distinct arms per batch: a batch runs at once (one explore round), so a repeated arm
+        # would count the same steps as evidence twice
+        out: list[Arm] = []
+        for _ in range(20 * self.batch):
+            if len(out) >= min(self.batch, len(self.arms)):
+                break
             if self.prior is not None:
-                out.append(self._top_two())
+                arm = self._top_two()
             else:
                 draws = {a: self._draw(a) for a in self.arms}
-                out.append(min(draws, key=draws.get))
+                arm = min(draws, key=draws.get)
+            if arm not in out:
+                out.append(arm)
         return out
 
     def _top_two(self) -> Arm:
@@ -231,11 +237,14 @@ class ThompsonSampling(Strategy):
         return max((ss / dof) ** 0.5, 0.01) if dof >= 3 else self.obs_sd
 
     def best(self) -> Arm | None:
-        # the most-measured arms are the ones the bandit believes in; break ties by median
+        """The lowest median among the most-measured arms (at least half as many trials as the
+        most-measured one): one lucky trial of a barely-tried arm does not win."""
         measured = {a: v for a, v in self.values.items() if v}
         if not measured:
             return None
-        return min(measured, key=lambda a: _median(measured[a]))
+        most = max(len(v) for v in measured.values())
+        trusted = {a: v for a, v in measured.items() if 2 * len(v) >= most}
+        return min(trusted, key=lambda a: _median(trusted[a]))
 
 
 STRATEGIES: dict[str, type[Strategy]] = {

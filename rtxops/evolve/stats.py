@@ -19,6 +19,7 @@ from .config import MIN_GAIN
 CONFIDENCE = 0.99
 RESAMPLES = 2000
 MIN_SAMPLES = 5
+MAX_SAMPLES = 2000
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ def compare_paired(incumbent: Sequence[float], candidate: Sequence[float], *,
     if len(ratios) < min_samples:
         return _too_few(len(ratios), min_samples)
     rng = np.random.default_rng(seed)
+    ratios = _bounded(ratios, rng)
     means = rng.choice(ratios, size=(resamples, len(ratios)), replace=True).mean(axis=1)
     observed = float(ratios.mean())
     # sign-flip permutation test: under "no difference" every paired log ratio is as likely
@@ -72,10 +74,16 @@ def compare_independent(incumbent: Sequence[float], candidate: Sequence[float], 
     if n < min_samples:
         return _too_few(n, min_samples)
     rng = np.random.default_rng(seed)
+    a, b = _bounded(a, rng), _bounded(b, rng)
     diffs = (np.median(rng.choice(b, size=(resamples, len(b))), axis=1)
              - np.median(rng.choice(a, size=(resamples, len(a))), axis=1))
     observed = float(np.median(b) - np.median(a))
     return _decide(observed, diffs, _mann_whitney_less(b, a), n, min_gain, confidence)
+
+
+def _bounded(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """At most MAX_SAMPLES values (a random subset): resampling costs resamples × n."""
+    return values if len(values) <= MAX_SAMPLES else rng.choice(values, MAX_SAMPLES, replace=False)
 
 
 def _log_ratios(incumbent: Sequence[float], candidate: Sequence[float]) -> np.ndarray:
@@ -114,13 +122,10 @@ def _mann_whitney_less(b: np.ndarray, a: np.ndarray) -> float:
     order = both.argsort(kind="mergesort")
     ranks = np.empty(len(both))
     ranks[order] = np.arange(1, len(both) + 1)
-    for value in np.unique(both):  # average ranks over ties
-        tied = both == value
-        if tied.sum() > 1:
-            ranks[tied] = ranks[tied].mean()
+    _, inverse, counts = np.unique(both, return_inverse=True, return_counts=True)
+    ranks = (np.bincount(inverse, weights=ranks) / counts)[inverse]  # average ranks over ties
     n1, n2 = len(b), len(a)
     u = ranks[len(a):].sum() - n1 * (n1 + 1) / 2
-    _, counts = np.unique(both, return_counts=True)
     n = n1 + n2
     var = n1 * n2 / 12 * ((n + 1) - (counts ** 3 - counts).sum() / (n * (n - 1)))
     if var <= 0:

@@ -9,12 +9,14 @@ better of eager-with-variants and the compiled model. Steps:
 2. *compile* — on the next call of the model its inputs are cloned and a background thread runs
    the compiled forward and backward on them once (``torch.autograd.grad`` on a throw-away copy of
    the graph: the parameters' ``.grad`` are not touched);
-3. *trial* — at the first step boundary after that, ``model.forward`` is replaced; ``trial_steps``
-   step times after the swap are compared with as many before it; the slower one loses and the
-   outcome is reported as an ``rtx.swap`` with digest ``region:model:<compiled|eager>``.
+3. *trial* — once compiled, ``trial_steps`` more eager steps are timed (with no compiler running
+   beside them), then ``model.forward`` is replaced at a step boundary and as many compiled steps
+   are timed; the slower one loses and the outcome is reported as an ``rtx.swap`` with digest
+   ``region:model:<compiled|eager>``.
 
 Caveats (documented, not hidden): the background pass runs the model once more, so modules with
-side effects in forward (BatchNorm running statistics, dropout's RNG) see one extra call.
+side effects in forward (BatchNorm running statistics, dropout's RNG) see one extra call. Jobs
+under ``torch.distributed`` are left alone (a background pass could desynchronise collectives).
 """
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ from torch import nn
 
 log = logging.getLogger("rtxops.runtime")
 
-DISCOVER, WAIT_INPUTS, COMPILING, READY, TRIAL, COMPILED, EAGER, FAILED = (
-    "discover", "wait_inputs", "compiling", "ready", "trial", "compiled", "eager", "failed")
+DISCOVER, WAIT_INPUTS, COMPILING, BASELINE, TRIAL, COMPILED, EAGER, FAILED = (
+    "discover", "wait_inputs", "compiling", "baseline", "trial", "compiled", "eager", "failed")
 
 
 class RegionCompiler:
@@ -56,6 +58,8 @@ class RegionCompiler:
         self._step_ns: list[int] = []
         self._last_ns: int | None = None
         self._swap_step = 0
+        self._baseline_from: int | None = None
+        self._before: list[int] = []
         self._hooks = [
             nn.modules.module.register_module_forward_pre_hook(self._pre),
             nn.modules.module.register_module_forward_hook(self._post, always_call=True),
@@ -113,25 +117,43 @@ class RegionCompiler:
             return
         self.compile_seconds = time.perf_counter() - started
         self._compiled = compiled
-        self.state = READY
+        self.state = BASELINE
 
     # ---- step boundary -----------------------------------------------------------------------------
     def on_step(self, step: int) -> None:
+        try:
+            self._on_step(step)
+        except Exception as e:  # never the job's death: back to eager, with the reason
+            model = self._model() if self._model else None
+            if model is not None and "forward" in model.__dict__:
+                del model.forward
+            self._fail(f"{type(e).__name__}: {e}")
+
+    def _on_step(self, step: int) -> None:
         now = time.perf_counter_ns()
         if self._last_ns is not None:
             self._step_ns.append(now - self._last_ns)
-            del self._step_ns[:-4 * self.trial_steps]
+            if self.state != BASELINE:
+                del self._step_ns[:-4 * self.trial_steps]
         self._last_ns = now
         if self.state == DISCOVER:
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                self._fail("a torch.distributed job: whole-model compile is left to the script")
+                return
             self._pick_model()
-        elif self.state == READY:
+        elif self.state == BASELINE:
+            if self._baseline_from is None:  # eager steps from now on run without the compiler
+                self._baseline_from = len(self._step_ns)
+                return
+            if len(self._step_ns) - self._baseline_from < self.trial_steps:
+                return
             model = self._model() if self._model else None
             if model is None:
                 self._fail("the model is gone")
                 return
-            self._before = list(self._step_ns[-self.trial_steps:])
+            self._before = list(self._step_ns[self._baseline_from:])
             self._step_ns.clear()
-            model.forward = self._compiled  # an instance attribute: one assignment, undone by del
+            model.forward = self._guarded(model)  # an instance attribute: undone by del
             self._swap_step, self.state = step, TRIAL
             self.report(step, "compiled")
         elif self.state == TRIAL and len(self._step_ns) >= self.trial_steps + 2:
@@ -147,6 +169,21 @@ class RegionCompiler:
             log.info("region: compiled model %s (eager median %.2f ms, compiled %.2f ms)",
                      "kept" if self.state == COMPILED else "reverted",
                      statistics.median(self._before or [0]) / 1e6, statistics.median(after) / 1e6)
+
+    def _guarded(self, model: nn.Module) -> Callable:
+        """The compiled forward; if it ever raises (a recompile failing on new shapes, say), the
+        model goes back to eager for good and this call runs eager: the step goes on."""
+        compiled, eager = self._compiled, self._eager_forward
+
+        def forward(*args, **kwargs):
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as e:
+                if "forward" in model.__dict__:
+                    del model.forward
+                self._fail(f"the compiled model raised {type(e).__name__}: {e}")
+                return eager(*args, **kwargs)
+        return forward
 
     def close(self) -> None:
         for h in self._hooks:

@@ -60,17 +60,18 @@ def swap_step(q, job_id: str, plan_version: int) -> int | None:
 
 def hotspots(q, job_id: str, since_step: int) -> list[dict]:
     """Every (op, bucket) of a job since ``since_step``: its kernel time (forward + sampled
-    backward, scaled to every step), calls per step, the variant with most calls, and the CV of
-    its per-step forward mean; ranked by share of step time."""
+    backward, scaled to every step, per rank), calls per step, the (variant, config) with most
+    calls, and the CV of its per-step forward mean; ranked by share of step time."""
     return q.query(
         """WITH k AS (
              SELECT op, bucket, variant, config, phase, step, sum(count) AS calls,
                     sum(total_ns) AS total_ns
              FROM kernel_spans WHERE job_id = ? AND step >= ? AND count > 0
              GROUP BY ALL),
-           s AS (SELECT count(DISTINCT step) AS steps, sum(d) AS step_ns FROM
-                 (SELECT step, min(duration_ns) AS d FROM step_times
-                  WHERE job_id = ? AND step >= ? GROUP BY step)),
+           s AS (SELECT count(DISTINCT step) AS steps, sum(d) AS step_ns,
+                        greatest(max(ranks), 1) AS ranks FROM
+                 (SELECT step, min(duration_ns) AS d, count(DISTINCT rank) AS ranks
+                  FROM step_times WHERE job_id = ? AND step >= ? GROUP BY step)),
            per_phase AS (
              SELECT op, bucket, phase, sum(total_ns) / count(DISTINCT step) AS ns_per_step,
                     sum(calls) / count(DISTINCT step) AS calls_per_step
@@ -79,13 +80,17 @@ def hotspots(q, job_id: str, since_step: int) -> list[dict]:
              SELECT op, bucket, variant, config, stddev_samp(total_ns / calls)
                         / nullif(avg(total_ns / calls), 0) AS cv, sum(calls) AS calls
              FROM k WHERE phase = 'fwd' GROUP BY ALL),
-           top AS (SELECT op, bucket, arg_max(variant, calls) AS variant,
-                          arg_max(config, calls) AS config, arg_max(cv, calls) AS cv
-                   FROM fwd_means GROUP BY ALL)
+           top AS (SELECT op, bucket, t.v.variant AS variant, t.v.config AS config, t.v.cv AS cv
+                   FROM (SELECT op, bucket,
+                                arg_max(struct_pack(variant := variant, config := config, cv := cv),
+                                        calls) AS v
+                         FROM fwd_means GROUP BY ALL) t)
            SELECT p.op, p.bucket, t.variant, t.config, t.cv,
                   sum(p.ns_per_step) AS ns_per_step,
                   sum(p.calls_per_step) FILTER (WHERE p.phase = 'fwd') AS calls_per_step,
-                  sum(p.ns_per_step) / nullif(max(s.step_ns) / max(s.steps), 0) AS share,
+                  -- kernel time is summed over ranks; a step's time is one rank's
+                  sum(p.ns_per_step) / max(s.ranks) / nullif(max(s.step_ns) / max(s.steps), 0)
+                      AS share,
                   max(s.steps) AS steps
            FROM per_phase p JOIN top t USING (op, bucket), s
            GROUP BY p.op, p.bucket, t.variant, t.config, t.cv

@@ -74,3 +74,14 @@ def test_a_wrong_gradient_fails_even_when_the_forward_is_right():
     v = Variant("gelu", "double_grad", "test", lambda c, b: lambda input, approximate="none": DoubleGrad.apply(input))
     result = check(spec, v, {}, bucket("gelu", torch.randn(4, 64)))
     assert not result.passed and result.reason.startswith("grad of input 0")
+
+
+def test_a_variant_that_cuts_autograd_or_changes_the_dtype_fails():
+    spec = default_registry().op("gelu")
+    ref = spec.reference
+    b = bucket("gelu", torch.randn(4, 64))
+    detached = Variant("gelu", "detached", "test", lambda c, b: lambda input, approximate="none": ref(input.detach()))
+    assert "autograd is cut" in check(spec, detached, {}, b).reason
+    b16 = bucket("gelu", torch.randn(4, 64, dtype=torch.bfloat16))
+    wider = Variant("gelu", "wider", "test", lambda c, b: lambda input, approximate="none": ref(input.double()))
+    assert "dtype torch.float64" in check(spec, wider, {}, b16).reason

@@ -74,3 +74,14 @@ def test_replay_rejects_malformed_sweeps(tmp_path, text):
     path.write_text(text)
     with pytest.raises(replay.SweepError):
         replay.load_sweep(path)
+
+
+@pytest.mark.parametrize("name", list(search.STRATEGIES))
+def test_every_batch_holds_distinct_arms(name):
+    for seed in range(5):
+        s = search.make_strategy(name, ARMS, budget=40, seed=seed, batch=3)
+        rng = random.Random(seed)
+        while arms := s.ask():
+            assert len(arms) == len(set(arms)), arms
+            for arm in arms:
+                s.tell(arm, truth(arm) * (1 + rng.gauss(0, 0.05)))

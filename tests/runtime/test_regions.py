@@ -110,3 +110,21 @@ def test_a_failing_compile_leaves_the_job_in_eager_with_the_reason():
     regions, reports, losses, net = run_with(broken, steps=20)
     assert regions.state == FAILED and "inductor fell over" in regions.error
     assert reports == [] and len(losses) == 20 and "forward" not in net.__dict__
+
+
+def test_a_compiled_model_that_raises_later_goes_back_to_eager_and_the_step_goes_on():
+    calls = []
+
+    def flaky(fn, **kw):
+        def run(*a, **k):
+            calls.append(1)
+            if len(calls) > 3:  # the warm-up pass and two steps work, then it breaks
+                raise RuntimeError("recompile failed")
+            return fn(*a, **k)
+        return run
+
+    regions, reports, losses, net = run_with(flaky, steps=20, settle=True)
+    assert regions.state == FAILED and "recompile failed" in regions.error
+    assert "forward" not in net.__dict__
+    plain, _, _ = train(len(losses))
+    torch.testing.assert_close(losses, plain)  # no step was lost or changed
