@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -90,8 +91,13 @@ class PlanBoard:
         try:
             self.authority.issue_plan(plan, key, default_registry(), decision=decision,
                                       evidence=evidence)
-        except GovernanceError as e:
-            raise PlanError(f"plan version {plan.version} refused by governance: {e}") from None
+        except Exception as e:  # a denial, or the ledger, the disk...: a PlanError, not an HTTP 500
+            final = self.authority.bundle_dir(key, plan.version)
+            shutil.rmtree(final.with_name(final.name + ".staging"), ignore_errors=True)
+            if isinstance(e, GovernanceError):
+                raise PlanError(f"plan version {plan.version} refused by governance: {e}") from None
+            raise PlanError(f"plan version {plan.version} could not be issued: "
+                            f"{type(e).__name__}: {e}") from None
 
     def bundle(self, job_id: str | None) -> tuple[Plan, dict[str, bytes]] | None:
         """The current plan for ``job_id`` with its signed bundle's files, or None."""

@@ -14,6 +14,8 @@ from typing import Any, Mapping
 from .bucket import Bucket
 from .errors import PlanError, RuntimeErrorBase
 
+MAX_VERSION = 2**62  # versions and steps fit the ledger's and the store's BIGINT columns
+
 
 @dataclass(frozen=True)
 class ExploreArm:
@@ -94,6 +96,8 @@ class Plan:
         version = _field(data, "version", int, "plan")
         if version < 0:
             raise PlanError("plan.version must be >= 0")
+        if version > MAX_VERSION:
+            raise PlanError(f"plan.version must be <= 2**62, got {version}")
         entries = []
         for i, raw in enumerate(_field(data, "entries", list, "plan", default=[])):
             where = f"plan.entries[{i}]"
@@ -131,8 +135,9 @@ class Plan:
         if parent is not None and not isinstance(parent, str):
             raise PlanError("plan.parent must be a digest string or null")
         step = data.get("effective_step")
-        if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
-            raise PlanError("plan.effective_step must be a non-negative integer")
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool)
+                                 or not 0 <= step <= MAX_VERSION):
+            raise PlanError("plan.effective_step must be an integer in [0, 2**62]")
         environment = data.get("environment")
         if environment is not None and (not isinstance(environment, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in environment.items())):

@@ -55,6 +55,8 @@ def _with(**changes):
     (_with(version="7"), "plan.version must be int"),
     (_with(version=True), "plan.version must be int"),
     (_with(version=-1), ">= 0"),
+    (_with(version=10**30), "plan.version must be <= 2**62"),
+    (_with(effective_step=10**30), "plan.effective_step must be an integer in [0, 2**62]"),
     (_with(entries="x"), "plan.entries must be list"),
     (_with(entries__0__op=KeyError), "plan.entries[0].op is missing"),
     (_with(entries__0__variant=KeyError), "plan.entries[0].variant is missing"),
