@@ -105,7 +105,7 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
     env = _dsse.parse(read_limited(root / SIGNATURE, MAX_SIGNATURE_BYTES, "bundle"))
     report.passed("bundle", f"Sigstore bundle v0.3, one DSSE signature")
 
-    signer = _signature(env, trust, report)
+    signer = _signature(env, trust, report, at)
     signed = _dsse.parse_statement(env.payload)
     report.passed("statement", f"in-toto statement over {len(signed)} files, subject digest matches")
 
@@ -185,8 +185,13 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
     report.plan_bytes = parsed.get(PLAN)
 
 
-def _signature(env: _dsse.Envelope, trust: Trust, report: Report) -> dict:
+def _signature(env: _dsse.Envelope, trust: Trust, report: Report, at: float) -> dict:
     if env.keyless:
+        if not (trust.identity or trust.issuer or trust.trusted_root):
+            # the bundle's own claim (a certificate) meets a verifier that trusts keys only: the
+            # bundle fails verification; it is no misuse of the command
+            raise VerificationError("signer", "keyless bundle but no identity/issuer trusted "
+                                              "(this verification trusts keys only)")
         from ._keyless import verify_keyless
 
         identity = verify_keyless(env, trust)
@@ -200,7 +205,7 @@ def _signature(env: _dsse.Envelope, trust: Trust, report: Report) -> dict:
         return {"key_id": kid, "trusted": True, "mode": "key", "name": "", "entry": None}
     if trust.keyring is None:
         raise UsageError("give a public key, a keyring, or a keyless identity and issuer")
-    entry = trust.keyring.check(env.key_hint or "", None)
+    entry = trust.keyring.check(env.key_hint or "", None, at)
     _dsse.verify_key(env, _keys.load_public(entry.pem.encode(), f"keyring key {entry.key_id[:16]}"))
     report.passed("signature", f"verifies with trusted key {entry.key_id[:16]}"
                   + (f" ({entry.name})" if entry.name else ""))
