@@ -29,6 +29,7 @@ _register_evolve(app)
 err = Console(stderr=True)
 out = Console()
 TELEMETRY_FACTORY = "rtxops.telemetry.job:readings_for_job"
+PLAN_VERIFIER = "rtxops.governance.authority:plan_verifier_for_job"  # a job verifies signed plans
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
@@ -103,7 +104,7 @@ def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path, te
     from rtxops.telemetry.store import default_path
 
     env = child_environment(os.environ, plan=str(plan) if plan else None, summary=str(summary_file),
-                            readings_factory=TELEMETRY_FACTORY)
+                            readings_factory=TELEMETRY_FACTORY, plan_verifier=PLAN_VERIFIER)
     env["RTXOPS_TELEMETRY"] = "duckdb" if telemetry else "off"
     store = Path(env.get("RTXOPS_STORE") or default_path()).resolve()
     store.parent.mkdir(parents=True, exist_ok=True)

@@ -69,6 +69,7 @@ class Daemon:
             "RTXOPS_TOKEN": self.token or "",
             "RTXOPS_READINGS_FACTORY": "rtxops.telemetry.job:readings_for_job",
             "RTXOPS_KEYRING": str(self.authority.keyring_file),  # jobs verify plan bundles
+            "RTXOPS_PLAN_VERIFIER": "rtxops.governance.authority:plan_verifier_for_job",
             # `python` in a submitted command is the interpreter rtxops is installed in
             "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
         }

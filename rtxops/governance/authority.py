@@ -147,4 +147,20 @@ def job_verifier(keyring_file: str, job: dict):
     return verify_files
 
 
-__all__ = ["Authority", "bundle_files", "job_verifier", "verify_plan_directory"]
+def plan_verifier_for_job(keyring_file: str, job):
+    """The job's plan verifier (named in ``RTXOPS_PLAN_VERIFIER`` by whoever launches the job; the
+    runtime imports no governance itself): ``(files, running_version, directory=None) -> plan.json
+    bytes`` against ``keyring_file``; ``job()`` gives the job's facts for the policies at each
+    verification. ``.warm()`` loads what verifying needs ahead of the first bundle."""
+
+    def verify(files: dict[str, bytes], running_version: int, directory: str | None = None) -> bytes:
+        if directory is not None:
+            return verify_plan_directory(directory, keyring_file, job(), running_version)
+        return job_verifier(keyring_file, job())(files, running_version)
+
+    verify.warm = warm_up  # type: ignore[attr-defined]
+    return verify
+
+
+__all__ = ["Authority", "bundle_files", "job_verifier", "plan_verifier_for_job",
+           "verify_plan_directory"]

@@ -136,7 +136,8 @@ def test_job_keeps_its_plan_when_offered_bad_bundles(keys, good_plan, tmp_path):
     stop, summary = tmp_path / "stop", tmp_path / "summary.json"
     (tmp_path / "train.py").write_text(TRAIN)
     env = child_environment({k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")},
-                            summary=str(summary))
+                            summary=str(summary),
+                            plan_verifier="rtxops.governance.authority:plan_verifier_for_job")
     env.update(RTXOPS_DAEMON=f"http://127.0.0.1:{server.server_port}", RTXOPS_JOB_ID="job-1",
                RTXOPS_PLAN_POLL_S="0.05", RTXOPS_KEYRING=str(keys.keyring_file))
     job = subprocess.Popen([sys.executable, str(tmp_path / "train.py"), str(stop)], env=env,

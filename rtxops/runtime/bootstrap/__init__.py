@@ -11,6 +11,10 @@
 ``RTXOPS_PLAN_POLL_S``  seconds between polls (default 2; 0 turns polling off)
 ``RTXOPS_READINGS_FACTORY``  ``module:function`` called with the dispatcher to attach more readings
                              (telemetry); the runtime never imports those packages itself
+``RTXOPS_PLAN_VERIFIER``  ``module:function`` called as ``(keyring path, job facts callable)`` on
+                   first use; returns the plan verifier (``(files, running version, directory=None)
+                   -> plan.json bytes``, raising why a bundle is refused; ``.warm()`` optional).
+                   Without it no signed plan is installed (fail closed)
 ``RTXOPS_COMPILE_MODEL``  ``1`` (or a torch.compile mode) compiles the model in the background and
                    keeps it when faster (regions.py)
 """
@@ -81,29 +85,42 @@ def start() -> None:
 
 
 def _plan_verifier(required: bool = False):
-    """The verifier the plan client gets: governance (imported on first use, so a job that never
-    receives a plan never loads it) with the trusted keyring from ``RTXOPS_KEYRING``."""
+    """The verifier the plan client gets: the factory named in ``RTXOPS_PLAN_VERIFIER`` (set by
+    whoever launches the job; imported on first use, so a job that never receives a plan never
+    loads it) with the trusted keyring from ``RTXOPS_KEYRING``."""
     keyring = os.environ.get("RTXOPS_KEYRING")
     if not keyring:
         if not required:
             return None
         keyring = str(Path(os.environ.get("RTXOPS_HOME") or ".rtxops") / "keyring.json")
+    factory = os.environ.get("RTXOPS_PLAN_VERIFIER", "")
+    made: list = []
+
+    def verifier():
+        if not made:
+            from ..errors import PlanError
+
+            module, _, name = factory.partition(":")
+            if not module or not name:
+                raise PlanError("no plan verifier: RTXOPS_PLAN_VERIFIER is not set (module:function)")
+            made.append(getattr(importlib.import_module(module), name)(keyring, _job_facts))
+        return made[0]
 
     def verify(files: dict, running_version: int, directory: str | None = None) -> bytes:
-        from rtxops.governance.authority import job_verifier, verify_plan_directory
-
-        job = {"id": os.environ.get("RTXOPS_JOB_ID", ""), "deterministic": _wants_determinism()}
-        if directory is not None:
-            return verify_plan_directory(directory, keyring, job, running_version)
-        return job_verifier(keyring, job)(files, running_version)
+        return verifier()(files, running_version, directory=directory)
 
     def warm() -> None:
-        from rtxops.governance.authority import warm_up
-
-        warm_up()
+        w = getattr(verifier(), "warm", None)
+        if w is not None:
+            w()
 
     verify.warm = warm  # type: ignore[attr-defined]
     return verify
+
+
+def _job_facts() -> dict:
+    """What the policies know of this job (read at each verification)."""
+    return {"id": os.environ.get("RTXOPS_JOB_ID", ""), "deterministic": _wants_determinism()}
 
 
 def _wants_determinism() -> bool:
@@ -127,7 +144,8 @@ def _at_exit(dispatcher, summary_path: str | None) -> None:
 
 
 def child_environment(env: dict[str, str], *, plan: str | None = None,
-                      summary: str | None = None, readings_factory: str | None = None) -> dict[str, str]:
+                      summary: str | None = None, readings_factory: str | None = None,
+                      plan_verifier: str | None = None) -> dict[str, str]:
     """``env`` plus what a child process needs to start with the runtime enabled."""
     out = dict(env)
     out["RTXOPS_ENABLE"] = "1"
@@ -140,4 +158,6 @@ def child_environment(env: dict[str, str], *, plan: str | None = None,
         out["RTXOPS_SUMMARY"] = summary
     if readings_factory:
         out["RTXOPS_READINGS_FACTORY"] = readings_factory
+    if plan_verifier:
+        out["RTXOPS_PLAN_VERIFIER"] = plan_verifier
     return out
