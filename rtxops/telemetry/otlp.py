@@ -93,6 +93,7 @@ class Batch:
     # rtx.cache.hits / rtx.cache.misses of every span as int64 columns (null: absent), when the
     # decoder saw them as integers; spares the store's rollup a JSON parse per span
     cache_counts: tuple[pa.Array, pa.Array] | None = None
+    rollup: tuple[pa.Table, pa.Table] | None = None     # this batch's kernel_minutes parts
 
     @classmethod
     def empty(cls, received_ns: int = 0) -> Batch:

@@ -20,7 +20,7 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from google.protobuf import json_format
 from google.rpc import code_pb2, status_pb2
 
-from . import otlp
+from . import otlp, rollup
 from .otlp import JSON, PROTOBUF, TelemetryInputError
 from .store import Store, StoreBusy, StoreClosed, StoreError
 
@@ -149,7 +149,8 @@ def _decode(body: bytes, kind: str, gzipped: bool, max_decompressed: int, receiv
         body = _gunzip(body, max_decompressed)
     elif len(body) > max_decompressed:
         raise _TooLarge(f"body is over the {max_decompressed}-byte limit")
-    return otlp.convert(body, kind, received_ns)
+    # the kernel rollup is aggregated here, beside the store's writer thread rather than in it
+    return rollup.for_batch(otlp.convert(body, kind, received_ns))
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:

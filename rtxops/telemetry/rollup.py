@@ -2,9 +2,13 @@
 
 Same rows as the SQL rollup it replaces (``GROUP BY hash(job, op, bucket, variant, config,
 phase), minute`` with a ``histogram`` of per-span mean ns), at a fraction of its cost: DuckDB
-only hashes the keys and builds the maps of the few aggregated rows.
+only hashes the keys and builds the maps of the few aggregated rows. The receiver aggregates each
+batch in its decoding thread (:func:`for_batch`); the store's writer only merges them (:func:`merge`).
 """
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -65,4 +69,32 @@ def tables(kernel: pa.Table, hits: pa.Array, misses: pa.Array) -> tuple[pa.Table
     bins = pa.table({**{k: binned[k] for k in group}, "bin": bin_}).group_by(
         [*group, "bin"], use_threads=False).aggregate([([], "count_all")]).rename_columns(
         {"count_all": "n"})
+    return totals, bins
+
+
+def for_batch(batch: Any) -> Any:
+    """``batch`` with its rollup tables attached, when its cache counts came typed (else the
+    writer computes them: it alone can read the JSON column through DuckDB)."""
+    if batch.cache_counts is None or batch.rollup is not None:
+        return batch
+    mask = pc.equal(batch.spans["name"], "rtx.kernel")
+    kernel = kernels(batch.spans)
+    hits, misses = (c.filter(mask) for c in batch.cache_counts)
+    return dataclasses.replace(batch, rollup=tables(kernel, hits, misses))
+
+
+_SUMS = {"samples": "sum", "calls": "sum", "total_ns": "sum", "min_ns": "min", "max_ns": "max",
+         "first_ns": "min", "last_ns": "max", "cache_hits": "sum", "cache_misses": "sum"}
+
+
+def merge(parts: list[tuple[pa.Table, pa.Table]]) -> tuple[pa.Table, pa.Table]:
+    """One (totals, bins) pair from several batches' (the same rows as aggregating them at once)."""
+    if len(parts) == 1:
+        return parts[0]
+    group = [*KEYS, "minute"]
+    totals = pa.concat_tables([t for t, _ in parts]).group_by(group, use_threads=False).aggregate(
+        list(_SUMS.items()))
+    totals = totals.rename_columns({f"{c}_{f}": c for c, f in _SUMS.items()})
+    bins = pa.concat_tables([b for _, b in parts]).group_by([*group, "bin"], use_threads=False).aggregate(
+        [("n", "sum")]).rename_columns({"n_sum": "n"})
     return totals, bins

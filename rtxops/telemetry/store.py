@@ -641,21 +641,27 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
 
 def _rollup(cur: duckdb.DuckDBPyConnection, spans: pa.Table, batches: list[Batch]) -> None:
     """kernel_minutes rows of ``spans`` (see :mod:`.rollup`), in the caller's transaction."""
-    kernel = rollup.kernels(spans)
-    if not kernel.num_rows:
+    parts = [b.rollup for b in batches if b.rollup is not None]
+    rest = [b for b in batches if b.rollup is None]
+    if rest:
+        if len(rest) < len(batches):
+            spans = pa.concat_tables([b.spans for b in rest])
+        kernel = rollup.kernels(spans)
+        if all(b.cache_counts is not None for b in rest):
+            mask = pc.equal(spans["name"], "rtx.kernel")
+            hits, misses = (pa.chunked_array([b.cache_counts[i] for b in rest], pa.int64()).filter(mask)
+                            for i in (0, 1))
+        else:
+            cur.register("_rtx_kernels", kernel)
+            try:
+                counts = cur.sql(rollup.CACHE_COUNTS_SQL).to_arrow_table()
+            finally:
+                cur.unregister("_rtx_kernels")
+            hits, misses = counts["cache_hits"], counts["cache_misses"]
+        parts.append(rollup.tables(kernel, hits, misses))
+    totals, bins = rollup.merge(parts)
+    if not totals.num_rows:
         return
-    if all(b.cache_counts is not None for b in batches):
-        mask = pc.equal(spans["name"], "rtx.kernel")
-        hits, misses = (pa.chunked_array([b.cache_counts[i] for b in batches], pa.int64()).filter(mask)
-                        for i in (0, 1))
-    else:
-        cur.register("_rtx_kernels", kernel)
-        try:
-            counts = cur.sql(rollup.CACHE_COUNTS_SQL).to_arrow_table()
-        finally:
-            cur.unregister("_rtx_kernels")
-        hits, misses = counts["cache_hits"], counts["cache_misses"]
-    totals, bins = rollup.tables(kernel, hits, misses)
     cur.register("_rtx_totals", totals)
     cur.register("_rtx_bins", bins)
     try:
