@@ -217,11 +217,17 @@ def _ledger_entries(home: Optional[Path]) -> tuple[list[dict], dict | None]:
         client = DaemonClient.find(h)
         if client is None:
             raise _fail(f"the store {h.store} is locked and no daemon answers") from None
+        rows: list[dict] = []
         try:
-            data = client._call("GET", "/v1/plans/ledger")
+            while True:  # pages of 1000 (append-only: a page never shifts); the last page's head
+                data = client._call("GET", f"/v1/plans/ledger?limit=1000&offset={len(rows)}")
+                rows += data["entries"]
+                head = data["head"]
+                if not data["entries"] or len(rows) >= data.get("total", len(rows)):
+                    break
         except DaemonError as e:
             raise _fail(str(e)) from None
-        return data["entries"], data["head"]
+        return rows, head
     try:
         try:
             rows = gl.read_entries(store)

@@ -66,14 +66,16 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
                 "files": {name: base64.b64encode(data).decode() for name, data in files.items()}}
 
     @router.get("/ledger")
-    def ledger() -> dict:
-        """Every ledger entry in stored order and the head file (``rtxops ledger verify`` while
-        the daemon holds the store)."""
+    def ledger(limit: int = Query(1000, ge=1, le=1000), offset: int = Query(0, ge=0)) -> dict:
+        """A page of ledger entries in stored order (``total`` in all), and the head file
+        (``rtxops ledger verify`` pages through it while the daemon holds the store)."""
         if board.authority is None or board.authority.store is None:
             raise HTTPException(404, "this daemon keeps no ledger")
         from rtxops.governance import ledger as gl
 
-        return {"entries": gl.read_entries(board.authority.store),
+        store = board.authority.store
+        return {"entries": gl.read_entries(store, limit=limit, offset=offset),
+                "total": gl.count_entries(store), "limit": limit, "offset": offset,
                 "head": gl.read_head(board.authority.head_file)}
 
     @router.post("/report", status_code=204, dependencies=[Depends(auth)])

@@ -50,13 +50,17 @@ class _GovernanceReports:
 
     def __init__(self, daemon) -> None:
         self.daemon = daemon
+        self._chain = None
 
     def verify_chain(self) -> dict:
+        """The chain's status; entries verified once are not verified again (the daemon is the
+        store's only writer)."""
         from rtxops.governance import ledger
 
-        authority = self.daemon.authority
-        problems = ledger.check_chain(ledger.read_entries(self.daemon.store),
-                                      ledger.read_head(authority.head_file))
+        if self._chain is None:
+            self._chain = ledger.ChainCheck()
+        problems = self._chain.problems(self.daemon.store,
+                                        ledger.read_head(self.daemon.authority.head_file))
         return {"ok": not problems, "problems": problems}
 
     def verify_bundle(self, entry: dict) -> dict | None:

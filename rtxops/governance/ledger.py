@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rtxops.telemetry.store_ledger import GENESIS, append_entry, entry_hash, newest_version, read_entries
+import threading
 
-__all__ = ["append", "check_chain", "export_jsonl", "newest_version", "read_entries"]
+from rtxops.telemetry.store_ledger import (GENESIS, append_entry, count_entries, entry_hash,
+                                          newest_version, read_entries)
+
+__all__ = ["ChainCheck", "append", "check_chain", "count_entries", "export_jsonl",
+           "newest_version", "read_entries"]
 
 
 def append(store, head_file: Path | None, **entry) -> dict:
@@ -19,11 +23,13 @@ def append(store, head_file: Path | None, **entry) -> dict:
     return row
 
 
-def check_chain(rows: list[dict], head: dict | None = None) -> list[str]:
+def check_chain(rows: list[dict], head: dict | None = None, *,
+                after: tuple[int, str] = (0, GENESIS)) -> list[str]:
     """Every problem in ``rows`` (stored order): an edited entry (hash), a deleted or reordered
-    one (sequence, previous hash), a deleted tail (``head``). Empty when intact."""
+    one (sequence, previous hash), a deleted tail (``head``). Empty when intact. ``after``: the
+    (seq, entry hash) of the verified entry ``rows`` follow (the genesis by default)."""
     problems = []
-    prev, expected_seq = GENESIS, 1
+    expected_seq, prev = after[0] + 1, after[1]
     for row in rows:
         seq = row.get("seq")
         if seq != expected_seq:
@@ -35,11 +41,29 @@ def check_chain(rows: list[dict], head: dict | None = None) -> list[str]:
             problems.append(f"entry {seq}: its hash does not match its contents (edited entry)")
         prev, expected_seq = row.get("entry_hash"), expected_seq + 1
     if head is not None:
-        last = rows[-1] if rows else {"seq": 0, "entry_hash": GENESIS}
+        last = rows[-1] if rows else {"seq": after[0], "entry_hash": after[1]}
         if (last["seq"], last["entry_hash"]) != (head.get("seq"), head.get("entry_hash")):
             problems.append(f"the last entry is {last['seq']}, the head file says {head.get('seq')} "
                             "(entries deleted at the end, or the head replaced)")
     return problems
+
+
+class ChainCheck:
+    """:func:`check_chain` over a ledger that only grows, verifying only the entries after the
+    last verified one. For the daemon, the store's only writer: nothing else can edit the verified
+    prefix while it holds the store (``rtxops ledger verify`` checks the whole chain offline)."""
+
+    def __init__(self) -> None:
+        self.verified: tuple[int, str] = (0, GENESIS)
+        self._lock = threading.Lock()
+
+    def problems(self, store, head: dict | None) -> list[str]:
+        with self._lock:
+            rows = read_entries(store, after_seq=self.verified[0])
+            problems = check_chain(rows, head, after=self.verified)
+            if not problems and rows:
+                self.verified = (rows[-1]["seq"], rows[-1]["entry_hash"])
+            return problems
 
 
 def read_head(head_file: Path) -> dict | None:

@@ -40,9 +40,17 @@ def append_entry(store: Store, *, kind: str, scope: str, version: int, subject_d
     return store.run_write(append).result(timeout_s)
 
 
-def read_entries(q) -> list[dict]:
-    """Every entry in stored order (``q``: a Store or ReadOnlyStore)."""
-    return q.query(f"SELECT {', '.join(FIELDS)}, entry_hash FROM ledger ORDER BY seq")
+def read_entries(q, *, after_seq: int = 0, limit: int | None = None, offset: int = 0) -> list[dict]:
+    """The entries in stored order (``q``: a Store or ReadOnlyStore): every one by default; those
+    after ``after_seq``; a page of ``limit`` from ``offset``."""
+    page = "" if limit is None else f" LIMIT {int(limit)} OFFSET {int(offset)}"
+    where = " WHERE seq > $after" if after_seq else ""
+    return q.query(f"SELECT {', '.join(FIELDS)}, entry_hash FROM ledger{where} ORDER BY seq{page}",
+                   {"after": after_seq} if after_seq else None)
+
+
+def count_entries(q) -> int:
+    return q.query("SELECT count(*) AS n FROM ledger")[0]["n"]
 
 
 def newest_version(q, scope: str, kinds: tuple[str, ...] = ("promote", "rollback", "explore", "manual")) -> int | None:
