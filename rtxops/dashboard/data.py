@@ -154,10 +154,10 @@ def breakdown(q, *, job_id: str, at_ns: int | None, span_s: int, window: Window)
 # ---- evolve ------------------------------------------------------------------------------------
 
 def evolve(q, *, job_id: str | None, window: Window) -> dict:
-    """Hot spots, running explorations, canaries and rollbacks (first page of each)."""
-    _, running = V.trials(q, job_id=job_id, op=None, bucket=None, variant=None, status="running",
-                          limit=50, offset=0)
-    _, canaries = V.decisions(q, job_id=job_id, op=None, kind="canary", limit=50, offset=0)
+    """Hot spots, the latest trials of running jobs, canaries (passed or rolled back) and
+    rollbacks (first page of each)."""
+    running = V.running_job_trials(q, job_id=job_id, limit=50)
+    canaries = V.canaries(q, job_id=job_id, limit=50)
     _, rollbacks = V.decisions(q, job_id=job_id, op=None, kind="rollback", limit=50, offset=0)
     return {"hot_spots": V.hot_spots(q, job_id=job_id, since_ns=window.since_ns,
                                      until_ns=window.until_ns, limit=10),

@@ -132,7 +132,9 @@ def step_series(q, *, job_id: str | None, since_ns: int, until_ns: int,
 
 
 def swap_markers(q, *, job_id: str | None, since_ns: int, until_ns: int, limit: int) -> list[Row]:
-    """Plan swaps (one per job and step, over ranks) and evolve rollbacks in the window."""
+    """Plan swaps (one per job and step, over ranks) and evolve rollbacks in the window. A
+    rollback decision is marked when it was made (its ``at_ns``, the plan version it published);
+    the plan's digest comes from the job's swap to that version, once it swapped."""
     return q.query("""
         SELECT * FROM (
             SELECT job_id, min(at_ns) AS at_ns, step, min(plan_from) AS plan_from,
@@ -141,10 +143,12 @@ def swap_markers(q, *, job_id: str | None, since_ns: int, until_ns: int, limit: 
             FROM swaps WHERE at_ns >= $since AND at_ns < $until AND ($job IS NULL OR job_id = $job)
             GROUP BY job_id, step
             UNION ALL
-            SELECT job_id, at_ns, NULL AS step, NULL AS plan_from, plan_version AS plan_to,
-                   bundle_digest AS plan_digest, 'rollback' AS kind
-            FROM decisions WHERE kind = 'rollback' AND at_ns >= $since AND at_ns < $until
-              AND ($job IS NULL OR job_id = $job))
+            SELECT d.job_id, d.at_ns, NULL AS step, NULL AS plan_from, d.plan_version AS plan_to,
+                   (SELECT any_value(s.plan_digest) FROM swaps s
+                    WHERE s.job_id = d.job_id AND s.plan_to = d.plan_version) AS plan_digest,
+                   'rollback' AS kind
+            FROM decisions d WHERE d.kind = 'rollback' AND d.at_ns >= $since AND d.at_ns < $until
+              AND ($job IS NULL OR d.job_id = $job))
         ORDER BY at_ns LIMIT $limit""",
                    {"since": since_ns, "until": until_ns, "job": job_id, "limit": limit})
 
@@ -406,6 +410,22 @@ def decisions(q, *, job_id: str | None, op: str | None, kind: str | None, limit:
     rows = q.query(f"SELECT * FROM decisions {where} ORDER BY at_ns DESC NULLS LAST, decision_id "
                    "LIMIT $limit OFFSET $offset", {**params, "limit": limit, "offset": offset})
     return total, rows
+
+
+def canaries(q, *, job_id: str | None, limit: int) -> list[Row]:
+    """Canary outcomes: a canary that held (``canary_pass``) or was rolled back, newest first."""
+    return q.query("""SELECT * FROM decisions WHERE kind IN ('canary_pass', 'rollback')
+                      AND ($job IS NULL OR job_id = $job) ORDER BY at_ns DESC NULLS LAST
+                      LIMIT $limit""", {"job": job_id, "limit": limit})
+
+
+def running_job_trials(q, *, job_id: str | None, limit: int) -> list[Row]:
+    """The latest trials of jobs still running (a trial row is written when the trial ends, so
+    this is what the jobs being explored measured last), newest first."""
+    return q.query("""SELECT t.* FROM trials t JOIN jobs j ON j.job_id = t.job_id
+                      WHERE j.state = 'running' AND ($job IS NULL OR t.job_id = $job)
+                      ORDER BY t.ended_ns DESC NULLS LAST, t.trial_id LIMIT $limit""",
+                   {"job": job_id, "limit": limit})
 
 
 def tuning(q, *, op: str | None, variant: str | None, status: str | None, device: str | None,

@@ -1,0 +1,48 @@
+"""The evolve page's sections show what the evolve loop writes: canaries are decisions of kind
+canary_pass or rollback; explorations are the latest trials of jobs still running; a rollback
+marker stands on its decision's time and plan version (the loop sets no bundle digest)."""
+from __future__ import annotations
+
+import pytest
+
+from rtxops.dashboard import data
+from rtxops.dashboard.params import Window
+from rtxops.telemetry import store_views as V
+from rtxops.telemetry.store import Store
+
+NS = 10**9
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "rtxops.duckdb")
+    rows = {
+        "jobs": [("job-run", "a", "running", 0, 0, "{}"), ("job-done", "b", "succeeded", 0, 0, "{}")],
+        "trials": [(f"t-{j}-{i}", j, "gelu", "b1", "tanh", "{}", "explore", "thompson", i * NS,
+                    i * NS + 1, 10, 1.0, 1.0, 0.1, 0, status, "") for j in ("job-run", "job-done")
+                   for i, status in enumerate(("ok", "no_samples", "failed"))],
+        "decisions": [(f"d-{k}", "job-run", "gelu", "b1", k, "tanh", "{}", "reference", "{}", v,
+                       0.1, 0.05, 0.2, 0.01, k, "{}", None, (10 + v) * NS)
+                      for v, k in enumerate(("promote", "canary_pass", "rollback", "reject", "drift"), 1)],
+    }
+
+    def insert(cur):
+        for table, values in rows.items():
+            for r in values:
+                cur.execute(f"INSERT INTO {table} VALUES ({', '.join('?' * len(r))})", list(r))
+
+    s.run_write(insert).result(10)
+    yield s
+    s.close()
+
+
+def test_sections_show_what_the_loop_writes(store):
+    summary = data.evolve(store, job_id=None, window=Window(3600, 0, 100 * NS, True))
+    assert {t["job_id"] for t in summary["running"]} == {"job-run"} and len(summary["running"]) == 3
+    assert [d["kind"] for d in summary["canaries"]] == ["rollback", "canary_pass"]
+    assert [d["kind"] for d in summary["rollbacks"]] == ["rollback"]
+
+
+def test_rollback_marker_needs_no_bundle_digest(store):
+    markers = V.swap_markers(store, job_id="job-run", since_ns=0, until_ns=100 * NS, limit=10)
+    assert [(m["kind"], m["at_ns"], m["plan_to"]) for m in markers] == [("rollback", 13 * NS, 3)]
