@@ -27,7 +27,7 @@ from rtxops.runtime.bucket import Bucket
 from rtxops.runtime.errors import PlanError
 from rtxops.runtime.plan import ExploreArm, Plan, PlanEntry, default_plan
 from rtxops.runtime.registry import Registry
-from rtxops.telemetry import store_evolve
+from rtxops.telemetry import store_evolve, store_ledger
 from rtxops.telemetry.store import Store
 
 from . import stats
@@ -406,6 +406,12 @@ class EvolveLoop:
                        cmp: stats.Comparison | None, *, reason: str = "",
                        plan_version: int | None = None, extra: dict | None = None) -> None:
         finite = (lambda v: v if v is not None and abs(v) != float("inf") else None)
+        bundle = None
+        if plan_version is not None:  # the signed bundle of that plan, where governance issued one
+            try:
+                bundle = store_ledger.accepted_digest(self.store, job, plan_version)
+            except Exception:  # a store without the ledger (governance off): no link
+                bundle = None
         store_evolve.save_decision(self.store, {
             "decision_id": uuid.uuid4().hex, "job_id": job, "op": bt.op, "bucket": bt.bucket,
             "kind": kind,
@@ -417,7 +423,8 @@ class EvolveLoop:
             "ci_high": finite(cmp.ci_high) if cmp else None,
             "p_value": cmp.p_value if cmp else None, "reason": reason,
             "evidence": {**self._evidence(job, bt), **(extra or {}),
-                         "gate_failures": bt.gate_failures}, "at_ns": time.time_ns()})
+                         "gate_failures": bt.gate_failures}, "bundle_digest": bundle,
+            "at_ns": time.time_ns()})
 
 
 def _cv(values: list[float]) -> float | None:

@@ -58,3 +58,10 @@ def newest_version(q, scope: str, kinds: tuple[str, ...] = ("promote", "rollback
     rows = q.query("SELECT max(version) AS v FROM ledger WHERE scope = $scope AND list_contains($kinds, kind)",
                    {"scope": scope, "kinds": list(kinds)})
     return rows[0]["v"] if rows else None
+
+
+def accepted_digest(q, scope: str, version: int) -> str | None:
+    """The subject digest of the bundle the ledger accepted for ``scope`` at ``version``."""
+    rows = q.query("SELECT subject_digest FROM ledger WHERE scope = $scope AND version = $version "
+                   "AND kind != 'deny' ORDER BY seq DESC LIMIT 1", {"scope": scope, "version": version})
+    return rows[0]["subject_digest"] if rows else None

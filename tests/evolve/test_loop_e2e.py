@@ -122,6 +122,11 @@ def test_loop_promotes_the_faster_variant_rolls_back_a_regression_and_never_prom
     assert evidence["trial_ids"] and evidence["telemetry_digest"].startswith("sha256:")
     assert rollback["candidate_variant"] == "toggle" and "canary" in rollback["reason"]
     assert rollback["plan_version"] > promote[0]["plan_version"]
+    # both are signed bundles in the ledger, linked from the decision
+    ledger = {r["subject_digest"]: r for r in d.store.query("SELECT * FROM ledger")}
+    for decision in (promote[0], rollback):
+        entry = ledger[decision["bundle_digest"]]
+        assert entry["scope"] == fast.id and entry["version"] == decision["plan_version"]
     assert not decisions(fast.id, "canary_pass")
     current = d.board.current(fast.id).entry("gelu", fast_bucket)
     assert current.variant == "slow3x" and not current.explore
