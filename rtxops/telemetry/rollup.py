@@ -20,7 +20,7 @@ HIST_BINS_PER_OCTAVE = 16
 CACHE_COUNTS_SQL = """
 SELECT TRY_CAST(attributes->>'rtx.cache.hits' AS BIGINT) AS cache_hits,
        TRY_CAST(attributes->>'rtx.cache.misses' AS BIGINT) AS cache_misses
-FROM _rtx_kernels"""
+FROM _rtx_spans WHERE name = 'rtx.kernel'"""     # rows in the order of rollup.kernels()
 
 # _rtx_totals and _rtx_bins (from :func:`tables`) → kernel_minutes rows
 INSERT_SQL = f"""
@@ -39,8 +39,7 @@ FROM _rtx_totals t LEFT JOIN hist
 def kernels(spans: pa.Table) -> pa.Table:
     """The kernel spans' columns the rollup reads."""
     mask = pc.equal(spans["name"], "rtx.kernel")
-    return spans.select([*KEYS, "start_ns", "count", "total_ns", "min_ns", "max_ns",
-                         "attributes"]).filter(mask)
+    return spans.select([*KEYS, "start_ns", "count", "total_ns", "min_ns", "max_ns"]).filter(mask)
 
 
 def tables(kernel: pa.Table, hits: pa.Array, misses: pa.Array) -> tuple[pa.Table, pa.Table]:

@@ -652,11 +652,11 @@ def _rollup(cur: duckdb.DuckDBPyConnection, spans: pa.Table, batches: list[Batch
             hits, misses = (pa.chunked_array([b.cache_counts[i] for b in rest], pa.int64()).filter(mask)
                             for i in (0, 1))
         else:
-            cur.register("_rtx_kernels", kernel)
+            cur.register("_rtx_spans", spans)
             try:
                 counts = cur.sql(rollup.CACHE_COUNTS_SQL).to_arrow_table()
             finally:
-                cur.unregister("_rtx_kernels")
+                cur.unregister("_rtx_spans")
             hits, misses = counts["cache_hits"], counts["cache_misses"]
         parts.append(rollup.tables(kernel, hits, misses))
     totals, bins = rollup.merge(parts)
