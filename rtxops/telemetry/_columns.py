@@ -53,7 +53,10 @@ def convert(body: bytes, received_ns: int) -> Any:
     n = out["spans"]
     scopes = out["scopes"]
     scope_of_span = pa.array(np.frombuffer(out["scope_of_span"], np.int32))
-    per_scope = lambda values, type_: pa.array(values, type_).take(scope_of_span)  # noqa: E731
+
+    def per_scope(values: list, type_: pa.DataType) -> pa.Array:
+        return pa.array(values, type_).take(scope_of_span)
+
     fixed = [_array(t, n, c) for t, c in zip(_FIXED_TYPES, out["fixed"])]
     trace_id, span_id, parent, name, kind, start, end, code, message = fixed
     columns = [trace_id, span_id, parent, name, kind, start, end, pc.subtract(end, start), code, message,

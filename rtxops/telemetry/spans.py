@@ -221,7 +221,6 @@ _UNSET = trace.Status(trace.StatusCode.UNSET)
 def _direct_spans(tracer) -> bool:
     """Whether spans may be made without the tracer: an SDK tracer that records every span
     (the default sampler) under the default attribute limits."""
-    from opentelemetry.sdk.trace import SpanLimits
 
     limits = getattr(tracer, "_span_limits", None)
     return (getattr(tracer, "sampler", None) in (sampling.DEFAULT_ON, sampling.ALWAYS_ON)

@@ -8,7 +8,14 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 
 from rtxops.telemetry import encode as E
 
@@ -62,7 +69,7 @@ def test_bytes_equal_the_sdk_encoder():
 
 
 def test_span_builder_spans():
-    from .test_spans import _run                              # real spans of a tiny training run
+    from .test_spans import _run  # real spans of a tiny training run
 
     spans = _run(steps=3)[2]
     assert len(spans) > 10 and E.encode(spans) == encode_spans(spans).SerializeToString()

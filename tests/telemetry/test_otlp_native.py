@@ -7,7 +7,12 @@ import os
 import random
 
 import pytest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
+from opentelemetry.proto.common.v1.common_pb2 import (
+    AnyValue,
+    ArrayValue,
+    KeyValue,
+    KeyValueList,
+)
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from rtxops.telemetry import _columns, otlp, synthetic
