@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import functools
-import platform
+
+from rtxops.telemetry.resource import cpu_model
 
 
 @functools.lru_cache(maxsize=None)
@@ -19,17 +20,6 @@ def environment(device: str = "cpu") -> dict[str, str]:
     if device == "cuda" and torch.cuda.is_available():
         model = torch.cuda.get_device_name()
     else:
-        model = _cpu_model()
+        model = cpu_model()
     return {"torch_version": torch.__version__, "triton_version": triton_version,
             "device": f"{device}:{model}"}
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

@@ -18,7 +18,7 @@ def job_resource_attributes() -> dict:
         S.PROCESS_PID: os.getpid(),
         S.JOB_ID: os.environ.get("RTXOPS_JOB_ID") or f"local-{uuid.uuid4().hex[:12]}",
         S.RANK: int(os.environ.get("RANK", os.environ.get("RTXOPS_RANK", "0"))),
-        S.HW_CPU_MODEL: _cpu_model(),
+        S.HW_CPU_MODEL: cpu_model(),
         S.TORCH_VERSION: torch.__version__,
         S.HW_GPU_COUNT: torch.cuda.device_count() if torch.cuda.is_available() else 0,
     }
@@ -34,7 +34,8 @@ def job_resource_attributes() -> dict:
     return attrs
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (hw.cpu.model; also part of the tuning database's key)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

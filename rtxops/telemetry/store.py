@@ -698,6 +698,21 @@ _COMPACT = (
     "DROP TABLE _rtx_compact",
 )
 
+# p50/p95 of each key's per-step mean ns from its summed histogram bins: CTEs that follow a
+# "bins" CTE of (key_id, bin, n); shared with the dashboard's queries (store_views.py)
+QUANTILE_CTES = f"""cumulative AS (
+    SELECT key_id, bin, sum(n) OVER (PARTITION BY key_id ORDER BY bin) AS upto,
+           sum(n) OVER (PARTITION BY key_id) AS all_n
+    FROM bins
+), quantiles AS (
+    SELECT key_id,
+           pow(2, (min(bin) FILTER (WHERE upto >= 0.5 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE})
+               AS p50_step_mean_ns,
+           pow(2, (min(bin) FILTER (WHERE upto >= 0.95 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE})
+               AS p95_step_mean_ns
+    FROM cumulative GROUP BY key_id
+)"""
+
 _KERNEL_STATS = f"""
 WITH window_rows AS (
     SELECT * FROM kernel_minutes
@@ -713,18 +728,7 @@ WITH window_rows AS (
 ), bins AS (
     SELECT key_id, e.key AS bin, sum(e.value) AS n
     FROM window_rows, unnest(map_entries(mean_hist)) AS t(e) GROUP BY ALL
-), cumulative AS (
-    SELECT key_id, bin, sum(n) OVER (PARTITION BY key_id ORDER BY bin) AS upto,
-           sum(n) OVER (PARTITION BY key_id) AS all_n
-    FROM bins
-), quantiles AS (
-    SELECT key_id,
-           pow(2, (min(bin) FILTER (WHERE upto >= 0.5 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE})
-               AS p50_step_mean_ns,
-           pow(2, (min(bin) FILTER (WHERE upto >= 0.95 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE})
-               AS p95_step_mean_ns
-    FROM cumulative GROUP BY key_id
-)
+), {QUANTILE_CTES}
 SELECT t.* EXCLUDE (key_id), q.p50_step_mean_ns, q.p95_step_mean_ns
 FROM totals t LEFT JOIN quantiles q USING (key_id)
 ORDER BY job_id, op, bucket, phase, mean_ns

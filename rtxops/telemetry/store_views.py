@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .store import HIST_BINS_PER_OCTAVE, MINUTE_NS
+from .store import HIST_BINS_PER_OCTAVE, MINUTE_NS, QUANTILE_CTES
 
 Row = dict[str, Any]
 
@@ -236,18 +236,7 @@ WITH window_rows AS MATERIALIZED (
     SELECT w.key_id, e.key AS bin, sum(e.value) AS n
     FROM window_rows w, unnest(map_entries(w.mean_hist)) AS t(e)
     WHERE w.key_id IN (SELECT key_id FROM paged) GROUP BY ALL
-), cumulative AS (
-    SELECT key_id, bin, sum(n) OVER (PARTITION BY key_id ORDER BY bin) AS upto,
-           sum(n) OVER (PARTITION BY key_id) AS all_n
-    FROM bins
-), quantiles AS (
-    SELECT key_id,
-           pow(2, (min(bin) FILTER (WHERE upto >= 0.5 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE})
-               AS p50_step_mean_ns,
-           pow(2, (min(bin) FILTER (WHERE upto >= 0.95 * all_n) + 0.5) / {HIST_BINS_PER_OCTAVE})
-               AS p95_step_mean_ns
-    FROM cumulative GROUP BY key_id
-)
+), {QUANTILE_CTES}
 SELECT p.* EXCLUDE (key_id), q.p50_step_mean_ns, q.p95_step_mean_ns
 FROM paged p LEFT JOIN quantiles q USING (key_id)
 ORDER BY job_id, op, bucket, phase, mean_ns
