@@ -28,8 +28,15 @@ PlanVerifier = Callable[[dict[str, bytes], int], bytes]
 log = logging.getLogger("rtxops.runtime")
 
 
+MISSING_BUNDLE_POLLS = 5  # a plan served with no bundle this many polls in a row has none
+
+
 class _Retry(Exception):
     """The signed bundle could not be fetched this time (network, timeout, not staged yet)."""
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = int(missing)  # the daemon said there is no bundle (vs. could not answer)
 
 
 class PlanPoller:
@@ -42,6 +49,7 @@ class PlanPoller:
         self.etag: str | None = None
         self.installed: list[int] = []
         self.refused: list[tuple[int, str]] = []
+        self._missing: dict[str | None, int] = {}  # ETag → polls that found no bundle
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rtxops-plans", daemon=True)
 
@@ -68,7 +76,8 @@ class PlanPoller:
     def poll_once(self) -> str:
         """One poll: ``"unchanged"``, ``"none"``, ``"installed"``, ``"refused"`` or ``"retry"``
         (the bundle could not be fetched; the ETag is kept unrecorded so the next poll tries the
-        same version again). The ETag is recorded only once a version is installed or refused."""
+        same version again). The ETag is recorded only once a version is installed or refused.
+        A plan still served without any bundle after MISSING_BUNDLE_POLLS polls is refused."""
         query = urllib.parse.urlencode({"job": self.job_id})
         req = urllib.request.Request(f"{self.base}/v1/plans/current?{query}")
         if self.etag:
@@ -91,14 +100,18 @@ class PlanPoller:
             if plan.version < running:
                 raise PlanError(f"plan version {plan.version} is not newer than the running version "
                                 f"{running} (an older plan replayed); keeping version {running}")
-            plan = self._verified(plan)
+            try:
+                plan = self._verified(plan)
+            except _Retry as e:  # no verdict this time, unless the bundle stays missing
+                self._missing[etag] = self._missing.get(etag, 0) + e.missing
+                if self._missing[etag] < MISSING_BUNDLE_POLLS:
+                    log.info("rtxops: %s; will retry", e)
+                    return "retry"
+                raise PlanError(f"{e}; still none after {MISSING_BUNDLE_POLLS} polls") from None
             problem = plan.environment_mismatch()
             if problem:
                 raise PlanError(problem)
             self.dispatcher.install_plan(plan)
-        except _Retry as e:  # the bundle could not be fetched this time: no verdict, poll again
-            log.info("rtxops: %s; will retry", e)
-            return "retry"
         except Exception as e:  # a refused plan, whatever the reason: the job keeps its plan
             version = _version_of(body)
             reason = str(e) if isinstance(e, PlanError) else f"{type(e).__name__}: {e}"
@@ -123,7 +136,7 @@ class PlanPoller:
         except urllib.error.HTTPError as e:
             if e.code == 404 or e.code >= 500:  # not staged yet, or the daemon's trouble: retry
                 raise _Retry(f"plan version {served.version}: no signed bundle yet "
-                             f"(HTTP {e.code})") from None
+                             f"(HTTP {e.code})", missing=e.code == 404) from None
             raise PlanError(f"plan version {served.version} refused: no signed bundle "
                             f"(HTTP {e.code})") from None
         except (OSError, http.client.HTTPException) as e:  # URLError, timeout, reset, cut short
