@@ -10,6 +10,7 @@ Plain HTTP with the standard library: the runtime depends on no web framework.
 """
 from __future__ import annotations
 
+import atexit
 import base64
 import http.client
 import json
@@ -55,10 +56,15 @@ class PlanPoller:
 
     def start(self) -> PlanPoller:
         self._thread.start()
+        # at exit, let a warm-up import or a poll in flight finish first: a thread still
+        # importing C extensions while the interpreter finalizes can abort the process
+        atexit.register(self.stop, join_s=5.0)
         return self
 
-    def stop(self) -> None:
+    def stop(self, join_s: float = 0.0) -> None:
         self._stop.set()
+        if join_s and self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(join_s)
 
     def _run(self) -> None:
         warm = getattr(self.verifier, "warm", None)
