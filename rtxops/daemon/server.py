@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -33,6 +34,10 @@ from .supervisor import Supervisor
 
 log = logging.getLogger("rtxops.daemon")
 
+# seconds between a plan's publication and its installation in a job: telemetry lag (1 s export
+# interval), the job's poll interval (2 s by default) and fetching + verifying the signed bundle
+PLAN_LEAD_S = 4.0
+
 
 class Daemon:
     def __init__(self, home: Home, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
@@ -51,6 +56,8 @@ class Daemon:
         self.jobs_sink = DuckDBJobSink(self.store)
         self.supervisor: Supervisor | None = None
         self.evolve: EvolveScheduler | None = None
+        self._step_marks: dict[str, tuple[int, int]] = {}
+        self._step_rates: dict[str, float] = {}
         self.server: uvicorn.Server | None = None
         self._stopping = threading.Event()
         self._shutdown_lock = threading.Lock()
@@ -97,18 +104,33 @@ class Daemon:
         import pyarrow.compute as pc
 
         steps = spans.filter(pc.equal(spans["name"], "rtx.step"))
-        for job_id, rank, step in zip(steps["job_id"].to_pylist(), steps["rank"].to_pylist(),
-                                      steps["step"].to_pylist()):
+        for job_id, rank, step, end_ns in zip(steps["job_id"].to_pylist(), steps["rank"].to_pylist(),
+                                              steps["step"].to_pylist(), steps["end_ns"].to_pylist()):
             if job_id and step is not None:
                 self.supervisor.heartbeat(job_id, step, rank or 0)
+                self._note_step(job_id, step, end_ns)
+
+    def _note_step(self, job_id: str, step: int, end_ns: int | None) -> None:
+        """Keep each job's step rate (steps per second of its own clock, over ≥ 1 s)."""
+        if end_ns is None:
+            return
+        first = self._step_marks.setdefault(job_id, (step, end_ns))
+        if step > first[0] and end_ns - first[1] >= 1_000_000_000:
+            self._step_rates[job_id] = (step - first[0]) / ((end_ns - first[1]) / 1e9)
+            self._step_marks[job_id] = (step, end_ns)
 
     def last_step(self, job_id: str) -> int | None:
-        """The last step a running job reported, or None."""
+        """The step a running job will have reached by the time it installs a plan published now,
+        or None: its last reported step, plus its step rate times PLAN_LEAD_S (telemetry lags
+        the job by an export interval; the job polls, fetches and verifies the bundle)."""
         try:
             job = self.supervisor.job(job_id)
         except Exception:
             return None
-        return job.last_step if not job.state.terminal else None
+        if job.state.terminal or job.last_step is None:
+            return None
+        rate = self._step_rates.get(job_id, 0.0)
+        return job.last_step + math.ceil(rate * PLAN_LEAD_S)
 
     def readiness_problems(self) -> list[str]:
         problems = []
