@@ -149,7 +149,7 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
             from rtxops.daemon.jobs import JobSpec
 
             try:
-                local = Daemon(home, port=0).start_in_thread(wait=False)
+                local = Daemon(home, port=0).prepare()
             except ValueError as e:  # a malformed RTXOPS_EVOLVE_* setting
                 raise DaemonError(str(e)) from None
             try:
@@ -157,6 +157,7 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
                                                          cwd=os.getcwd())).id
             except JobSpecError as e:
                 raise DaemonError(str(e)) from None
+            local.start_in_thread(wait=False)  # the job starts while the server comes up
             client = DaemonClient(local.wait_started().url, local.token)
         else:
             job_id = client.submit(command=list(command), name=name, env=env, cwd=os.getcwd())["id"]

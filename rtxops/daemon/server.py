@@ -147,12 +147,19 @@ class Daemon:
         return self.store.query("SELECT count(*) AS n FROM swaps")[0]["n"]
 
     # ---- serving ----------------------------------------------------------------------------
+    def prepare(self) -> Daemon:
+        """Start the supervisor (and the evolve scheduler): jobs can be submitted before the HTTP
+        server is built, so ``rtxops run``'s job starts while the app comes up."""
+        if self.supervisor is None:
+            self.supervisor = self._make_supervisor()
+        if self.evolve_config is not None and self.evolve is None:
+            self.evolve = EvolveScheduler(self._make_evolve_loop, self.evolve_config.interval_s).start()
+        return self
+
     def _server(self) -> uvicorn.Server:
         from .app import create_app
 
-        self.supervisor = self._make_supervisor()
-        if self.evolve_config is not None and self.evolve is None:
-            self.evolve = EvolveScheduler(self._make_evolve_loop, self.evolve_config.interval_s).start()
+        self.prepare()
         config = uvicorn.Config(create_app(self), host=self.host, port=self.port,
                                 log_level="warning", access_log=False, lifespan="off")
         self.server = uvicorn.Server(config)

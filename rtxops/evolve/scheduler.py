@@ -35,6 +35,10 @@ class EvolveScheduler:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        try:  # the loop is background work: the jobs it tunes come first on a small machine
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
         try:
             self.loop = self._make_loop()
         except Exception as e:  # the daemon keeps serving without a loop, and says why

@@ -7,6 +7,7 @@ outcome in the ledger: the decision, or the denial with the policy's reason."""
 from __future__ import annotations
 
 import shutil
+import os
 import threading
 from pathlib import Path
 
@@ -107,6 +108,10 @@ def verify_plan_directory(directory: str | Path, keyring_file: str, job: dict,
 def _warm_signing() -> None:
     from . import sbom
 
+    try:  # a head start, not a race with the first training steps on a small machine
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
     try:
         sbom._environment()
         sbom._validator().validate_str("{}")

@@ -68,16 +68,21 @@ class PlanPoller:
 
     def _run(self) -> None:
         warm = getattr(self.verifier, "warm", None)
-        if warm is not None:  # load the verifier's code now, not when a plan's effective step is near
-            try:
-                warm()
-            except Exception as e:
-                log.warning("rtxops: plan verifier warm-up failed: %s", e)
-        while not self._stop.wait(self.interval_s):
+        while True:
             try:
                 self.poll_once()
             except Exception as e:  # the daemon may be away for a while; the job goes on
                 log.debug("rtxops: plan poll failed: %s", e)
+            # load the verifier's code ahead of the next plan, once the job's first steps ran
+            # (so they do not share the CPU with it)
+            if warm is not None and self.dispatcher.step >= 2:
+                try:
+                    warm()
+                except Exception as e:
+                    log.warning("rtxops: plan verifier warm-up failed: %s", e)
+                warm = None
+            if self._stop.wait(self.interval_s):
+                return
 
     def poll_once(self) -> str:
         """One poll: ``"unchanged"``, ``"none"``, ``"installed"``, ``"refused"`` or ``"retry"``
