@@ -28,7 +28,6 @@ def _inputs(op: str, size: str):
     r, h = SHAPES[size]["rows"], SHAPES[size]["hidden"]
     x = torch.randn(r, h)
     w = torch.randn(h)
-    F = torch.nn.functional
     if op == "rms_norm":
         return "rms_norm", (x, [h], w, 1e-6), {}
     if op == "layer_norm":

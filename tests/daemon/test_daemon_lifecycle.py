@@ -9,7 +9,7 @@ import stat
 
 from rtxops.telemetry.store import ReadOnlyStore
 
-from .live import PY, cli, gone, marked, otlp_batch, script, until
+from .live import cli, gone, marked, otlp_batch, script, until
 
 TALK = """
     import sys, time

@@ -3,7 +3,6 @@ default policy's decisions; reproducible SBOMs; a key-mode bundle verified by mo
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from typer.testing import CliRunner

@@ -1,7 +1,6 @@
 """Span content from a real (tiny) training run: counts and durations equal what was recorded."""
 from __future__ import annotations
 
-import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rtxops.runtime import patching

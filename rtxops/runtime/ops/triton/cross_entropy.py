@@ -15,7 +15,6 @@ import triton
 import triton.language as tl
 
 from ...bucket import Bucket
-from ..cross_entropy import reference
 from ._common import as_rows, cdiv, next_pow2, warps_for
 from ._report import Reporter
 from ._variant import resolve
