@@ -698,6 +698,17 @@ _COMPACT = (
     "DROP TABLE _rtx_compact",
 )
 
+# one row per (job, op, bucket, variant, config, phase) key over a "window_rows" CTE of
+# kernel_minutes rows; shared with the dashboard's kernel table (store_views.py)
+KERNEL_TOTALS_CTE = """totals AS (
+    SELECT key_id, any_value(job_id) AS job_id, any_value(op) AS op, any_value(bucket) AS bucket,
+           any_value(variant) AS variant, any_value(config) AS config, any_value(phase) AS phase,
+           sum(samples) AS samples, sum(calls) AS calls, sum(total_ns) AS total_ns,
+           sum(total_ns) / nullif(sum(calls), 0) AS mean_ns, min(min_ns) AS min_ns,
+           max(max_ns) AS max_ns, min(first_ns) AS first_ns, max(last_ns) AS last_ns
+    FROM window_rows GROUP BY key_id
+)"""
+
 # p50/p95 of each key's per-step mean ns from its summed histogram bins: CTEs that follow a
 # "bins" CTE of (key_id, bin, n); shared with the dashboard's queries (store_views.py)
 QUANTILE_CTES = f"""cumulative AS (
@@ -718,14 +729,7 @@ WITH window_rows AS (
     SELECT * FROM kernel_minutes
     WHERE minute >= $since // {MINUTE_NS} AND minute <= ($until - 1) // {MINUTE_NS}
       AND ($job IS NULL OR job_id = $job) AND ($op IS NULL OR op = $op)
-), totals AS (
-    SELECT key_id, any_value(job_id) AS job_id, any_value(op) AS op, any_value(bucket) AS bucket,
-           any_value(variant) AS variant, any_value(config) AS config, any_value(phase) AS phase,
-           sum(samples) AS samples, sum(calls) AS calls, sum(total_ns) AS total_ns,
-           sum(total_ns) / nullif(sum(calls), 0) AS mean_ns, min(min_ns) AS min_ns,
-           max(max_ns) AS max_ns, min(first_ns) AS first_ns, max(last_ns) AS last_ns
-    FROM window_rows GROUP BY key_id
-), bins AS (
+), {KERNEL_TOTALS_CTE}, bins AS (
     SELECT key_id, e.key AS bin, sum(e.value) AS n
     FROM window_rows, unnest(map_entries(mean_hist)) AS t(e) GROUP BY ALL
 ), {QUANTILE_CTES}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .store import HIST_BINS_PER_OCTAVE, MINUTE_NS, QUANTILE_CTES
+from .store import HIST_BINS_PER_OCTAVE, KERNEL_TOTALS_CTE, MINUTE_NS, QUANTILE_CTES
 
 Row = dict[str, Any]
 
@@ -218,14 +218,7 @@ WITH window_rows AS MATERIALIZED (
     SELECT * FROM kernel_minutes
     WHERE minute >= $since // {MINUTE_NS} AND minute <= ($until - 1) // {MINUTE_NS}
       AND ($job IS NULL OR job_id = $job) AND ($op IS NULL OR op = $op)
-), totals AS (
-    SELECT key_id, any_value(job_id) AS job_id, any_value(op) AS op, any_value(bucket) AS bucket,
-           any_value(variant) AS variant, any_value(config) AS config, any_value(phase) AS phase,
-           sum(samples) AS samples, sum(calls) AS calls, sum(total_ns) AS total_ns,
-           sum(total_ns) / nullif(sum(calls), 0) AS mean_ns, min(min_ns) AS min_ns,
-           max(max_ns) AS max_ns, min(first_ns) AS first_ns, max(last_ns) AS last_ns
-    FROM window_rows GROUP BY key_id
-), ranked AS (
+), {KERNEL_TOTALS_CTE}, ranked AS (
     SELECT *, count(*) OVER () AS total_rows,
            max(last_ns) OVER (PARTITION BY job_id, op, bucket, phase) = last_ns AS current
     FROM totals
