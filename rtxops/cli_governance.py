@@ -135,23 +135,37 @@ def sign(directory: Path = typer.Argument(..., help="directory to turn into a bu
          kind: str = typer.Option("checkpoint", help="plan|checkpoint|telemetry|ledger"),
          key: Optional[Path] = typer.Option(None, help="private key (default: $RTXOPS_HOME/keys/signing.pem)"),
          keyless: bool = typer.Option(False, help="sign with a Sigstore OIDC identity (online)"),
+         identity_token: Optional[str] = typer.Option(
+             None, help="keyless: the OIDC identity token (default: $SIGSTORE_ID_TOKEN, else an "
+                        "ambient CI credential)"),
+         trust_config: Optional[Path] = typer.Option(
+             None, help="keyless: Sigstore ClientTrustConfig JSON of a private instance "
+                        "(default: the public instance)"),
          version: int = typer.Option(0, help="artifact version (plans: plan.json's version)"),
          home: Optional[Path] = HomeOpt) -> None:
     """Turn DIR into a signed bundle: SBOM, provenance (with KIND), Sigstore bundle."""
-    from rtxops.governance import Signer
+    from rtxops.governance import KeylessSigner, Signer
 
-    if keyless:
-        raise _fail("keyless signing needs a Sigstore OIDC identity and the network; it is not "
-                    "available in this build (use a key: rtxops keys init)")
+    if keyless and key:
+        raise _fail("give either --key or --keyless, not both")
+    if not keyless and (identity_token or trust_config):
+        raise _fail("--identity-token and --trust-config are for --keyless signing")
     if kind == "plan":
         try:
             version = json.loads((directory / "plan.json").read_text())["version"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise _fail(f"a plan bundle needs a readable plan.json with a version: {e}") from None
-    key = key or _home(home).root / "keys" / "signing.pem"
-    signer = _guard(lambda: Signer.from_key_file(key))
+    if not directory.is_dir() or directory.is_symlink():
+        raise _fail(f"{directory} is not a directory")
+    if keyless:
+        signer = _guard(lambda: KeylessSigner.create(identity_token, trust_config))
+        who = f"as {signer.identity} ({signer.issuer})"
+    else:
+        key = key or _home(home).root / "keys" / "signing.pem"
+        signer = _guard(lambda: Signer.from_key_file(key))
+        who = f"with key {signer.key_id[:16]}"
     digest = _guard(lambda: signer.sign_directory(directory, kind=kind, version=version))
-    out.print(f"signed {directory} ({kind}) {digest} with key {signer.key_id[:16]}")
+    out.print(f"signed {directory} ({kind}) {digest} {who}")
 
 
 def verify(path: Path = typer.Argument(..., help="bundle directory"),

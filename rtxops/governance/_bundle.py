@@ -22,25 +22,20 @@ def _version() -> str:
         return "0"
 
 
-@dataclass
-class Signer:
-    """Signs bundles with an ECDSA P-256 key (key mode). ``builder`` names who built them:
-    ``rtxops-daemon`` for the daemon, ``rtxops-cli`` for a user's ``rtxops sign``."""
+class DirectorySigner:
+    """Turns a directory into a signed bundle. Subclasses say who signs the DSSE envelope
+    (``_sign_statement``) and name the builder (``builder_id``); the statement, SBOM and provenance
+    are the same for every way of signing."""
 
-    key: object
-    builder: str = "rtxops-cli"
-
-    @classmethod
-    def from_key_file(cls, path: str | Path, builder: str = "rtxops-cli") -> Signer:
-        return cls(_keys.load_private(Path(path)), builder)
-
-    @property
-    def key_id(self) -> str:
-        return _keys.key_id(self.key.public_key())
+    builder: str
 
     @property
     def builder_id(self) -> str:
-        return f"{self.builder}://{self.key_id}"
+        raise NotImplementedError
+
+    def _sign_statement(self, statement: bytes) -> dict:
+        """The Sigstore bundle (JSON data) whose DSSE envelope signs ``statement``, as is."""
+        raise NotImplementedError
 
     def sign_directory(self, directory: str | Path, *, kind: str = "checkpoint", version: int = 0,
                        scope: str | None = None, decision: dict | None = None,
@@ -66,9 +61,33 @@ class Signer:
                                 decision=decision, evidence=evidence)
         (root / PROVENANCE).write_bytes(prov)
         digests[PROVENANCE] = hashlib.sha256(prov).hexdigest()
-        bundle = _dsse.sign(_dsse.statement(digests), self.key)
+        bundle = self._sign_statement(_dsse.statement(digests))
         (root / SIGNATURE).write_text(json.dumps(bundle, indent=1) + "\n")
         return "sha256:" + _dsse.root_digest(digests)
+
+
+@dataclass
+class Signer(DirectorySigner):
+    """Signs bundles with an ECDSA P-256 key (key mode). ``builder`` names who built them:
+    ``rtxops-daemon`` for the daemon, ``rtxops-cli`` for a user's ``rtxops sign``."""
+
+    key: object
+    builder: str = "rtxops-cli"
+
+    @classmethod
+    def from_key_file(cls, path: str | Path, builder: str = "rtxops-cli") -> Signer:
+        return cls(_keys.load_private(Path(path)), builder)
+
+    @property
+    def key_id(self) -> str:
+        return _keys.key_id(self.key.public_key())
+
+    @property
+    def builder_id(self) -> str:
+        return f"{self.builder}://{self.key_id}"
+
+    def _sign_statement(self, statement: bytes) -> dict:
+        return _dsse.sign(statement, self.key)
 
 
 def write_plan_bundle(directory: Path, plan_json: str, sources: dict[str, str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from ._dsse import PAYLOAD_TYPE
 from ._errors import UsageError, VerificationError
 
 
@@ -30,6 +31,9 @@ def verify_keyless(envelope, trust) -> dict:
             bundle, policy.Identity(identity=trust.identity, issuer=trust.issuer))
     except SigstoreError as e:
         raise VerificationError("signature", f"keyless verification failed: {e}") from None
+    if payload_type != PAYLOAD_TYPE:
+        raise VerificationError("signature", f"the verified payload type is {payload_type!r}, not "
+                                             f"{PAYLOAD_TYPE}")
     if payload != envelope.payload:
         raise VerificationError("signature", "the verified payload differs from the envelope's")
     return {"identity": trust.identity, "issuer": trust.issuer}
