@@ -136,7 +136,30 @@ def arrow_write(workdir: Path, rows_per_batch: int, batches: int) -> dict:
     store.close()
     return {"rows_per_s": round(batches * rows_per_batch / elapsed),
             "rows_per_cpu_s": round(batches * rows_per_batch / cpu), "rows_per_batch": rows_per_batch,
-            "batches": batches, "seconds": round(elapsed, 2), "commits": stats["commits"]}
+            "batches": batches, "seconds": round(elapsed, 2), "commits": stats["commits"],
+            "duckdb_floor": bare_insert(workdir, ready, batches)}
+
+
+def bare_insert(workdir: Path, ready: list, batches: int) -> dict:
+    """The same span rows appended to a bare DuckDB table (no rollup, no other tables, one
+    statement per batch), with the store's DuckDB settings: what DuckDB itself costs on this
+    machine, the floor under Store.write."""
+    import duckdb
+
+    from rtxops.telemetry.store import connection_config
+
+    con = duckdb.connect(str(workdir / "bare.duckdb"), config=connection_config())
+    first = ready[0].spans
+    con.execute("CREATE TABLE spans AS SELECT * FROM first LIMIT 0")
+    con.execute("INSERT INTO spans SELECT * FROM first")          # warm-up, not timed
+    started, cpu_started = time.perf_counter(), _cpu()
+    for i in range(batches):
+        con.register("_batch", ready[i % len(ready)].spans)
+        con.execute("INSERT INTO spans SELECT * FROM _batch")
+    elapsed, cpu = time.perf_counter() - started, _cpu() - cpu_started
+    con.close()
+    rows = batches * first.num_rows
+    return {"rows_per_s": round(rows / elapsed), "rows_per_cpu_s": round(rows / cpu)}
 
 
 def main() -> None:

@@ -58,6 +58,13 @@ def default_path() -> Path:
     return Path(os.environ.get("RTXOPS_HOME") or ".rtxops") / "rtxops.duckdb"
 
 
+def connection_config() -> dict[str, Any]:
+    """DuckDB settings of the store's connection (``RTXOPS_STORE_THREADS``, ``RTXOPS_STORE_MEMORY``)."""
+    # DuckDB's worker threads would compete with the training jobs on a small machine
+    return {"threads": int(os.environ.get("RTXOPS_STORE_THREADS", "1")),
+            "memory_limit": os.environ.get("RTXOPS_STORE_MEMORY", "96MB")}
+
+
 # ---- schema ----------------------------------------------------------------------------------
 # Migrations are append-only: never edit a released one, add the next version. Attribute columns
 # hold JSON text (VARCHAR rather than the JSON type: the cast would re-parse every row on insert).
@@ -264,10 +271,7 @@ class Store:
         self.max_commit_spans = max_commit_spans
         self.compact_every_s = compact_every_s
         self._compacted = time.monotonic()
-        # DuckDB's worker threads would compete with the training jobs on a small machine
-        self._con = duckdb.connect(str(self.path), config={
-            "threads": int(os.environ.get("RTXOPS_STORE_THREADS", "1")),
-            "memory_limit": os.environ.get("RTXOPS_STORE_MEMORY", "96MB")})
+        self._con = duckdb.connect(str(self.path), config=connection_config())
         self.migrated_from = migrate(self._con)
         self._lock = threading.Lock()               # counters, queue bounds, cursor creation
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -367,10 +371,12 @@ class Store:
         return max(1.0, min(60.0, self.queue_spans / max(self._rate, 1.0)))
 
     def _run(self, cur: duckdb.DuckDBPyConnection) -> None:
-        # Fewer automatic checkpoints than DuckDB's 16 MB default (they were half the writer's time
-        # under load; commits stay durable through the WAL), but below the memory limit: past it,
-        # the data waiting for a checkpoint is spilled to temporary files.
-        cur.execute(f"SET checkpoint_threshold = '{os.environ.get('RTXOPS_STORE_WAL', '64MB')}'")
+        # Fewer automatic checkpoints than DuckDB's 16 MB default: each one recompresses the
+        # spans table's partly filled last row group, so at 64 MB checkpoints were 60 % of the
+        # writer's time under load (bench/ingest.py). Commits stay durable through the WAL; the
+        # cost is memory (what waits for a checkpoint; past DuckDB's memory limit it spills to
+        # temporary files) and WAL replay time after a crash.
+        cur.execute(f"SET checkpoint_threshold = '{os.environ.get('RTXOPS_STORE_WAL', '256MB')}'")
         stop = False
         deferred: list[_Task] = []
         while not stop:

@@ -210,7 +210,12 @@ def kernel_batch(n_rows: int, *, start_ns: int, duration_s: float = 3600.0, jobs
         "process_pid": pa.array([4242 + p for p in range(procs)], pa.int64()),
         "attributes": ['{"hw.gpu.model":"NVIDIA H200"}'] * procs, "schema_url": [None] * procs,
         "first_seen_ns": pa.array([start_ns] * procs, pa.int64())}, schema=RESOURCES_SCHEMA)
-    return Batch(resources, spans, EVENTS_SCHEMA.empty_table(), n_rows, time.time_ns())
+    # typed like the compiled decoder's output, which every OTLP path (receiver and direct
+    # exporter) goes through
+    cache_counts = (pa.array(np.where(is_step, None, count), pa.int64()),
+                    pa.array(np.where(is_step, None, 0), pa.int64()))
+    return Batch(resources, spans, EVENTS_SCHEMA.empty_table(), n_rows, time.time_ns(),
+                 cache_counts=cache_counts)
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", dtype="S1")
