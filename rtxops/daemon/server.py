@@ -91,6 +91,18 @@ class Daemon:
         return EvolveLoop(self.store, self.board, default_registry(), self.running_jobs,
                           self.evolve_config)
 
+    def _a_job_is_warm(self) -> bool:
+        """Whether a running job has reported the loop's ``min_steps`` (before that the loop has
+        nothing to look at, and building it would slow the job's start)."""
+        for job_id in self.running_jobs():
+            try:
+                last = self.supervisor.job(job_id).last_step
+            except Exception:
+                continue
+            if last is not None and last >= self.evolve_config.min_steps:
+                return True
+        return False
+
     def running_jobs(self) -> list[str]:
         if self.supervisor is None or self._stopping.is_set():
             return []
@@ -153,7 +165,8 @@ class Daemon:
         if self.supervisor is None:
             self.supervisor = self._make_supervisor()
         if self.evolve_config is not None and self.evolve is None:
-            self.evolve = EvolveScheduler(self._make_evolve_loop, self.evolve_config.interval_s).start()
+            self.evolve = EvolveScheduler(self._make_evolve_loop, self.evolve_config.interval_s,
+                                          wait_for=self._a_job_is_warm).start()
         return self
 
     def _server(self) -> uvicorn.Server:

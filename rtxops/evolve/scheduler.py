@@ -15,10 +15,16 @@ def enabled() -> bool:
 
 
 class EvolveScheduler:
-    """Builds the loop on its own thread (the registry imports torch: seconds) and ticks it."""
+    """Builds the loop on its own thread (the registry imports torch: seconds) and ticks it.
 
-    def __init__(self, make_loop: Callable[[], object], interval_s: float) -> None:
+    ``wait_for``: the loop is built only once it returns true (checked every ``interval_s``),
+    so the daemon's imports and the loop's first work do not compete with a job's start-up:
+    on a small machine a niced thread still stalls a starting job's OpenMP threads."""
+
+    def __init__(self, make_loop: Callable[[], object], interval_s: float,
+                 wait_for: Callable[[], bool] | None = None) -> None:
         self._make_loop = make_loop
+        self._wait_for = wait_for
         self.interval_s = interval_s
         self.loop = None
         self.error: str | None = None
@@ -39,6 +45,9 @@ class EvolveScheduler:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         except (AttributeError, OSError):
             pass
+        while self._wait_for is not None and not self._ready():
+            if self._stop.wait(self.interval_s):
+                return
         try:
             self.loop = self._make_loop()
         except Exception as e:  # the daemon keeps serving without a loop, and says why
@@ -50,3 +59,10 @@ class EvolveScheduler:
                 self.loop.tick()
             except Exception:
                 log.exception("evolve tick failed")
+
+    def _ready(self) -> bool:
+        try:
+            return bool(self._wait_for())
+        except Exception:
+            log.exception("evolve: the readiness check failed; building the loop anyway")
+            return True
