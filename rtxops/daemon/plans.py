@@ -30,23 +30,26 @@ class PlanBoard:
         self._publish_lock = threading.Lock()  # version check, signing and writing: one at a time
         self._plans: dict[str, Plan] = {}
         self.reports: list[dict] = []  # jobs telling us they refused a plan
-        self.reload()
+        self._load_plans()  # the authority loads its policies itself, when first needed
 
     def reload(self) -> None:
         """Re-read the published plans (and the authority's policies) from disk (SIGHUP). Holds
         the publish lock, so a publish in flight is not overwritten with what was on disk before
         it. Raises when the policies cannot be loaded (the old ones stay)."""
         with self._publish_lock:
-            plans = {}
-            for path in sorted(self.directory.glob("*.json")):
-                try:
-                    plans[path.stem] = Plan.from_json(path.read_text())
-                except (OSError, PlanError):
-                    continue  # a damaged file is ignored; the next publish rewrites it
-            with self._lock:
-                self._plans = plans
+            self._load_plans()
             if self.authority is not None:
                 self.authority.reload()
+
+    def _load_plans(self) -> None:
+        plans = {}
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                plans[path.stem] = Plan.from_json(path.read_text())
+            except (OSError, PlanError):
+                continue  # a damaged file is ignored; the next publish rewrites it
+        with self._lock:
+            self._plans = plans
 
     def current(self, job_id: str | None) -> Plan | None:
         """The plan for ``job_id``: its own, else the default; None when there is neither."""

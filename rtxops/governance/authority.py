@@ -38,13 +38,29 @@ class Authority:
             keyring.trust(self.key_file.with_suffix(".pub").read_bytes(), name="rtxops daemon",
                           kinds=DAEMON_KINDS)
             keyring.save()
-        self.policies = load_policies()
+        # loaded on first use: building the CEL parser takes ~0.3 s, which `rtxops run` would
+        # otherwise spend before its job starts
+        self._policies: list | None = None
+        self._policies_lock = threading.Lock()
         # the first bundle would otherwise pay for imports and the environment SBOM (seconds),
         # while the plan's effective step, set before signing, comes nearer
-        threading.Thread(target=_warm_signing, name="rtxops-governance-warm", daemon=True).start()
+        threading.Thread(target=_warm_signing, args=(self,), name="rtxops-governance-warm",
+                         daemon=True).start()
+
+    @property
+    def policies(self) -> list:
+        """The policies in force (the shipped ones; re-read by :meth:`reload`)."""
+        if self._policies is None:  # loaded outside the lock: never wait on the niced warm-up
+            loaded = load_policies()
+            with self._policies_lock:
+                if self._policies is None:
+                    self._policies = loaded
+        return self._policies
 
     def reload(self) -> None:
-        self.policies = load_policies()
+        policies = load_policies()
+        with self._policies_lock:
+            self._policies = policies
 
     def bundle_dir(self, scope: str, version: int) -> Path:
         return self.bundles / scope / f"v{version}"
@@ -105,7 +121,7 @@ def verify_plan_directory(directory: str | Path, keyring_file: str, job: dict,
     return report.plan_bytes
 
 
-def _warm_signing() -> None:
+def _warm_signing(authority: Authority) -> None:
     from . import sbom
 
     try:  # a head start, not a race with the first training steps on a small machine
@@ -115,7 +131,8 @@ def _warm_signing() -> None:
     try:
         sbom._environment()
         sbom._validator().validate_str("{}")
-        warm_up()
+        sbom.schema_problem("{}")
+        authority.policies  # noqa: B018 (loads them)
     except Exception:  # only a head start: the first bundle does it again and reports errors
         pass
 

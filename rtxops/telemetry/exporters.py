@@ -131,6 +131,33 @@ class DuckDBSpanExporter(SpanExporter):
         pass
 
 
+class DeferredExporter(SpanExporter):
+    """Builds its exporter on the first export, on the export thread: the OTLP exporter's imports
+    (~0.1 s) then happen after the job's first step instead of before it."""
+
+    def __init__(self, make: Callable[[], SpanExporter]) -> None:
+        self._make = make
+        self._exporter: SpanExporter | None = None
+        self._lock = threading.Lock()
+
+    def _get(self) -> SpanExporter:
+        with self._lock:
+            if self._exporter is None:
+                self._exporter = self._make()
+            return self._exporter
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._get().export(spans)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self._exporter is None or self._exporter.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._exporter is not None:
+                self._exporter.shutdown()
+
+
 def otlp_http_exporter(daemon_url: str | None, token: str | None) -> SpanExporter:
     """OTLP/HTTP protobuf exporter: to the standard ``OTEL_EXPORTER_OTLP_*`` endpoint when one is
     set, else to the rtxops daemon at ``daemon_url`` with its bearer token."""

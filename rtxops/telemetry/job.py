@@ -24,7 +24,8 @@ from rtxops.runtime.dispatcher import Dispatcher
 from rtxops.runtime.memory import cuda_stats, rss_bytes
 
 from . import schema as S
-from .exporters import DuckDBSpanExporter, ExportThread, StepProcessor, otlp_http_exporter
+from .exporters import (DeferredExporter, DuckDBSpanExporter, ExportThread, StepProcessor,
+                        otlp_http_exporter)
 from .recorder import Recorder
 from .resource import job_resource_attributes
 from .spans import CallSampling, SpanBuilder
@@ -92,8 +93,8 @@ def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
         store = Store(os.environ.get("RTXOPS_STORE") or default_path())
         exporter: SpanExporter = DuckDBSpanExporter(store)
     elif mode == "otlp":
-        exporter = otlp_http_exporter(os.environ.get("RTXOPS_DAEMON", DEFAULT_DAEMON),
-                                      os.environ.get("RTXOPS_TOKEN"))
+        daemon, token = os.environ.get("RTXOPS_DAEMON", DEFAULT_DAEMON), os.environ.get("RTXOPS_TOKEN")
+        exporter = DeferredExporter(lambda: otlp_http_exporter(daemon, token))
     else:
         raise ValueError(f"RTXOPS_TELEMETRY={mode!r}: expected otlp, duckdb or off")
     telemetry = start_job_telemetry(
