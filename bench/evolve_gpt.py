@@ -116,7 +116,8 @@ def exploration_cost(steps: int, rounds: int, env: dict[str, str]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=1500,
+                   help="enough for the background compile and the loop to settle on 2 cores")
     p.add_argument("--explore-steps", type=int, default=120)
     p.add_argument("--explore-rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2, help="torch threads per job (OMP_NUM_THREADS)")

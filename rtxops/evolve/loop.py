@@ -143,8 +143,10 @@ class EvolveLoop:
         elif bt.phase == "exploring":
             bt.round_from = swapped + 1
             if last >= swapped + self.config.window_steps:
-                self._finish_round(job, bt, last)
-                self._next_round(job, bt, last)
+                if self._finish_round(job, bt, last):
+                    self._next_round(job, bt, last)
+                else:
+                    self._vanished(job, bt, last)
         elif bt.phase == "canary":
             bt.canary_from = swapped + 1
             if last >= swapped + self.config.window_steps:
@@ -156,6 +158,9 @@ class EvolveLoop:
     # ---- opening a bucket ----------------------------------------------------------------------
     def _open_hot_bucket(self, job: str, state: JobEvolution, last: int) -> None:
         since = max(0, last - self.config.hot_window_steps)
+        region = store_evolve.region_swap_step(self.store, job)
+        if region is not None:
+            since = max(since, region + 1)
         for hs in store_evolve.hotspots(self.store, job, since):
             if (hs["share"] or 0) < self.config.min_share:
                 break
@@ -225,7 +230,9 @@ class EvolveLoop:
             return
         bt.round_arms, bt.round_from, bt.phase = arms, None, "exploring"
 
-    def _finish_round(self, job: str, bt: BucketTuning, last: int) -> None:
+    def _finish_round(self, job: str, bt: BucketTuning, last: int) -> bool:
+        """Tell the strategy what the round measured; False when the bucket had no calls at all
+        in the round's window."""
         rows = store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, bt.round_from)
         per_arm: dict[Arm, dict[int, float]] = {}
         for r in rows:
@@ -243,6 +250,18 @@ class EvolveLoop:
             value = statistics.median(values) if values else float("inf")
             bt.strategy.tell(arm, value)
             self._trial(job, bt, arm, values, "online")
+        return bool(per_arm)
+
+    def _vanished(self, job: str, bt: BucketTuning, last: int) -> None:
+        """The bucket stopped being called (the model's compiled region or changed code bypasses
+        it): stop exploring it, put its plan entry back, and say why."""
+        bt.phase = "rejected"
+        entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
+        self._publish(job, bt, entry, last, {"kind": "explore", "arms": [], "op": bt.op,
+                                             "bucket": bt.bucket})
+        self._decide_record(job, bt, "reject", None, None,
+                            reason=f"no calls of this bucket in steps {bt.round_from}-{last}: the "
+                                   "job no longer runs it through rtxops (a compiled region?)")
 
     def _trial(self, job: str, bt: BucketTuning, arm: Arm, values: list[float], mode: str) -> None:
         now = time.time_ns()

@@ -58,6 +58,15 @@ def swap_step(q, job_id: str, plan_version: int) -> int | None:
     return rows[0]["step"] if rows else None
 
 
+def region_swap_step(q, job_id: str) -> int | None:
+    """The step of the job's latest whole-model region swap (to its compiled forward or back),
+    or None: the ops inside a compiled region no longer reach the dispatcher, so what was
+    measured before it says nothing about the job now."""
+    rows = q.query("SELECT max(step) AS step FROM swaps WHERE job_id = ? "
+                   "AND plan_digest LIKE 'region:%'", [job_id])
+    return rows[0]["step"] if rows else None
+
+
 def hotspots(q, job_id: str, since_step: int) -> list[dict]:
     """Every (op, bucket) of a job since ``since_step``: its kernel time (forward + sampled
     backward, scaled to every step, per rank), calls per step, the (variant, config) with most
