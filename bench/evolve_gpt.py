@@ -4,7 +4,8 @@
 * ``compile``: the same with ``torch.compile(model)``;
 * ``rtxops``: ``rtxops run --compile-model`` with the evolve loop on (in-process daemon).
 
-Reports time to first step (process start → first step's line), converged step time (median of
+Reports time to first step (process start → first step's line; also as the median of alternated
+short runs, one launch being one noisy sample), converged step time (median of
 the last quarter of steps), speed-ups, and the largest loss difference from eager. Then the cost
 of exploring: the GPT under ``rtxops run --direct`` with a plan on the reference vs the same plan
 with explore arms on every recorded bucket (10 % of its calls over its candidates), alternated.
@@ -70,6 +71,21 @@ def side_by_side(steps: int, env: dict[str, str]) -> dict:
     return out
 
 
+def first_steps(repeats: int, env: dict[str, str]) -> dict:
+    """Time to first step, eager vs ``rtxops run`` (as in the side-by-side run), in ``repeats``
+    alternated pairs of short runs: one launch is one noisy sample on a small shared machine."""
+    eager, rtx = [], []
+    for _ in range(repeats):
+        eager.append(run_job(GPT + ["--steps", "3"], env)["first_step_s"])
+        home = tempfile.mkdtemp(prefix="rtxops-bench-")
+        rtx.append(run_job(RTXOPS + ["run", "--compile-model", "--name", "bench", "--no-summary", "--"]
+                           + GPT + ["--steps", "3"],
+                           {**env, "RTXOPS_HOME": home, "RTXOPS_EVOLVE": "1"})["first_step_s"])
+    return {"eager_s": eager, "rtxops_s": rtx,
+            "median_ratio": round(statistics.median(rtx) / statistics.median(eager), 3),
+            "pair_ratios": [round(r / e, 3) for e, r in zip(eager, rtx)]}
+
+
 def exploration_cost(steps: int, rounds: int, env: dict[str, str]) -> dict:
     """Step time with explore arms on every bucket vs without, runs alternated."""
     from rtxops.evolve.candidates import candidates
@@ -118,6 +134,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=1500,
                    help="enough for the background compile and the loop to settle on 2 cores")
+    p.add_argument("--first-step-repeats", type=int, default=7)
     p.add_argument("--explore-steps", type=int, default=120)
     p.add_argument("--explore-rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2, help="torch threads per job (OMP_NUM_THREADS)")
@@ -129,6 +146,7 @@ def main() -> None:
               "targets": {"speedup_vs_eager": 1.25, "vs_compile": 1.0, "first_step_vs_eager": 1.5,
                           "exploration_overhead": 0.05},
               "side_by_side": side_by_side(args.steps, env),
+              "first_step": first_steps(args.first_step_repeats, env),
               "exploration": exploration_cost(args.explore_steps, args.explore_rounds, env)}
     text = json.dumps(result, indent=1)
     print(text)
