@@ -45,7 +45,9 @@ def main() -> None:
             for name, cmd in (("eager", job),
                               ("rtxops", [sys.executable, "-m", "rtxops.cli", "run", "--no-summary",
                                          *a.run_args.split(), "--", *job])):
-                extra = {"RTXOPS_TELEMETRY_STATS": str(stats)} if name == "rtxops" else None
+                # the evolve loop off: this measures the runtime and its telemetry, not exploring
+                extra = ({"RTXOPS_TELEMETRY_STATS": str(stats), "RTXOPS_EVOLVE": "0"}
+                         if name == "rtxops" else None)
                 runs[name].append(step_times(cmd, extra)[a.warmup:])
                 if extra and stats.exists():
                     export.append(json.loads(stats.read_text()))
@@ -57,7 +59,7 @@ def main() -> None:
         "steps": a.steps, "warmup": a.warmup, "pairs": a.pairs, "model_args": a.model,
         "run_args": a.run_args,
         "method": "alternating fresh processes; rtxops = `rtxops run` (in-process daemon, telemetry "
-                  "over OTLP, default plan)",
+                  "over OTLP, default plan, evolve loop off)",
         "median_step_s": med,
         "overhead": med["rtxops"] / med["eager"] - 1,
         "pair_overheads": [r - 1 for r in pair_ratios],

@@ -17,6 +17,7 @@ Variables: ``bundle`` (kind, version, scope, signer, builder, decision, variants
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,11 @@ class Policy:
     def evaluate(self, bundle: dict, job: dict | None = None) -> Decision:
         import celpy
 
+        # only the facts the rules name are converted to CEL values: converting a bundle's
+        # package list costs more than evaluating every rule
+        keys = _bundle_keys(self.rules)
+        if keys is not None:
+            bundle = {k: v for k, v in bundle.items() if k in keys}
         activation = {"bundle": celpy.json_to_cel(bundle),
                       "job": celpy.json_to_cel({"id": "", "deterministic": False, **(job or {})}),
                       "params": celpy.json_to_cel(self.params)}
@@ -98,6 +104,22 @@ class Policy:
             if not ok:
                 reasons.append(f"{self.name}/{rule.name}: {rule.reason}")
         return Decision(not reasons, tuple(reasons))
+
+
+_BUNDLE_FIELD = re.compile(r"\bbundle\s*\.\s*([A-Za-z_]\w*)")
+_BUNDLE_ANY = re.compile(r"\bbundle\b")
+
+
+def _bundle_keys(rules: tuple[Rule, ...]) -> frozenset[str] | None:
+    """The bundle facts the rules name as ``bundle.<key>``; None when one uses ``bundle``
+    otherwise (then every fact is needed)."""
+    keys: set[str] = set()
+    for rule in rules:
+        named = _BUNDLE_FIELD.findall(rule.require)
+        if len(named) != len(_BUNDLE_ANY.findall(rule.require)):
+            return None
+        keys.update(named)
+    return frozenset(keys)
 
 
 def default_policy_dir() -> Path:

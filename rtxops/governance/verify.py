@@ -131,22 +131,32 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
     parsed = {PROVENANCE: prov_bytes, SBOM: sbom_bytes}
     if kind == "plan" and PLAN in signed and PLAN in names:
         parsed[PLAN] = read_limited(root / PLAN, MAX_METADATA_BYTES, "plan")
+    builder = prov["predicate"]["runDetails"]["builder"]
+    version = params.get("version", 0)
+    # while the big files hash: the schema check and the policy, whose results are reported in
+    # order below (a bundle that fails an earlier check still fails on that one)
+    sbom_problem = sbom.schema_problem(sbom_bytes.decode("utf-8", "replace"))
+    facts = allowed = None
+    if not sbom_problem:
+        try:
+            facts = _facts(kind, version, params, signer, builder, sbom_bytes, signed)
+            allowed = evaluate_all(policies, facts, job) if policies else None
+        except Exception:  # unverified bytes: fail (again) in order below, where it belongs
+            facts = allowed = None
+
     digests = {**hashing.result(), **{n: hashlib.sha256(b).hexdigest() for n, b in parsed.items()}}
     _files(names, signed, digests)
     report.passed("files", f"every file's sha256 matches the signed statement ({len(signed)} files)")
 
-    problem = sbom.schema_problem(sbom_bytes.decode("utf-8", "replace"))
-    if problem:
-        raise VerificationError("sbom", f"the SBOM fails the CycloneDX {sbom.SPEC_VERSION} schema: {problem}")
+    if sbom_problem:
+        raise VerificationError("sbom", f"the SBOM fails the CycloneDX {sbom.SPEC_VERSION} schema: {sbom_problem}")
     report.passed("sbom", f"CycloneDX {sbom.SPEC_VERSION}, schema valid, digest signed")
 
     want = {n: d for n, d in signed.items() if n != PROVENANCE}
     if provenance.subjects(prov) != want:
         raise VerificationError("provenance", "provenance subjects do not match the signed files")
-    builder = prov["predicate"]["runDetails"]["builder"]
     report.passed("provenance", f"SLSA v1, kind {kind}, builder {builder['id'][:48]}")
 
-    version = params.get("version", 0)
     if not isinstance(version, int) or isinstance(version, bool):
         raise VerificationError("version", f"version {version!r} is not an integer")
     if kind == "plan":
@@ -165,11 +175,22 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
     report.passed("version", f"version {version}" + (f" >= {min_version}" if min_version is not None else "")
                   + (f" > running {newer_than}" if newer_than is not None else ""))
 
+    report.facts = facts or _facts(kind, version, params, signer, builder, sbom_bytes, signed)
+    if policies:
+        allowed = allowed or evaluate_all(policies, report.facts, job)
+        if not allowed.allowed:
+            raise VerificationError("policy", "denied: " + "; ".join(allowed.reasons))
+        report.passed("policy", f"allowed by {', '.join(p.name for p in policies)}")
+    report.plan_bytes = parsed.get(PLAN)
+
+
+def _facts(kind, version, params, signer, builder, sbom_bytes, signed) -> dict:
+    """What policies see about a bundle (see :mod:`.policy`)."""
     sb = sbom.facts(json.loads(sbom_bytes))
     decision = {k: (float(v) if isinstance(v, int) and not isinstance(v, bool) and k in
                     ("gain", "ci_low", "ci_high", "p_value") else v)
                 for k, v in (params.get("decision") or {}).items()}
-    report.facts = {
+    return {
         "kind": kind, "version": version, "scope": params.get("scope") or "",
         "signer": {k: v for k, v in signer.items() if k != "entry"},
         "builder": {"id": builder["id"], "version": builder.get("version") or {}},
@@ -177,12 +198,6 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
         "variants": sb["variants"], "packages": sb["packages"],
         "digest": "sha256:" + _dsse.root_digest(signed),
     }
-    if policies:
-        result = evaluate_all(policies, report.facts, job)
-        if not result.allowed:
-            raise VerificationError("policy", "denied: " + "; ".join(result.reasons))
-        report.passed("policy", f"allowed by {', '.join(p.name for p in policies)}")
-    report.plan_bytes = parsed.get(PLAN)
 
 
 def _signature(env: _dsse.Envelope, trust: Trust, report: Report, at: float) -> dict:
