@@ -58,7 +58,8 @@ class Policy:
             raise UsageError(f"{where} is not valid YAML: {e}") from None
         if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
             raise UsageError(f"{where} must be a mapping with a 'rules' list")
-        env = celpy.Environment()
+        # transpiled to Python: several times faster to evaluate than the interpreter
+        env = celpy.Environment(runner_class=celpy.CompiledRunner)
         rules = []
         for i, r in enumerate(data["rules"]):
             if not isinstance(r, dict) or not all(isinstance(r.get(k), str) for k in ("name", "require", "reason")):
