@@ -28,7 +28,7 @@ from rtxops.telemetry.store import Store
 from . import stats
 from .candidates import Arm, candidates
 from .priors import tuning_priors
-from .runner import WorkerError, run_worker
+from .runner import WorkerError, run_isolating
 from .screen import screen
 from .search import STRATEGIES, make_strategy
 from .trace import TrialSpans
@@ -172,8 +172,8 @@ class _Tuner:
 
     # ---- trials --------------------------------------------------------------------------------
     def _run(self, op: str, bucket: str, arms: list[Arm], done: int) -> list[tuple[Arm, dict]]:
-        """One worker run of ``arms``; a worker that dies is retried one arm at a time, so only the
-        arm that kills it fails."""
+        """Worker runs of ``arms`` (see :func:`run_isolating`: only an arm that kills the worker
+        fails)."""
         request = {"command": "bench", "op": op, "bucket": bucket, "warmup": self.warmup,
                    "reps": self.reps, "arms": [{"variant": a.variant, "config": a.config} for a in arms]}
         started = time.time_ns()
@@ -183,20 +183,12 @@ class _Tuner:
                           run_total=total)
 
         on_worker(0, self.reps * len(arms))
-        try:
-            results = {r["index"]: r for r in run_worker(request, self.timeout_s, on_worker)}
-        except WorkerError as e:
-            if len(arms) > 1:
-                out = []
-                for arm in arms:
-                    out += self._run(op, bucket, [arm], done + len(out))
-                return out
-            results = {0: {"status": "failed", "reason": str(e)[:2000], "values": []}}
+        results = run_isolating(request, "arms", self.timeout_s, on_worker)
         ended = time.time_ns()
         out = []
-        for i, arm in enumerate(arms):
-            r = results.get(i, {"status": "failed", "reason": "the worker gave no result",
-                                "values": []})
+        for arm, r in zip(arms, results):
+            if isinstance(r, WorkerError):
+                r = {"status": "failed", "reason": str(r)[:2000], "values": []}
             out.append((arm, self._trial(op, bucket, arm, r, started, ended)))
         self.progress("bench", trials=done + len(out))
         return out

@@ -60,3 +60,19 @@ def run_worker(request: dict, timeout_s: float = 600.0,
         reason = "timed out" if code in (-9, 137) else f"exited with {code}"
         raise WorkerError(f"evolve worker {reason}: {tail.strip()}")
     return results
+
+
+def run_isolating(request: dict, key: str, timeout_s: float = 600.0,
+                  on_progress: Callable[[int, int], None] | None = None) -> list[dict | WorkerError]:
+    """One result per element of ``request[key]``, in order: one worker runs them all; when it
+    dies, each element runs in a worker of its own, so only the element that kills the process
+    fails. A failed element's entry is the :class:`WorkerError`."""
+    items = request[key]
+    try:
+        by_index = {r["index"]: r for r in run_worker(request, timeout_s, on_progress)}
+    except WorkerError as e:
+        if len(items) > 1:
+            return [r for item in items
+                    for r in run_isolating({**request, key: [item]}, key, timeout_s, on_progress)]
+        return [e]
+    return [by_index.get(i, WorkerError("the worker gave no result")) for i in range(len(items))]

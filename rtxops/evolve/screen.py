@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from .candidates import Arm
-from .runner import WorkerError, run_worker
+from .runner import WorkerError, run_isolating
 from .tuning import TuningDB
 
 log = logging.getLogger("rtxops.evolve")
@@ -33,24 +33,16 @@ def screen(tuning: TuningDB, op: str, bucket: str, arms: list[Arm],
 
 def _gate(tuning: TuningDB, op: str, bucket: str, arms: list[Arm],
           timeout_s: float) -> dict[Arm, tuple[bool, str]]:
-    """Gate ``arms`` in one worker; when the worker dies, gate them one by one, so the arm that
-    crashes the process is the one recorded as failed."""
+    """Gate ``arms`` in worker processes (see :func:`run_isolating`: the arm that crashes the
+    process is the one recorded as failed)."""
     if not arms:
         return {}
     items = [{"op": op, "bucket": bucket, "variant": a.variant, "config": a.config} for a in arms]
-    try:
-        results = {r["index"]: r for r in run_worker({"command": "gate", "items": items}, timeout_s)}
-    except WorkerError as e:
-        if len(arms) > 1:
-            out = {}
-            for arm in arms:
-                out.update(_gate(tuning, op, bucket, [arm], timeout_s))
-            return out
-        log.warning("gate worker failed on %s %s %s: %s", op, bucket, arms[0], e)
-        results = {0: {"passed": False, "reason": f"the gate worker died: {e}"}}
     out = {}
-    for i, arm in enumerate(arms):
-        r = results.get(i, {"passed": False, "reason": "the gate worker gave no result"})
+    for arm, r in zip(arms, run_isolating({"command": "gate", "items": items}, "items", timeout_s)):
+        if isinstance(r, WorkerError):
+            log.warning("gate worker failed on %s %s %s: %s", op, bucket, arm, r)
+            r = {"passed": False, "reason": f"the gate worker died: {r}"}
         if not r.get("setup_error"):  # e.g. a plugin module the worker cannot import: retried
             tuning.save_gate(op, bucket, arm, bool(r["passed"]), r["reason"], r.get("max_error"))
         out[arm] = (bool(r["passed"]), r["reason"])
