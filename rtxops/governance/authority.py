@@ -20,6 +20,9 @@ from .policy import load_policies
 from .verify import Trust, verify
 
 DAEMON_KINDS = ["plan", "telemetry", "ledger", "checkpoint"]
+# explore rounds issue a bundle every few dozen steps: per scope, the newest ones stay on disk
+# (their ledger entries stay forever); promotions, rollbacks and manual plans are all kept
+EXPLORE_BUNDLES_KEPT = 20
 
 
 class Authority:
@@ -86,11 +89,25 @@ class Authority:
             if failure.name == "policy":
                 raise PolicyDenied(failure.message)
             raise VerificationError(failure.name, failure.message)
-        self._record(kind=str(decision.get("kind") or "manual"), **entry)
+        kind = str(decision.get("kind") or "manual")
+        self._record(kind=kind, **entry)
         if final.exists():
             shutil.rmtree(final)
         staging.replace(final)
+        if kind == "explore":
+            self._prune_explore_bundles(scope)
         return final
+
+    def _prune_explore_bundles(self, scope: str) -> None:
+        """Delete the bundles of ``scope``'s explore rounds older than the newest
+        :data:`EXPLORE_BUNDLES_KEPT`."""
+        if self.store is None:
+            return
+        rows = self.store.query(
+            "SELECT DISTINCT version FROM ledger WHERE scope = ? AND kind = 'explore' "
+            "ORDER BY version DESC OFFSET ?", [scope, EXPLORE_BUNDLES_KEPT])
+        for row in rows:
+            shutil.rmtree(self.bundle_dir(scope, row["version"]), ignore_errors=True)
 
     def _record(self, **entry) -> None:
         if self.store is not None:
