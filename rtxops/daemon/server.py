@@ -173,6 +173,9 @@ class Daemon:
         from .app import create_app
 
         self.prepare()
+        # the policies load here, after prepare(): `rtxops run`'s job is already starting, and a
+        # first plan published soon after start does not wait for them
+        self.authority.policies  # noqa: B018
         config = uvicorn.Config(create_app(self), host=self.host, port=self.port,
                                 log_level="warning", access_log=False, lifespan="off")
         self.server = uvicorn.Server(config)
