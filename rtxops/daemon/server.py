@@ -58,6 +58,7 @@ class Daemon:
         self.evolve: EvolveScheduler | None = None
         self._step_marks: dict[str, tuple[int, int]] = {}
         self._step_rates: dict[str, float] = {}
+        self._rate_settled: set[str] = set()
         self.server: uvicorn.Server | None = None
         self._stopping = threading.Event()
         self._shutdown_lock = threading.Lock()
@@ -123,13 +124,20 @@ class Daemon:
                 self._note_step(job_id, step, end_ns)
 
     def _note_step(self, job_id: str, step: int, end_ns: int | None) -> None:
-        """Keep each job's step rate (steps per second of its own clock, over ≥ 1 s)."""
+        """Keep each job's step rate (steps per second of its own clock, over ≥ 1 s; before a
+        whole second is seen, over what has been seen: a plan published early still gets a lead)."""
         if end_ns is None:
             return
         first = self._step_marks.setdefault(job_id, (step, end_ns))
-        if step > first[0] and end_ns - first[1] >= 1_000_000_000:
-            self._step_rates[job_id] = (step - first[0]) / ((end_ns - first[1]) / 1e9)
+        if step <= first[0] or end_ns <= first[1]:
+            return
+        rate = (step - first[0]) / ((end_ns - first[1]) / 1e9)
+        if end_ns - first[1] >= 1_000_000_000:
+            self._step_rates[job_id] = rate
             self._step_marks[job_id] = (step, end_ns)
+            self._rate_settled.add(job_id)
+        elif job_id not in self._rate_settled:  # an estimate until a whole second is seen
+            self._step_rates[job_id] = rate
 
     def last_step(self, job_id: str) -> int | None:
         """The step a running job will have reached by the time it installs a plan published now,

@@ -1,0 +1,25 @@
+"""The daemon's step-rate estimate (the lead it gives a plan's effective step) exists from a job's
+second reported step, and settles on whole seconds once they are seen."""
+from rtxops.daemon.home import Home
+from rtxops.daemon.server import Daemon
+
+S = 1_000_000_000
+
+
+def test_a_rate_from_the_second_step_then_settled_on_whole_seconds(tmp_path, monkeypatch):
+    monkeypatch.setenv("RTXOPS_EVOLVE", "0")
+    d = Daemon(Home(tmp_path / "home"), port=0)
+    try:
+        t0 = 10 * S
+        d._note_step("j", 0, t0)
+        assert "j" not in d._step_rates                       # one step: no rate yet
+        d._note_step("j", 2, t0 + S // 2)
+        assert abs(d._step_rates["j"] - 4.0) < 1e-9            # 2 steps in 0.5 s, an estimate
+        d._note_step("j", 3, t0 + 3 * S // 4)
+        assert abs(d._step_rates["j"] - 4.0) < 1e-9            # refined over what was seen
+        d._note_step("j", 10, t0 + 2 * S)
+        assert abs(d._step_rates["j"] - 5.0) < 1e-9            # 10 steps over 2 s: settled
+        d._note_step("j", 30, t0 + 2 * S + S // 10)
+        assert abs(d._step_rates["j"] - 5.0) < 1e-9            # a burst under a second: kept
+    finally:
+        d.shutdown()
