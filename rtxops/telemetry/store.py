@@ -372,10 +372,10 @@ class Store:
 
     def _run(self, cur: duckdb.DuckDBPyConnection) -> None:
         # Fewer automatic checkpoints than DuckDB's 16 MB default: each one recompresses the
-        # spans table's partly filled last row group, so at 64 MB checkpoints were 60 % of the
-        # writer's time under load (bench/ingest.py). Commits stay durable through the WAL; the
-        # cost is memory (what waits for a checkpoint; past DuckDB's memory limit it spills to
-        # temporary files) and WAL replay time after a crash.
+        # spans table's partly filled last row group, so frequent ones dominate the writer's time
+        # under load (256 MB: 105 k spans/s in bench/ingest.py). Commits stay durable through
+        # the WAL; the cost is memory (what waits for a checkpoint; past DuckDB's memory limit
+        # it spills to temporary files) and WAL replay time after a crash.
         cur.execute(f"SET checkpoint_threshold = '{os.environ.get('RTXOPS_STORE_WAL', '256MB')}'")
         stop = False
         deferred: list[_Task] = []
