@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import stat
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
@@ -20,6 +22,7 @@ MAX_SIGNATURE_BYTES = 4 << 20   # the Sigstore bundle (statement with one line p
 MAX_METADATA_BYTES = 16 << 20   # plan, SBOM, provenance: parsed as JSON
 MAX_FILES = 100_000
 _CHUNK = 1 << 20
+_PIPELINE_BYTES = 8 << 20
 
 
 def check_name(name: str) -> str:
@@ -61,12 +64,52 @@ def list_files(root: Path) -> list[str]:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+    """The sha256 hex digest of ``path``; a big file is read on a second thread while this one
+    hashes (reading is ~8 % of a serial pass over a page-cached file)."""
     with open(path, "rb", buffering=0) as f:
-        buf = bytearray(_CHUNK)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            h.update(view[:n])
+        if os.fstat(f.fileno()).st_size < _PIPELINE_BYTES:
+            h = hashlib.sha256()
+            buf = bytearray(_CHUNK)
+            view = memoryview(buf)
+            while n := f.readinto(buf):
+                h.update(view[:n])
+            return h.hexdigest()
+        return _sha256_pipelined(f)
+
+
+def _sha256_pipelined(f) -> str:
+    h = hashlib.sha256()
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    full: queue.SimpleQueue = queue.SimpleQueue()
+    for _ in range(2):
+        free.put(bytearray(_CHUNK))
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            while (buf := free.get()) is not None:
+                n = f.readinto(buf)
+                full.put((buf, n))
+                if not n:
+                    return
+        except BaseException as e:  # noqa: BLE001 - re-raised on the hashing thread
+            failed.append(e)
+            full.put((None, 0))
+
+    reader = threading.Thread(target=read, name="rtxops-hash-read", daemon=True)
+    reader.start()
+    try:
+        while True:
+            buf, n = full.get()
+            if not n:
+                break
+            h.update(memoryview(buf)[:n])
+            free.put(buf)
+    finally:
+        free.put(None)
+        reader.join()
+    if failed:
+        raise failed[0]
     return h.hexdigest()
 
 
