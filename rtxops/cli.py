@@ -71,6 +71,8 @@ def run(
     telemetry: bool = typer.Option(True, help="record and export spans (--no-telemetry: runtime only)"),
     compile_model: bool = typer.Option(False, help="compile the whole model with torch.compile in "
                                        "the background; swap it in when ready, keep it if faster"),
+    fuse_optimizer: bool = typer.Option(False, help="try torch's fused implementation of the job's "
+                                        "optimizer (Adam, AdamW, SGD, Adagrad); keep it if faster"),
 ) -> None:
     """Run COMMAND with the runtime enabled: ``rtxops run -- python train.py ARGS``.
 
@@ -80,6 +82,8 @@ def run(
         raise _fail(f"plan {plan} does not exist")
     if compile_model:
         os.environ["RTXOPS_COMPILE_MODEL"] = "1"  # the job inherits it, directly or via the daemon
+    if fuse_optimizer:
+        os.environ["RTXOPS_FUSE_OPTIMIZER"] = "1"
     with tempfile.TemporaryDirectory(prefix="rtxops-run-") as tmp:
         summary_file = Path(tmp) / "summary.json"
         if direct:
@@ -136,8 +140,9 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
     client = DaemonClient.find(home)
     local = None
     env = {"RTXOPS_SUMMARY": str(summary_file)}
-    if os.environ.get("RTXOPS_COMPILE_MODEL"):
-        env["RTXOPS_COMPILE_MODEL"] = os.environ["RTXOPS_COMPILE_MODEL"]
+    for region in ("RTXOPS_COMPILE_MODEL", "RTXOPS_FUSE_OPTIMIZER"):
+        if os.environ.get(region):
+            env[region] = os.environ[region]
     if not telemetry:
         env["RTXOPS_TELEMETRY"] = "off"
     if plan:

@@ -316,6 +316,7 @@ class Dispatcher:
         self.plan_rejections: list[str] = []
         self.on_miss: Callable[[], None] | None = None
         self.regions = None  # a RegionCompiler when the whole model is to be compiled (regions.py)
+        self.optimizer_region = None  # a FusedOptimizer when the optimizer may run fused
         self._lock = threading.RLock()
 
     # ---- sites ----------------------------------------------------------------------------
@@ -364,13 +365,16 @@ class Dispatcher:
         log.info("plan %s -> %s at step %s", old.version, plan.version, self.step)
         return True
 
-    def on_step(self) -> None:
-        """Optimizer-step boundary: count the step, apply a queued plan, report the step."""
+    def on_step(self, optimizer=None) -> None:
+        """Optimizer-step boundary (after ``optimizer`` stepped): count the step, apply a queued
+        plan, let the regions act, report the step."""
         self.step += 1
         if self.pending is not None:
             self.apply_pending()
         if self.regions is not None:
             self.regions.on_step(self.step)
+        if self.optimizer_region is not None and optimizer is not None:
+            self.optimizer_region.on_step(self.step, optimizer)
         if self.backward_every and self.step % self.backward_every == 0:
             for site in self.sites:
                 site.arm_backward(self._backward_sampler)

@@ -161,7 +161,7 @@ class _Patch:
         self._hook_new_classes()
         self.scan_functions()
         self.step_hook = register_optimizer_step_post_hook(
-            lambda optimizer, args, kwargs: d.on_step()
+            lambda optimizer, args, kwargs: d.on_step(optimizer)
         )
         d.on_miss = self.scan_functions  # new buckets are a cheap moment to look for new modules
 

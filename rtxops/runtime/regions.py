@@ -34,6 +34,7 @@ log = logging.getLogger("rtxops.runtime")
 
 DISCOVER, WAIT_INPUTS, COMPILING, BASELINE, TRIAL, COMPILED, EAGER, FAILED = (
     "discover", "wait_inputs", "compiling", "baseline", "trial", "compiled", "eager", "failed")
+SETTLED = (COMPILED, EAGER, FAILED)  # no compiler runs and no trial is timed any more
 
 
 class RegionCompiler:

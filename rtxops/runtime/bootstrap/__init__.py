@@ -81,6 +81,18 @@ def start() -> None:
             dispatcher.readings.swap(step, v, v, f"region:model:{outcome}")
 
         dispatcher.regions = RegionCompiler(report, mode=None if compile_model == "1" else compile_model)
+    if os.environ.get("RTXOPS_FUSE_OPTIMIZER", "0") not in ("", "0"):
+        from ..optimizer_region import FusedOptimizer
+        from ..regions import SETTLED
+
+        regions = dispatcher.regions
+
+        def report_optimizer(step: int, outcome: str) -> None:
+            v = dispatcher.plan.version
+            dispatcher.readings.swap(step, v, v, f"region:optimizer:{outcome}")
+
+        dispatcher.optimizer_region = FusedOptimizer(
+            report_optimizer, ready=lambda: regions is None or regions.state in SETTLED)
     atexit.register(_at_exit, dispatcher, os.environ.get("RTXOPS_SUMMARY"))
 
 
