@@ -7,8 +7,9 @@ better of eager-with-variants and the compiled model. Steps:
 1. *discover* — during the first optimizer step a global module pre-hook notes the outermost
    modules called; after the step the one holding most parameters is the model and the hooks go;
 2. *compile* — on the next call of the model its inputs are cloned and a background thread runs
-   the compiled forward and backward on them once (``torch.autograd.grad`` on a throw-away copy of
-   the graph: the parameters' ``.grad`` are not touched);
+   the compiled forward and backward on them once, on a shadow of the model whose parameters
+   share its storage but not its autograd version counters (so the job's optimizer stepping
+   meanwhile cannot fail the pass; ``torch.autograd.grad``: no ``.grad`` is touched);
 3. *trial* — once compiled, ``trial_steps`` more eager steps are timed (with no compiler running
    beside them), then ``model.forward`` is replaced at a step boundary and as many compiled steps
    are timed; the slower one loses and the outcome is reported as an ``rtx.swap`` with digest
@@ -20,6 +21,8 @@ under ``torch.distributed`` are left alone (a background pass could desynchronis
 """
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import statistics
 import threading
@@ -106,11 +109,20 @@ class RegionCompiler:
         started = time.perf_counter()
         try:
             kw = {"mode": self.mode} if self.mode else {}
-            compiled = self.compile_fn(self._eager_forward, **kw)
+            shadow = _shadow(model)
+            if shadow is None:  # the live model: the job's optimizer may race the pass below
+                compiled = run = self.compile_fn(self._eager_forward, **kw)
+                target = model
+            else:
+                # one compiled code serves every instance (torch.compile guards on the module's
+                # tensors, not its identity): warmed up on the shadow, then called with the model
+                run = self.compile_fn(type(model).forward, **kw)
+                compiled = functools.partial(run, model)
+                args, target = [shadow, *args], shadow
             with torch.enable_grad():
-                out = compiled(*args, **kwargs)
+                out = run(*args, **kwargs)
                 roots = [t for t in _tensors(out) if t.requires_grad and t.is_floating_point()]
-                params = [p for p in model.parameters() if p.requires_grad]
+                params = [p for p in target.parameters() if p.requires_grad]
                 if roots and params:  # compiles the backward too, without touching .grad
                     torch.autograd.grad([t.sum() for t in roots], params[:1], allow_unused=True)
         except Exception as e:  # the job goes on in eager; the reason is kept and logged
@@ -214,3 +226,19 @@ def _tensors(out) -> list[torch.Tensor]:
     if isinstance(out, dict):
         return [t for v in out.values() for t in _tensors(v)]
     return []
+
+
+def _shadow(model: nn.Module) -> nn.Module | None:
+    """A copy of ``model`` whose parameters and buffers share the model's storage (no memory is
+    copied) but not its autograd version counters (``.data``), so the job's optimizer updating the
+    parameters in place cannot fail the background backward pass. None when the model cannot be
+    copied or sets its own ``forward`` per instance."""
+    if "forward" in model.__dict__:
+        return None
+    memo: dict[int, Any] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        memo[id(t)] = nn.Parameter(t.data, t.requires_grad) if isinstance(t, nn.Parameter) else t
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception:  # noqa: BLE001 - locks, handles…: fall back to the live model
+        return None

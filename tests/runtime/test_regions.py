@@ -11,6 +11,7 @@ from torch import nn
 
 from rtxops.runtime import patching
 from rtxops.runtime.regions import COMPILED, EAGER, FAILED, RegionCompiler
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 
 class Head(nn.Module):
@@ -128,3 +129,48 @@ def test_a_compiled_model_that_raises_later_goes_back_to_eager_and_the_step_goes
     assert "forward" not in net.__dict__
     plain, _, _ = train(len(losses))
     torch.testing.assert_close(losses, plain)  # no step was lost or changed
+
+
+def test_the_optimizer_stepping_during_the_background_pass_does_not_fail_it():
+    """The job's optimizer updates the parameters in place between the background forward and
+    backward: the pass runs on a shadow whose parameters have their own version counters."""
+    in_pass, stepped = threading.Event(), threading.Event()
+    calls = []
+
+    def forward_then_wait(fn, **kw):
+        compiled = torch.compile(fn, backend="aot_eager")
+
+        def run(*a, **k):
+            out = compiled(*a, **k)
+            calls.append(1)
+            if len(calls) == 1:  # the background pass: let the job step before its backward
+                in_pass.set()
+                stepped.wait(30)
+            return out
+        return run
+
+    handle = register_optimizer_step_post_hook(
+        lambda *_: stepped.set() if in_pass.is_set() else None)
+    try:
+        regions, reports, losses, _ = run_with(forward_then_wait, steps=20, settle=True)
+    finally:
+        handle.remove()
+    assert regions.error is None, regions.error
+    assert regions.state in (COMPILED, EAGER) and reports[0][1] == "compiled"
+    plain, _, _ = train(len(losses))
+    torch.testing.assert_close(losses, plain, rtol=1e-4, atol=1e-5)
+
+
+def test_the_shadow_shares_storage_but_not_version_counters():
+    from rtxops.runtime.regions import _shadow
+
+    net = Net()
+    shadow = _shadow(net)
+    for p, q in zip(net.parameters(), shadow.parameters()):
+        assert p is not q and p.data_ptr() == q.data_ptr()  # no memory copied
+        before = q._version
+        with torch.no_grad():
+            p.add_(0)
+        assert q._version == before
+    net.forward = net.forward  # a per-instance forward: no shadow, the live model is compiled
+    assert _shadow(net) is None
