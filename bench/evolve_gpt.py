@@ -2,11 +2,13 @@
 
 * ``eager``: ``python examples/train_gpt.py``;
 * ``compile``: the same with ``torch.compile(model)``;
-* ``rtxops``: ``rtxops run --compile-model`` with the evolve loop on (in-process daemon).
+* ``rtxops``: ``rtxops run --compile-model --fuse-optimizer`` with the evolve loop on (in-process
+  daemon).
 
 Reports time to first step (process start → first step's line; also as the median of alternated
-short runs, one launch being one noisy sample), converged step time (median of
-the last quarter of steps), speed-ups, and the largest loss difference from eager. Then the cost
+short runs, one launch being one noisy sample), converged step time (median of the last quarter
+of steps; the median over ``--rounds`` rounds run in rotated order), speed-ups, and the largest
+loss difference from eager. Then the cost
 of exploring: the GPT under ``rtxops run --direct`` with a plan on the reference vs the same plan
 with explore arms on every recorded bucket (10 % of its calls over its candidates), alternated.
 JSON on stdout (``--out`` writes it too).
@@ -26,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GPT = [sys.executable, str(ROOT / "examples" / "train_gpt.py"), "--json"]
 RTXOPS = [sys.executable, "-m", "rtxops.cli"]
+REGIONS = ["--compile-model", "--fuse-optimizer"]  # both whole-region variants
 
 
 def run_job(command: list[str], env: dict[str, str]) -> dict:
@@ -47,24 +50,51 @@ def run_job(command: list[str], env: dict[str, str]) -> dict:
         raise SystemExit(f"{command} failed: {err[-2000:]}")
     tail = [s["step_s"] for s in steps[-max(1, len(steps) // 4):]]
     return {"first_step_s": round(first, 3), "converged_step_ms": round(1000 * statistics.median(tail), 2),
+            "quarters_ms": [round(1000 * statistics.median(q), 2) for q in _quarters([s["step_s"] for s in steps])],
             "steps": len(steps), "losses": [s["loss"] for s in steps], "stderr_tail": err[-400:]}
 
 
-def side_by_side(steps: int, env: dict[str, str]) -> dict:
-    home = tempfile.mkdtemp(prefix="rtxops-bench-")
-    out = {
-        "eager": run_job(GPT + ["--steps", str(steps)], env),
-        "compile": run_job(GPT + ["--steps", str(steps), "--compile"], env),
-        "rtxops": run_job(RTXOPS + ["run", "--compile-model", "--name", "bench", "--no-summary", "--"]
-                          + GPT + ["--steps", str(steps)],
-                          {**env, "RTXOPS_HOME": home, "RTXOPS_EVOLVE": "1"}),
-    }
+def _quarters(xs: list[float]) -> list[list[float]]:
+    n = max(1, len(xs) // 4)
+    return [xs[i:i + n] for i in range(0, n * 4, n) if xs[i:i + n]]
+
+
+def side_by_side(steps: int, env: dict[str, str], rounds: int = 1) -> dict:
+    """The three jobs, ``rounds`` times, in a rotated order each round (a busy moment of a shared
+    machine then hits each contender alike); converged figures are the medians over the rounds,
+    each round's kept in ``rounds``; first steps and losses come from the first round."""
+    def job(name: str) -> dict:
+        if name == "eager":
+            return run_job(GPT + ["--steps", str(steps)], env)
+        if name == "compile":
+            return run_job(GPT + ["--steps", str(steps), "--compile"], env)
+        home = tempfile.mkdtemp(prefix="rtxops-bench-")
+        out = run_job(RTXOPS + ["run", *REGIONS, "--name", "bench", "--no-summary", "--"]
+                      + GPT + ["--steps", str(steps)],
+                      {**env, "RTXOPS_HOME": home, "RTXOPS_EVOLVE": "1"})
+        from rtxops.telemetry.store import ReadOnlyStore
+
+        out["swaps"] = [f'{r["step"]}:{r["plan_digest"][:30]}' for r in ReadOnlyStore(
+            Path(home) / "rtxops.duckdb").query("SELECT step, plan_digest FROM swaps ORDER BY at_ns")]
+        return out
+
+    names = ["eager", "compile", "rtxops"]
+    runs: list[dict] = []
+    for r in range(rounds):
+        order = names[r % 3:] + names[:r % 3]
+        runs.append({n: job(n) for n in order})
+    out = {n: dict(runs[0][n]) for n in names}
+    for n in names:
+        out[n]["converged_step_ms"] = round(statistics.median(
+            run[n]["converged_step_ms"] for run in runs), 2)
     eager, compiled, rtx = out["eager"], out["compile"], out["rtxops"]
     out["speedup_vs_eager"] = round(eager["converged_step_ms"] / rtx["converged_step_ms"], 3)
     out["vs_compile"] = round(compiled["converged_step_ms"] / rtx["converged_step_ms"], 3)
     out["first_step_vs_eager"] = round(rtx["first_step_s"] / eager["first_step_s"], 3)
     out["compile_first_step_vs_eager"] = round(compiled["first_step_s"] / eager["first_step_s"], 3)
     out["max_loss_diff_vs_eager"] = max(abs(a - b) for a, b in zip(eager["losses"], rtx["losses"]))
+    out["rounds"] = [{n: run[n]["converged_step_ms"] for n in names} for run in runs]
+    out["rtxops_swaps"] = [run["rtxops"]["swaps"] for run in runs]
     for r in out.values():
         if isinstance(r, dict):
             r.pop("losses", None)
@@ -78,7 +108,7 @@ def first_steps(repeats: int, env: dict[str, str]) -> dict:
     for _ in range(repeats):
         eager.append(run_job(GPT + ["--steps", "3"], env)["first_step_s"])
         home = tempfile.mkdtemp(prefix="rtxops-bench-")
-        rtx.append(run_job(RTXOPS + ["run", "--compile-model", "--name", "bench", "--no-summary", "--"]
+        rtx.append(run_job(RTXOPS + ["run", *REGIONS, "--name", "bench", "--no-summary", "--"]
                            + GPT + ["--steps", "3"],
                            {**env, "RTXOPS_HOME": home, "RTXOPS_EVOLVE": "1"})["first_step_s"])
     return {"eager_s": eager, "rtxops_s": rtx,
@@ -134,6 +164,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=1500,
                    help="enough for the background compile and the loop to settle on 2 cores")
+    p.add_argument("--rounds", type=int, default=3, help="side-by-side rounds (rotated order)")
     p.add_argument("--first-step-repeats", type=int, default=7)
     p.add_argument("--explore-steps", type=int, default=120)
     p.add_argument("--explore-rounds", type=int, default=3)
@@ -145,7 +176,7 @@ def main() -> None:
     result = {"bench": "evolve_gpt", "steps": args.steps, "cpus": os.cpu_count(),
               "targets": {"speedup_vs_eager": 1.25, "vs_compile": 1.0, "first_step_vs_eager": 1.5,
                           "exploration_overhead": 0.05},
-              "side_by_side": side_by_side(args.steps, env),
+              "side_by_side": side_by_side(args.steps, env, args.rounds),
               "first_step": first_steps(args.first_step_repeats, env),
               "exploration": exploration_cost(args.explore_steps, args.explore_rounds, env)}
     text = json.dumps(result, indent=1)

@@ -210,7 +210,10 @@ class RegionCompiler:
 
 def _clone(x):
     if isinstance(x, torch.Tensor):
-        return x.detach().clone().requires_grad_(x.requires_grad)
+        # same strides as the job's (a slice like tokens[:, :-1] has gaps): torch.compile guards
+        # on them, and a mismatch would recompile on the job's thread at the swap
+        copy_ = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+        return copy_.copy_(x.detach()).requires_grad_(x.requires_grad)
     if isinstance(x, (list, tuple)):
         return type(x)(_clone(v) for v in x)
     if isinstance(x, dict):

@@ -8,10 +8,10 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from rtxops.runtime import patching
 from rtxops.runtime.regions import COMPILED, EAGER, FAILED, RegionCompiler
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 
 class Head(nn.Module):
