@@ -174,3 +174,15 @@ def test_the_shadow_shares_storage_but_not_version_counters():
         assert q._version == before
     net.forward = net.forward  # a per-instance forward: no shadow, the live model is compiled
     assert _shadow(net) is None
+
+
+def test_captured_inputs_keep_the_jobs_strides():
+    """torch.compile guards on strides: a contiguous clone of a slice would make the first
+    compiled call on the job's thread recompile."""
+    from rtxops.runtime.regions import _clone
+
+    tokens = torch.arange(8 * 65).view(8, 65)
+    x = tokens[:, :-1]
+    (y,) = _clone([x])
+    assert y.stride() == x.stride() and torch.equal(y, x)
+    assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
