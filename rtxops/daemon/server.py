@@ -272,6 +272,7 @@ class Daemon:
             systemd.notify("STOPPING=1")
             if self.evolve is not None:
                 self.evolve.stop()
+            self.authority.close()
             if self.supervisor is not None:
                 self.supervisor.shutdown(self.job_grace_s)
             if self.server is not None:

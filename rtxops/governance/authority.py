@@ -47,8 +47,17 @@ class Authority:
         self._policies_lock = threading.Lock()
         # the first bundle would otherwise pay for imports and the environment SBOM (seconds),
         # while the plan's effective step, set before signing, comes nearer
-        threading.Thread(target=_warm_signing, args=(self,), name="rtxops-governance-warm",
-                         daemon=True).start()
+        self._warm_stop = threading.Event()
+        self._warm = threading.Thread(target=_warm_signing, args=(self,),
+                                      name="rtxops-governance-warm", daemon=True)
+        self._warm.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the warm-up between its stages and wait for it: an interpreter that finalizes
+        while a thread imports C extensions can abort (a short ``rtxops run`` exits early)."""
+        self._warm_stop.set()
+        if self._warm.is_alive():
+            self._warm.join(timeout)
 
     @property
     def policies(self) -> list:
@@ -145,13 +154,15 @@ def _warm_signing(authority: Authority) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):
         pass
-    try:
-        sbom._environment()
-        sbom._validator().validate_str("{}")
-        sbom.schema_problem("{}")
-        authority.policies  # noqa: B018 (loads them)
-    except Exception:  # only a head start: the first bundle does it again and reports errors
-        pass
+    stages = (sbom._environment, lambda: sbom._validator().validate_str("{}"),
+              lambda: sbom.schema_problem("{}"), lambda: authority.policies)
+    for stage in stages:
+        if authority._warm_stop.is_set():
+            return
+        try:
+            stage()
+        except Exception:  # only a head start: the first bundle does it again and reports errors
+            return
 
 
 def warm_up() -> None:
