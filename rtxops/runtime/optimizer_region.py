@@ -80,7 +80,7 @@ class FusedOptimizer:
                     self._stop(why)
                 else:
                     self.state = BASELINE
-                    self._last_ns = now  # the baseline starts at this boundary
+                    self._last_ns = time.perf_counter_ns()  # the baseline starts after the check
         elif self.state == BASELINE and elapsed is not None:
             self._before.append(elapsed)
             if len(self._before) >= self.trial_steps:

@@ -98,7 +98,11 @@ class RegionCompiler:
             handle.remove()
             if self.state == WAIT_INPUTS:
                 self.state = COMPILING
-                clones = ([_clone(a) for a in args], {k: _clone(v) for k, v in kwargs.items()})
+                try:
+                    clones = ([_clone(a) for a in args], {k: _clone(v) for k, v in kwargs.items()})
+                except Exception as e:  # never the job's step: the job stays in eager
+                    self._fail(f"cannot copy the model's inputs: {type(e).__name__}: {e}")
+                    return
                 threading.Thread(target=self._compile, args=(module, *clones),
                                  name="rtxops-region-compile", daemon=True).start()
 
@@ -212,8 +216,12 @@ def _clone(x):
     if isinstance(x, torch.Tensor):
         # same strides as the job's (a slice like tokens[:, :-1] has gaps): torch.compile guards
         # on them, and a mismatch would recompile on the job's thread at the swap
-        copy_ = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
-        return copy_.copy_(x.detach()).requires_grad_(x.requires_grad)
+        try:
+            copy_ = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+            copy_.copy_(x.detach())
+        except RuntimeError:  # overlapping memory (an expand()): a dense copy will do
+            copy_ = x.detach().clone()
+        return copy_.requires_grad_(x.requires_grad)
     if isinstance(x, (list, tuple)):
         return type(x)(_clone(v) for v in x)
     if isinstance(x, dict):

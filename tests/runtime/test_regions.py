@@ -186,3 +186,11 @@ def test_captured_inputs_keep_the_jobs_strides():
     (y,) = _clone([x])
     assert y.stride() == x.stride() and torch.equal(y, x)
     assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_an_expanded_input_is_copied_densely():
+    from rtxops.runtime.regions import _clone
+
+    x = torch.ones(1, 4).expand(3, 4)  # stride 0: strided storage would overlap
+    (y,) = _clone([x])
+    assert torch.equal(y, x)
