@@ -272,13 +272,13 @@ class Daemon:
             systemd.notify("STOPPING=1")
             if self.evolve is not None:
                 self.evolve.stop()
-            self.authority.close()
             if self.supervisor is not None:
                 self.supervisor.shutdown(self.job_grace_s)
             if self.server is not None:
                 self.server.should_exit = True
             if self._thread is not None:
                 self._thread.join(10)
+            self.authority.close()  # last: the jobs and submits above must not wait for it
             self.store.close()
             for f in (self.home.pid_file, self.home.url_file):
                 try:
