@@ -240,10 +240,10 @@ def _tensors(out) -> list[torch.Tensor]:
 
 
 def _shadow(model: nn.Module) -> nn.Module | None:
-    """A copy of ``model`` whose parameters and buffers share the model's storage (no memory is
-    copied) but not its autograd version counters (``.data``), so the job's optimizer updating the
-    parameters in place cannot fail the background backward pass. None when the model cannot be
-    copied or sets its own ``forward`` per instance."""
+    """A copy of ``model`` whose parameters share the model's storage (no memory is copied) but
+    not its autograd version counters (``.data``), so the job's optimizer updating them in place
+    cannot fail the background backward pass; buffers are the model's own tensors. None when the
+    model cannot be copied or sets its own ``forward`` per instance."""
     if "forward" in model.__dict__:
         return None
     memo: dict[int, Any] = {}
