@@ -7,13 +7,14 @@ once per (site, call signature) and plan version.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import traceback
 from dataclasses import dataclass
 from time import perf_counter_ns
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -28,8 +29,33 @@ from .spec import REFERENCE, OpSpec, Variant
 
 log = logging.getLogger("rtxops.runtime")
 _is_compiling = torch.compiler.is_compiling
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+_background_compiles: set[int] = set()  # threads running a background torch.compile (regions.py)
 
 EXPLORE_PERIOD = 1000  # explore shares are laid out over this many calls, deterministically
+REGION_OP = "region"   # the op of the slots regions record (see Dispatcher.region_clock)
+COMPILED_FAMILY = "compiled"  # variants built with torch.compile (ops/_compiled.py)
+
+
+def _traced_here() -> bool:
+    """Whether a call that sees torch's ``is_compiling()`` flag is traced on this thread. The flag
+    is process-wide: a background compile (regions.py) sets it for the job's thread too, whose
+    calls must still run routed (and recorded). Dynamo folds ``is_dynamo_compiling()`` to True
+    when it traces, so nothing after it is traced or guarded on."""
+    return _is_dynamo_compiling() or not _background_compiles or threading.get_ident() in _background_compiles
+
+
+@contextlib.contextmanager
+def background_compile():
+    """Mark this thread's torch.compile work as a background one (see :func:`_traced_here`).
+    Meanwhile the job's routes keep off variants built with torch.compile: dynamo compiles one
+    frame at a time, so compiling one would wait for this compile, stalling the job."""
+    ident = threading.get_ident()
+    _background_compiles.add(ident)
+    try:
+        yield
+    finally:
+        _background_compiles.discard(ident)
 
 
 @dataclass(frozen=True)
@@ -66,7 +92,7 @@ class FunctionSite:
         record_cell = self.dispatcher.record_cell
 
         def dispatching(*args, **kwargs):
-            if _is_compiling():
+            if _is_compiling() and _traced_here():
                 return ref(*args, **kwargs)
             key = call_key(*args, **kwargs)
             try:
@@ -198,7 +224,7 @@ class ModuleSite(FunctionSite):
         )
 
         def forward(module, *args, **kwargs):
-            if _is_compiling():
+            if _is_compiling() and _traced_here():
                 return original(module, *args, **kwargs)
             parts = split(module, *args, **kwargs)
             key = None if parts is None else call_key(*parts[0])
@@ -317,6 +343,7 @@ class Dispatcher:
         self.on_miss: Callable[[], None] | None = None
         self.regions = None  # a RegionCompiler when the whole model is to be compiled (regions.py)
         self.optimizer_region = None  # a FusedOptimizer when the optimizer may run fused
+        self._held_back = False  # a route took the reference for a variant background_compile held back
         self._lock = threading.RLock()
 
     # ---- sites ----------------------------------------------------------------------------
@@ -369,12 +396,17 @@ class Dispatcher:
         """Optimizer-step boundary (after ``optimizer`` stepped): count the step, apply a queued
         plan, let the regions act, report the step."""
         self.step += 1
-        if self.pending is not None:
-            self.apply_pending()
+        if self.optimizer_region is not None and optimizer is not None:
+            # first: its clock on the optimizer's step stops before the bookkeeping below
+            self.optimizer_region.on_step(self.step, optimizer)
+        swapped = self.pending is not None and self.apply_pending()
+        if self._held_back and not _background_compiles:
+            with self._lock:
+                self._held_back = False
+                for site in [] if swapped else self.sites:
+                    site.clear()
         if self.regions is not None:
             self.regions.on_step(self.step)
-        if self.optimizer_region is not None and optimizer is not None:
-            self.optimizer_region.on_step(self.step, optimizer)
         if self.backward_every and self.step % self.backward_every == 0:
             for site in self.sites:
                 site.arm_backward(self._backward_sampler)
@@ -394,6 +426,43 @@ class Dispatcher:
             for site in self.sites:
                 site.clear()
 
+    # ---- regions: code rtxops runs whole, with no per-op routing inside ------------------------
+    def region_clock(self, site: str, variant: str, family: str, tensors: Iterable[torch.Tensor],
+                     config: dict | None = None) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+        """``(start, stop)`` timing stretches of a region (op ``region``: the compiled model, the
+        optimizer's step) as calls of its own slot, so its time stays in the telemetry where the
+        per-op spans stop. ``stop(start())`` records one call; host time on CPU, CUDA events on
+        CUDA. The bucket is the tensors' dtype, device and element count."""
+        bucket, device = region_bucket(tensors)
+        config_json = json.dumps(config or {}, sort_keys=True, separators=(",", ":"))
+        with self._lock:
+            slot = self._new_slot((site, variant, config_json, bucket), REGION_OP, variant,
+                                  config_json, bucket, site, family)
+            if device == "cuda" and self.cuda_timer is None:
+                self.cuda_timer = CudaEventTimer(self.readings)
+        if device == "cuda":
+            timer = self.cuda_timer
+            return timer.begin, lambda begun: timer.end(slot, begun)
+        cell = self.record_cell
+
+        def stop(t0: int) -> None:
+            cell[0](slot, t0, perf_counter_ns() - t0)
+
+        return perf_counter_ns, stop
+
+    def time_region(self, fn: Callable, site: str, variant: str, family: str,
+                    tensors: Iterable[torch.Tensor], config: dict | None = None) -> Callable:
+        """``fn`` with each call recorded as one call of a region (see :meth:`region_clock`)."""
+        start, stop = self.region_clock(site, variant, family, tensors, config)
+
+        def timed(*args, **kwargs):
+            begun = start()
+            out = fn(*args, **kwargs)
+            stop(begun)
+            return out
+
+        return timed
+
     # ---- resolution (route miss) ----------------------------------------------------------
     def choices(self, op: OpSpec, bucket: Bucket) -> list[Choice]:
         """The (variant, config, weight) arms the running plan asks for in ``bucket``."""
@@ -409,6 +478,8 @@ class Dispatcher:
             choice = Choice(variant, {**variant.default_config, **config}, weight)
             usable = variant.supports(bucket) and (
                 op.name, name, choice.config_json, bucket.id) not in self.disabled
+            if usable and variant.family == COMPILED_FAMILY and _background_compiles:
+                usable, self._held_back = False, True  # routed again once the compile is over
             if not usable:
                 choice = Choice(self.registry.variant(op.name, REFERENCE), {}, weight)
             out.append(choice)
@@ -435,12 +506,16 @@ class Dispatcher:
             return route
 
     def _slot(self, site: FunctionSite, choice: Choice, bucket: Bucket) -> int:
-        k = (site.name, choice.variant.name, choice.config_json, bucket.id)
-        slot = self._slot_ids.get(k)
+        return self._new_slot((site.name, choice.variant.name, choice.config_json, bucket.id),
+                              site.op.name, choice.variant.name, choice.config_json, bucket.id,
+                              site.name, choice.variant.family)
+
+    def _new_slot(self, key: tuple, op: str, variant: str, config: str, bucket: str, site: str,
+                  family: str) -> int:
+        slot = self._slot_ids.get(key)
         if slot is None:
-            slot = self._slot_ids[k] = len(self.slots)
-            info = Slot(slot, site.op.name, choice.variant.name, choice.config_json, bucket.id,
-                        site.name, choice.variant.family)
+            slot = self._slot_ids[key] = len(self.slots)
+            info = Slot(slot, op, variant, config, bucket, site, family)
             self.slots.append(info)
             self.readings.register_slot(info)
         return slot
@@ -561,6 +636,18 @@ class Dispatcher:
     # ---- introspection --------------------------------------------------------------------
     def site_named(self, name: str) -> FunctionSite:
         return next(s for s in self.sites if s.name == name)
+
+
+def region_bucket(tensors: Iterable[torch.Tensor]) -> tuple[str, str]:
+    """(bucket id, device type) of a region over ``tensors``: ``"float32/cpu/numel=N"`` after the
+    first tensor's dtype and device."""
+    first, numel = None, 0
+    for t in tensors:
+        first = t if first is None else first
+        numel += t.numel()
+    if first is None:
+        return "none/cpu/numel=0", "cpu"
+    return f"{str(first.dtype).removeprefix('torch.')}/{first.device.type}/numel={numel}", first.device.type
 
 
 def _reference(dispatcher: Dispatcher, site: FunctionSite) -> Choice:

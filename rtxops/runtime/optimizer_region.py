@@ -13,6 +13,10 @@ time as many fused ones; the slower one loses. Each switch is reported with
 ``report(step, outcome)`` (outcome "fused" or "default"), as an ``rtx.swap`` with digest
 ``region:optimizer:<outcome>``. A job stepping two optimizers is left alone (a step boundary
 then times only part of the step).
+
+With ``clock(optimizer, variant)`` given (``Dispatcher.region_clock``), every ``optimizer.step()``
+is recorded as a call of the optimizer's region slot, variant "fused" or "default": the
+optimizer's time shows in telemetry, before and after the switch.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import weakref
 from typing import Callable
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 log = logging.getLogger("rtxops.runtime")
 
@@ -38,8 +43,14 @@ class FusedOptimizer:
     ``on_step(step, optimizer)`` is called at every optimizer-step boundary."""
 
     def __init__(self, report: Callable[[int, str], None], *, trial_steps: int = 20,
-                 warmup_steps: int = 3, ready: Callable[[], bool] = lambda: True) -> None:
+                 warmup_steps: int = 3, ready: Callable[[], bool] = lambda: True,
+                 clock: Callable[[torch.optim.Optimizer, str], tuple[Callable, Callable]] | None = None
+                 ) -> None:
         self.report = report
+        self.clock = clock
+        self._clocks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._running: tuple[Callable, object] | None = None  # (stop, its token) of the step under way
+        self._pre_hook = register_optimizer_step_pre_hook(self._step_starts) if clock else None
         self.trial_steps = trial_steps
         self.warmup_steps = warmup_steps
         self.ready = ready
@@ -52,7 +63,32 @@ class FusedOptimizer:
         self._before: list[int] = []
         self._after: list[int] = []
 
+    def close(self) -> None:
+        """Remove the step clock's hook."""
+        if self._pre_hook is not None:
+            self._pre_hook.remove()
+            self._pre_hook = None
+
+    def _step_starts(self, optimizer, args, kwargs) -> None:
+        try:
+            variant = FUSED if any(g.get("fused") for g in optimizer.param_groups) else DEFAULT
+            clocks = self._clocks.setdefault(optimizer, {})
+            if variant not in clocks:
+                clocks[variant] = self.clock(optimizer, variant)
+            start, stop = clocks[variant]
+            self._running = (stop, start())
+        except Exception as e:  # a clock never fails the job's step: this one stops
+            self.close()
+            log.warning("region: the optimizer's steps are not recorded: %s", e)
+
     def on_step(self, step: int, optimizer: torch.optim.Optimizer) -> None:
+        running, self._running = self._running, None
+        if running is not None:
+            try:
+                running[0](running[1])
+            except Exception as e:
+                self.close()
+                log.warning("region: the optimizer's steps are not recorded: %s", e)
         try:
             self._on_step(step, optimizer)
         except Exception as e:  # never the job's death: back to the default, with the reason
@@ -110,6 +146,17 @@ class FusedOptimizer:
     def _stop(self, reason: str) -> None:
         self.state, self.reason = UNSUPPORTED, reason
         log.info("region: the optimizer stays as it is: %s", reason)
+
+
+def step_clock(dispatcher) -> Callable[[torch.optim.Optimizer, str], tuple[Callable, Callable]]:
+    """The ``clock`` for :class:`FusedOptimizer` that records steps in ``dispatcher``'s region
+    slot ``optimizer:<class>`` of the variant (family "aten" for torch's fused kernel)."""
+    def clock(optimizer, variant: str):
+        cls = type(optimizer)
+        return dispatcher.region_clock(f"optimizer:{cls.__module__}.{cls.__qualname__}", variant,
+                                       "aten" if variant == FUSED else "eager",
+                                       (p for g in optimizer.param_groups for p in g["params"]))
+    return clock
 
 
 def unsupported_reason(optimizer) -> str | None:

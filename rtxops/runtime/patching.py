@@ -175,6 +175,9 @@ class _Patch:
             _set(namespace, name, fn)
         if self.step_hook is not None:
             self.step_hook.remove()
+        for region in (self.dispatcher.regions, self.dispatcher.optimizer_region):
+            if region is not None:
+                region.close()
         if self.init_subclass is not None:
             if self.init_subclass is _NO_OWN_INIT_SUBCLASS:
                 del nn.Module.__init_subclass__

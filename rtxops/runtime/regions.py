@@ -33,6 +33,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .dispatcher import background_compile
+
 log = logging.getLogger("rtxops.runtime")
 
 DISCOVER, WAIT_INPUTS, COMPILING, BASELINE, TRIAL, COMPILED, EAGER, FAILED = (
@@ -44,11 +46,15 @@ class RegionCompiler:
     """Compiles the training job's model in the background (see the module docstring).
 
     ``on_step(step)`` is called at every optimizer-step boundary; ``report(step, outcome)`` is
-    called on a swap (``outcome`` is "compiled" or "eager")."""
+    called on a swap (``outcome`` is "compiled" or "eager"). ``timed(fn, model)``, when given,
+    wraps the compiled forward once it is installed, to record its calls (per-op telemetry stops
+    there: nothing inside a compiled region is routed)."""
 
     def __init__(self, report: Callable[[int, str], None], *, mode: str | None = None,
-                 trial_steps: int = 20, compile_fn: Callable = torch.compile) -> None:
+                 trial_steps: int = 20, compile_fn: Callable = torch.compile,
+                 timed: Callable[[Callable, nn.Module], Callable] | None = None) -> None:
         self.report = report
+        self.timed = timed
         self.mode = mode
         self.trial_steps = trial_steps
         self.compile_fn = compile_fn
@@ -110,6 +116,10 @@ class RegionCompiler:
 
     # ---- background compile ----------------------------------------------------------------------
     def _compile(self, model: nn.Module, args: list, kwargs: dict) -> None:
+        with background_compile():
+            self._compile_here(model, args, kwargs)
+
+    def _compile_here(self, model: nn.Module, args: list, kwargs: dict) -> None:
         started = time.perf_counter()
         try:
             kw = {"mode": self.mode} if self.mode else {}
@@ -191,6 +201,11 @@ class RegionCompiler:
         """The compiled forward; if it ever raises (a recompile failing on new shapes, say), the
         model goes back to eager for good and this call runs eager: the step goes on."""
         compiled, eager = self._compiled, self._eager_forward
+        if self.timed is not None:
+            try:
+                compiled = self.timed(compiled, model)
+            except Exception as e:  # untimed rather than not compiled
+                log.warning("region: the compiled model's calls are not recorded: %s", e)
 
         def forward(*args, **kwargs):
             try:
@@ -210,6 +225,16 @@ class RegionCompiler:
     def _fail(self, reason: str) -> None:
         self.state, self.error = FAILED, reason
         log.warning("region: %s; the job stays in eager", reason)
+
+
+def forward_timer(dispatcher, mode: str | None = None) -> Callable[[Callable, nn.Module], Callable]:
+    """The ``timed`` for :class:`RegionCompiler` that records the compiled forward's calls in
+    ``dispatcher``'s region slot ``model:<class>``, variant "compiled"."""
+    def timed(fn: Callable, model: nn.Module) -> Callable:
+        cls = type(model)
+        return dispatcher.time_region(fn, f"model:{cls.__module__}.{cls.__qualname__}", "compiled",
+                                      "compiled", model.parameters(), {"mode": mode} if mode else None)
+    return timed
 
 
 def _clone(x):

@@ -23,29 +23,39 @@ class CudaEventTimer:
         self.dropped = 0
 
     def wrap(self, fn: Callable, slot: int) -> Callable:
-        pending, readings, memory = self._pending, self.readings, self.memory
-        Event = torch.cuda.Event
-        cuda = torch.cuda
+        begin, end = self.begin, self.end
 
         def timed(*args, **kwargs):
-            start, end = Event(enable_timing=True), Event(enable_timing=True)
-            host_ns = perf_counter_ns()
-            if memory:
-                cuda.reset_peak_memory_stats()
-                before = cuda.memory_allocated()
-            start.record()
+            begun = begin()
             out = fn(*args, **kwargs)
-            end.record()
-            if memory:
-                readings.memory(slot, cuda.memory_allocated() - before,
-                                cuda.max_memory_allocated() - before)
-            if len(pending) < self.max_pending:
-                pending.append((slot, host_ns, start, end))
-            else:
-                self.dropped += 1
+            end(slot, begun)
             return out
 
         return timed
+
+    def begin(self) -> tuple:
+        """Mark the start of a timed stretch on the current stream; hand the result to :meth:`end`."""
+        start = torch.cuda.Event(enable_timing=True)
+        host_ns = perf_counter_ns()
+        before = None
+        if self.memory:
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        start.record()
+        return host_ns, start, before
+
+    def end(self, slot: int, begun: tuple) -> None:
+        """Mark the end of the stretch :meth:`begin` started, as one call of ``slot``."""
+        host_ns, start, before = begun
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        if before is not None:
+            self.readings.memory(slot, torch.cuda.memory_allocated() - before,
+                                 torch.cuda.max_memory_allocated() - before)
+        if len(self._pending) < self.max_pending:
+            self._pending.append((slot, host_ns, start, end))
+        else:
+            self.dropped += 1
 
     def drain(self) -> int:
         """Report every finished pair in order; stop at the first unfinished one. Returns count."""

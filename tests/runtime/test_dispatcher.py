@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from rtxops.runtime import patching
+from rtxops.runtime.dispatcher import background_compile
 from rtxops.runtime.errors import PlanError
 from rtxops.runtime.plan import ExploreArm, Plan
 from rtxops.runtime.registry import load_builtin
@@ -157,3 +159,37 @@ def test_variant_with_config_space_gets_its_config():
     slot, = [s for s in d.readings.slots if s.variant == "chunked"]
     assert slot.config == '{"chunk_rows":256}' and d.readings.calls[slot.id] == 1
     assert d.readings.build_misses[slot.id] == 1
+
+
+def test_variants_built_with_torch_compile_wait_until_a_background_compile_is_over():
+    """dynamo compiles one frame at a time: a variant compiled on the job's thread during a
+    background compile would stall the job until that one is done."""
+    d = patching.enable()
+    try:
+        x = torch.randn(4, 8)
+        d.install_plan(plan_for(1, ("silu", bucket_id("silu", x), "compiled")))
+        d.apply_pending()
+        entered, release = threading.Event(), threading.Event()
+
+        def background():
+            with background_compile():
+                entered.set()
+                release.wait(60)
+
+        thread = threading.Thread(target=background)
+        thread.start()
+        try:
+            assert entered.wait(60)
+            F.silu(x)
+            d.on_step()  # the compile goes on: the route stays
+            F.silu(x)
+        finally:
+            release.set()
+            thread.join()
+        ran = lambda: {s.variant: d.readings.calls[s.id] for s in d.slots if s.op == "silu"}
+        assert ran() == {"reference": 2}
+        d.on_step()  # the first boundary after the compile routes again
+        torch.testing.assert_close(F.silu(x), x * torch.sigmoid(x))
+        assert ran() == {"reference": 2, "compiled": 1}
+    finally:
+        patching.disable()

@@ -14,7 +14,7 @@ from torch import nn
 
 from rtxops.runtime import patching
 from rtxops.runtime.optimizer_region import (DEFAULT, FUSED, TRIAL, UNSUPPORTED, WAIT,
-                                             FusedOptimizer, unsupported_reason)
+                                             FusedOptimizer, step_clock, unsupported_reason)
 from tests.daemon.live import PY, Daemons, cli
 
 
@@ -135,6 +135,47 @@ def test_a_refusing_constructor_is_the_reason():
     assert "torch refuses fused=True" in unsupported_reason(opt)
 
 
+def test_every_optimizer_step_is_recorded_under_its_variant():
+    emb, net, opt = make()
+    d = patching.enable()
+    switched = []
+    region = d.optimizer_region = FusedOptimizer(lambda s, o: switched.append(s), trial_steps=5,
+                                                 warmup_steps=1, clock=step_clock(d))
+    try:
+        losses = train(emb, net, opt, 6, more=lambda: region.state not in (FUSED, DEFAULT, UNSUPPORTED))
+    finally:
+        patching.disable()
+    stats = d.readings
+    slots = {(s.variant, s.site): s.id for s in d.slots if s.op == "region"}
+    site = "optimizer:torch.optim.adamw.AdamW"
+    assert set(slots) <= {(FUSED, site), (DEFAULT, site)} and (FUSED, site) in slots
+    calls = {v: stats.calls[i] for (v, _), i in slots.items()}
+    assert sum(calls.values()) == len(losses)
+    # the fused steps are those from the switch on (and back, when the default won)
+    fused_steps = (switched[1] if len(switched) > 1 else len(losses)) - switched[0]
+    assert calls[FUSED] == fused_steps
+    assert all(stats.total_ns[i] > 0 for i in slots.values())
+    # the hook is gone with the runtime: steps after disable() are not recorded
+    train(emb, net, opt, 2)
+    assert sum(stats.calls[i] for i in slots.values()) == len(losses)
+
+
+def test_a_failing_clock_never_fails_the_jobs_step():
+    emb, net, opt = make()
+    d = patching.enable()
+
+    def broken(optimizer, variant):
+        raise RuntimeError("no clock today")
+
+    region = d.optimizer_region = FusedOptimizer(lambda s, o: None, trial_steps=3, warmup_steps=1,
+                                                 clock=broken)
+    try:
+        losses = train(emb, net, opt, 5)
+    finally:
+        patching.disable()
+    assert len(losses) == 5 and region._pre_hook is None
+
+
 def test_a_job_stepping_two_optimizers_is_left_alone():
     emb, net, opt = make()
     other = torch.optim.SGD(emb.parameters(), lr=0.1)
@@ -186,3 +227,12 @@ def test_rtxops_run_fuse_optimizer_reports_the_swap_in_telemetry(tmp_path, daemo
     digests = [s["plan_digest"] for s in store.query("SELECT plan_digest FROM swaps ORDER BY at_ns")]
     want = ["region:optimizer:fused"] + (["region:optimizer:default"] if state == DEFAULT else [])
     assert digests == want
+    # every optimizer.step() of the job is a call of the optimizer's region slot
+    rows = store.query("""SELECT variant, sum(count) AS calls, sum(total_ns) AS ns FROM kernel_spans
+                          WHERE op = 'region' AND site = 'optimizer:torch.optim.adamw.AdamW'
+                          GROUP BY variant""")
+    calls = {r["variant"]: r["calls"] for r in rows}
+    assert sum(calls.values()) == 80 and calls.get(FUSED, 0) > 0 and all(r["ns"] > 0 for r in rows)
+    numel = 32 * 64 + 64 + 64 * 8 + 8
+    buckets = store.query("SELECT DISTINCT bucket FROM kernel_spans WHERE op = 'region'")
+    assert buckets == [{"bucket": f"float32/cpu/numel={numel}"}]

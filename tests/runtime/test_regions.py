@@ -11,7 +11,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from rtxops.runtime import patching
-from rtxops.runtime.regions import COMPILED, EAGER, FAILED, RegionCompiler
+from rtxops.runtime.regions import COMPILED, EAGER, FAILED, RegionCompiler, forward_timer
 
 
 class Head(nn.Module):
@@ -78,6 +78,27 @@ def test_the_model_compiles_in_the_background_and_swaps_in_at_a_step_boundary():
         assert "forward" in net.__dict__  # the instance's forward is the compiled one
     plain, _, _ = train(len(losses))
     torch.testing.assert_close(losses, plain, rtol=1e-4, atol=1e-5)  # same training
+
+
+def test_the_compiled_models_calls_are_recorded_as_a_region_slot():
+    reports = []
+    d = patching.enable()
+    regions = d.regions = RegionCompiler(
+        lambda step, outcome: reports.append((step, outcome)), trial_steps=5, compile_fn=aot_eager,
+        timed=forward_timer(d))
+    try:
+        losses, net, _ = train(60, more=lambda: regions.state not in (COMPILED, EAGER, FAILED))
+    finally:
+        patching.disable()
+        regions.close()
+    assert regions.state in (COMPILED, EAGER), regions.error
+    swapped = reports[0][0]
+    ended = reports[1][0] if regions.state == EAGER else len(losses)
+    [slot] = [s for s in d.slots if s.op == "region"]
+    numel = sum(p.numel() for p in net.parameters())
+    assert (slot.site, slot.variant, slot.family, slot.bucket) == (
+        f"model:{__name__}.Net", "compiled", "compiled", f"float32/cpu/numel={numel}")
+    assert d.readings.calls[slot.id] == ended - swapped and d.readings.total_ns[slot.id] > 0
 
 
 def test_the_first_step_does_not_wait_for_the_compiler():
@@ -194,3 +215,46 @@ def test_an_expanded_input_is_copied_densely():
     x = torch.ones(1, 4).expand(3, 4)  # stride 0: strided storage would overlap
     (y,) = _clone([x])
     assert torch.equal(y, x)
+
+
+def test_the_jobs_ops_stay_routed_and_recorded_while_the_model_compiles_in_the_background():
+    in_compile, release = threading.Event(), threading.Event()
+
+    def blocking_backend(gm, example_inputs):  # holds the compile (and torch's flag) open
+        in_compile.set()
+        release.wait(60)
+        return gm.forward
+
+    d = patching.enable()
+    regions = d.regions = RegionCompiler(
+        lambda step, outcome: None, trial_steps=3,
+        compile_fn=lambda fn, **kw: torch.compile(fn, backend=blocking_backend))
+    torch.manual_seed(0)
+    net, head = Net(), Head()
+    opt = torch.optim.SGD([*net.parameters(), *head.parameters()], lr=0.05)
+
+    def step():
+        x, y = torch.randn(8, 16), torch.randint(0, 10, (8,))
+        loss = F.cross_entropy(head.proj(net(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    try:
+        step()
+        per_step = sum(d.readings.calls)
+        step()  # its forward starts the background compile
+        assert in_compile.wait(60)
+        assert torch.compiler.is_compiling()  # torch's flag is process-wide
+        before = sum(d.readings.calls)
+        for _ in range(3):
+            step()
+        during = sum(d.readings.calls) - before
+    finally:
+        release.set()
+        deadline = time.monotonic() + 60
+        while regions.state == "compiling" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        patching.disable()
+        regions.close()
+    assert per_step >= 5 and during == 3 * per_step

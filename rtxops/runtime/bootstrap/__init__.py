@@ -16,7 +16,9 @@
                    -> plan.json bytes``, raising why a bundle is refused; ``.warm()`` optional).
                    Without it no signed plan is installed (fail closed)
 ``RTXOPS_COMPILE_MODEL``  ``1`` (or a torch.compile mode) compiles the model in the background and
-                   keeps it when faster (regions.py)
+                   keeps it when faster (regions.py); its calls are then recorded under op ``region``
+``RTXOPS_FUSE_OPTIMIZER``  ``1`` tries torch's fused optimizer (optimizer_region.py); every
+                   ``optimizer.step()`` is recorded under op ``region``
 """
 from __future__ import annotations
 
@@ -74,15 +76,16 @@ def start() -> None:
                    verifier=_plan_verifier()).start()
     compile_model = os.environ.get("RTXOPS_COMPILE_MODEL", "")
     if compile_model and compile_model != "0":
-        from ..regions import RegionCompiler
+        from ..regions import RegionCompiler, forward_timer
 
         def report(step: int, outcome: str) -> None:
             v = dispatcher.plan.version
             dispatcher.readings.swap(step, v, v, f"region:model:{outcome}")
 
-        dispatcher.regions = RegionCompiler(report, mode=None if compile_model == "1" else compile_model)
+        mode = None if compile_model == "1" else compile_model
+        dispatcher.regions = RegionCompiler(report, mode=mode, timed=forward_timer(dispatcher, mode))
     if os.environ.get("RTXOPS_FUSE_OPTIMIZER", "0") not in ("", "0"):
-        from ..optimizer_region import FusedOptimizer
+        from ..optimizer_region import FusedOptimizer, step_clock
         from ..regions import SETTLED
 
         regions = dispatcher.regions
@@ -92,7 +95,8 @@ def start() -> None:
             dispatcher.readings.swap(step, v, v, f"region:optimizer:{outcome}")
 
         dispatcher.optimizer_region = FusedOptimizer(
-            report_optimizer, ready=lambda: regions is None or regions.state in SETTLED)
+            report_optimizer, ready=lambda: regions is None or regions.state in SETTLED,
+            clock=step_clock(dispatcher))
     atexit.register(_at_exit, dispatcher, os.environ.get("RTXOPS_SUMMARY"))
 
 
