@@ -62,15 +62,20 @@ def make_router(daemon, auth) -> APIRouter:
     def task(task_id: str) -> dict:
         """A tuning task: state (queued, running, done, failed), progress, report or error."""
         found = tasks().get(task_id) if tasks.cache_info().currsize else None
+        if found is None:  # an earlier daemon's
+            found = next(iter(store_evolve.saved_tune_tasks(daemon.store, task_id)), None)
         if found is None:
-            raise HTTPException(404, f"no tuning task {task_id!r} (tasks live until the daemon stops)")
+            raise HTTPException(404, f"no tuning task {task_id!r}")
         return found
 
     @router.get("/status")
     def status() -> dict:
         """The evolve loop's state per job (``enabled: false`` when the loop is off) and the
-        offline tuning tasks."""
+        offline tuning tasks (this daemon's, then the saved ones of earlier daemons)."""
         tune = tasks().summary() if tasks.cache_info().currsize else []
+        here = {t["id"] for t in tune}
+        tune += [{k: t[k] for k in ("id", "state", "params", "progress", "error")}
+                 for t in store_evolve.saved_tune_tasks(daemon.store) if t["id"] not in here]
         scheduler = daemon.evolve
         if scheduler is None:
             return {"enabled": False, "tune_tasks": tune}

@@ -12,6 +12,7 @@ included. The thompson strategy starts from priors: the op's tuning rows on othe
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import threading
 import time
@@ -33,6 +34,8 @@ from .screen import screen
 from .search import STRATEGIES, make_strategy
 from .trace import TrialSpans
 from .tuning import TuningDB
+
+log = logging.getLogger("rtxops.evolve")
 
 BASELINE = Arm.of(REFERENCE)
 BATCH = 4
@@ -266,7 +269,9 @@ class _Tuner:
 
 class TuneTasks:
     """Tuning tasks of the daemon (the only store writer), run one at a time on a background
-    thread; their state, progress and report are kept in memory (the results are in the store)."""
+    thread. Progress is kept in memory; each task's record is saved at every change of state
+    (``tune_tasks``), so a later daemon still answers for it (see
+    :func:`store_evolve.saved_tune_tasks`)."""
 
     def __init__(self, store: Store, registry: Callable[[], Registry], keep: int = 50) -> None:
         self.store, self.registry, self.keep = store, registry, keep
@@ -293,6 +298,7 @@ class TuneTasks:
                 if self.tasks[old]["state"] in ("done", "failed"):
                     del self.tasks[old]
             self._queue.append((task_id, params))
+            self._save(task_id)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="rtxops-tune", daemon=True)
                 self._thread.start()
@@ -312,6 +318,15 @@ class TuneTasks:
     def _update(self, task_id: str, **fields) -> None:
         with self._lock:
             self.tasks[task_id].update(fields)
+            if "state" in fields:
+                self._save(task_id)
+
+    def _save(self, task_id: str) -> None:
+        """Write the task's record (under the lock: saves of one task stay in order)."""
+        try:
+            store_evolve.save_tune_task(self.store, dict(self.tasks[task_id]))
+        except Exception as e:  # the task goes on; only a later daemon would miss it
+            log.warning("rtxops tune: task %s not saved: %s", task_id, e)
 
     def _run(self) -> None:
         while True:
@@ -320,6 +335,7 @@ class TuneTasks:
                     self._wake.wait()
                 task_id, params = self._queue.pop(0)
                 self.tasks[task_id]["state"] = "running"
+                self._save(task_id)
             try:
                 report = tune(self.store, self.registry(), **params,
                               on_progress=lambda p, t=task_id: self._update(t, progress=p))

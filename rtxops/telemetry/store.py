@@ -200,6 +200,12 @@ _V6 = (
         prev_hash VARCHAR, entry_hash VARCHAR)""",
 )
 
+_V7 = (
+    """CREATE TABLE tune_tasks (
+        task_id VARCHAR PRIMARY KEY, state VARCHAR, submitted_ns BIGINT, ended_ns BIGINT,
+        record VARCHAR)""",
+)
+
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "resources, spans, span events, ingest log; kernel/step/memory/swap views", _V1),
     (2, "jobs, job logs and job events of the supervisor", _V2),
@@ -207,6 +213,7 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (4, "kernel_minutes.key_id: one integer per (job, op, bucket, variant, config, phase)", _V4),
     (5, "evolve: tuning database, trials, gate results, decisions", _V5),
     (6, "governance: ledger (append-only, hash-chained)", _V6),
+    (7, "offline tuning tasks (they outlive the daemon)", _V7),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -184,3 +184,28 @@ def trials(q, job_id: str | None = None, op: str | None = None, limit: int = 500
     return q.query("SELECT * FROM trials WHERE (? IS NULL OR job_id = ?) AND (? IS NULL OR op = ?) "
                    "ORDER BY started_ns DESC, trial_id LIMIT ? OFFSET ?",
                    [job_id, job_id, op, op, limit, offset])
+
+
+# ---- offline tuning tasks --------------------------------------------------------------------
+
+INTERRUPTED = ("interrupted: the daemon stopped before the task finished; the trials it measured "
+               "are in the tuning database; submit it again to finish")
+
+
+def save_tune_task(store: Store, task: dict) -> None:
+    """Keep ``task`` (TuneTasks' record: id, state, params, progress, report, error, times)."""
+    _write(store, "INSERT OR REPLACE INTO tune_tasks VALUES (?, ?, ?, ?, ?)",
+           [task["id"], task["state"], task["submitted_ns"], task["ended_ns"],
+            json.dumps(task, sort_keys=True, default=str)])
+
+
+def saved_tune_tasks(q, task_id: str | None = None, limit: int = 50) -> list[dict]:
+    """Saved tasks, newest first, as a daemon that did not run them sees them: one left queued
+    or running when its daemon stopped has failed, with :data:`INTERRUPTED` as the error."""
+    rows = q.query("SELECT record FROM tune_tasks WHERE ? IS NULL OR task_id = ? "
+                   "ORDER BY submitted_ns DESC LIMIT ?", [task_id, task_id, limit])
+    tasks = [json.loads(r["record"]) for r in rows]
+    for t in tasks:
+        if t["state"] in ("queued", "running"):
+            t["state"], t["error"] = "failed", INTERRUPTED
+    return tasks

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.live import PY, Daemons, cli
+from tests.daemon.live import PY, Daemons, cli, marked, until
 
 GELU = "float32/cpu/tanh=0,hidden=64,rows=16"
 JOB = """
@@ -176,3 +176,32 @@ def test_tune_through_the_daemon_and_the_evolve_api(tmp_path, daemons):
     assert status["enabled"] is False and status["decisions"][0]["kind"] == "offline_best"
     r = cli("tune", "--home", str(d.home), "--op", "nope", mark=daemons.mark)
     assert r.returncode == 2 and "unknown op 'nope'" in r.stderr, r.stderr
+
+
+def test_tuning_tasks_outlive_the_daemon(tmp_path, daemons):
+    """A finished task is still answered for after a restart; one the daemon was killed in the
+    middle of is reported as interrupted (its workers go with the daemon)."""
+    home = tmp_path / "home"
+    d = daemons.start(home)
+    api = d.client()
+    quick = {"op": "gelu", "bucket": GELU, "budget": 2, "reps": 2, "warmup": 0,
+             "variants": ["eager"]}
+    done = api.post("/v1/evolve/tune", json=quick).json()
+    until(lambda: api.get(f"/v1/evolve/tune/{done['id']}").json()["state"] == "done", 120,
+          what="the quick task")
+    long = {**quick, "budget": 500, "reps": 100_000, "variants": None}
+    running = api.post("/v1/evolve/tune", json=long).json()
+    until(lambda: api.get(f"/v1/evolve/tune/{running['id']}").json()["progress"], 120,
+          what="the long task to measure")
+    d.kill9()
+    until(lambda: not marked(daemons.mark), 60, what="the tuning workers to go with the daemon")
+
+    api = daemons.start(home).client()
+    first = api.get(f"/v1/evolve/tune/{done['id']}").json()
+    assert first["state"] == "done" and first["report"]["buckets"][0]["trials"] == 2
+    second = api.get(f"/v1/evolve/tune/{running['id']}").json()
+    assert second["state"] == "failed" and second["error"].startswith("interrupted")
+    assert second["params"]["budget"] == 500
+    listed = {t["id"]: t["state"] for t in api.get("/v1/evolve/status").json()["tune_tasks"]}
+    assert listed == {done["id"]: "done", running["id"]: "failed"}
+    assert api.get("/v1/evolve/tune/nosuchtask").status_code == 404
