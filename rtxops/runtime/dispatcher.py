@@ -401,10 +401,11 @@ class Dispatcher:
             self.optimizer_region.on_step(self.step, optimizer)
         swapped = self.pending is not None and self.apply_pending()
         if self._held_back and not _background_compiles:
-            with self._lock:
+            with self._lock:  # the compile is over: route the held-back variants (a swap did)
                 self._held_back = False
-                for site in [] if swapped else self.sites:
-                    site.clear()
+                if not swapped:
+                    for site in self.sites:
+                        site.clear()
         if self.regions is not None:
             self.regions.on_step(self.step)
         if self.backward_every and self.step % self.backward_every == 0:
