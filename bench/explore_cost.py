@@ -1,0 +1,113 @@
+"""Cost of exploring on the example GPT, measured inside one process (issue #5: ≤ 5 %).
+
+The runtime routes the GPT's ops (no telemetry, like ``evolve_gpt.py``'s exploration runs); every
+``--block`` steps a new plan is installed at the step boundary, alternating between the reference
+on every recorded bucket and the same plan with explore arms (10 % of each bucket's calls, over up
+to 3 of its candidates; torch.compile variants left out, as the loop's online trials would stall
+on them). The first ``--skip`` steps of a block (route rebuilds, first-call checks) are dropped.
+Adjacent blocks run a second apart, so the host's slow spells, which move whole runs by +25 % on
+this VM, hit both sides alike; the figure is the median over blocks of explore ÷ the mean of the
+reference blocks on either side. JSON on stdout (``--out`` writes it too).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import train_gpt  # noqa: E402
+
+from rtxops.evolve.candidates import candidates  # noqa: E402
+from rtxops.runtime import patching  # noqa: E402
+from rtxops.runtime.bucket import Bucket  # noqa: E402
+from rtxops.runtime.plan import ExploreArm, Plan, PlanEntry  # noqa: E402
+from rtxops.runtime.spec import REFERENCE  # noqa: E402
+
+SHARE = 0.10
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pairs", type=int, default=12)
+    p.add_argument("--block", type=int, default=50, help="steps per plan")
+    p.add_argument("--skip", type=int, default=10, help="steps dropped at the start of a block")
+    p.add_argument("--out")
+    a = p.parse_args()
+
+    torch.manual_seed(0)
+    model = train_gpt.GPT(2048, 128, 2, 4, 64)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    data = torch.Generator().manual_seed(1)
+
+    def steps(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            tokens = torch.randint(0, 2048, (8, 65), generator=data)
+            loss = model(tokens[:, :-1], tokens[:, 1:])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            out.append(time.perf_counter() - t0)
+        return out
+
+    d = patching.enable()
+    try:
+        steps(20)  # the buckets the GPT calls
+        buckets = sorted({(s.op, s.bucket) for s in d.slots})
+        base, explore = [], []
+        for op, bucket in buckets:
+            arms = [x for x in candidates(d.registry, op, Bucket.parse(op, bucket))
+                    if x.variant not in (REFERENCE, "compiled")][:3]
+            base.append(PlanEntry(op, bucket, REFERENCE))
+            explore.append(PlanEntry(op, bucket, REFERENCE, {}, tuple(
+                ExploreArm(x.variant, x.config, SHARE / len(arms)) for x in arms)))
+        version = 0
+        blocks: dict[str, list[float]] = {"reference": [], "explore": []}
+        explored_calls = total_calls = 0
+        for i in range(2 * a.pairs + 1):  # reference first and last: each explore block has both sides
+            name, entries = ("reference", base) if i % 2 == 0 else ("explore", explore)
+            version += 1
+            d.install_plan(Plan(version=version, entries=tuple(entries)))
+            before = list(d.readings.calls)
+            blocks[name].append(statistics.median(steps(a.block)[a.skip:]))
+            if name == "explore":
+                calls = [c - (before[j] if j < len(before) else 0) for j, c in enumerate(d.readings.calls)]
+                explored_calls += sum(c for s, c in zip(d.slots, calls) if s.variant != REFERENCE)
+                total_calls += sum(calls)
+    finally:
+        patching.disable()
+
+    ref, exp = blocks["reference"], blocks["explore"]
+    ratios = [e / ((ref[i] + ref[i + 1]) / 2) for i, e in enumerate(exp)]
+    out = {
+        "bench": "explore_cost", "python": platform.python_version(), "cpus": os.cpu_count(),
+        "torch": torch.__version__, "method": "one process, plans alternated every block at a step boundary",
+        "pairs": a.pairs, "block_steps": a.block, "skipped_steps": a.skip,
+        "buckets": len(buckets), "explored_buckets": sum(1 for e in explore if e.explore),
+        "explored_share_of_calls": round(explored_calls / max(total_calls, 1), 4),
+        "step_ms": {"reference": round(statistics.median(ref) * 1e3, 3),
+                    "explore": round(statistics.median(exp) * 1e3, 3)},
+        "block_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in blocks.items()},
+        "block_ratios": [round(r, 4) for r in ratios],
+        "overhead": round(statistics.median(ratios) - 1, 4),
+        "target_overhead_max": 0.05,
+    }
+    text = json.dumps(out, indent=2)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
