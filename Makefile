@@ -36,6 +36,7 @@ bench: install
 	$(PY) bench/step_overhead.py --run-args=--no-telemetry --out bench/results/step_overhead_runtime_only.json
 	$(PY) bench/step_overhead.py --run-args=--direct --out bench/results/step_overhead_direct.json
 	$(PY) bench/step_overhead.py --out bench/results/step_overhead.json
+	$(PY) bench/step_overhead_inprocess.py --out bench/results/step_overhead_inprocess.json
 	$(PY) bench/startup.py --out bench/results/startup.json
 	$(PY) bench/ingest.py --out bench/results/ingest.json
 	$(PY) bench/store_query.py --out bench/results/store_query.json

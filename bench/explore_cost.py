@@ -16,22 +16,16 @@ import json
 import os
 import platform
 import statistics
-import sys
-import time
 from pathlib import Path
 
 import torch
+from _gpt import paired_ratios, stepper
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-
-import train_gpt  # noqa: E402
-
-from rtxops.evolve.candidates import candidates  # noqa: E402
-from rtxops.runtime import patching  # noqa: E402
-from rtxops.runtime.bucket import Bucket  # noqa: E402
-from rtxops.runtime.plan import ExploreArm, Plan, PlanEntry  # noqa: E402
-from rtxops.runtime.spec import REFERENCE  # noqa: E402
+from rtxops.evolve.candidates import candidates
+from rtxops.runtime import patching
+from rtxops.runtime.bucket import Bucket
+from rtxops.runtime.plan import ExploreArm, Plan, PlanEntry
+from rtxops.runtime.spec import REFERENCE
 
 SHARE = 0.10
 
@@ -44,23 +38,7 @@ def main() -> None:
     p.add_argument("--out")
     a = p.parse_args()
 
-    torch.manual_seed(0)
-    model = train_gpt.GPT(2048, 128, 2, 4, 64)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    data = torch.Generator().manual_seed(1)
-
-    def steps(n: int) -> list[float]:
-        out = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            tokens = torch.randint(0, 2048, (8, 65), generator=data)
-            loss = model(tokens[:, :-1], tokens[:, 1:])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            out.append(time.perf_counter() - t0)
-        return out
-
+    steps = stepper()
     d = patching.enable()
     try:
         steps(20)  # the buckets the GPT calls
@@ -89,7 +67,7 @@ def main() -> None:
         patching.disable()
 
     ref, exp = blocks["reference"], blocks["explore"]
-    ratios = [e / ((ref[i] + ref[i + 1]) / 2) for i, e in enumerate(exp)]
+    ratios = paired_ratios(blocks, "reference", "explore")
     out = {
         "bench": "explore_cost", "python": platform.python_version(), "cpus": os.cpu_count(),
         "torch": torch.__version__, "method": "one process, plans alternated every block at a step boundary",

@@ -1,0 +1,42 @@
+"""The example GPT (examples/train_gpt.py's defaults) as a step function, for in-process benches."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import train_gpt  # noqa: E402
+
+
+def stepper(seed: int = 0) -> Callable[[int], list[float]]:
+    """``steps(n)`` trains ``n`` more steps and returns their wall times in seconds."""
+    torch.manual_seed(seed)
+    model = train_gpt.GPT(2048, 128, 2, 4, 64)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    data = torch.Generator().manual_seed(seed + 1)
+
+    def steps(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            tokens = torch.randint(0, 2048, (8, 65), generator=data)
+            loss = model(tokens[:, :-1], tokens[:, 1:])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            out.append(time.perf_counter() - t0)
+        return out
+
+    return steps
+
+
+def paired_ratios(blocks: dict[str, list[float]], a: str, b: str) -> list[float]:
+    """Each ``b`` block over the mean of the ``a`` blocks on either side (``a`` runs first and
+    last): adjacent blocks share the host's slow spells."""
+    ref = blocks[a]
+    return [x / ((ref[i] + ref[i + 1]) / 2) for i, x in enumerate(blocks[b])]

@@ -1,0 +1,88 @@
+"""Where a job's step-time overhead comes from, measured inside one process (issue #3).
+
+The example GPT trains on; every ``--block`` steps the runtime is switched on or off at a step
+boundary, so adjacent blocks share the host's slow spells (which move whole runs by +25 % on this
+VM and swamp ``step_overhead.py``'s process pairs). Three layers, each its own alternation:
+
+* ``runtime``: ops routed (default plan), calls counted;
+* ``recorder``: plus the telemetry recorder and export thread, spans not built;
+* ``telemetry``: plus the spans built per step and handed to an exporter that drops them.
+
+What this leaves out is the daemon (its receiver and store share the cores in ``rtxops run``)
+and the OTLP request itself. The figure per layer is the median over blocks of on ÷ the mean of
+the off blocks on either side. JSON on stdout (``--out`` writes it too).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+from pathlib import Path
+
+import torch
+from _gpt import paired_ratios, stepper
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from rtxops.runtime import patching
+from rtxops.telemetry.job import start_job_telemetry
+
+LAYERS = ("runtime", "recorder", "telemetry")
+
+
+class _Drop(SpanExporter):
+    def export(self, spans):
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def layer_cost(steps, layer: str, pairs: int, block: int, skip: int) -> dict:
+    blocks: dict[str, list[float]] = {"off": [], "on": []}
+    for i in range(2 * pairs + 1):  # off first and last
+        on = i % 2 == 1
+        telemetry = None
+        if on:
+            d = patching.enable()
+            if layer != "runtime":
+                telemetry = start_job_telemetry(d, _Drop())
+                if layer == "recorder":
+                    telemetry.thread._build = lambda rec, extra: 0
+        try:
+            blocks["on" if on else "off"].append(statistics.median(steps(block)[skip:]))
+        finally:
+            if on:
+                patching.disable()
+                if telemetry is not None:
+                    telemetry.close()
+    ratios = paired_ratios(blocks, "off", "on")
+    return {"overhead": round(statistics.median(ratios) - 1, 4),
+            "block_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in blocks.items()},
+            "block_ratios": [round(r, 4) for r in ratios]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pairs", type=int, default=12)
+    p.add_argument("--block", type=int, default=45, help="steps per block")
+    p.add_argument("--skip", type=int, default=5, help="steps dropped at the start of a block")
+    p.add_argument("--out")
+    a = p.parse_args()
+    steps = stepper()
+    steps(30)  # warm-up
+    out = {"bench": "step_overhead_inprocess", "python": platform.python_version(),
+           "cpus": os.cpu_count(), "torch": torch.__version__,
+           "method": "one process, the runtime switched on and off every block at a step boundary",
+           "pairs": a.pairs, "block_steps": a.block, "skipped_steps": a.skip,
+           "layers": {layer: layer_cost(steps, layer, a.pairs, a.block, a.skip) for layer in LAYERS},
+           "target_overhead_max": 0.02}
+    text = json.dumps(out, indent=2)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
