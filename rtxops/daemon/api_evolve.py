@@ -74,8 +74,8 @@ def make_router(daemon, auth) -> APIRouter:
         offline tuning tasks (this daemon's, then the saved ones of earlier daemons)."""
         tune = tasks().summary() if tasks.cache_info().currsize else []
         here = {t["id"] for t in tune}
-        tune += [{k: t[k] for k in ("id", "state", "params", "progress", "error")}
-                 for t in store_evolve.saved_tune_tasks(daemon.store) if t["id"] not in here]
+        tune += [t for t in store_evolve.saved_tune_tasks(daemon.store, summary=True)
+                 if t["id"] not in here]
         scheduler = daemon.evolve
         if scheduler is None:
             return {"enabled": False, "tune_tasks": tune}

@@ -312,8 +312,7 @@ class TuneTasks:
 
     def summary(self) -> list[dict]:
         with self._lock:
-            return [{k: t[k] for k in ("id", "state", "params", "progress", "error")}
-                    for t in self.tasks.values()]
+            return [{k: t[k] for k in store_evolve.SUMMARY} for t in self.tasks.values()]
 
     def _update(self, task_id: str, **fields) -> None:
         with self._lock:
@@ -322,9 +321,14 @@ class TuneTasks:
                 self._save(task_id)
 
     def _save(self, task_id: str) -> None:
-        """Write the task's record (under the lock: saves of one task stay in order)."""
+        """Queue the task's record for the store's writer (under the lock, so the saves of a task
+        keep their order; nobody waits for the write)."""
+        def saved(future) -> None:
+            if future.exception() is not None:
+                log.warning("rtxops tune: task %s not saved: %s", task_id, future.exception())
+
         try:
-            store_evolve.save_tune_task(self.store, dict(self.tasks[task_id]))
+            store_evolve.save_tune_task(self.store, dict(self.tasks[task_id])).add_done_callback(saved)
         except Exception as e:  # the task goes on; only a later daemon would miss it
             log.warning("rtxops tune: task %s not saved: %s", task_id, e)
 

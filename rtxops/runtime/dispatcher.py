@@ -331,6 +331,9 @@ class Dispatcher:
         self.verify_first_call = verify_first_call
         self.backward_every = backward_every  # time one backward per route every N steps (0: never)
         self.cuda_timer: CudaEventTimer | None = None
+        # regions' device time; no memory readings: resetting the allocator's peak on every step
+        # would overwrite the job's own max_memory_allocated()
+        self.region_timer: CudaEventTimer | None = None
         self.plan: Plan = default_plan()
         self.pending: Plan | None = None
         self.step = 0
@@ -343,7 +346,7 @@ class Dispatcher:
         self.on_miss: Callable[[], None] | None = None
         self.regions = None  # a RegionCompiler when the whole model is to be compiled (regions.py)
         self.optimizer_region = None  # a FusedOptimizer when the optimizer may run fused
-        self._held_back = False  # a route took the reference for a variant background_compile held back
+        self._compiling_elsewhere = False  # a background compile ran at the last step boundary
         self._lock = threading.RLock()
 
     # ---- sites ----------------------------------------------------------------------------
@@ -400,9 +403,12 @@ class Dispatcher:
             # first: its clock on the optimizer's step stops before the bookkeeping below
             self.optimizer_region.on_step(self.step, optimizer)
         swapped = self.pending is not None and self.apply_pending()
-        if self._held_back and not _background_compiles:
-            with self._lock:  # the compile is over: route the held-back variants (a swap did)
-                self._held_back = False
+        compiling = bool(_background_compiles)
+        if compiling != self._compiling_elsewhere:
+            # a background compile began or ended: routes are made again (choices() holds
+            # torch.compile variants back meanwhile, also those routed before it began)
+            with self._lock:
+                self._compiling_elsewhere = compiling
                 if not swapped:
                     for site in self.sites:
                         site.clear()
@@ -411,8 +417,9 @@ class Dispatcher:
         if self.backward_every and self.step % self.backward_every == 0:
             for site in self.sites:
                 site.arm_backward(self._backward_sampler)
-        if self.cuda_timer is not None:
-            self.cuda_timer.drain()
+        for timer in (self.cuda_timer, self.region_timer):
+            if timer is not None:
+                timer.drain()
         self.readings.step(self.step, perf_counter_ns(), self.plan.version, rss_bytes())
 
     def set_readings(self, readings: Readings) -> None:
@@ -420,8 +427,9 @@ class Dispatcher:
         with self._lock:
             self.readings = readings
             self.record_cell[0] = readings.record
-            if self.cuda_timer is not None:
-                self.cuda_timer.readings = readings
+            for timer in (self.cuda_timer, self.region_timer):
+                if timer is not None:
+                    timer.readings = readings
             for slot in self.slots:
                 readings.register_slot(slot)
             for site in self.sites:
@@ -439,11 +447,11 @@ class Dispatcher:
         with self._lock:
             slot = self._new_slot((site, variant, config_json, bucket), REGION_OP, variant,
                                   config_json, bucket, site, family)
-            if device == "cuda" and self.cuda_timer is None:
-                self.cuda_timer = CudaEventTimer(self.readings)
-        if device == "cuda":
-            timer = self.cuda_timer
-            return timer.begin, lambda begun: timer.end(slot, begun)
+            if device.type == "cuda" and self.region_timer is None:
+                self.region_timer = CudaEventTimer(self.readings, memory=False)
+        if device.type == "cuda":
+            timer = self.region_timer
+            return lambda: timer.begin(device), lambda begun: timer.end(slot, begun)
         cell = self.record_cell
 
         def stop(t0: int) -> None:
@@ -453,13 +461,26 @@ class Dispatcher:
 
     def time_region(self, fn: Callable, site: str, variant: str, family: str,
                     tensors: Iterable[torch.Tensor], config: dict | None = None) -> Callable:
-        """``fn`` with each call recorded as one call of a region (see :meth:`region_clock`)."""
+        """``fn`` with each call recorded as one call of a region (see :meth:`region_clock`); a
+        clock that fails stops recording, never the call."""
         start, stop = self.region_clock(site, variant, family, tensors, config)
+        broken: list[Exception] = []
 
         def timed(*args, **kwargs):
-            begun = start()
+            begun = None
+            if not broken:
+                try:
+                    begun = start()
+                except Exception as e:
+                    broken.append(e)
+                    log.warning("rtxops: %s is no longer timed: %s", site, _describe(e))
             out = fn(*args, **kwargs)
-            stop(begun)
+            if begun is not None:
+                try:
+                    stop(begun)
+                except Exception as e:
+                    broken.append(e)
+                    log.warning("rtxops: %s is no longer timed: %s", site, _describe(e))
             return out
 
         return timed
@@ -480,7 +501,7 @@ class Dispatcher:
             usable = variant.supports(bucket) and (
                 op.name, name, choice.config_json, bucket.id) not in self.disabled
             if usable and variant.family == COMPILED_FAMILY and _background_compiles:
-                usable, self._held_back = False, True  # routed again once the compile is over
+                usable = False  # until the compile is over (see on_step)
             if not usable:
                 choice = Choice(self.registry.variant(op.name, REFERENCE), {}, weight)
             out.append(choice)
@@ -639,16 +660,16 @@ class Dispatcher:
         return next(s for s in self.sites if s.name == name)
 
 
-def region_bucket(tensors: Iterable[torch.Tensor]) -> tuple[str, str]:
-    """(bucket id, device type) of a region over ``tensors``: ``"float32/cpu/numel=N"`` after the
+def region_bucket(tensors: Iterable[torch.Tensor]) -> tuple[str, torch.device]:
+    """(bucket id, device) of a region over ``tensors``: ``"float32/cpu/numel=N"`` after the
     first tensor's dtype and device."""
     first, numel = None, 0
     for t in tensors:
         first = t if first is None else first
         numel += t.numel()
     if first is None:
-        return "none/cpu/numel=0", "cpu"
-    return f"{str(first.dtype).removeprefix('torch.')}/{first.device.type}/numel={numel}", first.device.type
+        return "none/cpu/numel=0", torch.device("cpu")
+    return f"{str(first.dtype).removeprefix('torch.')}/{first.device.type}/numel={numel}", first.device
 
 
 def _reference(dispatcher: Dispatcher, site: FunctionSite) -> Choice:

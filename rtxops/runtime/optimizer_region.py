@@ -70,6 +70,8 @@ class FusedOptimizer:
             self._pre_hook = None
 
     def _step_starts(self, optimizer, args, kwargs) -> None:
+        if self.clock is None:
+            return
         try:
             variant = FUSED if any(g.get("fused") for g in optimizer.param_groups) else DEFAULT
             clocks = self._clocks.setdefault(optimizer, {})
@@ -78,8 +80,12 @@ class FusedOptimizer:
             start, stop = clocks[variant]
             self._running = (stop, start())
         except Exception as e:  # a clock never fails the job's step: this one stops
-            self.close()
-            log.warning("region: the optimizer's steps are not recorded: %s", e)
+            self._clock_failed(e)
+
+    def _clock_failed(self, e: Exception) -> None:
+        # the hook itself goes at the step boundary: torch is iterating over its hooks now
+        self.clock = None
+        log.warning("region: the optimizer's steps are not recorded: %s", e)
 
     def on_step(self, step: int, optimizer: torch.optim.Optimizer) -> None:
         running, self._running = self._running, None
@@ -87,8 +93,9 @@ class FusedOptimizer:
             try:
                 running[0](running[1])
             except Exception as e:
-                self.close()
-                log.warning("region: the optimizer's steps are not recorded: %s", e)
+                self._clock_failed(e)
+        if self.clock is None:
+            self.close()
         try:
             self._on_step(step, optimizer)
         except Exception as e:  # never the job's death: back to the default, with the reason

@@ -33,22 +33,24 @@ class CudaEventTimer:
 
         return timed
 
-    def begin(self) -> tuple:
-        """Mark the start of a timed stretch on the current stream; hand the result to :meth:`end`."""
+    def begin(self, device: torch.device | None = None) -> tuple:
+        """Mark the start of a timed stretch on ``device``'s current stream (default: the current
+        device's); hand the result to :meth:`end`."""
         start = torch.cuda.Event(enable_timing=True)
         host_ns = perf_counter_ns()
         before = None
         if self.memory:
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
-        start.record()
-        return host_ns, start, before
+        stream = torch.cuda.current_stream(device)
+        start.record(stream)
+        return host_ns, start, before, stream
 
     def end(self, slot: int, begun: tuple) -> None:
         """Mark the end of the stretch :meth:`begin` started, as one call of ``slot``."""
-        host_ns, start, before = begun
+        host_ns, start, before, stream = begun
         end = torch.cuda.Event(enable_timing=True)
-        end.record()
+        end.record(stream)
         if before is not None:
             self.readings.memory(slot, torch.cuda.memory_allocated() - before,
                                  torch.cuda.max_memory_allocated() - before)

@@ -203,7 +203,7 @@ _V6 = (
 _V7 = (
     """CREATE TABLE tune_tasks (
         task_id VARCHAR PRIMARY KEY, state VARCHAR, submitted_ns BIGINT, ended_ns BIGINT,
-        record VARCHAR)""",
+        summary VARCHAR, record VARCHAR)""",
 )
 
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (

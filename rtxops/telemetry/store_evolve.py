@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from .store import Store
@@ -188,23 +189,31 @@ def trials(q, job_id: str | None = None, op: str | None = None, limit: int = 500
 
 # ---- offline tuning tasks --------------------------------------------------------------------
 
+SUMMARY = ("id", "state", "params", "progress", "error")  # what /v1/evolve/status lists
 INTERRUPTED = ("interrupted: the daemon stopped before the task finished; the trials it measured "
                "are in the tuning database; submit it again to finish")
 
 
-def save_tune_task(store: Store, task: dict) -> None:
-    """Keep ``task`` (TuneTasks' record: id, state, params, progress, report, error, times)."""
-    _write(store, "INSERT OR REPLACE INTO tune_tasks VALUES (?, ?, ?, ?, ?)",
-           [task["id"], task["state"], task["submitted_ns"], task["ended_ns"],
-            json.dumps(task, sort_keys=True, default=str)])
+def save_tune_task(store: Store, task: dict) -> Future:
+    """Queue ``task``'s record (TuneTasks': id, state, params, progress, report, error, times) for
+    the writer, which keeps the order of the queue; the future resolves once it is committed."""
+    summary = {k: task.get(k) for k in SUMMARY}
+    row = [task["id"], task["state"], task["submitted_ns"], task["ended_ns"],
+           json.dumps(summary, sort_keys=True, default=str),
+           json.dumps(task, sort_keys=True, default=str)]
+    return store.run_write(lambda cur: cur.execute(
+        "INSERT OR REPLACE INTO tune_tasks VALUES (?, ?, ?, ?, ?, ?)", row))
 
 
-def saved_tune_tasks(q, task_id: str | None = None, limit: int = 50) -> list[dict]:
-    """Saved tasks, newest first, as a daemon that did not run them sees them: one left queued
-    or running when its daemon stopped has failed, with :data:`INTERRUPTED` as the error."""
-    rows = q.query("SELECT record FROM tune_tasks WHERE ? IS NULL OR task_id = ? "
+def saved_tune_tasks(q, task_id: str | None = None, limit: int = 50,
+                     summary: bool = False) -> list[dict]:
+    """Saved tasks, newest first (only the :data:`SUMMARY` fields with ``summary``), as a daemon
+    that did not run them sees them: one left queued or running when its daemon stopped has
+    failed, with :data:`INTERRUPTED` as the error."""
+    column = "summary" if summary else "record"
+    rows = q.query(f"SELECT {column} AS t FROM tune_tasks WHERE ? IS NULL OR task_id = ? "
                    "ORDER BY submitted_ns DESC LIMIT ?", [task_id, task_id, limit])
-    tasks = [json.loads(r["record"]) for r in rows]
+    tasks = [json.loads(r["t"]) for r in rows]
     for t in tasks:
         if t["state"] in ("queued", "running"):
             t["state"], t["error"] = "failed", INTERRUPTED

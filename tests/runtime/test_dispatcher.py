@@ -176,20 +176,24 @@ def test_variants_built_with_torch_compile_wait_until_a_background_compile_is_ov
                 entered.set()
                 release.wait(60)
 
+        ran = lambda: {s.variant: d.readings.calls[s.id] for s in d.slots
+                       if s.op == "silu" and d.readings.calls[s.id]}
+        F.silu(x)  # routed before the compile begins
+        assert ran() == {"compiled": 1}
         thread = threading.Thread(target=background)
         thread.start()
         try:
             assert entered.wait(60)
+            d.on_step()  # the compile began: routes are made again, without torch.compile
             F.silu(x)
             d.on_step()  # the compile goes on: the route stays
             F.silu(x)
         finally:
             release.set()
             thread.join()
-        ran = lambda: {s.variant: d.readings.calls[s.id] for s in d.slots if s.op == "silu"}
-        assert ran() == {"reference": 2}
+        assert ran() == {"compiled": 1, "reference": 2}
         d.on_step()  # the first boundary after the compile routes again
         torch.testing.assert_close(F.silu(x), x * torch.sigmoid(x))
-        assert ran() == {"reference": 2, "compiled": 1}
+        assert ran() == {"compiled": 2, "reference": 2}
     finally:
         patching.disable()
