@@ -13,26 +13,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import train_gpt  # noqa: E402
 
 
-def stepper(seed: int = 0) -> Callable[[int], list[float]]:
-    """``steps(n)`` trains ``n`` more steps and returns their wall times in seconds."""
-    torch.manual_seed(seed)
-    model = train_gpt.GPT(2048, 128, 2, 4, 64)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    data = torch.Generator().manual_seed(seed + 1)
+class Trainer:
+    """The GPT, its AdamW and its data; ``forward`` may be swapped (a compiled model, say)."""
 
-    def steps(n: int) -> list[float]:
+    def __init__(self, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.model = train_gpt.GPT(2048, 128, 2, 4, 64)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-4)
+        self.data = torch.Generator().manual_seed(seed + 1)
+        self.forward: Callable = self.model
+
+    def steps(self, n: int) -> list[float]:
+        """Train ``n`` more steps; their wall times in seconds."""
         out = []
         for _ in range(n):
             t0 = time.perf_counter()
-            tokens = torch.randint(0, 2048, (8, 65), generator=data)
-            loss = model(tokens[:, :-1], tokens[:, 1:])
-            opt.zero_grad(set_to_none=True)
+            tokens = torch.randint(0, 2048, (8, 65), generator=self.data)
+            loss = self.forward(tokens[:, :-1], tokens[:, 1:])
+            self.opt.zero_grad(set_to_none=True)
             loss.backward()
-            opt.step()
+            self.opt.step()
             out.append(time.perf_counter() - t0)
         return out
 
-    return steps
+
+def stepper(seed: int = 0) -> Callable[[int], list[float]]:
+    """``steps(n)`` of a new :class:`Trainer`."""
+    return Trainer(seed).steps
 
 
 def paired_ratios(blocks: dict[str, list[float]], a: str, b: str) -> list[float]:
