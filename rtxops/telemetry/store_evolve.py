@@ -5,11 +5,14 @@ writer thread."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from .store import Store
+
+log = logging.getLogger("rtxops.evolve")
 
 TUNING_KEY = ("op", "bucket", "variant", "config", "device", "torch_version", "triton_version",
               "source_hash")
@@ -213,8 +216,13 @@ def saved_tune_tasks(q, task_id: str | None = None, limit: int = 50,
     column = "summary" if summary else "record"
     rows = q.query(f"SELECT {column} AS t FROM tune_tasks WHERE ? IS NULL OR task_id = ? "
                    "ORDER BY submitted_ns DESC LIMIT ?", [task_id, task_id, limit])
-    tasks = [json.loads(r["t"]) for r in rows]
-    for t in tasks:
-        if t["state"] in ("queued", "running"):
-            t["state"], t["error"] = "failed", INTERRUPTED
+    tasks = []
+    for r in rows:
+        try:
+            task = json.loads(r["t"])
+            if task.get("state") in ("queued", "running"):
+                task["state"], task["error"] = "failed", INTERRUPTED
+            tasks.append(task)
+        except (TypeError, ValueError, AttributeError):  # another version's row: left out
+            log.warning("rtxops: an unreadable tuning-task record was left out")
     return tasks
