@@ -52,7 +52,8 @@ def main() -> None:
     ratios = paired_ratios(blocks, "converged", "eager")  # eager ÷ converged: the speed-up
     out = {"bench": "converged_inprocess", "python": platform.python_version(),
            "cpus": os.cpu_count(), "torch": torch.__version__,
-           "method": "one process: eager + AdamW vs torch.compile(model) + fused AdamW, alternated every block",
+           "method": ("one process: eager + AdamW vs torch.compile(model) + fused AdamW, "
+                      "alternated every block"),
            "pairs": a.pairs, "block_steps": a.block, "skipped_steps": a.skip,
            "block_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in blocks.items()},
            "speedup_per_block": [round(r, 4) for r in ratios],

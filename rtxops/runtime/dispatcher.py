@@ -42,7 +42,8 @@ def _traced_here() -> bool:
     is process-wide: a background compile (regions.py) sets it for the job's thread too, whose
     calls must still run routed (and recorded). Dynamo folds ``is_dynamo_compiling()`` to True
     when it traces, so nothing after it is traced or guarded on."""
-    return _is_dynamo_compiling() or not _background_compiles or threading.get_ident() in _background_compiles
+    return (_is_dynamo_compiling() or not _background_compiles
+            or threading.get_ident() in _background_compiles)
 
 
 @contextlib.contextmanager
