@@ -1,6 +1,11 @@
-"""The example GPT (examples/train_gpt.py's defaults) as a step function, for in-process benches."""
+"""What the in-process benches share: the example GPT (examples/train_gpt.py's defaults) as a
+trainer, their block options, paired block ratios and JSON output."""
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -47,3 +52,23 @@ def paired_ratios(blocks: dict[str, list[float]], a: str, b: str) -> list[float]
     last): adjacent blocks share the host's slow spells."""
     ref = blocks[a]
     return [x / ((ref[i] + ref[i + 1]) / 2) for i, x in enumerate(blocks[b])]
+
+
+def block_options(doc: str, block: int, skip: int) -> argparse.Namespace:
+    """``--pairs``, ``--block``, ``--skip`` and ``--out``, parsed."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--pairs", type=int, default=12)
+    p.add_argument("--block", type=int, default=block, help="steps per block")
+    p.add_argument("--skip", type=int, default=skip, help="steps dropped at the start of a block")
+    p.add_argument("--out")
+    return p.parse_args()
+
+
+def emit(bench: str, method: str, a: argparse.Namespace, figures: dict) -> None:
+    """Print the result as JSON (and write it to ``--out``)."""
+    text = json.dumps({"bench": bench, "python": platform.python_version(), "cpus": os.cpu_count(),
+                       "torch": torch.__version__, "method": method, "pairs": a.pairs,
+                       "block_steps": a.block, "skipped_steps": a.skip, **figures}, indent=2)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")

@@ -11,15 +11,9 @@ reference blocks on either side. JSON on stdout (``--out`` writes it too).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import statistics
-from pathlib import Path
 
-import torch
-from _gpt import paired_ratios, stepper
+from _gpt import block_options, emit, paired_ratios, stepper
 
 from rtxops.evolve.candidates import candidates
 from rtxops.runtime import patching
@@ -31,13 +25,7 @@ SHARE = 0.10
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--pairs", type=int, default=12)
-    p.add_argument("--block", type=int, default=50, help="steps per plan")
-    p.add_argument("--skip", type=int, default=10, help="steps dropped at the start of a block")
-    p.add_argument("--out")
-    a = p.parse_args()
-
+    a = block_options(__doc__, block=50, skip=10)
     steps = stepper()
     d = patching.enable()
     try:
@@ -68,10 +56,7 @@ def main() -> None:
 
     ref, exp = blocks["reference"], blocks["explore"]
     ratios = paired_ratios(blocks, "reference", "explore")
-    out = {
-        "bench": "explore_cost", "python": platform.python_version(), "cpus": os.cpu_count(),
-        "torch": torch.__version__, "method": "one process, plans alternated every block at a step boundary",
-        "pairs": a.pairs, "block_steps": a.block, "skipped_steps": a.skip,
+    emit("explore_cost", "one process, plans alternated every block at a step boundary", a, {
         "buckets": len(buckets), "explored_buckets": sum(1 for e in explore if e.explore),
         "explored_share_of_calls": round(explored_calls / max(total_calls, 1), 4),
         "step_ms": {"reference": round(statistics.median(ref) * 1e3, 3),
@@ -80,12 +65,7 @@ def main() -> None:
         "block_ratios": [round(r, 4) for r in ratios],
         "overhead": round(statistics.median(ratios) - 1, 4),
         "target_overhead_max": 0.05,
-    }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
-
+    })
 
 if __name__ == "__main__":
     main()

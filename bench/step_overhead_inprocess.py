@@ -14,15 +14,9 @@ the off blocks on either side. JSON on stdout (``--out`` writes it too).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import statistics
-from pathlib import Path
 
-import torch
-from _gpt import paired_ratios, stepper
+from _gpt import block_options, emit, paired_ratios, stepper
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from rtxops.runtime import patching
@@ -64,25 +58,13 @@ def layer_cost(steps, layer: str, pairs: int, block: int, skip: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--pairs", type=int, default=12)
-    p.add_argument("--block", type=int, default=45, help="steps per block")
-    p.add_argument("--skip", type=int, default=5, help="steps dropped at the start of a block")
-    p.add_argument("--out")
-    a = p.parse_args()
+    a = block_options(__doc__, block=45, skip=5)
     steps = stepper()
     steps(30)  # warm-up
-    out = {"bench": "step_overhead_inprocess", "python": platform.python_version(),
-           "cpus": os.cpu_count(), "torch": torch.__version__,
-           "method": "one process, the runtime switched on and off every block at a step boundary",
-           "pairs": a.pairs, "block_steps": a.block, "skipped_steps": a.skip,
-           "layers": {layer: layer_cost(steps, layer, a.pairs, a.block, a.skip) for layer in LAYERS},
-           "target_overhead_max": 0.02}
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
-
+    emit("step_overhead_inprocess",
+         "one process, the runtime switched on and off every block at a step boundary", a,
+         {"layers": {layer: layer_cost(steps, layer, a.pairs, a.block, a.skip) for layer in LAYERS},
+          "target_overhead_max": 0.02})
 
 if __name__ == "__main__":
     main()
