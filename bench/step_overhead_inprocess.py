@@ -63,8 +63,21 @@ def main() -> None:
     steps(30)  # warm-up
     emit("step_overhead_inprocess",
          "one process, the runtime switched on and off every block at a step boundary", a,
-         {"layers": {layer: layer_cost(steps, layer, a.pairs, a.block, a.skip) for layer in LAYERS},
+         {"routed_calls_per_step": routed_calls_per_step(steps),
+          "layers": {layer: layer_cost(steps, layer, a.pairs, a.block, a.skip) for layer in LAYERS},
           "target_overhead_max": 0.02})
+
+
+def routed_calls_per_step(steps, n: int = 10) -> float:
+    """Calls the runtime routes (and times) in one step of the GPT."""
+    d = patching.enable()
+    try:
+        steps(2)
+        before = sum(d.readings.calls)
+        steps(n)
+        return (sum(d.readings.calls) - before) / n
+    finally:
+        patching.disable()
 
 if __name__ == "__main__":
     main()
