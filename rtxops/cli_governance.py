@@ -243,9 +243,11 @@ def _ledger_entries(home: Optional[Path]) -> tuple[list[dict], dict | None]:
             raise _fail(str(e)) from None
         return rows, head
     try:
+        from duckdb import CatalogException
+
         try:
             rows = gl.read_entries(store)
-        except Exception:  # an older store without the ledger table
+        except CatalogException:  # an older store without the ledger table
             rows = []
         return rows, gl.read_head(h.root / "ledger.head")
     finally:
@@ -347,7 +349,12 @@ def plan_import(bundle: Path = typer.Argument(..., help="signed plan bundle fold
         out.print(line)
     if not report.ok:
         raise typer.Exit(1)
-    target = _home(home).root / "imported" / f"{report.facts['scope'] or 'plan'}-v{report.facts['version']}"
+    imported = (_home(home).root / "imported").resolve()
+    # the scope is checked as a folder name by verify; the resolved parent is checked again here
+    target = imported / f"{report.facts['scope'] or 'plan'}-v{report.facts['version']}"
+    if target.resolve().parent != imported:
+        raise _fail(f"bundle scope {report.facts['scope']!r} is not a plain folder name")
+    imported.mkdir(parents=True, exist_ok=True)
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(bundle, target)

@@ -78,7 +78,7 @@ def parse(data: bytes) -> Envelope:
     """Parse a Sigstore bundle's JSON; every malformation is a VerificationError."""
     try:
         raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise VerificationError("bundle", f"{SIGNATURE} is not valid JSON: {e}") from None
     if not isinstance(raw, dict):
         raise VerificationError("bundle", f"{SIGNATURE} is not a JSON object")
@@ -130,7 +130,7 @@ def parse_statement(payload: bytes) -> dict[str, str]:
     predicate type, serialization, names and subject digest."""
     try:
         st = json.loads(payload)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise VerificationError("statement", f"the signed payload is not JSON: {e}") from None
     if not isinstance(st, dict) or st.get("_type") != STATEMENT_TYPE:
         raise VerificationError("statement", f"the signed payload is not an in-toto Statement v1")

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from . import _keys
 from ._bundle import Signer, write_plan_bundle
-from ._errors import PolicyDenied, VerificationError
+from ._errors import PolicyDenied, UsageError, VerificationError
 from ._kernels import plan_kernels
 from .keyring import Keyring
 from .policy import load_policies
+from .provenance import SCOPE
 from .verify import Trust, verify
 
 DAEMON_KINDS = ["plan", "telemetry", "ledger", "checkpoint"]
@@ -75,6 +76,8 @@ class Authority:
             self._policies = policies
 
     def bundle_dir(self, scope: str, version: int) -> Path:
+        if not SCOPE.fullmatch(scope):
+            raise UsageError(f"plan scope {scope!r} is not a plain name (letters, digits, '.', '_', '-')")
         return self.bundles / scope / f"v{version}"
 
     def issue_plan(self, plan, scope: str, registry, *, decision: dict, evidence: dict | None = None,

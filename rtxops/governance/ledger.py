@@ -26,8 +26,9 @@ def append(store, head_file: Path | None, **entry) -> dict:
 def check_chain(rows: list[dict], head: dict | None = None, *,
                 after: tuple[int, str] = (0, GENESIS)) -> list[str]:
     """Every problem in ``rows`` (stored order): an edited entry (hash), a deleted or reordered
-    one (sequence, previous hash), a deleted tail (``head``). Empty when intact. ``after``: the
-    (seq, entry hash) of the verified entry ``rows`` follow (the genesis by default)."""
+    one (sequence, previous hash), a deleted tail (``head``, as :func:`read_head` gives it; None
+    skips that check). Empty when intact. ``after``: the (seq, entry hash) of the verified entry
+    ``rows`` follow (the genesis by default)."""
     problems = []
     expected_seq, prev = after[0] + 1, after[1]
     for row in rows:
@@ -40,7 +41,13 @@ def check_chain(rows: list[dict], head: dict | None = None, *,
         if entry_hash(row) != row.get("entry_hash"):
             problems.append(f"entry {seq}: its hash does not match its contents (edited entry)")
         prev, expected_seq = row.get("entry_hash"), expected_seq + 1
-    if head is not None:
+    if head is not None and "invalid" in head:
+        problems.append(f"the head file is unreadable ({head['invalid']}): the tail cannot be checked")
+    elif head is not None and not head:
+        if rows or after[0]:
+            problems.append("the head file is missing (every append writes it): entries at the end "
+                            "may have been deleted")
+    elif head is not None:
         last = rows[-1] if rows else {"seq": after[0], "entry_hash": after[1]}
         if (last["seq"], last["entry_hash"]) != (head.get("seq"), head.get("entry_hash")):
             problems.append(f"the last entry is {last['seq']}, the head file says {head.get('seq')} "
@@ -66,11 +73,24 @@ class ChainCheck:
             return problems
 
 
-def read_head(head_file: Path) -> dict | None:
+def read_head(head_file: Path) -> dict:
+    """The head file's ``{seq, entry_hash}``; ``{}`` when there is none yet, ``{"invalid": why}``
+    when it cannot be read or is not of that form (so a removed or broken head never turns the
+    tail check off)."""
     try:
-        return json.loads(head_file.read_text())
-    except (OSError, ValueError):
-        return None
+        text = head_file.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        return {"invalid": f"{type(e).__name__}: {e}"}
+    try:
+        head = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        return {"invalid": f"not JSON: {type(e).__name__}"}
+    if (not isinstance(head, dict) or type(head.get("seq")) is not int
+            or not isinstance(head.get("entry_hash"), str)):
+        return {"invalid": "not an object with an integer seq and a string entry_hash"}
+    return {"seq": head["seq"], "entry_hash": head["entry_hash"]}
 
 
 def export_jsonl(rows: list[dict]) -> str:

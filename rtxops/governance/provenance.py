@@ -4,12 +4,15 @@ decision; resolved dependencies = the evidence (trials, telemetry digest); subje
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ._errors import VerificationError
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
+# a scope names a folder (bundles/<scope>, imported/<scope>-v<N>): never a path
+SCOPE = re.compile(r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,200}")
 BUILD_TYPE = "https://rtxops.dev/bundle/v1"
 
 
@@ -45,8 +48,8 @@ def parse(data: bytes) -> dict:
     """The provenance statement; VerificationError when it is not SLSA v1 in-toto."""
     try:
         st = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise VerificationError("provenance", f"provenance is not valid JSON: {e}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise VerificationError("provenance", f"provenance is not valid JSON: {type(e).__name__}: {e}") from None
     if not isinstance(st, dict) or st.get("_type") != STATEMENT_TYPE:
         raise VerificationError("provenance", "provenance is not an in-toto Statement v1")
     if st.get("predicateType") != PREDICATE_TYPE:
@@ -59,6 +62,12 @@ def parse(data: bytes) -> dict:
             raise TypeError
     except (KeyError, TypeError):
         raise VerificationError("provenance", "provenance lacks externalParameters or builder.id") from None
+    scope, decision = params.get("scope"), params.get("decision")
+    if scope is not None and not (isinstance(scope, str) and SCOPE.fullmatch(scope)):
+        raise VerificationError("provenance", f"scope {scope!r} is not a plain name "
+                                              "(letters, digits, '.', '_', '-'; not '.' or '..')")
+    if decision is not None and not isinstance(decision, dict):
+        raise VerificationError("provenance", "the decision in the provenance is not an object")
     return st
 
 

@@ -78,17 +78,20 @@ def schema_problem(text: str) -> str | None:
     """Why ``text`` is not a valid CycloneDX 1.6 JSON document, or None. Checked against the
     library's strict 1.6 schema files with jsonschema_rs when it is installed (the library's
     own validator imports in seconds, which a job verifying a plan cannot afford)."""
-    fast = _fast_validator()
-    if fast is None:
-        error = _validator().validate_str(text)
-        return None if error is None else str(error)[:500]
     try:
-        data = json.loads(text)
-    except ValueError as e:
-        return f"not JSON: {e}"
-    for error in fast.iter_errors(data):
-        return str(error).splitlines()[0][:500]
-    return None
+        fast = _fast_validator()
+        if fast is None:
+            error = _validator().validate_str(text)
+            return None if error is None else str(error)[:500]
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            return f"not JSON: {e}"
+        for error in fast.iter_errors(data):
+            return str(error).splitlines()[0][:500]
+        return None
+    except RecursionError:
+        return "nested too deeply to be a CycloneDX document"
 
 
 @functools.lru_cache(maxsize=1)

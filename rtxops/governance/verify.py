@@ -83,6 +83,8 @@ def verify(path: str | Path, trust: Trust, *, policies: list[Policy] | None = No
         raise
     except (OSError, GovernanceError) as e:
         report.checks.append(Check("input", False, str(e)))
+    except Exception as e:  # a malformation no check foresaw: the bundle fails, never the verifier
+        report.checks.append(Check("input", False, f"malformed bundle: {type(e).__name__}: {e}"[:500]))
     return report
 
 
@@ -212,6 +214,11 @@ def _signature(env: _dsse.Envelope, trust: Trust, report: Report, at: float) -> 
         identity = verify_keyless(env, trust)
         report.passed("signature", f"keyless: {identity['identity']} from {identity['issuer']}")
         return {"key_id": "", "trusted": True, "mode": "keyless", **identity, "entry": None}
+    if trust.identity or trust.issuer:
+        # the verifier asked for a Sigstore identity: a bundle signed with a key does not have one,
+        # whichever keys are trusted besides
+        raise VerificationError("signer", "a key-signed bundle, but a keyless signature by "
+                                          f"{trust.identity or trust.issuer} is required")
     if trust.public_key is not None:
         key = _keys.load_public(trust.public_key)
         _dsse.verify_key(env, key)
@@ -245,8 +252,8 @@ def _files(names: list[str], signed: dict[str, str], digests: dict[str, str]) ->
 def _plan_json(data: bytes) -> dict:
     try:
         data = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise VerificationError("plan", f"{PLAN} is not valid JSON: {e}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise VerificationError("plan", f"{PLAN} is not valid JSON: {type(e).__name__}: {e}") from None
     if not isinstance(data, dict):
         raise VerificationError("plan", f"{PLAN} is not a JSON object")
     return data

@@ -1,0 +1,102 @@
+"""Hostile bundles and ledgers: a signed scope that climbs out of its folder, a key-signed bundle
+offered where a Sigstore identity is required, deeply nested JSON, a removed or broken ledger
+head. Each is refused with a clear failure (exit 1), never a traceback, and nothing is written."""
+from __future__ import annotations
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from rtxops.cli import app
+from rtxops.governance import Signer, UsageError, ledger
+from rtxops.governance.authority import Authority
+from rtxops.telemetry.store import Store
+
+from .helpers import copy, plan_bundle
+
+
+def cli(*args):
+    r = CliRunner().invoke(app, list(args))
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r.exit_code, r.output
+
+
+def test_a_signed_scope_that_climbs_out_of_imported_is_refused(keys, tmp_path):
+    home = tmp_path / "home"
+    (home / "imported").mkdir(parents=True)
+    victim = tmp_path / "victim-v5"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep\n")
+    evil = plan_bundle(tmp_path / "evil", keys.signer(), 5, scope="../../victim")
+    code, output = cli("plan", "import", str(evil), "--keyring", str(keys.keyring_file),
+                       "--home", str(home))
+    assert code == 1 and "not a plain name" in output, output
+    assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
+    assert list((home / "imported").iterdir()) == []
+
+
+def test_the_authority_never_lays_out_a_bundle_outside_its_folder(tmp_path):
+    authority = Authority.__new__(Authority)  # bundle_dir needs only the bundles folder
+    authority.bundles = tmp_path / "bundles"
+    assert authority.bundle_dir("j-1a2b", 3) == tmp_path / "bundles" / "j-1a2b" / "v3"
+    for scope in ("..", "../x", "a/b", ""):
+        with pytest.raises(UsageError, match="not a plain name"):
+            authority.bundle_dir(scope, 3)
+
+
+def test_a_key_signed_bundle_does_not_meet_a_required_identity(keys, good_plan, tmp_path):
+    root = tmp_path / "trusted_root.json"
+    root.write_text("{}")
+    code, output = cli("verify", str(good_plan), "--keyring", str(keys.keyring_file), "--no-ledger",
+                       "--identity", "release@example.com", "--issuer", "https://accounts.example.com",
+                       "--trusted-root", str(root))
+    assert code == 1 and "keyless signature by release@example.com is required" in output, output
+    # the same bundle with the keyring alone verifies
+    code, output = cli("verify", str(good_plan), "--keyring", str(keys.keyring_file), "--no-ledger")
+    assert code == 0, output
+
+
+@pytest.mark.parametrize("name", ["bundle.sigstore.json", "provenance.intoto.json", "sbom.cdx.json",
+                                  "plan.json"])
+def test_deeply_nested_json_fails_verification_cleanly(keys, good_plan, tmp_path, name):
+    bundle = copy(good_plan, tmp_path / "deep")
+    (bundle / name).write_text("[" * 100_000)
+    code, output = cli("verify", str(bundle), "--keyring", str(keys.keyring_file), "--no-ledger")
+    assert code == 1 and "FAIL" in output and "NOT verified" in output, output
+
+
+def test_a_signed_provenance_whose_decision_is_not_an_object_fails(keys, tmp_path):
+    bundle = tmp_path / "odd"
+    bundle.mkdir()
+    (bundle / "data.bin").write_bytes(b"x")
+    Signer.from_key_file(keys.root / "daemon.pem").sign_directory(bundle, kind="checkpoint",
+                                                                  decision="oops")
+    code, output = cli("verify", str(bundle), "--keyring", str(keys.keyring_file), "--no-ledger")
+    assert code == 1 and "decision in the provenance is not an object" in output, output
+
+
+def test_a_removed_or_broken_ledger_head_never_turns_the_tail_check_off(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    head = home / "ledger.head"
+    store = Store(home / "rtxops.duckdb")
+    try:
+        for v in (1, 2, 3):
+            ledger.append(store, head, kind="promote", scope="job-1", version=v,
+                          subject_digest="sha256:" + "0" * 64, decision={}, signer="k")
+    finally:
+        store.close()
+    assert cli("ledger", "verify", "--home", str(home))[0] == 0
+    con = duckdb.connect(str(home / "rtxops.duckdb"))
+    con.execute("DELETE FROM ledger WHERE seq >= 2")
+    con.close()
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 1 and "the head file says 3" in output, output
+    head.unlink()
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 1 and "head file is missing" in output, output
+    for broken in ("[]", '{"seq": "3", "entry_hash": "x"}', "{", "[" * 100_000):
+        head.write_text(broken)
+        code, output = cli("ledger", "verify", "--home", str(home))
+        assert code == 1 and "head file is unreadable" in output, (broken[:20], output)
+    assert ledger.check_chain([], ledger.read_head(tmp_path / "no-head")) == []  # a new ledger
