@@ -9,6 +9,10 @@ from .errors import JobNotFound, JobSpecError, SupervisorClosed
 from .jobs import Job, JobSpec
 from .supervisor import Supervisor
 
+# log long-polls hold a worker thread each: they get at most this many of anyio's 40, so the
+# other endpoints (health, submit, cancel, the dashboard) never wait behind them
+MAX_LONG_POLLS = 16
+
 
 class SubmitRequest(BaseModel):
     """A job to run under rtxops."""
@@ -66,16 +70,20 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
     def job(job_id: str) -> dict:
         return job_view(get(job_id))
 
+    long_polls: list[anyio.CapacityLimiter] = []
+
     @router.get("/{job_id}/logs")
     async def logs(job_id: str, after: int = Query(0, ge=0), rank: int | None = Query(None, ge=-1),
                    limit: int = Query(1000, ge=1, le=10000),
                    wait_s: float = Query(0, ge=0, le=30, description="long-poll for new lines")) -> dict:
         get(job_id)
-        if wait_s:
+        if not long_polls:  # made on the event loop (anyio's limiters need one)
+            long_polls.append(anyio.CapacityLimiter(MAX_LONG_POLLS))
+        if wait_s and long_polls[0].available_tokens >= 1:
             lines = await anyio.to_thread.run_sync(
                 lambda: supervisor.wait_for_logs(job_id, after_seq=after, rank=rank, timeout=wait_s,
-                                                 limit=limit))
-        else:
+                                                 limit=limit), limiter=long_polls[0])
+        else:  # no wait asked, or every long-poll slot taken: answer now (the client polls again)
             lines = supervisor.logs(job_id, rank=rank, after_seq=after, limit=limit)
         job = get(job_id)
         return {"job": job_id, "state": job.state.value, "done": job.state.terminal,

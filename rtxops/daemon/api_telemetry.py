@@ -1,6 +1,7 @@
 """``/v1/telemetry``: read-only stats and exports of the store the daemon owns."""
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -28,8 +29,14 @@ def make_router(store: Store) -> APIRouter:
                            job: str | None = Query(None, max_length=200)):
         """Spans of one job (or all) as a Chrome trace (Perfetto), OTLP/JSON or Parquet."""
         if format == "parquet":
-            tmp = Path(tempfile.mkstemp(suffix=".parquet")[1])
-            await anyio.to_thread.run_sync(store_mod.export_parquet, store, tmp, job)
+            fd, name = tempfile.mkstemp(suffix=".parquet")
+            os.close(fd)
+            tmp = Path(name)
+            try:
+                await anyio.to_thread.run_sync(store_mod.export_parquet, store, tmp, job)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
             return FileResponse(tmp, media_type="application/vnd.apache.parquet",
                                 filename="rtxops-spans.parquet",
                                 background=BackgroundTask(tmp.unlink, missing_ok=True))

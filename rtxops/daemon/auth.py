@@ -7,8 +7,11 @@ from fastapi import Header, HTTPException
 
 
 def require_token(token: str | None):
-    """A FastAPI dependency that answers 401 unless the request carries ``Bearer <token>``."""
-    expected = f"Bearer {token}".encode() if token else None
+    """A FastAPI dependency that answers 401 unless the request carries ``Bearer <token>``
+    (``None``: no check, for tests and embedded apps; an empty token is refused)."""
+    if token is not None and not token.strip():
+        raise ValueError("an empty bearer token would let every request through")
+    expected = None if token is None else f"Bearer {token}".encode()
 
     def check(authorization: str | None = Header(default=None)) -> None:
         if expected is None:

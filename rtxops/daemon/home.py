@@ -49,16 +49,21 @@ class Home:
         return self
 
     def token(self, create: bool = False) -> str | None:
-        """The bearer token; with ``create`` a new one (mode 0600) when there is none."""
+        """The bearer token; with ``create`` a new one (mode 0600) when there is none, or when the
+        file is empty (an empty token would check nothing)."""
         if self.token_file.exists():
-            return self.token_file.read_text().strip()
-        if not create:
+            token = self.token_file.read_text().strip()
+            if token or not create:
+                return token or None
+        elif not create:
             return None
         self.ensure()
-        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         token = secrets.token_urlsafe(32)
+        tmp = self.token_file.with_name(self.token_file.name + f".{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
+        tmp.replace(self.token_file)
         return token
 
     def daemon_url(self) -> str | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from .jobs import LAUNCHER_RANK
 
 MAX_LINE_BYTES = 16384
+READ_CHUNK_BYTES = 4 << 20
 _RANK_PREFIX = re.compile(rb"^\[rank(\d+)\]:")
 
 Lines = list[tuple[int, int, str]]
@@ -69,10 +70,12 @@ class LogTail:
         with self._lock:
             return {s: self.offsets[s] - len(self._partial[s]) for s in self.paths}, dict(self.seqs)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Read what is left (an unterminated last line too) and end the thread."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """Read what is left (an unterminated last line too) and end the thread; whether it ended
+        within ``timeout`` (by default it is waited for: its last lines are often a traceback)."""
         self._stop.set()
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -89,9 +92,17 @@ class LogTail:
                     self._on_error(e)
 
     def _read(self, stream: str, path: Path, final: bool) -> None:
+        # in chunks: a backlog (written while no daemon read it) never lands in memory at once
         with open(path, "rb") as f:
             f.seek(self.offsets[stream])
-            data = f.read()
+            while True:
+                data = f.read(READ_CHUNK_BYTES)
+                more = len(data) == READ_CHUNK_BYTES
+                self._take(stream, data, final and not more)
+                if not more:
+                    return
+
+    def _take(self, stream: str, data: bytes, final: bool) -> None:
         if not data and not (final and self._partial[stream]):
             return
         buf = self._partial[stream] + data

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 SAVE_EVERY_S = 5.0
 """While a job runs, its record (log offsets, last step) is saved at most this often."""
+LOG_DRAIN_S = 120.0
+"""How long an ended attempt waits for its last log lines to be stored before it moves on."""
 
 
 class Supervisor:
@@ -191,7 +193,7 @@ class Supervisor:
                 log.warning("job %s: runner still busy after shutdown grace; killing its tree", job_id)
                 with self._lock:
                     job = self._jobs[job_id]
-                    sid = job.attempt.pid if job.attempt else None
+                    sid = _own_session(job.attempt) if job.attempt else None
                 proctree.terminate(sid, job.token, 0.0)
 
     def _recover(self, job: Job) -> None:
@@ -507,7 +509,7 @@ class _Runner:
 
     def _sid(self) -> int | None:
         attempt = self.job.attempt
-        return attempt.pid if attempt else None
+        return _own_session(attempt) if attempt else None
 
     def _follow(self, attempt: Attempt, result: tuple[Outcome | None, int | None]) -> None:
         """After the leader ended: kill leftovers, store the last lines, record how the attempt ended."""
@@ -519,12 +521,17 @@ class _Runner:
             if report is not None and report.signalled:
                 sup._event(job.id, "leftovers_killed", attempt=attempt.number, sigterm=report.sigterm,
                            sigkill=report.sigkill)
+        drained = True
         if self._tail is not None:
-            self._tail.stop()
+            # the last lines are often the traceback: wait for the store to take them
+            drained = self._tail.stop(LOG_DRAIN_S)
             offsets, seqs = self._tail.committed()
             self._tail = None
         else:
             offsets, seqs = {}, {}
+        if not drained:  # the tail goes on reading; the files stay for it (and for a restart)
+            sup._event(job.id, "logs_pending", attempt=attempt.number,
+                       detail=f"the last lines were not stored within {LOG_DRAIN_S:.0f} s")
         info = self._classify(killed_by, rc)
         with sup._lock:
             attempt.ended_at_ns = time.time_ns()
@@ -534,7 +541,7 @@ class _Runner:
         self._proc = None
         sup._event(job.id, "exited", attempt=attempt.number, outcome=info.outcome.value,
                    exit_code=info.exit_code, signal=info.signal, detail=info.detail)
-        if not sup.keep_log_files and not sup.sink_errors:
+        if drained and not sup.keep_log_files and not sup.sink_errors:
             for s in STREAMS:
                 Path(job.log_dir, f"attempt-{attempt.number}.{s}").unlink(missing_ok=True)
             shutil.rmtree(Path(job.log_dir, f"torchrun-{attempt.number}"), ignore_errors=True)
@@ -642,7 +649,19 @@ def _attempt_alive(attempt: Attempt, token: str) -> bool:
         p = proctree.read_proc(attempt.pid)
         if p is not None and p.alive and (attempt.start_ticks is None or p.start_ticks == attempt.start_ticks):
             return True
-    return bool(proctree.members(attempt.pid, token))
+    return bool(proctree.members(_own_session(attempt), token))
+
+
+def _own_session(attempt: Attempt) -> int | None:
+    """The attempt's session id (its leader's pid), or None once that pid is another process's:
+    after a daemon restart the number may lead an unrelated session, which is not the job's."""
+    if attempt.pid is None:
+        return None
+    if attempt.start_ticks is not None:
+        p = proctree.read_proc(attempt.pid)
+        if p is not None and p.start_ticks != attempt.start_ticks:
+            return None
+    return attempt.pid
 
 
 def _new_id(taken: Mapping[str, Any]) -> str:

@@ -4,6 +4,9 @@ of the OpenAPI schema that must find no 5xx."""
 from __future__ import annotations
 
 import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -199,3 +202,30 @@ def test_openapi_fuzz_finds_no_server_errors(daemon):
     assert not server_errors, server_errors
     assert ("POST", "/v1/jobs", 201) in seen and ("POST", "/v1/jobs", 422) in seen
     assert ("GET", "/v1/jobs/{job_id}/logs", 200) in seen and ("GET", "/v1/jobs/{job_id}", 404) in seen
+
+
+def test_parquet_exports_leave_no_open_files_behind(shared):
+    fds = lambda: len(os.listdir(f"/proc/{shared.pid}/fd"))  # noqa: E731
+    c = shared.client()
+    assert c.get("/v1/telemetry/export", params={"format": "parquet"}).status_code == 200
+    before = fds()
+    for _ in range(30):
+        r = c.get("/v1/telemetry/export", params={"format": "parquet"})
+        assert r.status_code == 200 and r.content[:4] == b"PAR1"
+    assert fds() - before < 5  # one leaked descriptor per export before
+
+
+def test_log_long_polls_never_starve_the_other_endpoints(shared):
+    job = shared.submit(["python", "-c", "import time; time.sleep(600)"])
+    url = f"/v1/jobs/{job['id']}/logs"
+    # more long-polls than anyio's 40 worker threads: past MAX_LONG_POLLS they answer at once
+    with ThreadPoolExecutor(48) as pool:
+        polls = [pool.submit(httpx.get, shared.url + url, params={"wait_s": 8, "after": 10**9},
+                             timeout=30) for _ in range(48)]
+        time.sleep(1.0)
+        started = time.monotonic()
+        assert shared.client().get("/healthz").status_code == 200
+        assert time.monotonic() - started < 3
+        answers = [p.result() for p in polls]
+    assert all(r.status_code == 200 for r in answers)
+    shared.client().post(f"/v1/jobs/{job['id']}/cancel")

@@ -1,0 +1,99 @@
+"""The supervisor under conditions found in a review: a job's pid reused by an unrelated session
+after a daemon restart, a log store slower than the drain wait, a large log backlog, and an empty
+token file."""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from rtxops.daemon import logtail, proctree, supervisor as supervisor_mod
+from rtxops.daemon.auth import require_token
+from rtxops.daemon.home import Home
+from rtxops.daemon.jobs import Attempt, InMemoryJobSink, Job, JobSpec, JobState
+from rtxops.daemon.supervisor import Supervisor
+
+from .test_supervisor import events, until
+
+
+def test_a_reused_pid_leading_another_session_is_not_adopted_nor_killed(tmp_path):
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        ticks = until(lambda: proctree.read_proc(stranger.pid)).start_ticks
+        # a saved job whose attempt had this pid once, in an earlier life of the number
+        old = Job(id="j-0ld0", spec=JobSpec(command=("python", "train.py"), runtime=False),
+                  state=JobState.RUNNING, created_at_ns=1, updated_at_ns=1, token="j-0ld0.beef",
+                  log_dir=str(tmp_path / "logs"),
+                  attempts=[Attempt(number=1, started_at_ns=1, pid=stranger.pid, start_ticks=ticks - 999)])
+        sup = Supervisor(InMemoryJobSink(), tmp_path / "work", recovered_jobs=[old], tick_s=0.02)
+        try:
+            job = sup.job(old.id)
+            assert job.state is JobState.LOST and not job.adopted, job.reason
+            sup.cancel(old.id)
+            time.sleep(0.3)
+            assert stranger.poll() is None  # still running: it was never the job's
+        finally:
+            sup.shutdown(grace_s=0.5)
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+class SlowOnceSink(InMemoryJobSink):
+    """Storing the first batch of lines takes ``delay_s`` (a busy store)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    def log_lines(self, *args, **kwargs):
+        delay, self.delay_s = self.delay_s, 0.0
+        time.sleep(delay)
+        return super().log_lines(*args, **kwargs)
+
+
+def test_a_slow_log_store_never_loses_the_last_lines(tmp_path, monkeypatch):
+    monkeypatch.setattr(supervisor_mod, "LOG_DRAIN_S", 0.3)
+    sup = Supervisor(SlowOnceSink(1.5), tmp_path / "work", tick_s=0.02, log_poll_s=0.02)
+    try:
+        job = sup.submit(JobSpec(command=("sh", "-c", "echo first; sleep 0.3; echo last-words; exit 3"),
+                                 runtime=False, grace_s=0.5))
+        assert sup.wait(job.id, 20).state is JobState.FAILED
+        # the drain wait ran out: the files stay for the tail, which stores the rest
+        assert events(sup, job.id, "logs_pending")
+        until(lambda: [ln.text for ln in sup.logs(job.id)] == ["first", "last-words"], timeout=10)
+    finally:
+        sup.shutdown(grace_s=0.5)
+
+
+def test_a_large_backlog_is_read_in_bounded_chunks(tmp_path, monkeypatch):
+    monkeypatch.setattr(logtail, "READ_CHUNK_BYTES", 1000)
+    path = tmp_path / "out"
+    expected = [f"line {i:05d} " + "x" * (i % 37) for i in range(2000)]
+    path.write_text("".join(t + "\n" for t in expected) + "unterminated")
+    batches: list[int] = []
+    got: list[str] = []
+
+    def on_lines(stream, lines):
+        batches.append(sum(len(t) + 1 for _, _, t in lines))
+        got.extend(t for _, _, t in lines)
+
+    tail = logtail.LogTail({"stdout": path}, on_lines, poll_s=0.01).start()
+    assert tail.stop(10)
+    assert got == expected + ["unterminated"]  # lines across chunk edges come out whole
+    assert len(batches) > 50 and max(batches) <= 1000 + logtail.MAX_LINE_BYTES
+
+
+def test_an_empty_token_file_gets_a_real_token_and_an_empty_token_checks_nothing(tmp_path):
+    home = Home(tmp_path / "home").ensure()
+    home.token_file.write_text("  \n")
+    assert home.token() is None  # a client finds no token
+    token = home.token(create=True)  # the daemon makes one
+    assert token and home.token() == token
+    assert os.stat(home.token_file).st_mode & 0o777 == 0o600
+    with pytest.raises(ValueError, match="empty bearer token"):
+        require_token("")
