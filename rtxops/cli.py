@@ -13,6 +13,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rtxops.cli_evolve import register as _register_evolve
@@ -34,7 +35,7 @@ PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[red]rtxops: {message}[/red]")
+    err.print(f"[red]rtxops: {escape(message)}[/red]")
     return typer.Exit(code)
 
 
@@ -116,10 +117,19 @@ def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path, te
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as e:
-        err.print(f"[red]rtxops: cannot start {command[0]!r}: {e.strerror}[/red]")
+        err.print(f"[red]rtxops: cannot start {escape(repr(command[0]))}: {escape(str(e.strerror))}[/red]")
         return 127 if isinstance(e, FileNotFoundError) else 126
 
+    interrupts = []
+
     def forward(signum, frame):
+        # Ctrl-C (at a terminal, or a runner signalling the group) reaches the job in this process
+        # group as well: a second SIGINT would interrupt its exit handlers (its last telemetry).
+        # A SIGINT sent to rtxops alone is forwarded when it comes again.
+        if signum == signal.SIGINT:
+            interrupts.append(signum)
+            if len(interrupts) == 1 and _same_process_group(child.pid):
+                return
         child.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -147,6 +157,9 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
         env["RTXOPS_TELEMETRY"] = "off"
     if plan:
         env["RTXOPS_PLAN"] = str(plan.resolve())
+    # SIGTERM/SIGHUP (kill, timeout, a scheduler's preemption) stop the job as Ctrl-C does: the
+    # job runs in its own session, so it would outlive this process otherwise
+    stops = {s: signal.signal(s, _stop_by_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if client is None:
             # no daemon: one in this process; the job starts while its HTTP server comes up
@@ -168,11 +181,15 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
             job_id = client.submit(command=list(command), name=name, env=env, cwd=os.getcwd())["id"]
         return _follow(client, job_id, cancel_on_interrupt=True)
     except DaemonError as e:
-        err.print(f"[red]rtxops: {e}[/red]")
+        err.print(f"[red]rtxops: {escape(str(e))}[/red]")
         return 2
     finally:
-        if local is not None:
-            local.shutdown()
+        try:
+            if local is not None:
+                local.shutdown()
+        finally:
+            for s, handler in stops.items():
+                signal.signal(s, handler)
 
 
 def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt: bool = False,
@@ -190,13 +207,34 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
                 after = line["seq"]
             if not page["lines"] and (page["done"] or not follow):
                 break
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if cancel_on_interrupt:
             client.cancel(job_id)
             err.print(f"rtxops: cancelled job {job_id}")
-        return 130
+        return 128 + getattr(e, "signum", signal.SIGINT)
     job = client.job(job_id)
+    if follow and job["state"] != "succeeded" and job.get("reason"):
+        err.print(f"rtxops: job {job_id} {job['state']}: {job['reason']}", markup=False)
     return _exit_status(job)
+
+
+class _Stopped(KeyboardInterrupt):
+    """A stop signal other than SIGINT, handled as Ctrl-C is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_by_signal(signum, frame):
+    raise _Stopped(signum)
+
+
+def _same_process_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == os.getpgrp()
+    except OSError:  # already gone
+        return False
 
 
 def _exit_status(job: dict) -> int:
@@ -218,14 +256,15 @@ def _print_summary(data: dict, ops: list[dict]) -> None:
         for i, (bucket, variants) in enumerate(sorted(o["buckets"].items())):
             used = ", ".join(f"{v} ({n})" for v, n in sorted(variants.items()))
             head = (o["op"], str(o["calls"]), f"{o['total_ns'] / 1e6:.1f}", f"{o['share']:.1%}")
-            table.add_row(*(head if i == 0 else ("",) * 4), bucket, used)
+            table.add_row(*(head if i == 0 else ("",) * 4), escape(bucket), escape(used))
     err.print(table)
     for d in data["disabled"]:
-        err.print(f"[yellow]disabled {d['op']}/{d['variant']} on {d['bucket']}: {d['reason']}[/yellow]")
+        err.print(escape(f"disabled {d['op']}/{d['variant']} on {d['bucket']}: {d['reason']}"),
+                  style="yellow")
     for m in data["modules_on_own_forward"]:
-        err.print(f"[yellow]{m['site']} kept its own forward: {m['reason']}[/yellow]")
+        err.print(escape(f"{m['site']} kept its own forward: {m['reason']}"), style="yellow")
     for r in data["plan_rejections"]:
-        err.print(f"[yellow]plan rejected: {r}[/yellow]")
+        err.print(escape(f"plan rejected: {r}"), style="yellow")
 
 
 # ---- daemon --------------------------------------------------------------------------------------

@@ -418,7 +418,8 @@ def tuning(q, *, op: str | None, variant: str | None, status: str | None, device
                AND ($status IS NULL OR status = $status) AND ($device IS NULL OR device = $device)"""
     total = q.query(f"SELECT count(*) AS n FROM tuning {where}", params)[0]["n"]
     rows = q.query(f"SELECT * EXCLUDE (source) FROM tuning {where} "
-                   "ORDER BY op, bucket, median_ns NULLS LAST LIMIT $limit OFFSET $offset",
+                   "ORDER BY op, bucket, median_ns NULLS LAST, variant, config, device, torch_version, "
+                   "triton_version, source_hash LIMIT $limit OFFSET $offset",
                    {**params, "limit": limit, "offset": offset})
     return total, rows
 

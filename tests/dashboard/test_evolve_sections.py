@@ -46,3 +46,23 @@ def test_sections_show_what_the_loop_writes(store):
 def test_rollback_marker_needs_no_bundle_digest(store):
     markers = V.swap_markers(store, job_id="job-run", since_ns=0, until_ns=100 * NS, limit=10)
     assert [(m["kind"], m["at_ns"], m["plan_to"]) for m in markers] == [("rollback", 13 * NS, 3)]
+
+
+def test_tuning_pages_neither_skip_nor_repeat_rows_that_tie(tmp_path):
+    from rtxops.telemetry.store_evolve import upsert_tuning
+
+    s = Store(tmp_path / "tuning.duckdb")
+    try:
+        for i in range(120):  # one op and bucket; untested configs tie on a NULL median
+            key = {"op": "gelu", "bucket": "b1", "variant": "chunked", "config": f'{{"c":{i}}}',
+                   "device": "cpu", "torch_version": "t", "triton_version": "", "source_hash": "h"}
+            upsert_tuning(s, key, {"trials": 0, "median_ns": None if i % 3 else 5.0,
+                                   "status": "untested", "updated_ns": i})
+        seen = []
+        for offset in range(0, 120, 50):
+            total, rows = V.tuning(s, op=None, variant=None, status=None, device=None, limit=50,
+                                   offset=offset)
+            seen += [r["config"] for r in rows]
+        assert total == 120 and len(seen) == 120 and len(set(seen)) == 120
+    finally:
+        s.close()

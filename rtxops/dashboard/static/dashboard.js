@@ -48,7 +48,7 @@
     breakdown(d) {
       if (!d.swap) return { traces: [] };
       const perOp = (rows) => {
-        const out = {};
+        const out = Object.create(null);  // keyed by names from telemetry: no prototype
         for (const r of rows) out[r.op] = (out[r.op] || 0) + (r.per_step_ns || 0) / 1e6;
         return out;
       };
@@ -62,7 +62,7 @@
         title: { text: esc(`swap at step ${d.swap.step}: plan ${d.swap.plan_from} → ${d.swap.plan_to}`), font: { size: 13 } } }) };
     },
     trials(d) {
-      const byVariant = {};
+      const byVariant = Object.create(null);
       for (const t of d.items) {
         if (t.median_ns == null || t.started_ns == null) continue;
         const g = (byVariant[t.variant] ||= { x: [], y: [], text: [] });
@@ -75,7 +75,7 @@
     },
     memory(d) {
       const traces = [];
-      const jobs = {};
+      const jobs = Object.create(null);
       for (const r of d.series) (jobs[r.job_id] ||= []).push(r);
       const fields = [["rss_bytes", "RSS"], ["cuda_allocated_bytes", "CUDA allocated"],
                       ["cuda_reserved_bytes", "CUDA reserved"], ["cuda_peak_bytes", "CUDA peak"]];
