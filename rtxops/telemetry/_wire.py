@@ -114,7 +114,8 @@ def decode_column(raws: list[bytes]) -> list | None:
 
 
 _arrays: dict[bytes, tuple] = {}     # decoded arrays by raw bytes: histograms repeat a lot
-_ARRAY_CACHE_LIMIT = 1 << 15
+_ARRAY_CACHE_LIMIT = 1 << 12
+_CACHED_ARRAY_MAX_BYTES = 256        # histograms are small; a large array is decoded, not kept
 
 
 def _cached_array_column(raws: list[bytes]) -> list | None:
@@ -128,7 +129,9 @@ def _cached_array_column(raws: list[bytes]) -> list | None:
     if len(_arrays) + len(missing) > _ARRAY_CACHE_LIMIT:
         _arrays.clear()
     for i, value in zip(missing, decoded):
-        values[i] = _arrays[raws[i]] = value
+        values[i] = value
+        if len(raws[i]) <= _CACHED_ARRAY_MAX_BYTES:  # at most 4096 small arrays are kept
+            _arrays[raws[i]] = value
     return values
 
 

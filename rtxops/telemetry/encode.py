@@ -54,6 +54,8 @@ def any_value(v: Any) -> bytes:
     if cls is str:
         return _len(0x0A, v.encode())
     if cls is int:
+        if not -(1 << 63) <= v < 1 << 63:  # the SDK's encoder refuses it too: never wrap it
+            raise Unsupported(f"integer attribute {v} is outside int64")
         return b"\x18" + varint(v)
     if cls is float:
         return b"\x21" + _pack_d(v)
@@ -80,14 +82,16 @@ def key_value(tag: int, key: str, value: Any) -> bytes:
     cls = value.__class__
     hashable = cls in _CACHED
     if hashable:
-        got = _kv_cache.get((tag, key, cls, value))
+        # (1,), (True,) and (1.0,) are equal tuples: their element types belong to the key
+        cache_key = (tag, key, cls, value, tuple(map(type, value)) if cls is tuple else None)
+        got = _kv_cache.get(cache_key)
         if got is not None:
             return got
     out = _len(tag, _string(0x0A, key) + _len(0x12, any_value(value)))
     if hashable:
         if len(_kv_cache) >= _KV_CACHE_LIMIT:
             _kv_cache.clear()
-        _kv_cache[(tag, key, cls, value)] = out
+        _kv_cache[cache_key] = out
     return out
 
 

@@ -467,8 +467,8 @@ class _Columns:
         return pa.table(columns, schema=SPANS_SCHEMA)
 
     def events_table(self) -> pa.Table:
-        return pa.table([pa.array(c, f.type) for c, f in zip(self.events, EVENTS_SCHEMA)],
-                        schema=EVENTS_SCHEMA)
+        return pa.table([_int64(c, "event time") if f.name == "time_ns" else pa.array(c, f.type)
+                         for c, f in zip(self.events, EVENTS_SCHEMA)], schema=EVENTS_SCHEMA)
 
 
 def _check_ids(trace_ids: Sequence[bytes], span_ids: Sequence[bytes], parents: Sequence[bytes],

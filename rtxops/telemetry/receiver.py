@@ -30,6 +30,7 @@ DEFAULT_MAX_BODY = 16 << 20           # bytes on the wire
 DEFAULT_MAX_DECOMPRESSED = 64 << 20   # bytes after gzip
 DEFAULT_MAX_INFLIGHT = 8              # requests read, decoded or written at once
 DEFAULT_SLOT_WAIT_S = 2.0             # how long a request waits for one of those slots
+MAX_GZIP_MEMBERS = 64                 # gzip members in one body (each one copies the rest)
 
 
 class _TooLarge(Exception):
@@ -149,18 +150,30 @@ def _decode(body: bytes, kind: str, gzipped: bool, max_decompressed: int, receiv
         body = _gunzip(body, max_decompressed)
     elif len(body) > max_decompressed:
         raise _TooLarge(f"body is over the {max_decompressed}-byte limit")
-    # the kernel rollup is aggregated here, beside the store's writer thread rather than in it
-    return rollup.for_batch(otlp.convert(body, kind, received_ns))
+    try:
+        batch = otlp.convert(body, kind, received_ns)
+        rollup.check_figures(batch.spans)
+        # the kernel rollup is aggregated here, beside the store's writer thread rather than in it
+        return rollup.for_batch(batch)
+    except TelemetryInputError:
+        raise
+    except Exception as e:  # decoding is a function of the body alone: a case no check foresaw
+        log.warning("rtxops receiver: refused a request no check foresaw: %r", e)
+        raise TelemetryInputError(f"the request could not be decoded ({type(e).__name__})") from None
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:
     """Decompress gzip ``data`` (one or more members), refusing output past ``limit`` bytes."""
     out: list[bytes] = []
-    size = 0
-    while data:
+    size = members = 0
+    view, offset = memoryview(data), 0  # no copy of the rest per member
+    while offset < len(view):
+        members += 1
+        if members > MAX_GZIP_MEMBERS:
+            raise TelemetryInputError(f"gzip body has over {MAX_GZIP_MEMBERS} members")
         d = zlib.decompressobj(wbits=31)
         try:
-            piece = d.decompress(data, limit - size + 1)
+            piece = d.decompress(view[offset:], limit - size + 1)
         except zlib.error as e:
             raise TelemetryInputError(f"body is not valid gzip: {e}") from None
         size += len(piece)
@@ -169,7 +182,7 @@ def _gunzip(data: bytes, limit: int) -> bytes:
         out.append(piece)
         if not d.eof:
             raise TelemetryInputError("gzip body is truncated")
-        data = d.unused_data
+        offset = len(view) - len(d.unused_data)
     return b"".join(out)
 
 

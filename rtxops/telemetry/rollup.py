@@ -36,6 +36,24 @@ FROM _rtx_totals t LEFT JOIN hist
 """
 
 
+FIGURE_MAX = 2**53  # ns (104 days) or calls in one span: past it a span's figures are not real
+FIGURES = ("count", "total_ns", "min_ns", "max_ns")
+
+
+def check_figures(spans: pa.Table) -> None:
+    """TelemetryInputError unless every span's count and kernel times lie in 0..2^53 (the rollup
+    sums them: figures past that would overflow its sums and lose precision in its means)."""
+    from .otlp import TelemetryInputError
+
+    for name in FIGURES:
+        if name not in spans.column_names or spans.num_rows == 0:
+            continue
+        low, high = pc.min_max(spans[name]).values()
+        if (low.is_valid and low.as_py() < 0) or (high.is_valid and high.as_py() > FIGURE_MAX):
+            bad = low.as_py() if low.as_py() < 0 else high.as_py()
+            raise TelemetryInputError(f"a span's {name} of {bad} is out of range (0 to 2^53)")
+
+
 def kernels(spans: pa.Table) -> pa.Table:
     """The kernel spans' columns the rollup reads."""
     mask = pc.equal(spans["name"], "rtx.kernel")
@@ -62,7 +80,8 @@ def tables(kernel: pa.Table, hits: pa.Array, misses: pa.Array) -> tuple[pa.Table
     # bin of the span's mean ns, as floor(log2(greatest(total_ns / count, 1)) * 16) in SQL
     valid = pc.and_(pc.greater(t["count"], 0), pc.is_valid(t["total_ns"]))
     binned = t.filter(valid)
-    mean = pc.divide(pc.cast(binned["total_ns"], pa.float64()), pc.cast(binned["count"], pa.float64()))
+    mean = pc.divide(pc.cast(binned["total_ns"], pa.float64(), safe=False),
+                     pc.cast(binned["count"], pa.float64(), safe=False))
     bin_ = pc.cast(pc.floor(pc.multiply(pc.log2(pc.max_element_wise(mean, 1.0)),
                                         float(HIST_BINS_PER_OCTAVE))), pa.int32())
     bins = pa.table({**{k: binned[k] for k in group}, "bin": bin_}).group_by(

@@ -88,6 +88,24 @@ def test_declines_links_and_maps(what):
     assert E.encode(memory.get_finished_spans()) is None
 
 
+def test_equal_tuples_of_other_types_are_encoded_as_their_own_types():
+    p, memory = provider({})
+    tracer = p.get_tracer("t")
+    for value in ((1, 2), (True, False), (1.0, 2.0)):  # equal as tuples: (1, 2) == (1.0, 2.0)
+        tracer.start_span("s", attributes={"a": value}).end()
+    spans = memory.get_finished_spans()
+    assert E.encode(spans) == encode_spans(spans).SerializeToString()
+
+
+@pytest.mark.parametrize("value", [1 << 63, -(1 << 63) - 1, 1 << 64])
+def test_declines_integers_outside_int64(value):
+    p, memory = provider({})
+    span = p.get_tracer("t").start_span("big")
+    span._attributes._dict["n"] = value  # set past the SDK's checks: never sent wrapped
+    span.end()
+    assert E.encode(memory.get_finished_spans()) is None
+
+
 def test_fast_exporter_posts_the_same_bytes(monkeypatch):
     from rtxops.telemetry.exporters import otlp_http_exporter
 

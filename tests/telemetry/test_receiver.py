@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from rtxops.telemetry import synthetic
 from rtxops.telemetry.otlp import JSON, PROTOBUF
@@ -94,6 +95,19 @@ def _short_trace_id() -> bytes:
     return request([span(trace_id=b"\x01" * 8)]).SerializeToString()
 
 
+def _kernel_time_past_2_53(cache_hits) -> bytes:
+    attrs = {"rtx.op": "gelu", "rtx.count": 1, "rtx.total_ns": 2**53 + 2, "rtx.cache.hits": cache_hits}
+    return request([span("rtx.kernel", attrs)]).SerializeToString()
+
+
+def _event_time_past_2_63() -> bytes:
+    return request([span(events=[Span.Event(time_unix_nano=2**64 - 1, name="e")])]).SerializeToString()
+
+
+def _many_gzip_members() -> bytes:
+    return b"".join(gzip.compress(b"") for _ in range(10_000)) + gzip.compress(good_body(5))
+
+
 BAD = {
     # name: (body, extra headers, status, words expected in the reason)
     "truncated protobuf": (lambda: good_body(50)[:-9], {}, 400, "truncated"),
@@ -118,6 +132,12 @@ BAD = {
     "non-UTF-8 attribute": (_bad_utf8, {}, 400, "UTF-8"),
     "non-UTF-8 span name": (_bad_utf8_name, {}, 400, "UTF-8"),
     "short trace id": (_short_trace_id, {}, 400, "trace_id has 8 bytes"),
+    "kernel time past 2^53 (typed cache counts)": (lambda: _kernel_time_past_2_53(1), {}, 400,
+                                                    "total_ns of 9007199254740994 is out of range"),
+    "kernel time past 2^53 (other cache counts)": (lambda: _kernel_time_past_2_53("1"), {}, 400,
+                                                   "total_ns of 9007199254740994 is out of range"),
+    "event time past 2^63": (_event_time_past_2_63, {}, 400, "event time is past the year 2262"),
+    "10^4 gzip members": (_many_gzip_members, {"Content-Encoding": "gzip"}, 400, "over 64 members"),
     "no token": (good_body, {"Authorization": ""}, 401, "bearer token"),
     "wrong token": (good_body, {"Authorization": "Bearer nope"}, 401, "bearer token"),
 }
@@ -157,3 +177,21 @@ def test_no_token_configured_means_no_check(tmp_path):
     with Store(tmp_path / "open.duckdb") as store, TestClient(make_app(store, token=None)) as client:
         assert client.post("/v1/traces", content=good_body(3),
                            headers={"Content-Type": PROTOBUF}).status_code == 200
+
+
+def test_large_array_attributes_are_decoded_but_not_kept(served):
+    from rtxops.telemetry import _wire
+
+    client, store = served
+    _wire._arrays.clear()
+    for i, n in enumerate((5, 5000)):  # a histogram-sized array, and a large one
+        values = [{"intValue": str(10**12 + i * 10**6 + k)} for k in range(n)]
+        one = {"traceId": "00" * 15 + "01", "spanId": f"{i + 1:016x}", "name": "rtx.step",
+               "startTimeUnixNano": "1", "endTimeUnixNano": "2",
+               "attributes": [{"key": "hist", "value": {"arrayValue": {"values": values}}}]}
+        body = json.dumps({"resourceSpans": [{"resource": {"attributes": []},
+                                              "scopeSpans": [{"spans": [one]}]}]})
+        assert client.post("/v1/traces", content=body, headers={**AUTH, "Content-Type": JSON}).status_code == 200
+    assert len(_wire._arrays) == 1  # the small one only (every large one stayed in memory before)
+    rows = store.query("SELECT attributes FROM spans ORDER BY span_id")
+    assert [len(json.loads(r["attributes"])["hist"]) for r in rows] == [5, 5000]
