@@ -191,7 +191,8 @@ def test_large_array_attributes_are_decoded_but_not_kept(served):
                "attributes": [{"key": "hist", "value": {"arrayValue": {"values": values}}}]}
         body = json.dumps({"resourceSpans": [{"resource": {"attributes": []},
                                               "scopeSpans": [{"spans": [one]}]}]})
-        assert client.post("/v1/traces", content=body, headers={**AUTH, "Content-Type": JSON}).status_code == 200
+        r = client.post("/v1/traces", content=body, headers={**AUTH, "Content-Type": JSON})
+        assert r.status_code == 200
     assert len(_wire._arrays) == 1  # the small one only (every large one stayed in memory before)
     rows = store.query("SELECT attributes FROM spans ORDER BY span_id")
     assert [len(json.loads(r["attributes"])["hist"]) for r in rows] == [5, 5000]
