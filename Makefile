@@ -13,7 +13,8 @@ DEMO_STEPS ?= 300
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+# the C decoder is built by the install: a changed source installs again
+$(STAMP): pyproject.toml Makefile setup.py rtxops/telemetry/_native/otlp_columns.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'

@@ -154,6 +154,8 @@ def _scalar_column(raws: list[bytes]) -> list | None:
     parsed.DiscardUnknownFields()
     if parsed.ByteSize() != len(blob):
         return None
+    if name == "d":
+        return list(map(_json_double, values))
     return values[:]
 
 
@@ -196,4 +198,14 @@ def any_value(v: AnyValue, depth: int = 0) -> Any:
         return {kv.key: any_value(kv.value, depth + 1) for kv in v.kvlist_value.values}
     if which == "bytes_value":
         return base64.b64encode(v.bytes_value).decode()
+    if which == "double_value":
+        return _json_double(v.double_value)
     return getattr(v, which)
+
+
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _json_double(d: float) -> float | str:
+    """JSON has no NaN or infinities: they are kept as protobuf's JSON mapping writes them."""
+    return d if d - d == 0.0 else _NON_FINITE[repr(d)]

@@ -2,6 +2,7 @@
 and it declines (None → the reference decides, with its error messages) on anything else."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -169,3 +170,13 @@ def test_key_value_shapes():
     no_value.attributes.append(KeyValue(key="k"))
     assert _columns.convert(request([no_value]).SerializeToString(), 7) is None
     check(request([no_value]).SerializeToString())
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_non_finite_doubles_are_kept_as_json_strings(native, monkeypatch):
+    monkeypatch.setenv("RTXOPS_OTLP_NATIVE", "1" if native else "0")
+    body = request([span(attrs={"nan": math.nan, "inf": math.inf, "ninf": -math.inf, "ok": 1.5,
+                                "arr": [1.0, math.nan]})]).SerializeToString()
+    batch = otlp.convert(body, PROTOBUF, 7)
+    assert json.loads(batch.spans["attributes"][0].as_py()) == {
+        "nan": "NaN", "inf": "Infinity", "ninf": "-Infinity", "ok": 1.5, "arr": [1.0, "NaN"]}

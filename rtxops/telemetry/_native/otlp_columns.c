@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #define FALLBACK (-1)
@@ -33,6 +34,7 @@ static int buf_reserve(Buf *b, Py_ssize_t extra) {
     return 0;
 }
 static inline int buf_put(Buf *b, const void *s, Py_ssize_t n) {
+    if (!n) return 0;  /* b->p may still be NULL */
     if (buf_reserve(b, n)) return PYERR;
     memcpy(b->p + b->len, s, n); b->len += n;
     return 0;
@@ -225,6 +227,9 @@ static int json_i64(Buf *b, int64_t v) {
 }
 
 static int json_double(Buf *b, double d) {
+    /* JSON has no NaN or infinities: written as protobuf's JSON mapping does (as strings) */
+    if (isnan(d)) return buf_put(b, "\"NaN\"", 5);
+    if (isinf(d)) return d > 0 ? buf_put(b, "\"Infinity\"", 10) : buf_put(b, "\"-Infinity\"", 11);
     PyObject *f = PyFloat_FromDouble(d);
     if (!f) return PYERR;
     PyObject *s = PyObject_CallOneArg(g_dumps, f);
