@@ -25,7 +25,7 @@ from .timing import BackwardTimer, CudaEventTimer
 from .plan import Plan, default_plan
 from .readings import CallStats, Readings, Slot
 from .registry import Registry, default_registry
-from .spec import REFERENCE, OpSpec, Variant
+from .spec import REFERENCE, OpSpec, Tolerance, Variant
 
 log = logging.getLogger("rtxops.runtime")
 _is_compiling = torch.compiler.is_compiling
@@ -95,10 +95,10 @@ class FunctionSite:
         def dispatching(*args, **kwargs):
             if _is_compiling() and _traced_here():
                 return ref(*args, **kwargs)
-            key = call_key(*args, **kwargs)
             try:
+                key = call_key(*args, **kwargs)
                 route = routes.get(key)
-            except TypeError:  # an unhashable argument: nothing we route
+            except Exception:  # an unhashable argument, or a signature the op does not know
                 return ref(*args, **kwargs)
             if route is None:
                 if key is None:
@@ -117,7 +117,10 @@ class FunctionSite:
             return out
 
         dispatching.__name__ = getattr(ref, "__name__", self.op.name)
-        dispatching.__qualname__ = dispatching.__name__
+        dispatching.__qualname__ = getattr(ref, "__qualname__", dispatching.__name__)
+        # pickle finds a function by module and name: there the wrapper stands in for the original
+        # (torch.save of a module holding F.gelu), and without rtxops it loads the original
+        dispatching.__module__ = getattr(ref, "__module__", None) or __name__
         dispatching.__doc__ = getattr(ref, "__doc__", None)
         dispatching.__wrapped__ = ref  # type: ignore[attr-defined]
         return dispatching
@@ -224,11 +227,16 @@ class ModuleSite(FunctionSite):
             self.op.call_key, self.routes, self.original_forward, self.split, self._miss,
         )
 
+        by_mode = not self.whole_forward
+
         def forward(module, *args, **kwargs):
             if _is_compiling() and _traced_here():
                 return original(module, *args, **kwargs)
             parts = split(module, *args, **kwargs)
             key = None if parts is None else call_key(*parts[0])
+            if by_mode and key is not None:
+                # train and eval are checked apart: a forward may differ between them (dropout)
+                key = (key, module.training)
             route = routes.get(key)
             if route is None:
                 if key is None:
@@ -242,6 +250,12 @@ class ModuleSite(FunctionSite):
     @property
     def needs_reference_check(self) -> bool:
         return not self.whole_forward
+
+    def _miss(self, key, args: tuple, kwargs: dict) -> Any:
+        if not self.whole_forward:
+            bucket = self.op.bucket(*args, **kwargs)
+            return self.dispatcher._resolve(self, key, bucket, scope=key[1])
+        return super()._miss(key, args, kwargs)
 
     def reference_fn(self) -> Callable:
         """The class's own forward when the op is the whole forward, else the op's reference."""
@@ -508,15 +522,17 @@ class Dispatcher:
             out.append(choice)
         return out
 
-    def _resolve(self, site: FunctionSite, key, bucket_key: tuple | None) -> Any:
-        """Route miss: find (or make) the route of ``bucket_key`` and file it under ``key``."""
+    def _resolve(self, site: FunctionSite, key, bucket_key: tuple | None, scope: Any = None) -> Any:
+        """Route miss: find (or make) the route of ``bucket_key`` (within ``scope``: a module's
+        train or eval mode) and file it under ``key``."""
         if self.on_miss is not None:
             self.on_miss()
         with self._lock:
             if bucket_key is None:
                 route = site.unrouted()
             else:
-                route = site.bucket_routes.get(bucket_key)
+                shared = bucket_key if scope is None else (bucket_key, scope)
+                route = site.bucket_routes.get(shared)
                 if route is None:
                     bucket = site.op.to_bucket(bucket_key)
                     arms = [self._route(site, bucket, c) for c in self.choices(site.op, bucket)]
@@ -524,7 +540,7 @@ class Dispatcher:
                         route = arms[0][0]
                     else:
                         route = site.explore([r for r, _ in arms], [w for _, w in arms])
-                    site.bucket_routes[bucket_key] = route
+                    site.bucket_routes[shared] = route
             site.routes[key] = route
             return route
 
@@ -604,7 +620,9 @@ class Dispatcher:
                    reference_slot: int | None = None) -> Any:
         """First call of a route that is not the site's own code: run it and the site's reference,
         compare, then keep the fast route, or disable the variant and answer with the reference."""
-        tol = site.op.tolerance
+        # the reference standing in for a class's own forward must give its very values: the
+        # default plan changes nothing
+        tol = _exact if choice.variant.name == REFERENCE else site.op.tolerance
 
         def first_call(*args, **kwargs):
             t_ref = perf_counter_ns()
@@ -616,7 +634,10 @@ class Dispatcher:
             except Exception as e:
                 problem = f"raised {_describe(e)}"
             else:
-                problem = _compare(got, expected, tol)
+                try:
+                    problem = _compare(got, expected, tol)
+                except Exception:  # values that cannot be read (meta, fake, vmapped tensors):
+                    return expected  # the reference answers; a later call is checked
             if problem:
                 if isinstance(site, ModuleSite):
                     site.give_up(f"{choice.variant.name}: {problem}")
@@ -702,6 +723,10 @@ def _flat_tensors(obj) -> list[torch.Tensor]:
     if isinstance(obj, (tuple, list)):
         return [t for o in obj for t in _flat_tensors(o)]
     return []
+
+
+def _exact(dtype: torch.dtype) -> Tolerance:
+    return Tolerance(0.0, 0.0)
 
 
 def _compare(got: Any, expected: Any, tol: Callable) -> str | None:

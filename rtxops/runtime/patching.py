@@ -10,6 +10,7 @@ Patched:
 """
 from __future__ import annotations
 
+import inspect
 import re
 import sys
 import threading
@@ -155,7 +156,10 @@ class _Patch:
         d = self.dispatcher
         for fname, op in FUNCTIONAL_OPS.items():
             self.functional[fname] = getattr(F, fname)
-            setattr(F, fname, d.function_site(op, f"F.{fname}", originals.original(fname)).wrapper)
+            wrapper = d.function_site(op, f"F.{fname}", originals.original(fname)).wrapper
+            # pickle finds it where it stands (a module holding F.gelu is saved as F.gelu)
+            wrapper.__module__, wrapper.__qualname__ = F.__name__, fname
+            setattr(F, fname, wrapper)
         for cls in _all_subclasses(nn.Module):
             self.patch_class(cls)
         self._hook_new_classes()
@@ -219,10 +223,22 @@ class _Patch:
             for name in ROPE_FUNCTION_NAMES:
                 fn = namespace.get(name)
                 if callable(fn) and (module, name) not in self.functions and \
-                        getattr(fn, "__module__", None) == module.__name__:
+                        getattr(fn, "__module__", None) == module.__name__ and _takes_q_k_cos_sin(fn):
                     self.functions[(module, name)] = fn
                     site = self.dispatcher.function_site("rope", f"fn:{module.__name__}.{name}", fn)
                     _set(module, name, site.wrapper)
+
+
+def _takes_q_k_cos_sin(fn: Callable) -> bool:
+    """Whether ``fn`` can be called as ``fn(q, k, cos, sin)``, the rope op's signature (GPT-J's
+    ``(tensor, sin, cos)`` and others of the same name cannot)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+        inspect.signature(fn).bind(1, 2, 3, 4)
+    except (TypeError, ValueError):
+        return False
+    names = [p.name for p in params[:4]]
+    return len(names) == 4 and "sin" in names[3] and "cos" in names[2]
 
 
 _NO_OWN_INIT_SUBCLASS = object()

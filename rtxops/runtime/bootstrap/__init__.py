@@ -26,6 +26,7 @@ import atexit
 import faulthandler
 import importlib
 import json
+import math
 import os
 import signal
 import sys
@@ -68,7 +69,7 @@ def start() -> None:
         except Exception as e:  # the job runs without telemetry rather than not at all
             print(f"rtxops: telemetry not started ({factory}): {type(e).__name__}: {e}", file=sys.stderr)
     daemon, job_id = os.environ.get("RTXOPS_DAEMON"), os.environ.get("RTXOPS_JOB_ID")
-    interval = float(os.environ.get("RTXOPS_PLAN_POLL_S", "2"))
+    interval = _seconds("RTXOPS_PLAN_POLL_S", 2.0)
     if daemon and job_id and interval > 0:
         from ..plan_client import PlanPoller
 
@@ -98,6 +99,19 @@ def start() -> None:
             report_optimizer, ready=lambda: regions is None or regions.state in SETTLED,
             clock=step_clock(dispatcher))
     atexit.register(_at_exit, dispatcher, os.environ.get("RTXOPS_SUMMARY"))
+
+
+def _seconds(name: str, default: float) -> float:
+    """A duration from the environment; a malformed one is named and the default used."""
+    raw = os.environ.get(name)
+    try:
+        value = float(raw) if raw else default
+        if not math.isfinite(value):
+            raise ValueError
+        return value
+    except ValueError:
+        print(f"rtxops: {name}={raw!r} is not a number of seconds; using {default}", file=sys.stderr)
+        return default
 
 
 def _plan_verifier(required: bool = False):

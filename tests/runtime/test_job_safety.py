@@ -1,0 +1,163 @@
+"""The job never dies or changes its results because of rtxops: functions named like rope with
+another signature, gated MLPs whose forward differs in train mode (dropout) or by rounding, inputs
+whose values cannot be read (meta, vmap), pickling a model that holds an F function, and
+multiprocessing helpers started under ``rtxops run``."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rtxops.runtime import patching
+
+BOOTSTRAP = Path(__file__).resolve().parents[2] / "rtxops" / "runtime" / "bootstrap"
+
+
+def test_a_rope_named_function_of_another_signature_is_left_alone():
+    module = types.ModuleType("gptj_like_modeling")
+
+    def apply_rotary_pos_emb(tensor, sin, cos):  # GPT-J's order, three arguments
+        return tensor * cos + tensor * sin
+
+    apply_rotary_pos_emb.__module__ = module.__name__
+    module.apply_rotary_pos_emb = apply_rotary_pos_emb
+    sys.modules[module.__name__] = module
+    try:
+        patching.enable()
+        assert module.apply_rotary_pos_emb is apply_rotary_pos_emb
+        x = torch.randn(1, 5, 2, 8)
+        assert torch.equal(module.apply_rotary_pos_emb(x, x, x), apply_rotary_pos_emb(x, x, x))
+    finally:
+        patching.disable()
+        del sys.modules[module.__name__]
+
+
+def test_a_routed_function_called_in_a_way_its_op_does_not_know_runs_as_written():
+    module = types.ModuleType("odd_rope_modeling")
+
+    def apply_rotary_pos_emb(q, k, cos, sin, *rest):
+        return q * cos + k * sin + sum(rest)
+
+    apply_rotary_pos_emb.__module__ = module.__name__
+    module.apply_rotary_pos_emb = apply_rotary_pos_emb
+    sys.modules[module.__name__] = module
+    try:
+        patching.enable()
+        assert module.apply_rotary_pos_emb is not apply_rotary_pos_emb
+        x = torch.randn(2, 3)
+        # six positional arguments: the op's key cannot take them, the function can
+        assert torch.equal(module.apply_rotary_pos_emb(x, x, x, x, 1, 2), apply_rotary_pos_emb(x, x, x, x, 1, 2))
+    finally:
+        patching.disable()
+        del sys.modules[module.__name__]
+
+
+class DropoutMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+
+
+class HandSiluMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        g = self.gate_proj(x)
+        return self.down_proj(g * torch.sigmoid(g) * self.up_proj(x))
+
+
+def test_a_gated_mlp_keeps_its_dropout_in_train_mode():
+    torch.manual_seed(0)
+    patching.enable()
+    try:
+        m = DropoutMLP().eval()
+        x = torch.randn(256, 8)
+        with torch.no_grad():
+            m(x)  # checked in eval mode first
+            m.train()
+            zeros = (m(x) == 0).float().mean().item()
+        assert 0.4 < zeros < 0.6  # dropout still drops (the split route had none)
+    finally:
+        patching.disable()
+
+
+def test_the_default_plan_gives_a_gated_mlp_its_own_values_bit_for_bit():
+    torch.manual_seed(0)
+    m, x = HandSiluMLP(), torch.randn(64, 8)
+    own = [HandSiluMLP.forward(m, x) for _ in range(3)]
+    patching.enable()
+    try:
+        for want in own:
+            assert torch.equal(m(x), want)
+    finally:
+        patching.disable()
+
+
+def test_meta_and_vmapped_inputs_run_as_in_torch():
+    m = nn.Sequential(DropoutMLP().eval(), nn.LayerNorm(8))
+    patching.enable()
+    try:
+        with torch.device("meta"):
+            meta = DropoutMLP().eval()
+        assert meta(torch.empty(4, 8, device="meta")).shape == (4, 8)
+        batched = torch.func.vmap(m)(torch.randn(3, 4, 8))
+        assert batched.shape == (3, 4, 8)
+    finally:
+        patching.disable()
+
+
+def test_a_model_holding_an_f_function_can_be_saved_and_loaded_without_rtxops():
+    patching.enable()
+    try:
+        layer = nn.TransformerEncoderLayer(16, 2, activation="gelu")
+        holder = nn.Module()
+        holder.act = F.silu
+        buf = io.BytesIO()
+        torch.save({"layer": layer, "holder": holder}, buf)
+    finally:
+        patching.disable()
+    loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    assert loaded["holder"].act is F.silu  # the original, once rtxops is off
+    assert loaded["layer"].activation is F.gelu
+
+
+def test_spawned_dataloader_workers_start_no_runtime_of_their_own(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import sys, torch, torch.nn.functional as F
+        from torch.utils.data import DataLoader, TensorDataset
+        if __name__ == "__main__":
+            lin = torch.nn.Linear(4, 4)
+            opt = torch.optim.SGD(lin.parameters(), 0.1)
+            data = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=16, num_workers=2,
+                              multiprocessing_context="spawn")
+            for (b,) in data:
+                F.softmax(lin(b), -1).sum().backward()
+                opt.step()
+    """))
+    summary = tmp_path / "summary.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
+    env.update(RTXOPS_ENABLE="1", RTXOPS_SUMMARY=str(summary), RTXOPS_PLAN_POLL_S="not-a-number",
+               PYTHONPATH=os.pathsep.join([str(BOOTSTRAP), str(BOOTSTRAP.parents[2])]))
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "RTXOPS_PLAN_POLL_S='not-a-number' is not a number of seconds" in r.stderr
+    assert "runtime not enabled" not in r.stderr
+    # the job's own summary, not one a worker wrote after it
+    assert json.loads(summary.read_text())["steps"] == 4
