@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,8 +30,18 @@ def run_worker(request: dict, timeout_s: float = 600.0,
     proc = subprocess.Popen([sys.executable, "-m", "rtxops.evolve.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, text=True,
                             env={**os.environ, "RTXOPS_ENABLE": "0"},
-                            preexec_fn=_background if hasattr(os, "nice") else None)
-    timer = threading.Timer(timeout_s, proc.kill)
+                            preexec_fn=_background if hasattr(os, "nice") else None,
+                            start_new_session=True)  # its group: whatever a kernel starts too
+
+    def kill_group() -> None:
+        # a process a kernel started holds stdout open: killing the worker alone would leave the
+        # read below waiting on it (and it running)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    timer = threading.Timer(timeout_s, kill_group)
     timer.start()
     results: list[dict] = []
     try:
@@ -50,9 +61,8 @@ def run_worker(request: dict, timeout_s: float = 600.0,
         code = proc.wait()
     finally:
         timer.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_group()  # the worker if it still runs, and anything left of its group
+        proc.wait()
     stderr.seek(0)
     tail = stderr.read()[-2000:]
     stderr.close()

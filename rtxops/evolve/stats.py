@@ -3,8 +3,8 @@
 Online trials give paired samples (both arms ran in the same training steps); offline trials give
 two independent sets of repetitions. Both are compared on log ratios, so a gain is a fraction of
 the incumbent's time (0.05 = 5 % faster), with a bootstrap confidence interval and a p-value.
-A candidate is promoted when its gain is at least the minimum (3 %) and the 99 % interval's lower
-end clears half of it.
+A candidate is promoted when its gain is at least the minimum (3 %), the 99 % interval's lower
+end clears half of it, and the one-sided p-value is at most 1 %.
 """
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def compare_independent(incumbent: Sequence[float], candidate: Sequence[float], 
                         min_samples: int = MIN_SAMPLES) -> Comparison:
     """Compare repetitions of two arms measured separately (offline trials): bootstrap of the
     ratio of medians, Mann-Whitney U (normal approximation) for the p-value."""
-    a = np.log(np.asarray([v for v in incumbent if v > 0], dtype=float))
-    b = np.log(np.asarray([v for v in candidate if v > 0], dtype=float))
+    a = np.log(np.asarray([v for v in incumbent if _usable(v)], dtype=float))
+    b = np.log(np.asarray([v for v in candidate if _usable(v)], dtype=float))
     n = min(len(a), len(b))
     if n < min_samples:
         return _too_few(n, min_samples)
@@ -87,8 +87,13 @@ def _bounded(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def _log_ratios(incumbent: Sequence[float], candidate: Sequence[float]) -> np.ndarray:
-    pairs = [(i, c) for i, c in zip(incumbent, candidate) if i > 0 and c > 0]
+    pairs = [(i, c) for i, c in zip(incumbent, candidate) if _usable(i) and _usable(c)]
     return np.asarray([math.log(c / i) for i, c in pairs], dtype=float)
+
+
+def _usable(v: float) -> bool:
+    """A timing that can enter a ratio: positive and finite (NaN and inf are dropped)."""
+    return v > 0 and math.isfinite(v)
 
 
 def _decide(observed: float, resampled: np.ndarray, p_value: float, n: int, min_gain: float,
@@ -99,11 +104,17 @@ def _decide(observed: float, resampled: np.ndarray, p_value: float, n: int, min_
     ci_low, ci_high = 1.0 - math.exp(hi), 1.0 - math.exp(lo)
     # the interval must clear half the minimum gain, not just zero: over many windows a
     # zero-clearing rule alone lets noise through now and then, and every promotion is a swap
-    if gain < min_gain:
+    if not all(map(math.isfinite, (gain, ci_low, ci_high, p_value))):
+        promote, reason = False, "the samples give no finite gain"
+    elif gain < min_gain:
         promote, reason = False, f"gain {gain:+.1%} is below the minimum {min_gain:.1%}"
     elif ci_low < min_gain / 2:
         promote, reason = False, (f"gain {gain:+.1%} is within the noise "
                                   f"({confidence:.0%} CI {ci_low:+.1%} … {ci_high:+.1%})")
+    elif p_value > alpha:
+        # the percentile bootstrap is narrow on few samples: the test must agree
+        promote, reason = False, (f"gain {gain:+.1%} is not significant yet (p={p_value:.3g} > "
+                                  f"{alpha:.2g}, n={n})")
     else:
         promote, reason = True, (f"gain {gain:+.1%} ({confidence:.0%} CI {ci_low:+.1%} … "
                                  f"{ci_high:+.1%}, p={p_value:.3g}, n={n})")

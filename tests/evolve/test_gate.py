@@ -85,3 +85,21 @@ def test_a_variant_that_cuts_autograd_or_changes_the_dtype_fails():
     b16 = bucket("gelu", torch.randn(4, 64, dtype=torch.bfloat16))
     wider = Variant("gelu", "wider", "test", lambda c, b: lambda input, approximate="none": ref(input.double()))
     assert "dtype torch.float64" in check(spec, wider, {}, b16).reason
+
+
+def test_a_reference_that_overflows_does_not_let_any_candidate_through():
+    from types import SimpleNamespace
+
+    from rtxops.runtime.spec import Tolerance
+
+    def reference(x):  # the fp16 intermediate overflows at 20, where the fp64 oracle is finite
+        return (x * 300.0) * x / 300.0
+
+    x = torch.tensor([0.5, 1.0, 2.0, 20.0], dtype=torch.float16, requires_grad=True)
+    spec = SimpleNamespace(example_inputs=lambda b, s: ((x,), {}), reference=reference,
+                           tolerance=lambda dt, grad=False: Tolerance(1e-2, 1e-2))
+    bucket = SimpleNamespace(torch_dtype=torch.float16)
+    wrong = SimpleNamespace(build=lambda cfg, b: (lambda x: x * x + 1000.0))
+    right = SimpleNamespace(build=lambda cfg, b: (lambda x: x * x))
+    assert not check(spec, wrong, {}, bucket).passed
+    assert check(spec, right, {}, bucket).passed

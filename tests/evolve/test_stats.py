@@ -68,3 +68,28 @@ def test_objective_combines_time_and_memory():
     assert stats.objective_value(50, None, "memory", 100, None) == 50  # not measured: time
     with pytest.raises(ValueError):
         stats.objective_value(1, 1, "speed", 1, 1)
+
+
+def test_few_samples_promote_only_when_the_test_agrees():
+    # five identical 10 % gains: the interval is a point, but five signs cannot reach p <= 1 %
+    few = stats.compare_paired([1.0] * 5, [0.9] * 5)
+    assert not few.promote and "not significant" in few.reason and few.p_value > 0.01
+    many = stats.compare_paired([1.0] * 12, [0.9] * 12)
+    assert many.promote and many.p_value <= 0.01
+    # no real difference on small samples: at most about the test's 1 % promotes
+    rng = np.random.default_rng(3)
+    promoted = sum(stats.compare_paired(np.exp(rng.normal(0, 0.1, 6)), np.exp(rng.normal(0, 0.1, 6)),
+                                        seed=i).promote for i in range(400))
+    assert promoted <= 6
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_timings_that_are_not_finite_are_left_out(bad):
+    fast = [1.0, 0.8, 0.81, 0.79, 0.8, 0.8, 0.82, 0.8, 0.8, 0.8, 0.79]
+    for compare in (stats.compare_paired, stats.compare_independent):
+        only_bad = compare([bad] * 8, [bad] * 8)
+        assert not only_bad.promote and only_bad.samples == 0
+        mixed = compare([1.0] * 11 + [bad], fast + [0.5])
+        assert mixed.samples == 11 and mixed.promote, mixed.reason
+        incumbent_bad = compare([bad] * 11, fast)
+        assert not incumbent_bad.promote

@@ -1,0 +1,45 @@
+"""A worker that hangs after its kernel started a process of its own: the timeout ends both, and
+the caller gets its answer on time (the child held the worker's stdout open: the read waited for
+it, and it outlived the worker)."""
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+import uuid
+
+import torch
+
+from rtxops.evolve.runner import WorkerError, run_isolating
+from rtxops.runtime.ops.gelu import SPEC
+
+from ..daemon.live import MARK, marked
+
+PLUGIN = """
+import subprocess, sys, time
+from rtxops.runtime.originals import gelu as _gelu
+from rtxops.runtime.spec import Variant
+
+def _hangs(config, bucket):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a helper process
+    time.sleep(1000)
+    return _gelu
+
+VARIANTS = [Variant("gelu", "hangs", "eager", _hangs, description="hangs after starting a helper")]
+"""
+
+
+def test_a_timeout_ends_the_worker_and_what_its_kernel_started(tmp_path, monkeypatch):
+    (tmp_path / "plugin_hangs.py").write_text(textwrap.dedent(PLUGIN))
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv(MARK, mark)
+    monkeypatch.setenv("RTXOPS_VARIANT_MODULES", "plugin_hangs")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    bucket = SPEC.to_bucket(SPEC.bucket(torch.empty(64, 256))).id  # the worker loads the plugin
+    started = time.monotonic()
+    out = run_isolating({"command": "gate", "items": [
+        {"op": "gelu", "bucket": bucket, "variant": "hangs", "config": {}}]}, "items", timeout_s=4)
+    assert time.monotonic() - started < 20
+    assert len(out) == 1 and isinstance(out[0], WorkerError) and "timed out" in str(out[0])
+    assert not marked(mark)
