@@ -14,7 +14,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 from time import perf_counter_ns
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
 
@@ -59,6 +59,25 @@ def background_compile():
         _background_compiles.discard(ident)
 
 
+class Scoped(NamedTuple):
+    """A call key within a scope whose routes are checked apart from the others' (autocast on,
+    a module's train or eval mode): a route checked in one is never reused in another."""
+
+    key: Any
+    scope: Any
+
+
+any_autocast = torch._C._is_any_autocast_enabled
+
+
+def autocast_scope() -> tuple | None:
+    """The autocast state (device, dtype) pairs in force, or None when autocast is off."""
+    if not any_autocast():
+        return None
+    return tuple((d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
+                 if torch.is_autocast_enabled(d))
+
+
 @dataclass(frozen=True)
 class Choice:
     variant: Variant
@@ -97,6 +116,8 @@ class FunctionSite:
                 return ref(*args, **kwargs)
             try:
                 key = call_key(*args, **kwargs)
+                if any_autocast() and key is not None:
+                    key = Scoped(key, autocast_scope())
                 route = routes.get(key)
             except Exception:  # an unhashable argument, or a signature the op does not know
                 return ref(*args, **kwargs)
@@ -126,7 +147,8 @@ class FunctionSite:
         return dispatching
 
     def _miss(self, key, args: tuple, kwargs: dict) -> Any:
-        return self.dispatcher._resolve(self, key, self.op.bucket(*args, **kwargs))
+        scope = key.scope if isinstance(key, Scoped) else None
+        return self.dispatcher._resolve(self, key, self.op.bucket(*args, **kwargs), scope=scope)
 
     def unrouted(self) -> Any:
         """The route of calls the variants do not take: the reference, untimed."""
@@ -234,9 +256,9 @@ class ModuleSite(FunctionSite):
                 return original(module, *args, **kwargs)
             parts = split(module, *args, **kwargs)
             key = None if parts is None else call_key(*parts[0])
-            if by_mode and key is not None:
+            if key is not None and (by_mode or any_autocast()):
                 # train and eval are checked apart: a forward may differ between them (dropout)
-                key = (key, module.training)
+                key = Scoped(key, (by_mode and module.training, autocast_scope()))
             route = routes.get(key)
             if route is None:
                 if key is None:
@@ -251,11 +273,6 @@ class ModuleSite(FunctionSite):
     def needs_reference_check(self) -> bool:
         return not self.whole_forward
 
-    def _miss(self, key, args: tuple, kwargs: dict) -> Any:
-        if not self.whole_forward:
-            bucket = self.op.bucket(*args, **kwargs)
-            return self.dispatcher._resolve(self, key, bucket, scope=key[1])
-        return super()._miss(key, args, kwargs)
 
     def reference_fn(self) -> Callable:
         """The class's own forward when the op is the whole forward, else the op's reference."""

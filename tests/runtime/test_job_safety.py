@@ -161,3 +161,20 @@ def test_spawned_dataloader_workers_start_no_runtime_of_their_own(tmp_path):
     assert "runtime not enabled" not in r.stderr
     # the job's own summary, not one a worker wrote after it
     assert json.loads(summary.read_text())["steps"] == 4
+
+
+def test_a_route_checked_outside_autocast_is_checked_again_inside_it():
+    from rtxops.runtime.plan import Plan
+
+    d = patching.enable()
+    try:
+        d.install_plan(Plan.from_dict({"version": 1, "defaults": {"linear": "matmul"}}))
+        d.apply_pending()
+        lin, x = nn.Linear(32, 32), torch.randn(8, 32)
+        with torch.no_grad():
+            lin(x)  # routed to matmul, checked in fp32
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = lin(x)
+        assert y.dtype == torch.bfloat16  # as torch gives under autocast
+    finally:
+        patching.disable()
