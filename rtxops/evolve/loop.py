@@ -53,6 +53,7 @@ class BucketTuning:
     phase: str = "exploring"  # exploring | canary | settled | rejected | rolled_back | failed
     round_arms: list[Arm] = field(default_factory=list)
     round_from: int | None = None  # the step the round's plan was swapped in (None: not yet)
+    counted_round: int | None = None  # the round_from whose measurements were told already
     plan_version: int = 0          # the last plan published for this bucket
     published_ns: int = 0
     # per arm: (incumbent ns, arm ns) per step both ran in — the paired evidence
@@ -240,6 +241,11 @@ class EvolveLoop:
                 continue
             per_arm.setdefault(Arm(r["variant"], r["config"] or "{}"), {})[r["step"]] = \
                 r["total_ns"] / r["calls"]
+        if bt.counted_round == bt.round_from:
+            # a tick that failed after counting this round (a store write, the publish) retries
+            # it: its steps must not enter the statistics twice
+            return bool(per_arm)
+        bt.counted_round = bt.round_from
         base = per_arm.get(bt.incumbent, {})
         bt.windows.append([bt.round_from, last])
         for arm in bt.round_arms:

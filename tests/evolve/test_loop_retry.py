@@ -1,0 +1,70 @@
+"""A tick that fails after it counted a round's measurements (a store write timing out) is
+retried by the next tick: the round's steps must enter the statistics once, not twice (twice
+halves the interval's width and promotes on noise)."""
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from rtxops.evolve import loop as L
+from rtxops.evolve.candidates import Arm
+from rtxops.evolve.config import LoopConfig
+from rtxops.evolve.search import make_strategy
+from rtxops.telemetry import store_evolve as se
+
+
+class _Board:
+    def current(self, job):
+        return None
+
+    def promote(self, plan, job, decision, evidence):
+        return plan
+
+
+class _Registry:
+    def variant(self, op, v):
+        return type("V", (), {"source_hash": "x", "deterministic": True})()
+
+
+def test_a_retried_round_is_counted_once(monkeypatch, caplog):
+    inc, cand = Arm.of("reference"), Arm.of("fastish")
+    rng = np.random.default_rng(5)
+    rows = []
+    for s in range(10, 18):
+        rows.append({"step": s, "variant": inc.variant, "config": "{}", "calls": 1, "total_ns": 1e5})
+        rows.append({"step": s, "variant": cand.variant, "config": "{}", "calls": 1,
+                     "total_ns": 1e5 * float(np.exp(rng.normal(-0.04, 0.06)))})
+    fails = [1]
+
+    def save_trial(store, row):
+        if fails[0]:
+            fails[0] -= 1
+            raise TimeoutError("store writer busy")
+
+    monkeypatch.setattr(se, "last_step", lambda q, job: 30)
+    monkeypatch.setattr(se, "swap_step", lambda q, job, v: 9)
+    monkeypatch.setattr(se, "arm_steps", lambda q, job, op, bucket, since, phase="fwd":
+                        [r for r in rows if r["step"] >= since])
+    monkeypatch.setattr(se, "step_durations", lambda *a, **k: [])
+    monkeypatch.setattr(se, "save_trial", save_trial)
+    monkeypatch.setattr(se, "save_decision", lambda store, row: None)
+    monkeypatch.setattr(se, "upsert_tuning", lambda store, key, values: None)
+    loop = object.__new__(L.EvolveLoop)
+    loop.store, loop.board, loop.registry = None, _Board(), _Registry()
+    loop.running_jobs = lambda: ["job"]
+    loop.config = LoopConfig(window_steps=20, min_steps=5)
+    loop.tuning = L.TuningDB(None, _Registry())
+    loop.tuning.key = lambda *a: {}
+    loop.trial_spans = type("T", (), {"record": lambda self, t: None})()
+    loop.jobs, loop._lock, loop._status = {}, threading.Lock(), {}
+    bt = L.BucketTuning("gelu", "b", inc, strategy=make_strategy("exhaustive", [cand], budget=1),
+                        round_arms=[cand], plan_version=5)
+    bt.strategy.ask()
+    loop.jobs["job"] = L.JobEvolution(active=bt)
+    with caplog.at_level(logging.ERROR):
+        loop.tick()  # counts the round, then the trial write fails
+        loop.tick()  # retries the round
+    assert len(bt.pairs[cand]) == 8 and len(bt.strategy.values[cand]) == 1
+    assert bt.windows == [[10, 30]]
