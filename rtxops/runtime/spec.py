@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import itertools
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -115,7 +116,45 @@ class Variant:
 
     @property
     def source_hash(self) -> str:
-        """sha256 of the source file that defines this variant (telemetry, tuning DB, bundles)."""
-        module = inspect.getmodule(self.build)
-        source = inspect.getsource(module) if module else self.name
-        return hashlib.sha256(source.encode()).hexdigest()
+        """sha256 of the source files the variant's code comes from (telemetry, tuning DB,
+        bundles): the module defining ``build`` and those of the functions it uses (a compiled
+        variant's math lives in the op's file, shared helpers in their own)."""
+        modules = _source_modules(self.build)
+        if not modules:
+            return hashlib.sha256(self.name.encode()).hexdigest()
+        digest = hashlib.sha256()
+        for name in sorted(modules):
+            digest.update(name.encode() + b"\0" + inspect.getsource(modules[name]).encode())
+        return digest.hexdigest()
+
+
+def _source_modules(fn: Callable, depth: int = 0, found: dict | None = None) -> dict:
+    """The modules of ``fn`` and of the functions it closes over or names, within ``fn``'s own
+    top-level package (torch and the standard library are versions of their own)."""
+    found = {} if found is None else found
+    module = inspect.getmodule(fn)
+    if module is None or module.__name__ in found and depth:
+        return found
+    found[module.__name__] = module
+    package = module.__name__.split(".")[0]
+    code = getattr(fn, "__code__", None)
+    if code is None or depth >= 4:
+        return found
+    cells = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    names = set(code.co_names)
+    for const in code.co_consts:  # nested functions and lambdas
+        if isinstance(const, types.CodeType):
+            names.update(const.co_names)
+    used = cells + [fn.__globals__.get(n) for n in names]
+    for value in used:
+        if isinstance(value, types.FunctionType) and value.__module__ \
+                and value.__module__.split(".")[0] == package and value.__module__ not in found:
+            _source_modules(value, depth + 1, found)
+        elif isinstance(value, types.ModuleType) and value.__name__.split(".")[0] == package:
+            found.setdefault(value.__name__, value)
+    return found

@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -51,11 +52,20 @@ class TritonVariant(Variant):
 
     @property
     def source_hash(self) -> str:
-        """sha256 of the kernel module's source, read without importing triton."""
+        """sha256 of the kernel module's source and of the sibling modules it imports
+        (``from ._common import …``, ``from ..rms_norm import …``), read without importing triton."""
         spec = importlib.util.find_spec(f"{__package__}.{self.module}")
-        origin = spec.origin if spec else None
-        data = Path(origin).read_bytes() if origin else self.name.encode()
-        return hashlib.sha256(data).hexdigest()
+        origin = Path(spec.origin) if spec and spec.origin else None
+        if origin is None:
+            return hashlib.sha256(self.name.encode()).hexdigest()
+        data = origin.read_bytes()
+        digest = hashlib.sha256(data)
+        for dots, name in sorted(set(re.findall(rb"^from (\.\.?)(\w+) import", data, re.MULTILINE))):
+            folder = origin.parent if dots == b"." else origin.parent.parent  # ..: the op's file
+            path = folder / (name.decode() + ".py")
+            if path.is_file():
+                digest.update(b"\0" + dots + name + b"\0" + path.read_bytes())
+        return digest.hexdigest()
 
 
 def triton_variant(op: str, module: str, space: dict[str, list], description: str,

@@ -1,0 +1,40 @@
+"""A variant's source hash (the tuning DB's and the gate's key) covers the code it runs: the op
+file a compiled variant's math lives in, and the helper modules a variant uses. An edit to any of
+them makes stored results stale."""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from rtxops.runtime.registry import default_registry
+
+
+def test_compiled_variants_of_different_ops_hash_differently():
+    registry = default_registry()
+    ops = ("gelu", "silu", "softmax", "rms_norm")
+    assert len({registry.variant(op, "compiled").source_hash for op in ops}) == len(ops)
+
+
+def test_an_edit_to_a_helper_module_changes_the_hash(monkeypatch):
+    registry = default_registry()
+    chunked, compiled = registry.variant("gelu", "chunked"), registry.variant("gelu", "compiled")
+    before = chunked.source_hash, compiled.source_hash
+    real = inspect.getsource
+
+    def edited(obj):
+        text = real(obj)
+        return text + "\n# edited\n" if getattr(obj, "__name__", "") in (
+            "rtxops.runtime.ops._chunked", "rtxops.runtime.ops.gelu") else text
+
+    monkeypatch.setattr(inspect, "getsource", edited)
+    assert chunked.source_hash != before[0]  # _chunked.py
+    assert compiled.source_hash != before[1]  # gelu.py, where the compiled math is
+
+
+def test_an_edit_to_a_triton_helper_changes_the_kernel_hash(monkeypatch):
+    triton = default_registry().variant("rms_norm", "triton")
+    before = triton.source_hash
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: real(self) + (
+        b"# edited" if self.name == "_common.py" else b""))
+    assert triton.source_hash != before
