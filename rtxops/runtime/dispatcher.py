@@ -363,6 +363,9 @@ class Dispatcher:
         self.verify_first_call = verify_first_call
         self.backward_every = backward_every  # time one backward per route every N steps (0: never)
         self.cuda_timer: CudaEventTimer | None = None
+        # per-call CUDA memory readings reset torch's peak counter before each routed call, which
+        # the job's own max_memory_allocated() would then report: only when asked for
+        self.call_memory = False
         # regions' device time; no memory readings: resetting the allocator's peak on every step
         # would overwrite the job's own max_memory_allocated()
         self.region_timer: CudaEventTimer | None = None
@@ -612,7 +615,7 @@ class Dispatcher:
         if bucket.device != "cuda":
             return site.timed(fn, slot, on_error)
         if self.cuda_timer is None:
-            self.cuda_timer = CudaEventTimer(self.readings)
+            self.cuda_timer = CudaEventTimer(self.readings, memory=self.call_memory)
         whole = isinstance(site, ModuleSite) and fn is site.original_forward
         return site.timed(self.cuda_timer.wrap(fn, slot), -1, on_error, whole=whole or None)
 
@@ -637,9 +640,11 @@ class Dispatcher:
                    reference_slot: int | None = None) -> Any:
         """First call of a route that is not the site's own code: run it and the site's reference,
         compare, then keep the fast route, or disable the variant and answer with the reference."""
-        # the reference standing in for a class's own forward must give its very values: the
-        # default plan changes nothing
-        tol = _exact if choice.variant.name == REFERENCE else site.op.tolerance
+        # on the default plan the reference standing in for a class's own forward must give its
+        # very values: the default plan changes nothing (once a plan routes other ops, the class's
+        # own forward runs those variants too, and the op's tolerance applies)
+        default_plan = not self.plan.entries and not self.plan.defaults
+        tol = _exact if choice.variant.name == REFERENCE and default_plan else site.op.tolerance
 
         def first_call(*args, **kwargs):
             t_ref = perf_counter_ns()

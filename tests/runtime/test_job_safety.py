@@ -178,3 +178,17 @@ def test_a_route_checked_outside_autocast_is_checked_again_inside_it():
         assert y.dtype == torch.bfloat16  # as torch gives under autocast
     finally:
         patching.disable()
+
+
+def test_per_call_cuda_memory_readings_are_off_unless_asked_for(tmp_path):
+    # on by default they reset torch's peak counter before every routed CUDA call, which the
+    # job's own max_memory_allocated() reports; the switch is read at start-up
+    script = tmp_path / "probe.py"
+    script.write_text("from rtxops.runtime import patching\nprint('CALL_MEMORY', patching.active().call_memory)\n")
+    for value, want in ((None, "False"), ("1", "True")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
+        env.update(RTXOPS_ENABLE="1", PYTHONPATH=os.pathsep.join([str(BOOTSTRAP), str(BOOTSTRAP.parents[2])]))
+        if value:
+            env["RTXOPS_CALL_MEMORY"] = value
+        r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+        assert f"CALL_MEMORY {want}" in r.stdout, r.stderr

@@ -9,6 +9,9 @@
 ``RTXOPS_VERIFY_FIRST_CALL``  ``0`` turns off the first-call check of non-reference variants
 ``RTXOPS_DAEMON``, ``RTXOPS_JOB_ID``, ``RTXOPS_TOKEN``  poll the daemon for this job's plan
 ``RTXOPS_PLAN_POLL_S``  seconds between polls (default 2; 0 turns polling off)
+``RTXOPS_CALL_MEMORY``  ``1``: CUDA memory delta and peak per routed call (resets torch's peak
+                   counter before each call: the job's own ``max_memory_allocated()`` then reports
+                   per-call peaks)
 ``RTXOPS_READINGS_FACTORY``  ``module:function`` called with the dispatcher to attach more readings
                              (telemetry); the runtime never imports those packages itself
 ``RTXOPS_PLAN_VERIFIER``  ``module:function`` called as ``(keyring path, job facts callable)`` on
@@ -69,6 +72,7 @@ def start() -> None:
         except Exception as e:  # the job runs without telemetry rather than not at all
             print(f"rtxops: telemetry not started ({factory}): {type(e).__name__}: {e}", file=sys.stderr)
     daemon, job_id = os.environ.get("RTXOPS_DAEMON"), os.environ.get("RTXOPS_JOB_ID")
+    dispatcher.call_memory = os.environ.get("RTXOPS_CALL_MEMORY", "0") not in ("", "0")
     interval = _seconds("RTXOPS_PLAN_POLL_S", 2.0)
     if daemon and job_id and interval > 0:
         from ..plan_client import PlanPoller
