@@ -257,7 +257,8 @@ class ModuleSite(FunctionSite):
             parts = split(module, *args, **kwargs)
             key = None if parts is None else call_key(*parts[0])
             if key is not None and (by_mode or any_autocast()):
-                # train and eval are checked apart: a forward may differ between them (dropout)
+                # train and eval (and autocast) are checked apart: a forward may differ between
+                # them (dropout)
                 key = Scoped(key, (by_mode and module.training, autocast_scope()))
             route = routes.get(key)
             if route is None:
@@ -272,7 +273,6 @@ class ModuleSite(FunctionSite):
     @property
     def needs_reference_check(self) -> bool:
         return not self.whole_forward
-
 
     def reference_fn(self) -> Callable:
         """The class's own forward when the op is the whole forward, else the op's reference."""
@@ -543,8 +543,8 @@ class Dispatcher:
         return out
 
     def _resolve(self, site: FunctionSite, key, bucket_key: tuple | None, scope: Any = None) -> Any:
-        """Route miss: find (or make) the route of ``bucket_key`` (within ``scope``: a module's
-        train or eval mode) and file it under ``key``."""
+        """Route miss: find (or make) the route of ``bucket_key`` (within ``scope``: autocast's
+        state, a module's train or eval mode) and file it under ``key``."""
         if self.on_miss is not None:
             self.on_miss()
         with self._lock:

@@ -233,11 +233,11 @@ def _takes_q_k_cos_sin(fn: Callable) -> bool:
     """Whether ``fn`` can be called as ``fn(q, k, cos, sin)``, the rope op's signature (GPT-J's
     ``(tensor, sin, cos)`` and others of the same name cannot)."""
     try:
-        params = list(inspect.signature(fn).parameters.values())
-        inspect.signature(fn).bind(1, 2, 3, 4)
+        signature = inspect.signature(fn)
+        signature.bind(1, 2, 3, 4)
     except (TypeError, ValueError):
         return False
-    names = [p.name for p in params[:4]]
+    names = list(signature.parameters)[:4]
     return len(names) == 4 and "sin" in names[3] and "cos" in names[2]
 
 

@@ -1,7 +1,7 @@
 """The job never dies or changes its results because of rtxops: functions named like rope with
 another signature, gated MLPs whose forward differs in train mode (dropout) or by rounding, inputs
-whose values cannot be read (meta, vmap), pickling a model that holds an F function, and
-multiprocessing helpers started under ``rtxops run``."""
+whose values cannot be read (meta, vmap), autocast, pickling a model that holds an F function,
+and spawned worker processes started under ``rtxops run``."""
 from __future__ import annotations
 
 import io
@@ -136,7 +136,7 @@ def test_a_model_holding_an_f_function_can_be_saved_and_loaded_without_rtxops():
     assert loaded["layer"].activation is F.gelu
 
 
-def test_spawned_dataloader_workers_start_no_runtime_of_their_own(tmp_path):
+def test_spawned_dataloader_workers_never_overwrite_the_jobs_summary(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import sys, torch, torch.nn.functional as F

@@ -172,9 +172,21 @@ def _at_exit(dispatcher, summary_path: str | None) -> None:
     try:
         dispatcher.readings.close()
         if summary_path:
-            Path(summary_path).write_text(json.dumps(summarize(dispatcher)))
+            summary = summarize(dispatcher)
+            if summary["steps"] or not _has_steps(Path(summary_path)):
+                # several processes of one job (spawned DataLoader workers, ranks started by
+                # torch.multiprocessing.spawn) share the file: one that trained is never
+                # overwritten by one that did not
+                Path(summary_path).write_text(json.dumps(summary))
     except Exception as e:  # the job's own exit status matters more than our summary
         print(f"rtxops: could not finish telemetry or the summary: {e}", file=sys.stderr)
+
+
+def _has_steps(path: Path) -> bool:
+    try:
+        return bool(json.loads(path.read_text()).get("steps"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def child_environment(env: dict[str, str], *, plan: str | None = None,
