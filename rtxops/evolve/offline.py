@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 from rtxops.runtime.bucket import Bucket
@@ -39,6 +40,7 @@ log = logging.getLogger("rtxops.evolve")
 
 BASELINE = Arm.of(REFERENCE)
 BATCH = 4
+SAVE_WAIT_S = 10.0  # how long a submit waits for its task record to be committed
 Progress = Callable[[dict], None]
 
 
@@ -298,12 +300,20 @@ class TuneTasks:
                 if self.tasks[old]["state"] in ("done", "failed"):
                     del self.tasks[old]
             self._queue.append((task_id, params))
-            self._save(task_id)
+            saved = self._save(task_id)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="rtxops-tune", daemon=True)
                 self._thread.start()
             self._wake.notify()
-            return dict(self.tasks[task_id])
+            state = dict(self.tasks[task_id])
+        # a task the caller was told about is on disk: a later daemon answers for it, even when
+        # this one dies before the task's next save (waited for outside the lock)
+        if saved is not None:
+            try:
+                saved.result(SAVE_WAIT_S)
+            except Exception as e:
+                log.warning("rtxops tune: task %s not saved yet: %s", task_id, e)
+        return state
 
     def get(self, task_id: str) -> dict | None:
         with self._lock:
@@ -320,17 +330,20 @@ class TuneTasks:
             if "state" in fields:
                 self._save(task_id)
 
-    def _save(self, task_id: str) -> None:
+    def _save(self, task_id: str) -> Future | None:
         """Queue the task's record for the store's writer (under the lock, so the saves of a task
-        keep their order; nobody waits for the write)."""
+        keep their order; nobody waits for the write under it); the write's future."""
         def saved(future) -> None:
             if future.exception() is not None:
                 log.warning("rtxops tune: task %s not saved: %s", task_id, future.exception())
 
         try:
-            store_evolve.save_tune_task(self.store, dict(self.tasks[task_id])).add_done_callback(saved)
+            future = store_evolve.save_tune_task(self.store, dict(self.tasks[task_id]))
         except Exception as e:  # the task goes on; only a later daemon would miss it
             log.warning("rtxops tune: task %s not saved: %s", task_id, e)
+            return None
+        future.add_done_callback(saved)
+        return future
 
     def _run(self) -> None:
         while True:
