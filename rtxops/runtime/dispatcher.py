@@ -70,10 +70,8 @@ class Scoped(NamedTuple):
 any_autocast = torch._C._is_any_autocast_enabled
 
 
-def autocast_scope() -> tuple | None:
-    """The autocast state (device, dtype) pairs in force, or None when autocast is off."""
-    if not any_autocast():
-        return None
+def autocast_scope() -> tuple:
+    """The autocast state in force, as (device, dtype) pairs (callers check ``any_autocast()``)."""
     return tuple((d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
                  if torch.is_autocast_enabled(d))
 
@@ -259,7 +257,8 @@ class ModuleSite(FunctionSite):
             if key is not None and (by_mode or any_autocast()):
                 # train and eval (and autocast) are checked apart: a forward may differ between
                 # them (dropout)
-                key = Scoped(key, (by_mode and module.training, autocast_scope()))
+                key = Scoped(key, (by_mode and module.training,
+                                   autocast_scope() if any_autocast() else None))
             route = routes.get(key)
             if route is None:
                 if key is None:

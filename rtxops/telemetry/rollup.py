@@ -48,9 +48,9 @@ def check_figures(spans: pa.Table) -> None:
     for name in FIGURES:
         if name not in spans.column_names or spans.num_rows == 0:
             continue
-        low, high = pc.min_max(spans[name]).values()
-        if (low.is_valid and low.as_py() < 0) or (high.is_valid and high.as_py() > FIGURE_MAX):
-            bad = low.as_py() if low.as_py() < 0 else high.as_py()
+        low, high = (v.as_py() for v in pc.min_max(spans[name]).values())
+        if low is not None and (low < 0 or high > FIGURE_MAX):
+            bad = low if low < 0 else high
             raise TelemetryInputError(f"a span's {name} of {bad} is out of range (0 to 2^53)")
 
 

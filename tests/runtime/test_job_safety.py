@@ -54,8 +54,10 @@ def test_a_routed_function_called_in_a_way_its_op_does_not_know_runs_as_written(
         patching.enable()
         assert module.apply_rotary_pos_emb is not apply_rotary_pos_emb
         x = torch.randn(2, 3)
-        # six positional arguments: the op's key cannot take them, the function can
-        assert torch.equal(module.apply_rotary_pos_emb(x, x, x, x, 1, 2), apply_rotary_pos_emb(x, x, x, x, 1, 2))
+        # seven positional arguments: the op's key (q, k, cos, sin, position_ids, unsqueeze_dim)
+        # cannot take them, the function can
+        args = (x, x, x, x, 1, 2, 3)
+        assert torch.equal(module.apply_rotary_pos_emb(*args), apply_rotary_pos_emb(*args))
     finally:
         patching.disable()
         del sys.modules[module.__name__]
