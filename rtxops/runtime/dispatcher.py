@@ -30,6 +30,7 @@ from .spec import REFERENCE, OpSpec, Tolerance, Variant
 log = logging.getLogger("rtxops.runtime")
 _is_compiling = torch.compiler.is_compiling
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+_tracing_state = torch._C._get_tracing_state
 _background_compiles: set[int] = set()  # threads running a background torch.compile (regions.py)
 
 EXPLORE_PERIOD = 1000  # explore shares are laid out over this many calls, deterministically
@@ -145,6 +146,11 @@ class FunctionSite:
         return dispatching
 
     def _miss(self, key, args: tuple, kwargs: dict) -> Any:
+        if _tracing_state() is not None:
+            # a TorchScript trace that did not come through torch.jit.trace (patching.py makes
+            # that one unrouted), torch.onnx's for one: sizes are traced values, so the trace
+            # gets torch's own ops, and no route is kept
+            return self.unrouted()
         scope = key.scope if isinstance(key, Scoped) else None
         return self.dispatcher._resolve(self, key, self.op.bucket(*args, **kwargs), scope=scope)
 

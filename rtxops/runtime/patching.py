@@ -6,10 +6,15 @@ Patched:
   (RMSNorm modules, gated SiLU MLPs): those defined before ``enable()`` and those defined after
   (through ``nn.Module.__init_subclass__``);
 - module-level functions named ``apply_rotary_pos_emb`` (Hugging Face convention) in loaded modules
-  and in ``__main__``, looked for again whenever a new bucket is seen.
+  and in ``__main__``, looked for again whenever a new bucket is seen;
+- ``torch.jit.script``, ``torch.jit.trace`` and ``torch.jit.trace_module``: they run with every
+  patch above taken back, so TorchScript compiles (or records) torch's own functions and the
+  classes' own forwards, never the dispatching wrappers.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import re
 import sys
@@ -22,7 +27,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch import nn
 
 from . import originals
-from .dispatcher import Dispatcher
+from .dispatcher import Dispatcher, ModuleSite
 from .plan import Plan
 from .readings import Readings
 from .registry import Registry
@@ -38,6 +43,7 @@ FUNCTIONAL_OPS = {
     "linear": "linear",
 }
 ROPE_FUNCTION_NAMES = ("apply_rotary_pos_emb",)
+JIT_ENTRY_POINTS = ("script", "trace", "trace_module")
 
 _lock = threading.RLock()
 _active: _Patch | None = None
@@ -148,9 +154,11 @@ class _Patch:
         self.functional: dict[str, Callable] = {}
         self.classes: dict[type, Callable] = {}
         self.functions: dict[tuple[object, str], Callable] = {}
+        self.jit: dict[str, Callable] = {}
         self.step_hook = None
         self.init_subclass = None
         self._seen_modules = 0
+        self._suspended = 0
 
     def apply(self) -> None:
         d = self.dispatcher
@@ -164,19 +172,16 @@ class _Patch:
             self.patch_class(cls)
         self._hook_new_classes()
         self.scan_functions()
+        self._wrap_jit()
         self.step_hook = register_optimizer_step_post_hook(
             lambda optimizer, args, kwargs: d.on_step(optimizer)
         )
         d.on_miss = self.scan_functions  # new buckets are a cheap moment to look for new modules
 
     def undo(self) -> None:
-        for fname, fn in self.functional.items():
-            setattr(F, fname, fn)
-        for cls, forward in self.classes.items():
-            if "forward" in cls.__dict__:
-                cls.forward = forward
-        for (namespace, name), fn in self.functions.items():
-            _set(namespace, name, fn)
+        for name, fn in self.jit.items():
+            setattr(torch.jit, name, fn)
+        self._put_back()
         if self.step_hook is not None:
             self.step_hook.remove()
         for region in (self.dispatcher.regions, self.dispatcher.optimizer_region):
@@ -188,6 +193,62 @@ class _Patch:
             else:
                 nn.Module.__init_subclass__ = self.init_subclass
         self.dispatcher.on_miss = None
+
+    def _put_back(self) -> dict:
+        """Put torch's functions, the classes' forwards and the rope functions back; returns
+        ``{(namespace, name): (original, what stood there)}``."""
+        swapped: dict = {}
+        for fname, fn in self.functional.items():
+            swapped[(F, fname)] = (fn, getattr(F, fname))
+            setattr(F, fname, fn)
+        for cls, forward in self.classes.items():
+            if "forward" in cls.__dict__:
+                swapped[(cls, "forward")] = (forward, cls.__dict__["forward"])
+                cls.forward = forward
+        for (namespace, name), fn in self.functions.items():
+            swapped[(namespace, name)] = (fn, getattr(namespace, name, fn))
+            _set(namespace, name, fn)
+        return swapped
+
+    @contextlib.contextmanager
+    def suspended(self):
+        """Nothing routed meanwhile (in any thread): torch and the classes as they were."""
+        with _lock:
+            self._suspended += 1
+            if self._suspended == 1:
+                self._wrappers = self._put_back()
+        try:
+            yield
+        finally:
+            with _lock:
+                self._suspended -= 1
+                if self._suspended == 0 and _active is self:
+                    self._reinstall(self._wrappers)
+
+    def _reinstall(self, swapped: dict) -> None:
+        """Undo :meth:`_put_back`, except where something else was set meanwhile or a class
+        was put back on its own forward for good (``ModuleSite.give_up``)."""
+        gave_up = {site.cls for site in self.dispatcher.sites
+                   if isinstance(site, ModuleSite) and site.failed}
+        for (namespace, name), (original, wrapper) in swapped.items():
+            if getattr(namespace, name, None) is original and namespace not in gave_up:
+                _set(namespace, name, wrapper)
+
+    def _wrap_jit(self) -> None:
+        for name in JIT_ENTRY_POINTS:
+            fn = getattr(torch.jit, name, None)
+            if fn is None:
+                continue
+            self.jit[name] = fn
+            setattr(torch.jit, name, self._unrouted_during(fn))
+
+    def _unrouted_during(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def unrouted(*args, **kwargs):
+            with self.suspended():
+                return fn(*args, **kwargs)
+
+        return unrouted
 
     def patch_class(self, cls: type) -> None:
         if cls in self.classes or "forward" not in cls.__dict__:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -183,3 +184,86 @@ def test_inside_torch_compile_the_wrapper_steps_aside():
     x = torch.randn(2, 4)
     compiled = torch.compile(f, backend="eager", fullgraph=True)  # a graph break would raise
     torch.testing.assert_close(compiled(x), f(x))
+
+
+class _ScriptableMLP(nn.Module):
+    """A Llama-style gated MLP, as TorchScript users write it."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _ScriptableNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net, self.norm, self.mlp = TinyNet(dim=8, classes=8), TinyRMSNorm(8), _ScriptableMLP()
+        self.ln, self.act, self.sm = nn.LayerNorm(8), nn.GELU(), nn.Softmax(-1)
+
+    def forward(self, x):
+        return self.sm(self.act(self.ln(self.mlp(self.norm(self.net(x))))))
+
+
+def _layer_norm_gelu(x):
+    return F.gelu(F.layer_norm(x, (8,)))
+
+
+def test_torchscript_script_and_trace_work_on_routed_models():
+    torch.manual_seed(0)
+    model, x = _ScriptableNet(), torch.randn(4, 8)
+    expected = model(x)
+    d = patching.enable()
+    wrapped = {n: getattr(F, n) for n in originals.PATCHABLE}
+    forward = TinyRMSNorm.__dict__["forward"]
+    torch.testing.assert_close(model(x), expected)  # routes exist before the scripting
+    norm = nn.RMSNorm(8)
+    small = [_layer_norm_gelu(x), norm(x)]
+    calls = sum(d.readings.calls)
+
+    scripted = torch.jit.script(model)
+    torch.testing.assert_close(scripted(x), expected)
+    torch.testing.assert_close(torch.jit.script(_layer_norm_gelu)(x), small[0])
+    torch.testing.assert_close(torch.jit.script(norm)(x), small[1])
+    with warnings.catch_warnings():
+        # a trace through the wrappers warns about traced sizes
+        warnings.simplefilter("error", torch.jit.TracerWarning)
+        traced = torch.jit.trace(model, x)
+    torch.testing.assert_close(traced(x), expected)
+    assert sum(d.readings.calls) == calls, "scripting and tracing route nothing"
+    assert not any(s.failed for s in d.sites if isinstance(s, ModuleSite))
+
+    # routing is back in place afterwards
+    assert {n: getattr(F, n) for n in originals.PATCHABLE} == wrapped
+    assert TinyRMSNorm.__dict__["forward"] is forward
+    torch.testing.assert_close(model(x), expected)
+    assert sum(d.readings.calls) > calls
+    patching.disable()
+    assert torch.jit.script.__module__ == "torch.jit._script"
+
+
+def test_an_untraced_entry_point_records_torchs_own_ops():
+    patching.enable()
+    x = torch.randn(4, 8)
+    graph, _ = torch.jit._get_trace_graph(_layer_norm_gelu, (x,))  # torch.onnx's way in
+    assert "aten::gelu" in str(graph) and "aten::layer_norm" in str(graph)
+
+
+def test_a_class_put_back_for_good_while_scripting_stays_back():
+    class OddMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.down_proj(F.gelu(self.gate_proj(x)) * self.up_proj(x))
+
+    own_forward = OddMLP.forward
+    d = patching.enable()
+    site = d.site_named(f"module:{__name__}.{OddMLP.__qualname__}")
+    assert OddMLP.forward is not own_forward
+    with patching._active.suspended():  # another thread scripts a model meanwhile
+        site.give_up("its first call failed its check")
+    assert OddMLP.forward is own_forward
