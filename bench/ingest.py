@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from rtxops.telemetry import otlp, synthetic
-from rtxops.telemetry.store import Store
+from rtxops.telemetry.store import Store, prepared
 
 
 def serve(path: str) -> None:
@@ -123,27 +123,58 @@ def conversion_only(requests: list[bytes], spans_per_request: int, native: bool)
 
 
 def arrow_write(workdir: Path, rows_per_batch: int, batches: int) -> dict:
-    store = Store(workdir / "arrow.duckdb")
+    """Decoded span batches (kernel rows, as the decoders hand them over) into the store.
+
+    ``rows_per_s``: Store.write of batches whose rollup and narrow rows were made on the thread
+    that produced them (the receiver's decoding threads, the direct exporter's export thread),
+    so the writer only inserts. ``pipelined``: one thread preparing each batch and submitting it
+    while the writer inserts the one before (the direct exporter's path). ``writer_prepares``:
+    Store.write of raw batches (the writer makes both itself)."""
     start = time.time_ns() - 3600 * 10**9
-    ready = [synthetic.kernel_batch(rows_per_batch, start_ns=start + i * 10**9, seed=i)
-             for i in range(min(batches, 3))]
-    store.write(ready[0])                              # warm-up, not timed
-    started, cpu_started = time.perf_counter(), _cpu()
-    for i in range(batches):
-        store.write(ready[i % len(ready)])
-    elapsed, cpu = time.perf_counter() - started, _cpu() - cpu_started
-    stats = store.stats()
-    store.close()
-    return {"rows_per_s": round(batches * rows_per_batch / elapsed),
-            "rows_per_cpu_s": round(batches * rows_per_batch / cpu), "rows_per_batch": rows_per_batch,
-            "batches": batches, "seconds": round(elapsed, 2), "commits": stats["commits"],
-            "duckdb_floor": bare_insert(workdir, ready, batches)}
+    raw = [synthetic.kernel_batch(rows_per_batch, start_ns=start + i * 10**9, seed=i)
+           for i in range(min(batches, 3))]
+    prep_started, prep_cpu = time.perf_counter(), _cpu()
+    ready = [prepared(b) for b in raw]
+    prep_s, prep_cpu = time.perf_counter() - prep_started, _cpu() - prep_cpu
+    rows = batches * rows_per_batch
+    out = {"rows_per_batch": rows_per_batch, "batches": batches,
+           "prepare_us_per_row": round(prep_s / (len(raw) * rows_per_batch) * 1e6, 3),
+           "prepare_cpu_us_per_row": round(prep_cpu / (len(raw) * rows_per_batch) * 1e6, 3)}
+
+    def timed(name: str, run) -> tuple[float, float]:
+        store = Store(workdir / f"{name}.duckdb")
+        store.write(ready[0])                              # warm-up, not timed
+        started, cpu_started = time.perf_counter(), _cpu()
+        run(store)
+        elapsed, cpu = time.perf_counter() - started, _cpu() - cpu_started
+        store.close()
+        return elapsed, cpu
+
+    def written(batch_list):
+        return lambda store: [store.write(batch_list[i % len(batch_list)]) for i in range(batches)]
+
+    def pipelined(store):
+        futures = [store.submit(prepared(raw[i % len(raw)])) for i in range(batches)]
+        for f in futures:
+            f.result()
+
+    for name, run in (("prepared", written(ready)), ("pipelined", pipelined),
+                      ("writer_prepares", written(raw))):
+        elapsed, cpu = timed(name, run)
+        key = "rows_per_s" if name == "prepared" else name
+        out[key] = round(rows / elapsed) if key == "rows_per_s" else {
+            "rows_per_s": round(rows / elapsed), "rows_per_cpu_s": round(rows / cpu)}
+        if name == "prepared":
+            out["rows_per_cpu_s"] = round(rows / cpu)
+            out["seconds"] = round(elapsed, 2)
+    out["duckdb_floor_wide_table"] = bare_insert(workdir, raw, batches)
+    return out
 
 
 def bare_insert(workdir: Path, ready: list, batches: int) -> dict:
-    """The same span rows appended to a bare DuckDB table (no rollup, no other tables, one
-    statement per batch), with the store's DuckDB settings: what DuckDB itself costs on this
-    machine, the floor under Store.write."""
+    """The same span rows appended as they are decoded (wide: ids as hex, every string on every
+    row) to a bare DuckDB table (no rollup, no other tables, one statement per batch), with the
+    store's DuckDB settings: the floor under the store before its narrow layout."""
     import duckdb
 
     from rtxops.telemetry.store import connection_config

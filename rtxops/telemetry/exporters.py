@@ -116,12 +116,13 @@ class DuckDBSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         from .otlp import PROTOBUF, convert, encode_readable_spans, to_arrow
+        from .store import prepared
 
         try:
             body = encode(spans)
             batch = (to_arrow(encode_readable_spans(spans), time.time_ns()) if body is None
                      else convert(body, PROTOBUF, time.time_ns()))
-            self.store.write(batch)
+            self.store.write(prepared(batch))
         except Exception as e:
             log.warning("rtxops: DuckDB export failed: %s", e)
             return SpanExportResult.FAILURE

@@ -93,7 +93,8 @@ class Batch:
     # rtx.cache.hits / rtx.cache.misses of every span as int64 columns (null: absent), when the
     # decoder saw them as integers; spares the store's rollup a JSON parse per span
     cache_counts: tuple[pa.Array, pa.Array] | None = None
-    rollup: tuple[pa.Table, pa.Table] | None = None     # this batch's kernel_minutes parts
+    rollup: pa.Table | None = None                      # this batch's kernel_minutes rows
+    narrow: tuple[pa.Table, pa.Table] | None = None     # its span_rows and span_keys (narrow.py)
 
     @classmethod
     def empty(cls, received_ns: int = 0) -> Batch:

@@ -22,7 +22,7 @@ from google.rpc import code_pb2, status_pb2
 
 from . import otlp, rollup
 from .otlp import JSON, PROTOBUF, TelemetryInputError
-from .store import Store, StoreBusy, StoreClosed, StoreError
+from .store import Store, StoreBusy, StoreClosed, StoreError, prepared
 
 log = logging.getLogger("rtxops.telemetry.receiver")
 
@@ -153,8 +153,7 @@ def _decode(body: bytes, kind: str, gzipped: bool, max_decompressed: int, receiv
     try:
         batch = otlp.convert(body, kind, received_ns)
         rollup.check_figures(batch.spans)
-        # the kernel rollup is aggregated here, beside the store's writer thread rather than in it
-        return rollup.for_batch(batch)
+        return prepared(batch)    # here, beside the store's writer thread rather than in it
     except TelemetryInputError:
         raise
     except Exception as e:  # decoding is a function of the body alone: a case no check foresaw

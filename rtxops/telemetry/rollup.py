@@ -2,18 +2,22 @@
 
 Same rows as the SQL rollup it replaces (``GROUP BY hash(job, op, bucket, variant, config,
 phase), minute`` with a ``histogram`` of per-span mean ns), at a fraction of its cost: DuckDB
-only hashes the keys and builds the maps of the few aggregated rows. The receiver aggregates each
-batch in its decoding thread (:func:`for_batch`); the store's writer only merges them (:func:`merge`).
+only hashes the keys of the few aggregated rows. The receiver aggregates each batch in its
+decoding thread (:func:`for_batch`); the store's writer only merges them (:func:`merge`).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import narrow
+
 KEYS = ("job_id", "op", "bucket", "variant", "config", "phase")
+GROUP = [*KEYS, "minute"]
 MINUTE_NS = 60 * 10**9
 HIST_BINS_PER_OCTAVE = 16
 
@@ -22,18 +26,12 @@ SELECT TRY_CAST(attributes->>'rtx.cache.hits' AS BIGINT) AS cache_hits,
        TRY_CAST(attributes->>'rtx.cache.misses' AS BIGINT) AS cache_misses
 FROM _rtx_spans WHERE name = 'rtx.kernel'"""     # rows in the order of rollup.kernels()
 
-# _rtx_totals and _rtx_bins (from :func:`tables`) → kernel_minutes rows
+# _rtx_rollup (from :func:`tables`) → kernel_minutes rows
 INSERT_SQL = f"""
 INSERT INTO kernel_minutes BY NAME
-WITH hist AS (
-    SELECT hash({', '.join(KEYS)}) AS key_id, minute,
-           map_from_entries(list((bin, n) ORDER BY bin)) AS mean_hist
-    FROM _rtx_bins GROUP BY 1, 2
-)
-SELECT hash({', '.join('t.' + k for k in KEYS)}) AS key_id, t.*, hist.mean_hist
-FROM _rtx_totals t LEFT JOIN hist
-  ON hist.key_id = hash({', '.join('t.' + k for k in KEYS)}) AND hist.minute = t.minute
+SELECT hash({', '.join(KEYS)}) AS key_id, * FROM _rtx_rollup
 """
+BIN_SPAN = 1 << 12   # bins lie in 0 .. 16 * 63 (a mean of 1 ns to 2^63 ns)
 
 
 FIGURE_MAX = 2**53  # ns (104 days) or calls in one span: past it a span's figures are not real
@@ -60,34 +58,50 @@ def kernels(spans: pa.Table) -> pa.Table:
     return spans.select([*KEYS, "start_ns", "count", "total_ns", "min_ns", "max_ns"]).filter(mask)
 
 
-def tables(kernel: pa.Table, hits: pa.Array, misses: pa.Array) -> tuple[pa.Table, pa.Table]:
-    """(totals per key and minute, histogram bin counts per key, minute and bin)."""
+def tables(kernel: pa.Table, hits: pa.Array, misses: pa.Array) -> pa.Table:
+    """The kernel_minutes rows (less key_id) of ``kernel``: totals per key and minute, and the
+    histogram of the spans' mean ns as a map of bin → spans."""
     minute = pc.divide(kernel["start_ns"], MINUTE_NS)           # truncates, as DuckDB's //
-    t = pa.table({**{k: kernel[k] for k in KEYS}, "minute": minute, "count": kernel["count"],
-                  "total_ns": kernel["total_ns"], "min_ns": kernel["min_ns"],
-                  "max_ns": kernel["max_ns"], "start_ns": kernel["start_ns"],
-                  "cache_hits": hits, "cache_misses": misses})
-    group = [*KEYS, "minute"]
-    totals = t.group_by(group, use_threads=False).aggregate([
+    t = pa.table({**{k: kernel[k] for k in KEYS}, "minute": minute})
+    group, first = narrow.distinct_rows(t, GROUP)
+    sums = pa.table({"g": group, "count": kernel["count"], "total_ns": kernel["total_ns"],
+                     "min_ns": kernel["min_ns"], "max_ns": kernel["max_ns"],
+                     "start_ns": kernel["start_ns"], "cache_hits": hits, "cache_misses": misses})
+    totals = sums.group_by("g", use_threads=False).aggregate([
         ([], "count_all"), ("count", "sum"), ("total_ns", "sum"), ("min_ns", "min"),
         ("max_ns", "max"), ("start_ns", "min"), ("start_ns", "max"), ("cache_hits", "sum"),
         ("cache_misses", "sum")])
-    totals = totals.rename_columns({
-        "count_all": "samples", "count_sum": "calls", "total_ns_sum": "total_ns",
-        "min_ns_min": "min_ns", "max_ns_max": "max_ns", "start_ns_min": "first_ns",
-        "start_ns_max": "last_ns", "cache_hits_sum": "cache_hits",
-        "cache_misses_sum": "cache_misses"})
+    totals = totals.take(pa.array(np.argsort(np.asarray(totals["g"]), kind="stable")))
     # bin of the span's mean ns, as floor(log2(greatest(total_ns / count, 1)) * 16) in SQL
-    valid = pc.and_(pc.greater(t["count"], 0), pc.is_valid(t["total_ns"]))
-    binned = t.filter(valid)
-    mean = pc.divide(pc.cast(binned["total_ns"], pa.float64(), safe=False),
-                     pc.cast(binned["count"], pa.float64(), safe=False))
-    bin_ = pc.cast(pc.floor(pc.multiply(pc.log2(pc.max_element_wise(mean, 1.0)),
-                                        float(HIST_BINS_PER_OCTAVE))), pa.int32())
-    bins = pa.table({**{k: binned[k] for k in group}, "bin": bin_}).group_by(
-        [*group, "bin"], use_threads=False).aggregate([([], "count_all")]).rename_columns(
-        {"count_all": "n"})
-    return totals, bins
+    valid = np.asarray(pc.fill_null(pc.and_(pc.greater(kernel["count"], 0),
+                                            pc.is_valid(kernel["total_ns"])), False))
+    mean = pc.divide(pc.cast(kernel["total_ns"].filter(valid), pa.float64(), safe=False),
+                     pc.cast(kernel["count"].filter(valid), pa.float64(), safe=False))
+    bin_ = np.asarray(pc.cast(pc.floor(pc.multiply(pc.log2(pc.max_element_wise(mean, 1.0)),
+                                                   float(HIST_BINS_PER_OCTAVE))), pa.int64()))
+    hist = _histograms(group[valid], bin_, np.ones(len(bin_), np.int64), len(first))
+    names = {"count_all": "samples", "count_sum": "calls", "total_ns_sum": "total_ns",
+             "min_ns_min": "min_ns", "max_ns_max": "max_ns", "start_ns_min": "first_ns",
+             "start_ns_max": "last_ns", "cache_hits_sum": "cache_hits",
+             "cache_misses_sum": "cache_misses"}
+    out = t.take(pa.array(first))
+    for old, new in names.items():
+        out = out.append_column(new, totals[old])
+    return out.append_column("mean_hist", hist)
+
+
+def _histograms(group: np.ndarray, bins: np.ndarray, counts: np.ndarray, groups: int) -> pa.Array:
+    """``groups`` maps bin → summed count from (group, bin, count) triples; null where a group
+    has none (as the SQL rollup's LEFT JOIN)."""
+    code = group.astype(np.int64) * BIN_SPAN + bins
+    unique, inverse = np.unique(code, return_inverse=True)
+    summed = np.bincount(inverse.reshape(-1), weights=counts, minlength=len(unique)).astype(np.int64)
+    owner = unique // BIN_SPAN
+    offsets = np.searchsorted(owner, np.arange(groups + 1)).astype(np.int32)
+    empty = offsets[1:] == offsets[:-1]
+    return pa.MapArray.from_arrays(
+        pa.array(offsets), pa.array((unique % BIN_SPAN).astype(np.int32)), pa.array(summed),
+        type=pa.map_(pa.int32(), pa.int64()), mask=pa.array(empty) if empty.any() else None)
 
 
 def for_batch(batch: Any) -> Any:
@@ -105,14 +119,21 @@ _SUMS = {"samples": "sum", "calls": "sum", "total_ns": "sum", "min_ns": "min", "
          "first_ns": "min", "last_ns": "max", "cache_hits": "sum", "cache_misses": "sum"}
 
 
-def merge(parts: list[tuple[pa.Table, pa.Table]]) -> tuple[pa.Table, pa.Table]:
-    """One (totals, bins) pair from several batches' (the same rows as aggregating them at once)."""
+def merge(parts: list[pa.Table]) -> pa.Table:
+    """One rollup table from several batches' (the same rows as aggregating them at once)."""
     if len(parts) == 1:
         return parts[0]
-    group = [*KEYS, "minute"]
-    totals = pa.concat_tables([t for t, _ in parts]).group_by(group, use_threads=False).aggregate(
-        list(_SUMS.items()))
-    totals = totals.rename_columns({f"{c}_{f}": c for c, f in _SUMS.items()})
-    bins = pa.concat_tables([b for _, b in parts]).group_by([*group, "bin"], use_threads=False).aggregate(
-        [("n", "sum")]).rename_columns({"n_sum": "n"})
-    return totals, bins
+    rows = pa.concat_tables(parts)
+    group, first = narrow.distinct_rows(rows, GROUP)
+    sums = rows.select(list(_SUMS)).append_column("g", pa.array(group))
+    totals = sums.group_by("g", use_threads=False).aggregate(list(_SUMS.items()))
+    totals = totals.take(pa.array(np.argsort(np.asarray(totals["g"]), kind="stable")))
+    maps = rows["mean_hist"].combine_chunks()
+    offsets = np.asarray(maps.offsets)               # null maps are empty (see _histograms)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    hist = _histograms(np.repeat(group, np.diff(offsets)), np.asarray(maps.keys)[lo:hi],
+                       np.asarray(maps.items)[lo:hi], len(first))
+    out = rows.select(GROUP).take(pa.array(first))
+    for column, how in _SUMS.items():
+        out = out.append_column(column, totals[f"{column}_{how}"])
+    return out.append_column("mean_hist", hist)

@@ -28,7 +28,7 @@ import duckdb  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
-from . import rollup  # noqa: E402
+from . import narrow, rollup  # noqa: E402
 from .otlp import Batch, TelemetryError  # noqa: E402
 
 log = logging.getLogger("rtxops.telemetry.store")
@@ -206,6 +206,42 @@ _V7 = (
         summary VARCHAR, record VARCHAR)""",
 )
 
+# The narrow layout of span rows (see :mod:`.narrow`): integer ids, one row per distinct set of
+# a span's strings in span_keys, and ``spans`` a view with the columns of the table it replaces.
+_KEY_LIST = ", ".join(narrow.KEY_COLUMNS)
+_V8 = (
+    """CREATE TABLE span_keys (
+        key_id UBIGINT PRIMARY KEY, name VARCHAR, scope_name VARCHAR, job_id VARCHAR,
+        rank INTEGER, op VARCHAR, variant VARCHAR, config VARCHAR, bucket VARCHAR, site VARCHAR,
+        phase VARCHAR)""",
+    """CREATE TABLE span_rows (
+        trace_hi UBIGINT, trace_lo UBIGINT, span_id UBIGINT, parent_span_id UBIGINT,
+        key_id UBIGINT, kind INTEGER, start_ns BIGINT, end_ns BIGINT, duration_ns BIGINT,
+        status_code INTEGER, status_message VARCHAR, resource_id BIGINT, step BIGINT,
+        plan_version BIGINT, count BIGINT, total_ns BIGINT, min_ns BIGINT, max_ns BIGINT,
+        attributes VARCHAR)""",
+    # spans stored before: their keys hashed by DuckDB (another id than the writers' for the
+    # same strings: both rows stay, and read the same)
+    f"INSERT INTO span_keys SELECT hash({_KEY_LIST}), * FROM (SELECT DISTINCT {_KEY_LIST} FROM spans)",
+    f"""INSERT INTO span_rows SELECT
+        TRY_CAST('0x' || substr(trace_id, 1, 16) AS UBIGINT),
+        TRY_CAST('0x' || substr(trace_id, 17, 16) AS UBIGINT),
+        TRY_CAST('0x' || span_id AS UBIGINT), TRY_CAST('0x' || parent_span_id AS UBIGINT),
+        hash({_KEY_LIST}), {", ".join(narrow.ROW_COLUMNS)}
+    FROM spans ORDER BY start_ns""",
+    "DROP TABLE spans",
+    """CREATE VIEW spans AS SELECT
+        printf('%016x%016x', r.trace_hi, r.trace_lo) AS trace_id,
+        printf('%016x', r.span_id) AS span_id,
+        CASE WHEN r.parent_span_id IS NOT NULL THEN printf('%016x', r.parent_span_id) END
+            AS parent_span_id,
+        k.name, r.kind, r.start_ns, r.end_ns, r.duration_ns, r.status_code, r.status_message,
+        r.resource_id, k.scope_name, k.job_id, k.rank, r.step, r.plan_version, k.op, k.variant,
+        k.config, k.bucket, k.site, k.phase, r.count, r.total_ns, r.min_ns, r.max_ns,
+        r.attributes
+    FROM span_rows r JOIN span_keys k USING (key_id)""",
+)
+
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "resources, spans, span events, ingest log; kernel/step/memory/swap views", _V1),
     (2, "jobs, job logs and job events of the supervisor", _V2),
@@ -214,6 +250,7 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (5, "evolve: tuning database, trials, gate results, decisions", _V5),
     (6, "governance: ledger (append-only, hash-chained)", _V6),
     (7, "offline tuning tasks (they outlive the daemon)", _V7),
+    (8, "span rows narrow: integer ids, strings once per key (span_keys); spans a view", _V8),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -295,6 +332,7 @@ class Store:
         self.write_errors = 0
         self._rate = 200_000.0                       # spans/s, for Retry-After hints
         self._resources_stored: set[int] = set()     # writer thread only
+        self._keys_stored: set[int] = set()          # span key ids committed (writer thread only)
         self._writer = threading.Thread(target=self._run, args=(self._con.cursor(),),
                                         name="rtxops-store-writer", daemon=True)
         self._writer.start()
@@ -448,7 +486,8 @@ class Store:
     def _commit_group(self, cur: duckdb.DuckDBPyConnection, group: list[_Pending]) -> None:
         started = time.perf_counter()
         try:
-            _insert(cur, self._without_stored_resources([p.batch for p in group]))
+            keys = _insert(cur, self._without_stored_resources([p.batch for p in group]),
+                           self._keys_stored)
         except Exception as e:                       # isolate the batch that failed
             if len(group) > 1:
                 for pending in group:
@@ -463,6 +502,9 @@ class Store:
             self._resources_stored.clear()
         for p in group:
             self._resources_stored.update(p.batch.resources["resource_id"].to_pylist())
+        if len(self._keys_stored) > 100_000:
+            self._keys_stored.clear()
+        self._keys_stored.update(keys)
         spans = sum(p.batch.span_count for p in group)
         elapsed = time.perf_counter() - started
         with self._lock:
@@ -618,11 +660,25 @@ def _window(since_ns: int | None, until_ns: int | None) -> tuple[int, int]:
             now + 60 * 10**9 if until_ns is None else until_ns)
 
 
-def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
-    """One transaction: resources (new ones only), spans, events, and one ingest row per batch."""
+def prepared(batch: Batch) -> Batch:
+    """``batch`` with its kernel rollup and narrow rows made (:mod:`.rollup`, :mod:`.narrow`).
+    Producers call this on their own thread (the receiver's decoding, the direct exporter's
+    export thread), so the store's single writer only inserts."""
+    return narrow.for_batch(rollup.for_batch(batch))
+
+
+def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch],
+            stored_keys: set | None = None) -> list[int]:
+    """One transaction: resources and span keys (new ones only), span rows, events, and one
+    ingest row per batch. Returns the span key ids it committed."""
+    rows, keys = narrow.merge([b.narrow if b.narrow is not None else narrow.split(b.spans)
+                               for b in batches])
+    if stored_keys and keys.num_rows:
+        keys = keys.filter(pc.invert(pc.is_in(keys["key_id"], pa.array(list(stored_keys), pa.uint64()))))
     tables = {
         "resources": pa.concat_tables([b.resources for b in batches]),
-        "spans": pa.concat_tables([b.spans for b in batches]),
+        "span_keys": keys,
+        "span_rows": rows,
         "span_events": pa.concat_tables([b.events for b in batches]),
     }
     now = time.time_ns()
@@ -635,11 +691,11 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
         for name, table in tables.items():
             if table.num_rows:
                 cur.register("_rtx_batch", table)
-                verb = "INSERT OR IGNORE" if name == "resources" else "INSERT"
+                verb = "INSERT OR IGNORE" if name in ("resources", "span_keys") else "INSERT"
                 cur.execute(f"{verb} INTO {name} BY NAME SELECT * FROM _rtx_batch")
                 cur.unregister("_rtx_batch")
-        if tables["spans"].num_rows:
-            _rollup(cur, tables["spans"], batches)
+        if rows.num_rows:
+            _rollup(cur, batches)
         cur.register("_rtx_batch", log_rows)
         cur.execute("INSERT INTO ingest_batches BY NAME SELECT * FROM _rtx_batch")
         cur.unregister("_rtx_batch")
@@ -650,15 +706,15 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
         with contextlib.suppress(duckdb.Error):
             cur.unregister("_rtx_batch")
         raise
+    return keys["key_id"].to_pylist()
 
 
-def _rollup(cur: duckdb.DuckDBPyConnection, spans: pa.Table, batches: list[Batch]) -> None:
-    """kernel_minutes rows of ``spans`` (see :mod:`.rollup`), in the caller's transaction."""
+def _rollup(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
+    """kernel_minutes rows of the batches' spans (see :mod:`.rollup`), in the caller's transaction."""
     parts = [b.rollup for b in batches if b.rollup is not None]
     rest = [b for b in batches if b.rollup is None]
     if rest:
-        if len(rest) < len(batches):
-            spans = pa.concat_tables([b.spans for b in rest])
+        spans = pa.concat_tables([b.spans for b in rest])
         kernel = rollup.kernels(spans)
         if all(b.cache_counts is not None for b in rest):
             mask = pc.equal(spans["name"], "rtx.kernel")
@@ -672,16 +728,14 @@ def _rollup(cur: duckdb.DuckDBPyConnection, spans: pa.Table, batches: list[Batch
                 cur.unregister("_rtx_spans")
             hits, misses = counts["cache_hits"], counts["cache_misses"]
         parts.append(rollup.tables(kernel, hits, misses))
-    totals, bins = rollup.merge(parts)
-    if not totals.num_rows:
+    rows = rollup.merge(parts)
+    if not rows.num_rows:
         return
-    cur.register("_rtx_totals", totals)
-    cur.register("_rtx_bins", bins)
+    cur.register("_rtx_rollup", rows)
     try:
         cur.execute(rollup.INSERT_SQL)
     finally:
-        cur.unregister("_rtx_totals")
-        cur.unregister("_rtx_bins")
+        cur.unregister("_rtx_rollup")
 
 
 # Merges the rows of a (key, minute) that separate commits wrote, in minutes before $before.

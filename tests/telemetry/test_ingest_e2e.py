@@ -137,9 +137,9 @@ def test_overload_flood_gets_429s_with_bounded_memory_and_exact_counts(tmp_path,
     release = threading.Event()
     real_insert = store_module._insert
 
-    def slow_insert(cur, batches):                  # the disk is slow: the queue fills up
+    def slow_insert(*args):                         # the disk is slow: the queue fills up
         release.wait(30)
-        real_insert(cur, batches)
+        return real_insert(*args)
 
     monkeypatch.setattr(store_module, "_insert", slow_insert)
     max_spans = 5_000

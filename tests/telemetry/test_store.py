@@ -37,10 +37,10 @@ class BlockedWriter:
         self.entered = threading.Event()
         real = store_module._insert
 
-        def slow_insert(cur, batches):
+        def slow_insert(*args):
             self.entered.set()
             self.release.wait(30)
-            real(cur, batches)
+            return real(*args)
 
         monkeypatch.setattr(store_module, "_insert", slow_insert)
 

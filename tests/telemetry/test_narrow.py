@@ -1,0 +1,116 @@
+"""The narrow layout of span rows: what goes in comes back out of the ``spans`` view unchanged."""
+from __future__ import annotations
+
+import time
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from rtxops.telemetry import narrow, otlp, store as store_module, synthetic
+from rtxops.telemetry import schema as S
+from rtxops.telemetry.store import Store, prepared
+
+from .otlp_helpers import request, span
+
+ORDER = "ORDER BY start_ns, span_id"
+
+
+def _spans_out(con_or_store, order: str = ORDER) -> list[dict]:
+    if isinstance(con_or_store, Store):
+        return con_or_store.query(f"SELECT * FROM spans {order}")
+    cur = con_or_store.execute(f"SELECT * FROM spans {order}")
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def _spans_in(table: pa.Table) -> list[dict]:
+    return table.sort_by([("start_ns", "ascending"), ("span_id", "ascending")]).to_pylist()
+
+
+def _odd_request() -> otlp.Batch:
+    t0 = time.time_ns()
+    spans = [
+        span("rtx.step", {S.STEP_NUMBER: 3}, start=t0, trace_id=b"\xff" * 16, span_id=b"\x00" * 7 + b"\x01"),
+        span("rtx.kernel", {S.OP: "gelu", S.BUCKET: "b", S.VARIANT: "aten", S.COUNT: 2,
+                            S.TOTAL_NS: 10, "x.extra": [1, 2]},
+             start=t0 + 1, trace_id=b"\xff" * 16, span_id=b"\x80" + b"\x00" * 7, parent=b"\x00" * 7 + b"\x01"),
+        span("rtx.kernel", {S.OP: "gelu", S.BUCKET: "b", S.VARIANT: "aten", S.PHASE: "bwd"}, start=t0 + 2),
+        span("custom.thing", {}, start=t0 + 3),
+    ]
+    return otlp.convert(request(spans).SerializeToString(), otlp.PROTOBUF, 1)
+
+
+def test_every_column_reads_back_as_written(tmp_path):
+    batches = [_odd_request(),
+               synthetic.kernel_batch(5000, start_ns=time.time_ns() - 10**12, duration_s=300, seed=3)]
+    with Store(tmp_path / "n.duckdb") as store:
+        for b in batches:
+            store.write(b)
+        store.write(prepared(batches[1]))        # the same rows again, made on this thread
+        got = _spans_out(store)
+        assert store.query("SELECT count(*) AS n FROM span_keys")[0]["n"] == \
+            store.query("SELECT count(DISTINCT (name, scope_name, job_id, rank, op, variant, config, "
+                        "bucket, site, phase)) AS n FROM spans")[0]["n"], "each key is stored once"
+    want = _spans_in(pa.concat_tables([b.spans for b in batches] + [batches[1].spans]))
+    assert len(got) == len(want) and got == want
+    step, kernel = (r for r in got if r["trace_id"] == "f" * 32)
+    assert step["span_id"] == "0000000000000001" and step["parent_span_id"] is None
+    assert kernel["span_id"] == "8000000000000000" and kernel["parent_span_id"] == step["span_id"]
+
+
+def test_key_ids_do_not_depend_on_the_batch():
+    a, b = (synthetic.kernel_batch(800, start_ns=10**18, seed=s) for s in (1, 2))
+    keys_a, keys_b = (dict(zip(k["key_id"].to_pylist(), k.drop(["key_id"]).to_pylist()))
+                      for _, k in (narrow.split(a.spans), narrow.split(b.spans)))
+    shared = keys_a.keys() & keys_b.keys()
+    assert shared and all(keys_a[k] == keys_b[k] for k in shared)
+    assert len({tuple(v.values()) for v in keys_a.values()}) == len(keys_a)
+
+
+def test_ids_that_are_not_hex_of_their_size_are_refused():
+    spans = _odd_request().spans
+    for column, bad in (("trace_id", "ab" * 15), ("span_id", "zz" * 8), ("span_id", "AB" * 8)):
+        values = spans[column].to_pylist()
+        values[0] = bad
+        broken = spans.set_column(spans.schema.get_field_index(column), column,
+                                  pa.array(values, pa.string()))
+        with pytest.raises(ValueError, match="lowercase hex"):
+            narrow.split(broken)
+
+
+def test_distinct_rows_past_64_bits_of_combinations():
+    rng = np.random.default_rng(0)
+    columns = {f"c{i}": pa.array(rng.integers(0, 10**6, 20000).astype(str)) for i in range(4)}
+    table = pa.table(columns)
+    table = pa.concat_tables([table, table.slice(0, 50)])          # 50 repeated rows
+    inverse, first = narrow.distinct_rows(table, list(columns))
+    assert len(first) == 20000 and len(inverse) == 20050
+    rows = table.to_pylist()
+    assert all(rows[first[inverse[i]]] == rows[i] for i in range(0, 20050, 97))
+    assert all(inverse[20000 + i] == inverse[i] for i in range(50))
+
+
+def test_migration_to_the_narrow_layout_keeps_every_span(tmp_path, monkeypatch):
+    path = tmp_path / "v7.duckdb"
+    con = duckdb.connect(str(path))
+    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:7])
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 7)
+    store_module.migrate(con)
+    old = [_odd_request(), synthetic.kernel_batch(3000, start_ns=time.time_ns() - 10**12, seed=5)]
+    for b in old:
+        con.register("b", b.spans)
+        con.execute("INSERT INTO spans SELECT * FROM b")
+    before = _spans_out(con)
+    con.close()
+    monkeypatch.undo()
+    with Store(path) as store:
+        assert store.migrated_from == 7
+        assert _spans_out(store) == before
+        new = _odd_request()
+        store.write(new)                      # the same strings under the writers' key ids
+        assert len(_spans_out(store)) == len(before) + new.span_count
+        kinds = {r["name"]: r["n"] for r in store.query(
+            "SELECT name, count(*) AS n FROM spans GROUP BY name")}
+        assert kinds["custom.thing"] == 2 and kinds["rtx.step"] == 1 + 75 + 1
