@@ -154,9 +154,13 @@ def arrow_write(workdir: Path, rows_per_batch: int, batches: int) -> dict:
         return lambda store: [store.write(batch_list[i % len(batch_list)]) for i in range(batches)]
 
     def pipelined(store):
-        futures = [store.submit(prepared(raw[i % len(raw)])) for i in range(batches)]
-        for f in futures:
-            f.result()
+        waiting = None                      # the queue holds one batch of this size
+        for i in range(batches):
+            batch = prepared(raw[i % len(raw)])
+            if waiting is not None:
+                waiting.result()
+            waiting = store.submit(batch)
+        waiting.result()
 
     for name, run in (("prepared", written(ready)), ("pipelined", pipelined),
                       ("writer_prepares", written(raw))):

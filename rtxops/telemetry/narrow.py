@@ -13,10 +13,7 @@ strings; at 64 bits that takes billions of keys.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-from typing import Any
-
 import numpy as np
 import orjson
 import pyarrow as pa
@@ -44,20 +41,19 @@ _HEX_PAIRS = _pair_table()
 
 def split(spans: pa.Table) -> tuple[pa.Table, pa.Table]:
     """(``span_rows`` rows, ``span_keys`` rows) of wide span rows (``otlp.SPANS_SCHEMA``)."""
-    key_ids, keys = _keys(spans)
+    rows, keys, _ = split_indexed(spans)
+    return rows, keys
+
+
+def split_indexed(spans: pa.Table) -> tuple[pa.Table, pa.Table, np.ndarray]:
+    """:func:`split`, and for each span the row of its key in the keys table."""
+    key_ids, keys, index = _keys(spans)
     trace_hi, trace_lo = _ids(spans["trace_id"], 16)
     (span_id,) = _ids(spans["span_id"], 8)
     (parent,) = _ids(spans["parent_span_id"], 8)
     rows = pa.table([trace_hi, trace_lo, span_id, parent, key_ids, *(spans[c] for c in ROW_COLUMNS)],
                     names=[*ID_COLUMNS, "key_id", *ROW_COLUMNS])
-    return rows, keys
-
-
-def for_batch(batch: Any) -> Any:
-    """``batch`` with its narrow tables attached (the receiver does this beside the writer)."""
-    if batch.narrow is not None:
-        return batch
-    return dataclasses.replace(batch, narrow=split(batch.spans))
+    return rows, keys, index
 
 
 def merge(parts: list[tuple[pa.Table, pa.Table]]) -> tuple[pa.Table, pa.Table]:
@@ -75,15 +71,13 @@ def key_id(values: tuple) -> int:
     return int.from_bytes(hashlib.blake2b(orjson.dumps(values), digest_size=8).digest(), "big")
 
 
-def _keys(spans: pa.Table) -> tuple[pa.Array, pa.Table]:
-    """Each span's key_id, and one row per distinct key."""
-    if spans.num_rows == 0:
-        return pa.array([], pa.uint64()), _key_table(spans.select(list(KEY_COLUMNS)), [])
+def _keys(spans: pa.Table) -> tuple[pa.Array, pa.Table, np.ndarray]:
+    """Each span's key_id, one row per distinct key, and each span's row in that table."""
     inverse, first = distinct_rows(spans, KEY_COLUMNS)
     distinct = spans.select(list(KEY_COLUMNS)).take(pa.array(first))
     ids = np.array([key_id(values) for values in zip(*(distinct[c].to_pylist() for c in KEY_COLUMNS))],
                    np.uint64)
-    return pa.array(ids[inverse]), _key_table(distinct, ids)
+    return pa.array(ids[inverse]), _key_table(distinct, ids), inverse
 
 
 def distinct_rows(table: pa.Table, columns) -> tuple[np.ndarray, np.ndarray]:

@@ -58,12 +58,18 @@ def kernels(spans: pa.Table) -> pa.Table:
     return spans.select([*KEYS, "start_ns", "count", "total_ns", "min_ns", "max_ns"]).filter(mask)
 
 
-def tables(kernel: pa.Table, hits: pa.Array, misses: pa.Array) -> pa.Table:
+def tables(kernel: pa.Table, hits: pa.Array, misses: pa.Array,
+           key_index: np.ndarray | None = None) -> pa.Table:
     """The kernel_minutes rows (less key_id) of ``kernel``: totals per key and minute, and the
-    histogram of the spans' mean ns as a map of bin → spans."""
+    histogram of the spans' mean ns as a map of bin → spans. ``key_index``: for each row, a
+    number that is the same for rows whose :data:`KEYS` are the same (the narrow layout's key
+    rows, which :func:`.store.prepared` has at hand), so that only integers need grouping."""
     minute = pc.divide(kernel["start_ns"], MINUTE_NS)           # truncates, as DuckDB's //
     t = pa.table({**{k: kernel[k] for k in KEYS}, "minute": minute})
-    group, first = narrow.distinct_rows(t, GROUP)
+    if key_index is None:
+        group, first = narrow.distinct_rows(t, GROUP)
+    else:
+        group, first = narrow.distinct_rows(pa.table({"k": key_index, "minute": minute}), ["k", "minute"])
     sums = pa.table({"g": group, "count": kernel["count"], "total_ns": kernel["total_ns"],
                      "min_ns": kernel["min_ns"], "max_ns": kernel["max_ns"],
                      "start_ns": kernel["start_ns"], "cache_hits": hits, "cache_misses": misses})
@@ -87,15 +93,20 @@ def tables(kernel: pa.Table, hits: pa.Array, misses: pa.Array) -> pa.Table:
     out = t.take(pa.array(first))
     for old, new in names.items():
         out = out.append_column(new, totals[old])
-    return out.append_column("mean_hist", hist)
+    out = out.append_column("mean_hist", hist)
+    # keys that differ in what KEYS leave out (site, rank, ...) share a kernel_minutes row
+    return out if key_index is None else _combine(out)
 
 
 def _histograms(group: np.ndarray, bins: np.ndarray, counts: np.ndarray, groups: int) -> pa.Array:
     """``groups`` maps bin → summed count from (group, bin, count) triples; null where a group
     has none (as the SQL rollup's LEFT JOIN)."""
     code = group.astype(np.int64) * BIN_SPAN + bins
-    unique, inverse = np.unique(code, return_inverse=True)
-    summed = np.bincount(inverse.reshape(-1), weights=counts, minlength=len(unique)).astype(np.int64)
+    encoded = pc.dictionary_encode(pa.array(code, pa.int64()))     # hashing, then a small sort
+    values = np.asarray(encoded.dictionary)
+    summed = np.bincount(np.asarray(encoded.indices), weights=counts, minlength=len(values))
+    order = np.argsort(values)
+    unique, summed = values[order], summed[order].astype(np.int64)
     owner = unique // BIN_SPAN
     offsets = np.searchsorted(owner, np.arange(groups + 1)).astype(np.int32)
     empty = offsets[1:] == offsets[:-1]
@@ -104,15 +115,17 @@ def _histograms(group: np.ndarray, bins: np.ndarray, counts: np.ndarray, groups:
         type=pa.map_(pa.int32(), pa.int64()), mask=pa.array(empty) if empty.any() else None)
 
 
-def for_batch(batch: Any) -> Any:
-    """``batch`` with its rollup tables attached, when its cache counts came typed (else the
-    writer computes them: it alone can read the JSON column through DuckDB)."""
+def for_batch(batch: Any, key_index: np.ndarray | None = None) -> Any:
+    """``batch`` with its rollup table attached, when its cache counts came typed (else the
+    writer computes them: it alone can read the JSON column through DuckDB). ``key_index``:
+    see :func:`tables` (one number per span)."""
     if batch.cache_counts is None or batch.rollup is not None:
         return batch
     mask = pc.equal(batch.spans["name"], "rtx.kernel")
     kernel = kernels(batch.spans)
     hits, misses = (c.filter(mask) for c in batch.cache_counts)
-    return dataclasses.replace(batch, rollup=tables(kernel, hits, misses))
+    index = None if key_index is None else key_index[np.asarray(mask)]
+    return dataclasses.replace(batch, rollup=tables(kernel, hits, misses, index))
 
 
 _SUMS = {"samples": "sum", "calls": "sum", "total_ns": "sum", "min_ns": "min", "max_ns": "max",
@@ -121,9 +134,11 @@ _SUMS = {"samples": "sum", "calls": "sum", "total_ns": "sum", "min_ns": "min", "
 
 def merge(parts: list[pa.Table]) -> pa.Table:
     """One rollup table from several batches' (the same rows as aggregating them at once)."""
-    if len(parts) == 1:
-        return parts[0]
-    rows = pa.concat_tables(parts)
+    return parts[0] if len(parts) == 1 else _combine(pa.concat_tables(parts))
+
+
+def _combine(rows: pa.Table) -> pa.Table:
+    """``rows`` with those of the same key and minute made one."""
     group, first = narrow.distinct_rows(rows, GROUP)
     sums = rows.select(list(_SUMS)).append_column("g", pa.array(group))
     totals = sums.group_by("g", use_threads=False).aggregate(list(_SUMS.items()))

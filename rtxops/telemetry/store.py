@@ -664,7 +664,11 @@ def prepared(batch: Batch) -> Batch:
     """``batch`` with its kernel rollup and narrow rows made (:mod:`.rollup`, :mod:`.narrow`).
     Producers call this on their own thread (the receiver's decoding, the direct exporter's
     export thread), so the store's single writer only inserts."""
-    return narrow.for_batch(rollup.for_batch(batch))
+    index = None
+    if batch.narrow is None:
+        rows, keys, index = narrow.split_indexed(batch.spans)
+        batch = dataclasses.replace(batch, narrow=(rows, keys))
+    return rollup.for_batch(batch, index)
 
 
 def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch],

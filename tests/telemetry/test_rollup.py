@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from rtxops.telemetry import otlp, rollup, synthetic
 from rtxops.telemetry import schema as S
-from rtxops.telemetry.store import HIST_BINS_PER_OCTAVE, MINUTE_NS, _insert, migrate
+from rtxops.telemetry.store import HIST_BINS_PER_OCTAVE, MINUTE_NS, _insert, migrate, prepared
 
 from .otlp_helpers import request, span
 
@@ -77,10 +77,11 @@ def test_same_rows_as_the_sql_rollup():
     odd = otlp.convert(odd_cache_values(), otlp.PROTOBUF, 1)
     assert odd.cache_counts is None                 # strings, doubles: the JSON path decides
     arrow = synthetic.kernel_batch(3000, start_ns=time.time_ns() - 3 * MINUTE_NS, duration_s=240)
-    attached = [rollup.for_batch(b) for b in decoded]       # as the receiver hands them over
-    assert all(b.rollup is not None for b in attached) and rollup.for_batch(odd).rollup is None
+    attached = [rollup.for_batch(b) for b in decoded]
+    ready = [prepared(b) for b in decoded + [arrow]]        # as the receiver hands them over
+    assert all(b.rollup is not None for b in attached + ready) and rollup.for_batch(odd).rollup is None
     for batches in (decoded, decoded[-1:], [odd], [arrow], decoded + [odd, arrow], attached,
-                    attached[:1], [odd] + attached + [arrow]):
+                    attached[:1], [odd] + attached + [arrow], ready, ready[-1:], ready + [odd]):
         want = reference_rows(batches)
         assert len(want) >= 1
         assert stored_rows(batches) == want
