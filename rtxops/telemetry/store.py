@@ -583,7 +583,8 @@ class Store:
             SELECT job_id, rank, step, duration_ns, plan_version, start_ns FROM step_times
             WHERE ($job IS NULL OR job_id = $job) AND start_ns >= $since
             ORDER BY start_ns DESC LIMIT $limit""",
-                          {"job": job_id, "since": since_ns or 0, "limit": limit})
+                          {"job": job_id, "since": self._newest_since("rtx.step", job_id, since_ns, limit),
+                           "limit": limit})
 
     def swaps(self, *, job_id: str | None = None, since_ns: int | None = None) -> list[dict]:
         """Plan swaps: job, rank, step, time, from/to version, plan digest."""
@@ -598,7 +599,27 @@ class Store:
             SELECT * FROM memory_timeline
             WHERE ($job IS NULL OR job_id = $job) AND start_ns >= $since
             ORDER BY start_ns DESC LIMIT $limit""",
-                          {"job": job_id, "since": since_ns or 0, "limit": limit})
+                          {"job": job_id, "since": self._newest_since("rtx.step", job_id, since_ns, limit),
+                           "limit": limit})
+
+    def _newest_since(self, name: str, job_id: str | None, since_ns: int | None, limit: int) -> int:
+        """A start time at or before that of the newest ``limit`` spans named ``name`` (of one
+        job) since ``since_ns``. DuckDB reads only the newest row groups for an ORDER BY ...
+        LIMIT over one table, not through the join of the ``spans`` view: so the newest are
+        found in ``span_rows`` alone, and the view's query gets their start as a lower bound."""
+        since = since_ns or 0
+        keys = self.query("SELECT key_id FROM span_keys WHERE name = $name AND ($job IS NULL OR job_id = $job)",
+                          {"name": name, "job": job_id})
+        if not keys or len(keys) > 64:
+            return since
+        # an OR of equalities: DuckDB turns an IN list of more than a few values into a join,
+        # which reads every row group again (the ids are integers from the store itself)
+        match = " OR ".join(f"key_id = {int(k['key_id'])}" for k in keys)
+        row = self.query(f"""
+            SELECT min(start_ns) AS floor FROM (
+                SELECT start_ns FROM span_rows WHERE ({match}) AND start_ns >= $since
+                ORDER BY start_ns DESC LIMIT $limit)""", {"since": since, "limit": limit})
+        return since if row[0]["floor"] is None else max(since, row[0]["floor"])
 
     def cache_hit_rates(self, *, job_id: str | None = None, since_ns: int | None = None,
                         until_ns: int | None = None) -> list[dict]:

@@ -114,3 +114,30 @@ def test_migration_to_the_narrow_layout_keeps_every_span(tmp_path, monkeypatch):
         kinds = {r["name"]: r["n"] for r in store.query(
             "SELECT name, count(*) AS n FROM spans GROUP BY name")}
         assert kinds["custom.thing"] == 2 and kinds["rtx.step"] == 1 + 75 + 1
+
+
+def test_newest_steps_are_the_newest_whatever_the_layout(tmp_path):
+    """step_times / memory_timeline find their newest rows in span_rows first (see
+    Store._newest_since): the answer is the one the spans view gives on its own."""
+    with Store(tmp_path / "s.duckdb") as store:
+        start = time.time_ns() - 10**12
+        for seed in range(3):                                   # interleaved jobs and ranks
+            store.write(synthetic.kernel_batch(4000, start_ns=start + seed, duration_s=500, seed=seed))
+        store.write(_odd_request())
+        for job in (None, "job-1", "job-a"):
+            for limit in (1, 7, 40, 10_000):
+                since = start + 100 * 10**9
+                want = store.query("""
+                    SELECT job_id, rank, step, duration_ns, plan_version, start_ns FROM step_times
+                    WHERE ($job IS NULL OR job_id = $job) AND start_ns >= $since
+                    ORDER BY start_ns DESC, rank, job_id LIMIT $limit""",
+                                   {"job": job, "since": since, "limit": limit})
+                got = store.step_times(job_id=job, since_ns=since, limit=limit)
+                key = lambda r: (-r["start_ns"], r["rank"], r["job_id"])  # noqa: E731
+                assert sorted(got, key=key) == want and (want or job == "job-a")
+                mem = store.memory_timeline(job_id=job, since_ns=since, limit=limit)
+                assert sorted((r["start_ns"], r["rss_bytes"]) for r in mem) == sorted(
+                    (r["start_ns"], r["rss_bytes"]) for r in store.query(
+                        "SELECT * FROM memory_timeline WHERE ($job IS NULL OR job_id = $job) "
+                        "AND start_ns >= $since ORDER BY start_ns DESC LIMIT $limit",
+                        {"job": job, "since": since, "limit": limit}))
