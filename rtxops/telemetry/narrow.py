@@ -14,6 +14,7 @@ strings; at 64 bits that takes billions of keys.
 from __future__ import annotations
 
 import hashlib
+
 import numpy as np
 import orjson
 import pyarrow as pa
@@ -122,7 +123,11 @@ def _ids(column: pa.ChunkedArray | pa.Array, size: int) -> list[pa.Array]:
     if not np.all(lengths[valid] == width):
         raise ValueError(f"a span id is not {size} bytes of lowercase hex")
     data = np.frombuffer(a.buffers()[2], np.uint8) if a.buffers()[2] is not None else np.zeros(0, np.uint8)
-    pairs = _HEX_PAIRS[data[offsets[0]:offsets[-1]].view("<u2")]
+    if offsets[-1] - offsets[0] == int(valid.sum()) * width:
+        digits = data[offsets[0]:offsets[-1]]          # the valid ids, back to back
+    else:                                              # nulls that still cover bytes
+        digits = data[(offsets[:-1][valid, None] + np.arange(width)).ravel()]
+    pairs = _HEX_PAIRS[digits.view("<u2")]
     if pairs.size and pairs.max() > 255:
         raise ValueError(f"a span id is not {size} bytes of lowercase hex")
     raw = pairs.astype(np.uint8).reshape(-1, size)

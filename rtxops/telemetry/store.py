@@ -698,8 +698,8 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch],
     ingest row per batch. Returns the span key ids it committed."""
     rows, keys = narrow.merge([b.narrow if b.narrow is not None else narrow.split(b.spans)
                                for b in batches])
-    if stored_keys and keys.num_rows:
-        keys = keys.filter(pc.invert(pc.is_in(keys["key_id"], pa.array(list(stored_keys), pa.uint64()))))
+    if stored_keys and keys.num_rows:                # a batch has few keys; the set may be large
+        keys = keys.filter(pa.array([k not in stored_keys for k in keys["key_id"].to_pylist()]))
     tables = {
         "resources": pa.concat_tables([b.resources for b in batches]),
         "span_keys": keys,

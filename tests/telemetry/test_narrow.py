@@ -141,3 +141,15 @@ def test_newest_steps_are_the_newest_whatever_the_layout(tmp_path):
                         "SELECT * FROM memory_timeline WHERE ($job IS NULL OR job_id = $job) "
                         "AND start_ns >= $since ORDER BY start_ns DESC LIMIT $limit",
                         {"job": job, "since": since, "limit": limit}))
+
+
+def test_null_ids_read_as_null_however_arrow_lays_them_out():
+    ids = pa.array(["ab" * 8, "cd" * 8, "ef" * 8])
+    # a null that still covers its 16 bytes (Arrow allows it), then a slice of the array
+    covered = pa.Array.from_buffers(pa.string(), 3, [pa.array([True, False, True]).buffers()[1],
+                                                     *ids.buffers()[1:]], null_count=1)
+    assert narrow._ids(covered, 8)[0].to_pylist() == [0xABABABABABABABAB, None, 0xEFEFEFEFEFEFEFEF]
+    assert narrow._ids(covered.slice(1), 8)[0].to_pylist() == [None, 0xEFEFEFEFEFEFEFEF]
+    assert narrow._ids(pa.array(["", None, "01" * 8]), 8)[0].to_pylist() == [None, None, 0x0101010101010101]
+    rows, keys = narrow.split(otlp.SPANS_SCHEMA.empty_table())
+    assert rows.num_rows == keys.num_rows == 0
