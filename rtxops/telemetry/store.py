@@ -266,6 +266,8 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     for version, description, statements in MIGRATIONS:
         if version <= found:
             continue
+        if found:                                     # an existing store: this may take a while
+            log.info("rtxops store: migrating to schema %d: %s", version, description)
         con.execute("BEGIN")
         try:
             for sql in statements:
