@@ -208,10 +208,24 @@ _V7 = (
 
 # The narrow layout of span rows (see :mod:`.narrow`): integer ids, one row per distinct set of
 # a span's strings in span_keys, and ``spans`` a view with the columns of the table it replaces.
+# span_keys has no primary key: DuckDB holds a key's index in memory, which past about a million
+# keys outgrows the store's memory limit (keys accumulate with every job); the writer adds only
+# the keys it cannot find (see _insert).
 _KEY_LIST = ", ".join(narrow.KEY_COLUMNS)
+_OTLP_IDS = """(trace_id IS NULL OR regexp_full_match(trace_id, '[0-9a-fA-F]{32}'))
+    AND (span_id IS NULL OR regexp_full_match(span_id, '[0-9a-fA-F]{16}'))
+    AND (parent_span_id IS NULL OR parent_span_id = ''
+         OR regexp_full_match(parent_span_id, '[0-9a-fA-F]{16}'))"""
 _V8 = (
+    # only rows written by hand can hold other ids (the decoders check them): refuse rather than
+    # lose them; the transaction leaves the store as it was
+    f"""SELECT CASE WHEN count(*) > 0 THEN error(
+        'the store holds ' || count(*) || ' spans whose ids are not OTLP ids (32 and 16 hex '
+        || 'digits); this rtxops stores ids as integers and will not drop them. Delete or fix '
+        || 'them with the DuckDB CLI: DELETE FROM spans WHERE NOT ({" ".join(_OTLP_IDS.split()).replace("'", "''")})')
+        END FROM spans WHERE NOT ({_OTLP_IDS})""",
     """CREATE TABLE span_keys (
-        key_id UBIGINT PRIMARY KEY, name VARCHAR, scope_name VARCHAR, job_id VARCHAR,
+        key_id UBIGINT, name VARCHAR, scope_name VARCHAR, job_id VARCHAR,
         rank INTEGER, op VARCHAR, variant VARCHAR, config VARCHAR, bucket VARCHAR, site VARCHAR,
         phase VARCHAR)""",
     """CREATE TABLE span_rows (
@@ -716,9 +730,11 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch],
     cur.execute("BEGIN")
     try:
         for name, table in tables.items():
+            if name == "span_keys" and table.num_rows:
+                table = _unknown_keys(cur, table)    # the cache forgets; a restart starts it empty
             if table.num_rows:
+                verb = "INSERT OR IGNORE" if name == "resources" else "INSERT"
                 cur.register("_rtx_batch", table)
-                verb = "INSERT OR IGNORE" if name in ("resources", "span_keys") else "INSERT"
                 cur.execute(f"{verb} INTO {name} BY NAME SELECT * FROM _rtx_batch")
                 cur.unregister("_rtx_batch")
         if rows.num_rows:
@@ -734,6 +750,19 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch],
             cur.unregister("_rtx_batch")
         raise
     return keys["key_id"].to_pylist()
+
+
+def _unknown_keys(cur: duckdb.DuckDBPyConnection, keys: pa.Table) -> pa.Table:
+    """The rows of ``keys`` whose key_id span_keys does not hold (the join is built on the few
+    keys of the batch and probed with the stored ones)."""
+    cur.register("_rtx_keys", keys)
+    try:
+        known = cur.execute("SELECT DISTINCT key_id FROM span_keys SEMI JOIN _rtx_keys USING (key_id)").fetchall()
+    finally:
+        cur.unregister("_rtx_keys")
+    if not known:
+        return keys
+    return keys.filter(pc.invert(pc.is_in(keys["key_id"], pa.array([k for (k,) in known], pa.uint64()))))
 
 
 def _rollup(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:

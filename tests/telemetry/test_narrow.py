@@ -1,6 +1,7 @@
 """The narrow layout of span rows: what goes in comes back out of the ``spans`` view unchanged."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import duckdb
@@ -153,3 +154,47 @@ def test_null_ids_read_as_null_however_arrow_lays_them_out():
     assert narrow._ids(pa.array(["", None, "01" * 8]), 8)[0].to_pylist() == [None, None, 0x0101010101010101]
     rows, keys = narrow.split(otlp.SPANS_SCHEMA.empty_table())
     assert rows.num_rows == keys.num_rows == 0
+
+
+def test_keys_past_what_an_index_would_hold_in_memory(tmp_path, monkeypatch):
+    """Keys accumulate with every job; span_keys has no primary key, whose in-memory index
+    outgrew the memory limit (here 32 MB: 400 k keys; at the default 96 MB about a million)."""
+    monkeypatch.setenv("RTXOPS_STORE_MEMORY", "32MB")
+    base = synthetic.kernel_batch(20_000, start_ns=10**18, seed=1)
+    site_column = base.spans.schema.get_field_index("site")
+    with Store(tmp_path / "keys.duckdb") as store:
+        for i in range(20):
+            sites = pa.array(np.char.add(f"m.{i}.", np.arange(20_000).astype(str)).astype(object))
+            batch = dataclasses.replace(base, spans=base.spans.set_column(site_column, "site", sites))
+            store.write(batch)
+        assert store.query("SELECT count(*) AS n FROM span_keys")[0]["n"] == 400_000
+    with Store(tmp_path / "keys.duckdb") as store:     # a fresh writer knows none of them
+        store.write(_odd_request())
+        store.write(batch)                             # its keys were stored before
+        assert store.query("SELECT count(*) AS n, count(DISTINCT key_id) AS d FROM span_keys")[0] == \
+            {"n": 400_004, "d": 400_004}
+        assert store.query("SELECT count(*) AS n FROM spans")[0]["n"] == 400_000 + 4 + 20_000
+
+
+def test_migration_refuses_ids_it_cannot_keep_and_changes_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "odd.duckdb"
+    con = duckdb.connect(str(path))
+    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:7])
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 7)
+    store_module.migrate(con)
+    good = _odd_request()
+    con.register("b", good.spans)
+    con.execute("INSERT INTO spans SELECT * FROM b")
+    con.execute("UPDATE spans SET trace_id = 'abababababababab' WHERE name = 'custom.thing'")  # 8 bytes
+    before = _spans_out(con)
+    con.close()
+    monkeypatch.undo()
+    with pytest.raises(duckdb.Error, match="1 spans whose ids are not OTLP ids"):
+        Store(path)
+    con = duckdb.connect(str(path))
+    assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 7
+    assert _spans_out(con) == before
+    con.execute("DELETE FROM spans WHERE length(trace_id) <> 32")
+    con.close()
+    with Store(path) as store:
+        assert store.migrated_from == 7 and len(_spans_out(store)) == len(before) - 1
