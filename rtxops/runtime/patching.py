@@ -7,9 +7,10 @@ Patched:
   (through ``nn.Module.__init_subclass__``);
 - module-level functions named ``apply_rotary_pos_emb`` (Hugging Face convention) in loaded modules
   and in ``__main__``, looked for again whenever a new bucket is seen;
-- ``torch.jit.script``, ``torch.jit.trace`` and ``torch.jit.trace_module``: they run with every
-  patch above taken back, so TorchScript compiles (or records) torch's own functions and the
-  classes' own forwards, never the dispatching wrappers.
+- ``torch.jit.script``, ``torch.jit.trace``, ``torch.jit.trace_module`` and
+  ``torch.fx.Tracer.trace`` (``symbolic_trace``): they run with every patch above taken back, so
+  TorchScript and FX compile (or record) torch's own functions and the classes' own forwards,
+  never the dispatching wrappers.
 """
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ FUNCTIONAL_OPS = {
     "linear": "linear",
 }
 ROPE_FUNCTION_NAMES = ("apply_rotary_pos_emb",)
-JIT_ENTRY_POINTS = ("script", "trace", "trace_module")
+# (owner, attribute) of the tracers and compilers that must see torch unpatched
+UNROUTED_ENTRY_POINTS = ((torch.jit, "script"), (torch.jit, "trace"), (torch.jit, "trace_module"),
+                         (torch.fx.Tracer, "trace"))
 
 _lock = threading.RLock()
 _active: _Patch | None = None
@@ -154,7 +157,7 @@ class _Patch:
         self.functional: dict[str, Callable] = {}
         self.classes: dict[type, Callable] = {}
         self.functions: dict[tuple[object, str], Callable] = {}
-        self.jit: dict[str, Callable] = {}
+        self.entry_points: dict[tuple[object, str], Callable] = {}
         self.step_hook = None
         self.init_subclass = None
         self._seen_modules = 0
@@ -172,15 +175,15 @@ class _Patch:
             self.patch_class(cls)
         self._hook_new_classes()
         self.scan_functions()
-        self._wrap_jit()
+        self._wrap_entry_points()
         self.step_hook = register_optimizer_step_post_hook(
             lambda optimizer, args, kwargs: d.on_step(optimizer)
         )
         d.on_miss = self.scan_functions  # new buckets are a cheap moment to look for new modules
 
     def undo(self) -> None:
-        for name, fn in self.jit.items():
-            setattr(torch.jit, name, fn)
+        for (owner, name), fn in self.entry_points.items():
+            setattr(owner, name, fn)
         self._put_back()
         if self.step_hook is not None:
             self.step_hook.remove()
@@ -234,13 +237,13 @@ class _Patch:
             if getattr(namespace, name, None) is original and namespace not in gave_up:
                 _set(namespace, name, wrapper)
 
-    def _wrap_jit(self) -> None:
-        for name in JIT_ENTRY_POINTS:
-            fn = getattr(torch.jit, name, None)
+    def _wrap_entry_points(self) -> None:
+        for owner, name in UNROUTED_ENTRY_POINTS:
+            fn = owner.__dict__.get(name)
             if fn is None:
                 continue
-            self.jit[name] = fn
-            setattr(torch.jit, name, self._unrouted_during(fn))
+            self.entry_points[(owner, name)] = fn
+            setattr(owner, name, self._unrouted_during(fn))
 
     def _unrouted_during(self, fn: Callable) -> Callable:
         @functools.wraps(fn)

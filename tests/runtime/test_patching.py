@@ -267,3 +267,26 @@ def test_a_class_put_back_for_good_while_scripting_stays_back():
     with patching._active.suspended():  # another thread scripts a model meanwhile
         site.give_up("its first call failed its check")
     assert OddMLP.forward is own_forward
+
+
+def test_fx_symbolic_trace_records_torchs_own_functions():
+    torch.manual_seed(0)
+    model, x = _ScriptableNet(), torch.randn(4, 8)
+    expected = model(x)
+    d = patching.enable()
+    torch.testing.assert_close(model(x), expected)
+
+    class OwnTracer(torch.fx.Tracer):          # as Hugging Face's tracer: its own trace()
+        def trace(self, root, concrete_args=None):
+            return super().trace(root, concrete_args)
+
+    wrappers = {getattr(F, n) for n in originals.PATCHABLE}
+    for graph_module in (torch.fx.symbolic_trace(model),
+                         torch.fx.GraphModule(model, OwnTracer().trace(model))):
+        targets = {n.target for n in graph_module.graph.nodes if n.op == "call_function"}
+        assert originals.original("gelu") in targets and not targets & wrappers
+        torch.testing.assert_close(graph_module(x), expected)
+    assert F.gelu is not originals.original("gelu") and not any(
+        isinstance(s, ModuleSite) and s.failed for s in d.sites)
+    patching.disable()
+    assert torch.fx.Tracer.__dict__["trace"].__module__ == "torch.fx._symbolic_trace"
