@@ -152,7 +152,11 @@ class FunctionSite:
             # gets torch's own ops, and no route is kept
             return self.unrouted()
         scope = key.scope if isinstance(key, Scoped) else None
-        return self.dispatcher._resolve(self, key, self.op.bucket(*args, **kwargs), scope=scope)
+        try:
+            bucket_key = self.op.bucket(*args, **kwargs)
+        except Exception:  # values the bucket cannot read (FX proxies, nested tensors): as written
+            return self.unrouted()
+        return self.dispatcher._resolve(self, key, bucket_key, scope=scope)
 
     def unrouted(self) -> Any:
         """The route of calls the variants do not take: the reference, untimed."""
@@ -258,8 +262,11 @@ class ModuleSite(FunctionSite):
         def forward(module, *args, **kwargs):
             if _is_compiling() and _traced_here():
                 return original(module, *args, **kwargs)
-            parts = split(module, *args, **kwargs)
-            key = None if parts is None else call_key(*parts[0])
+            try:
+                parts = split(module, *args, **kwargs)
+                key = None if parts is None else call_key(*parts[0])
+            except Exception:  # inputs the op's key cannot read (nested tensors): as written
+                return original(module, *args, **kwargs)
             if key is not None and (by_mode or any_autocast()):
                 # train and eval (and autocast) are checked apart: a forward may differ between
                 # them (dropout)

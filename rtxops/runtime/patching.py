@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch import nn
 
-from . import originals
+from . import originals, script_shims
 from .dispatcher import Dispatcher, ModuleSite
 from .plan import Plan
 from .readings import Readings
@@ -167,9 +167,17 @@ class _Patch:
         d = self.dispatcher
         for fname, op in FUNCTIONAL_OPS.items():
             self.functional[fname] = getattr(F, fname)
-            wrapper = d.function_site(op, f"F.{fname}", originals.original(fname)).wrapper
+            reference = originals.original(fname)
+            wrapper = d.function_site(op, f"F.{fname}", reference).wrapper
             # pickle finds it where it stands (a module holding F.gelu is saved as F.gelu)
             wrapper.__module__, wrapper.__qualname__ = F.__name__, fname
+            source = reference if inspect.isfunction(reference) else script_shims.SHIMS.get(fname)
+            if source is not None:
+                # a wrapper held before scripting (``self.act = F.silu``): TorchScript compiles
+                # torch's own function, or a stand-in with its signature for a C function (the
+                # attributes torch.jit's script-if-tracing wrappers carry; dynamo honours them too)
+                setattr(wrapper, "__original_fn", source)
+                setattr(wrapper, "__script_if_tracing_wrapper", True)
             setattr(F, fname, wrapper)
         for cls in _all_subclasses(nn.Module):
             self.patch_class(cls)

@@ -290,3 +290,49 @@ def test_fx_symbolic_trace_records_torchs_own_functions():
         isinstance(s, ModuleSite) and s.failed for s in d.sites)
     patching.disable()
     assert torch.fx.Tracer.__dict__["trace"].__module__ == "torch.fx._symbolic_trace"
+
+
+class _HoldsFunctions(nn.Module):
+    """Holds F functions taken before scripting or tracing (as nn.TransformerEncoderLayer does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.act, self.act2, self.sm = nn.Linear(8, 8), F.gelu, F.silu, F.softmax
+
+    def forward(self, x):
+        return self.sm(self.act2(self.act(self.lin(x))), -1)
+
+
+def test_functions_held_as_attributes_script_trace_and_compile():
+    patching.enable()
+    torch.manual_seed(0)
+    model, x = _HoldsFunctions(), torch.randn(4, 8)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, activation="gelu").eval()
+    src = torch.randn(3, 2, 8)
+    expected, expected_layer = model(x), layer(src)
+    torch.testing.assert_close(torch.jit.script(model)(x), expected)
+    torch.testing.assert_close(torch.jit.script(layer)(src), expected_layer)
+    torch.testing.assert_close(torch.fx.symbolic_trace(model)(x), expected)
+    torch.testing.assert_close(torch.compile(model, backend="eager", fullgraph=True)(x), expected)
+
+
+def test_inputs_the_op_keys_cannot_read_run_as_written():
+    class LlamaMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    torch.manual_seed(0)
+    mlp = LlamaMLP()
+    q = torch.nested.nested_tensor([torch.randn(2, 3, 8), torch.randn(2, 5, 8)],
+                                   layout=torch.jagged).transpose(1, 2)   # (batch, heads, jagged, dim)
+    rows = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(5, 8)])
+    want_attention = F.scaled_dot_product_attention(q, q, q)
+    want_mlp = mlp(rows)
+    patching.enable()
+    for got, want in ((F.scaled_dot_product_attention(q, q, q), want_attention), (mlp(rows), want_mlp)):
+        for a, b in zip(got.unbind(), want.unbind()):
+            assert torch.equal(a, b)
