@@ -250,7 +250,22 @@ class ModuleSite(FunctionSite):
         self.cls, self.split, self.whole_forward = cls, split, whole_forward
         self.original_forward = cls.forward
         self.failed: str | None = None
+        self._dormant = [False]  # a cell the wrapper reads: run the class's own forward, untimed
         super().__init__(dispatcher, op, name, self.original_forward)
+        self._update_dormant()
+
+    def clear(self) -> None:
+        super().clear()
+        self._update_dormant()
+
+    def _update_dormant(self) -> None:
+        """A class whose forward only contains the op (a gated MLP) is rewritten as the op only
+        when the running plan routes that op, or the job asked for it (``reroute_partial``):
+        the rewrite drops whatever else its forward does (side effects, an activation chosen per
+        instance), which one first call per bucket cannot see."""
+        plan, d = self.dispatcher.plan, self.dispatcher
+        self._dormant[0] = not self.whole_forward and not d.reroute_partial and not (
+            self.op.name in plan.defaults or any(e.op == self.op.name for e in plan.entries))
 
     def _make_wrapper(self) -> Callable:
         call_key, routes, original, split, miss = (
@@ -258,9 +273,10 @@ class ModuleSite(FunctionSite):
         )
 
         by_mode = not self.whole_forward
+        dormant = self._dormant
 
         def forward(module, *args, **kwargs):
-            if _is_compiling() and _traced_here():
+            if dormant[0] or (_is_compiling() and _traced_here()):
                 return original(module, *args, **kwargs)
             try:
                 parts = split(module, *args, **kwargs)
@@ -378,6 +394,9 @@ class Dispatcher:
         # per-call CUDA memory readings reset torch's peak counter before each routed call, which
         # the job's own max_memory_allocated() would then report: only when asked for
         self.call_memory = False
+        # route classes whose forward only contains an op (gated MLPs) on every plan, not only
+        # on plans that route that op (see ModuleSite._update_dormant)
+        self.reroute_partial = False
         # regions' device time; no memory readings: resetting the allocator's peak on every step
         # would overwrite the job's own max_memory_allocated()
         self.region_timer: CudaEventTimer | None = None
@@ -468,6 +487,14 @@ class Dispatcher:
             if timer is not None:
                 timer.drain()
         self.readings.step(self.step, perf_counter_ns(), self.plan.version, rss_bytes())
+
+    def set_reroute_partial(self, on: bool) -> None:
+        """Route gated-MLP-like classes on every plan (``RTXOPS_REROUTE_MLP=1``), or only on plans
+        that route their op (the default)."""
+        with self._lock:
+            self.reroute_partial = on
+            for site in self.sites:
+                site.clear()
 
     def set_readings(self, readings: Readings) -> None:
         """Send readings elsewhere; routes are rebuilt so the hot path calls the new sink."""
@@ -659,19 +686,38 @@ class Dispatcher:
         tol = _exact if choice.variant.name == REFERENCE and default_plan else site.op.tolerance
 
         def first_call(*args, **kwargs):
-            t_ref = perf_counter_ns()
-            expected = site.run_reference(args, kwargs)
-            t_ref = perf_counter_ns() - t_ref
-            t0 = perf_counter_ns()
-            try:
-                got, elapsed = site.run_variant(fn, args, kwargs)
-            except Exception as e:
-                problem = f"raised {_describe(e)}"
-            else:
+            # Route and reference are compared without autograd, from the same random state;
+            # then the one that answers runs again, as every later call will, from that state.
+            # So the call saves for backward what the chosen one saves (as when activation
+            # checkpointing recomputes it) and draws the random numbers it draws.
+            rng = _RandomState()
+            unreadable = False
+            with torch.no_grad():
                 try:
-                    problem = _compare(got, expected, tol)
-                except Exception:  # values that cannot be read (meta, fake, vmapped tensors):
-                    return expected  # the reference answers; a later call is checked
+                    got, _ = site.run_variant(fn, args, kwargs)
+                except Exception as e:
+                    problem = f"raised {_describe(e)}"
+                else:
+                    rng.restore()
+                    expected = site.run_reference(args, kwargs)
+                    try:
+                        problem = _compare(got, expected, tol)
+                    except Exception:  # values that cannot be read (meta, fake, vmapped):
+                        unreadable = True  # the reference answers; a later call is checked
+            rng.restore()
+            if unreadable:
+                return site.run_reference(args, kwargs)
+            if not problem:
+                t0 = perf_counter_ns()
+                try:
+                    got, elapsed = site.run_variant(fn, args, kwargs)
+                except Exception as e:
+                    problem = f"raised {_describe(e)}"
+                    rng.restore()
+                else:
+                    self.readings.record(slot, t0, elapsed)
+                    site.replace(route, fast)
+                    return got
             if problem:
                 if isinstance(site, ModuleSite):
                     site.give_up(f"{choice.variant.name}: {problem}")
@@ -679,12 +725,11 @@ class Dispatcher:
                     self._disable(site, disable_key, slot, f"first call differs from reference: {problem}")
                 else:
                     self.readings.error(slot, problem)
-                if reference_slot is not None:
-                    self.readings.record(reference_slot, t0 - t_ref, t_ref)
-                return expected
-            self.readings.record(slot, t0, elapsed)
-            site.replace(route, fast)
-            return got
+            t_ref = perf_counter_ns()
+            expected = site.run_reference(args, kwargs)
+            if problem and reference_slot is not None:
+                self.readings.record(reference_slot, t_ref, perf_counter_ns() - t_ref)
+            return expected
 
         route = site.self_recording(first_call)
         return route
@@ -757,6 +802,19 @@ def _flat_tensors(obj) -> list[torch.Tensor]:
     if isinstance(obj, (tuple, list)):
         return [t for o in obj for t in _flat_tensors(o)]
     return []
+
+
+class _RandomState:
+    """torch's random state (CPU, and CUDA once initialized), to run code again from it."""
+
+    def __init__(self) -> None:
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
 
 
 def _exact(dtype: torch.dtype) -> Tolerance:

@@ -13,7 +13,7 @@ from torch import nn
 from rtxops.runtime import originals, patching
 from rtxops.runtime.dispatcher import ModuleSite
 
-from .helpers import TinyNet, TinyRMSNorm, train_losses
+from .helpers import TinyNet, TinyRMSNorm, bucket_id, plan_for, train_losses
 
 
 def test_enable_disable_round_trip_restores_torch_exactly():
@@ -116,6 +116,7 @@ def test_mismatching_module_class_goes_back_to_its_own_forward():
 
     own_forward = OddMLP.forward
     d = patching.enable()
+    d.set_reroute_partial(True)
     assert OddMLP.forward is not own_forward
     m = OddMLP()
     x = torch.randn(4, 8)
@@ -137,6 +138,7 @@ def test_gated_mlp_is_rerouted_through_swiglu():
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     d = patching.enable()
+    d.set_reroute_partial(True)
     m = LlamaMLP()
     x = torch.randn(4, 8)
     for _ in range(3):
@@ -336,3 +338,48 @@ def test_inputs_the_op_keys_cannot_read_run_as_written():
     for got, want in ((F.scaled_dot_product_attention(q, q, q), want_attention), (mlp(rows), want_mlp)):
         for a, b in zip(got.unbind(), want.unbind()):
             assert torch.equal(a, b)
+
+
+class _ZeroDownGeluMLP(nn.Module):
+    """A gated-MLP layout whose forward is not swiglu, with a down projection that starts at zero
+    (one first call cannot tell), and a side effect of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+        nn.init.zeros_(self.down_proj.weight)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.down_proj(F.gelu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_a_gated_mlp_runs_its_own_forward_unless_a_plan_routes_swiglu():
+    torch.manual_seed(0)
+    m, x = _ZeroDownGeluMLP(), torch.randn(4, 8)
+    with torch.no_grad():
+        m.down_proj.weight.normal_()        # trained: its forward is not swiglu
+    want = _ZeroDownGeluMLP.forward(m, x)
+    fresh = _ZeroDownGeluMLP()
+    seen = []
+    fresh.gate_proj.register_forward_hook(lambda *a: seen.append(1))
+    d = patching.enable()
+    site = d.site_named(f"module:{__name__}.{_ZeroDownGeluMLP.__qualname__}")
+    opt = torch.optim.SGD(fresh.parameters(), lr=0.5)
+    for _ in range(3):                      # the down projection leaves zero after a step
+        fresh(x).sum().backward()
+        opt.step()
+    with torch.no_grad():
+        fresh.load_state_dict(m.state_dict())
+    assert torch.equal(fresh(x), want) and fresh.calls == 4 and len(seen) == 4
+    assert not any(s.op == "swiglu" for s in d.readings.slots), "not rewritten, not timed"
+
+    # a plan that routes swiglu (here: its reference) turns the rewrite on, checked per bucket
+    bucket = bucket_id("swiglu", torch.randn(4, 16), torch.randn(4, 16))
+    d.install_plan(plan_for(2, ("swiglu", bucket, "reference")))
+    d.apply_pending()
+    assert not site._dormant[0]
+    d.install_plan(plan_for(3))
+    d.apply_pending()
+    assert site._dormant[0]

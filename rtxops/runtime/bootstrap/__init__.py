@@ -73,6 +73,7 @@ def start() -> None:
             print(f"rtxops: telemetry not started ({factory}): {type(e).__name__}: {e}", file=sys.stderr)
     daemon, job_id = os.environ.get("RTXOPS_DAEMON"), os.environ.get("RTXOPS_JOB_ID")
     dispatcher.call_memory = os.environ.get("RTXOPS_CALL_MEMORY", "0") not in ("", "0")
+    dispatcher.set_reroute_partial(os.environ.get("RTXOPS_REROUTE_MLP", "0") not in ("", "0"))
     interval = _seconds("RTXOPS_PLAN_POLL_S", 2.0)
     if daemon and job_id and interval > 0:
         from ..plan_client import PlanPoller
