@@ -124,6 +124,11 @@ class PlanPoller:
                 raise PlanError(problem)
             self.dispatcher.install_plan(plan)
         except Exception as e:  # a refused plan, whatever the reason: the job keeps its plan
+            if not threading.main_thread().is_alive():
+                # the job is exiting: what failed may be the interpreter shutting down (its
+                # thread pools take no more work), not the plan; no verdict
+                log.debug("rtxops: plan not checked, the job is exiting: %s", e)
+                return "retry"
             version = _version_of(body)
             reason = str(e) if isinstance(e, PlanError) else f"{type(e).__name__}: {e}"
             if not isinstance(e, PlanError) or reason not in self.dispatcher.plan_rejections:

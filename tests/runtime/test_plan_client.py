@@ -125,3 +125,18 @@ def test_a_forbidden_bundle_is_a_refusal(endpoint):
     poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", None, verifier=accept)
     assert poller.poll_once() == "refused"
     assert "HTTP 403" in poller.refused[0][1]
+
+
+def test_a_plan_met_while_the_job_exits_gets_no_verdict(endpoint, monkeypatch):
+    def shutting_down(files, running):    # what the verifier's thread pool raises at exit
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    ended = threading.Thread(target=lambda: None)
+    ended.start()
+    ended.join()
+    monkeypatch.setattr(threading, "main_thread", lambda: ended)   # as during interpreter exit
+    poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", None, verifier=shutting_down)
+    assert poller.poll_once() == "retry"
+    assert poller.refused == [] and endpoint.reports == [] and poller.etag is None
+    monkeypatch.undo()
+    assert poller.poll_once() == "refused"       # the same failure in a running job is one
