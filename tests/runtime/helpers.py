@@ -24,6 +24,25 @@ class TinyRMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class LlamaMLP(nn.Module):
+    """A Llama-style gated MLP: its forward is swiglu, then the down projection."""
+
+    def __init__(self, dim: int = 8, hidden: int = 16):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(dim, hidden), nn.Linear(dim, hidden)
+        self.down_proj = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GeluGatedMLP(LlamaMLP):
+    """The gated-MLP layout with gelu: its forward is not swiglu."""
+
+    def forward(self, x):
+        return self.down_proj(F.gelu(self.gate_proj(x)) * self.up_proj(x))
+
+
 class TinyNet(nn.Module):
     def __init__(self, dim: int = 32, classes: int = 10):
         super().__init__()

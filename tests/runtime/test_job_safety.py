@@ -19,6 +19,8 @@ from torch import nn
 
 from rtxops.runtime import patching
 
+from .helpers import LlamaMLP
+
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "rtxops" / "runtime" / "bootstrap"
 
 
@@ -200,14 +202,6 @@ def test_a_first_call_inside_activation_checkpointing_saves_what_its_recomputati
     """The first call of a route is checked against the reference; the reference runs without
     autograd, so a non-reentrant checkpoint sees the same saved tensors when it recomputes."""
     from torch.utils.checkpoint import checkpoint
-
-    class LlamaMLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
-
-        def forward(self, x):
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     torch.manual_seed(0)
     m, x = LlamaMLP().eval(), torch.randn(4, 8, requires_grad=True)

@@ -13,7 +13,7 @@ from torch import nn
 from rtxops.runtime import originals, patching
 from rtxops.runtime.dispatcher import ModuleSite
 
-from .helpers import TinyNet, TinyRMSNorm, bucket_id, plan_for, train_losses
+from .helpers import GeluGatedMLP, LlamaMLP, TinyNet, TinyRMSNorm, bucket_id, plan_for, train_losses
 
 
 def test_enable_disable_round_trip_restores_torch_exactly():
@@ -106,37 +106,21 @@ def test_modules_defined_after_enable_are_patched_and_checked():
 
 
 def test_mismatching_module_class_goes_back_to_its_own_forward():
-    class OddMLP(nn.Module):  # has the gated-MLP layout but uses gelu, not silu
-        def __init__(self):
-            super().__init__()
-            self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
-
-        def forward(self, x):
-            return self.down_proj(F.gelu(self.gate_proj(x)) * self.up_proj(x))
-
-    own_forward = OddMLP.forward
+    own_forward = GeluGatedMLP.forward
     d = patching.enable()
     d.set_reroute_partial(True)
-    assert OddMLP.forward is not own_forward
-    m = OddMLP()
+    assert GeluGatedMLP.forward is not own_forward
+    m = GeluGatedMLP()
     x = torch.randn(4, 8)
     expected = own_forward(m, x)
     assert torch.equal(m(x), expected)
-    site = d.site_named(f"module:{__name__}.{OddMLP.__qualname__}")
+    site = d.site_named(f"module:{GeluGatedMLP.__module__}.{GeluGatedMLP.__qualname__}")
     assert site.failed and "max abs difference" in site.failed
-    assert OddMLP.forward is own_forward  # for good
+    assert GeluGatedMLP.forward is own_forward  # for good
     assert torch.equal(m(x), expected)
 
 
 def test_gated_mlp_is_rerouted_through_swiglu():
-    class LlamaMLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
-
-        def forward(self, x):
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
     d = patching.enable()
     d.set_reroute_partial(True)
     m = LlamaMLP()
@@ -146,7 +130,7 @@ def test_gated_mlp_is_rerouted_through_swiglu():
     stats = d.readings
     swiglu = [s for s in stats.slots if s.op == "swiglu"]
     assert swiglu and sum(stats.calls[s.id] for s in swiglu) == 3
-    assert not d.site_named(f"module:{__name__}.{LlamaMLP.__qualname__}").failed
+    assert not d.site_named(f"module:{LlamaMLP.__module__}.{LlamaMLP.__qualname__}").failed
 
 
 def test_rope_functions_in_loaded_modules_are_patched_and_restored():
@@ -188,21 +172,10 @@ def test_inside_torch_compile_the_wrapper_steps_aside():
     torch.testing.assert_close(compiled(x), f(x))
 
 
-class _ScriptableMLP(nn.Module):
-    """A Llama-style gated MLP, as TorchScript users write it."""
-
-    def __init__(self):
-        super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class _ScriptableNet(nn.Module):
     def __init__(self):
         super().__init__()
-        self.net, self.norm, self.mlp = TinyNet(dim=8, classes=8), TinyRMSNorm(8), _ScriptableMLP()
+        self.net, self.norm, self.mlp = TinyNet(dim=8, classes=8), TinyRMSNorm(8), LlamaMLP()
         self.ln, self.act, self.sm = nn.LayerNorm(8), nn.GELU(), nn.Softmax(-1)
 
     def forward(self, x):
@@ -254,21 +227,13 @@ def test_an_untraced_entry_point_records_torchs_own_ops():
 
 
 def test_a_class_put_back_for_good_while_scripting_stays_back():
-    class OddMLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
-
-        def forward(self, x):
-            return self.down_proj(F.gelu(self.gate_proj(x)) * self.up_proj(x))
-
-    own_forward = OddMLP.forward
+    own_forward = GeluGatedMLP.forward
     d = patching.enable()
-    site = d.site_named(f"module:{__name__}.{OddMLP.__qualname__}")
-    assert OddMLP.forward is not own_forward
+    site = d.site_named(f"module:{GeluGatedMLP.__module__}.{GeluGatedMLP.__qualname__}")
+    assert GeluGatedMLP.forward is not own_forward
     with patching._active.suspended():  # another thread scripts a model meanwhile
         site.give_up("its first call failed its check")
-    assert OddMLP.forward is own_forward
+    assert GeluGatedMLP.forward is own_forward
 
 
 def test_fx_symbolic_trace_records_torchs_own_functions():
@@ -319,14 +284,6 @@ def test_functions_held_as_attributes_script_trace_and_compile():
 
 
 def test_inputs_the_op_keys_cannot_read_run_as_written():
-    class LlamaMLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gate_proj, self.up_proj, self.down_proj = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
-
-        def forward(self, x):
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
     torch.manual_seed(0)
     mlp = LlamaMLP()
     q = torch.nested.nested_tensor([torch.randn(2, 3, 8), torch.randn(2, 5, 8)],

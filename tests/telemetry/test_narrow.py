@@ -30,6 +30,16 @@ def _spans_in(table: pa.Table) -> list[dict]:
     return table.sort_by([("start_ns", "ascending"), ("span_id", "ascending")]).to_pylist()
 
 
+def _store_at_version_7(path, monkeypatch) -> duckdb.DuckDBPyConnection:
+    """A connection to a new store at schema 7 (wide spans table); ``monkeypatch.undo()`` brings
+    the current migrations back."""
+    con = duckdb.connect(str(path))
+    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:7])
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 7)
+    store_module.migrate(con)
+    return con
+
+
 def _odd_request() -> otlp.Batch:
     t0 = time.time_ns()
     spans = [
@@ -95,10 +105,7 @@ def test_distinct_rows_past_64_bits_of_combinations():
 
 def test_migration_to_the_narrow_layout_keeps_every_span(tmp_path, monkeypatch):
     path = tmp_path / "v7.duckdb"
-    con = duckdb.connect(str(path))
-    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:7])
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 7)
-    store_module.migrate(con)
+    con = _store_at_version_7(path, monkeypatch)
     old = [_odd_request(), synthetic.kernel_batch(3000, start_ns=time.time_ns() - 10**12, seed=5)]
     for b in old:
         con.register("b", b.spans)
@@ -178,10 +185,7 @@ def test_keys_past_what_an_index_would_hold_in_memory(tmp_path, monkeypatch):
 
 def test_migration_refuses_ids_it_cannot_keep_and_changes_nothing(tmp_path, monkeypatch):
     path = tmp_path / "odd.duckdb"
-    con = duckdb.connect(str(path))
-    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:7])
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 7)
-    store_module.migrate(con)
+    con = _store_at_version_7(path, monkeypatch)
     good = _odd_request()
     con.register("b", good.spans)
     con.execute("INSERT INTO spans SELECT * FROM b")
