@@ -718,16 +718,15 @@ class Dispatcher:
                     self.readings.record(slot, t0, elapsed)
                     site.replace(route, fast)
                     return got
-            if problem:
-                if isinstance(site, ModuleSite):
-                    site.give_up(f"{choice.variant.name}: {problem}")
-                if disable_key is not None:
-                    self._disable(site, disable_key, slot, f"first call differs from reference: {problem}")
-                else:
-                    self.readings.error(slot, problem)
+            if isinstance(site, ModuleSite):
+                site.give_up(f"{choice.variant.name}: {problem}")
+            if disable_key is not None:
+                self._disable(site, disable_key, slot, f"first call differs from reference: {problem}")
+            else:
+                self.readings.error(slot, problem)
             t_ref = perf_counter_ns()
             expected = site.run_reference(args, kwargs)
-            if problem and reference_slot is not None:
+            if reference_slot is not None:
                 self.readings.record(reference_slot, t_ref, perf_counter_ns() - t_ref)
             return expected
 
