@@ -162,6 +162,7 @@ class _Patch:
         self.init_subclass = None
         self._seen_modules = 0
         self._suspended = 0
+        self._wrappers: dict = {}  # what suspended() took down, to put back
 
     def apply(self) -> None:
         d = self.dispatcher
