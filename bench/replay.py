@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -88,7 +89,16 @@ def main() -> None:
     p.add_argument("--no-replay", action="store_true", help="record only")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out")
+    p.add_argument("--compare-with", type=Path, metavar="DIR",
+                   help="only compare the sweeps in --sweeps-dir with a second recording in DIR "
+                        "(is each bucket's best arm the same, and by how much does it differ?)")
     a = p.parse_args()
+    if a.compare_with:
+        text = json.dumps(compare_recordings(a.sweeps_dir, a.compare_with), indent=1)
+        if a.out:
+            Path(a.out).write_text(text)
+        print(text)
+        return
 
     started = time.monotonic()
     a.sweeps_dir.mkdir(parents=True, exist_ok=True)
@@ -145,6 +155,31 @@ def replay_dir(sweeps_dir: Path, seeds: int) -> dict:
             "torch": torch.__version__, "seeds": seeds, "within": 0.05, "trial_reps": reps,
             "summary": out_summary[f"trial={reps}_reps"], "summary_one_rep_trials":
             out_summary["trial=1_rep"], "sweeps": per_sweep}
+
+
+def compare_recordings(first: Path, second: Path) -> dict:
+    """Two recordings of the same buckets: whether each names the same best arm, and how far each
+    recording's best is from the best in the other (the replay's 5 % target is only meaningful
+    where these stay well under 5 %)."""
+    from rtxops.evolve.replay import load_sweep_file
+
+    rows = []
+    for f in sorted(second.glob("*.json")):
+        if not (first / f.name).exists():
+            continue
+        a, b = (load_sweep_file(p).arms for p in (first / f.name, f))
+        ma = {k: statistics.median(v) for k, v in a.items()}
+        mb = {k: statistics.median(v) for k, v in b.items() if k in ma}
+        best_a, best_b = min(ma, key=ma.get), min(mb, key=mb.get)
+        rows.append({"file": f.name, "best_first": best_a, "best_second": best_b,
+                     "same_best": best_a == best_b,
+                     "first_best_in_second": round(mb[best_a] / mb[best_b], 3),
+                     "second_best_in_first": round(ma[best_b] / ma[best_a], 3)})
+    return {"bench": "replay_repeat", "first": os.path.relpath(first), "second": os.path.relpath(second),
+            "sweeps": len(rows), "same_best": sum(r["same_best"] for r in rows),
+            "best_off_by_more_than_5pct": sum(max(r["first_best_in_second"],
+                                                   r["second_best_in_first"]) > 1.05 for r in rows),
+            "per_sweep": rows}
 
 
 def summarize(per_sweep: list[dict], results: list[dict]) -> dict:

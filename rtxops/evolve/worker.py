@@ -13,6 +13,10 @@ import time
 from typing import Any
 
 GPU_FLUSH_BYTES = 256 << 20
+# On CPU one repetition times a run of calls at least this long: a single call of a small kernel
+# is as short as the host's page faults and timer ticks, which then decide the ranking.
+CPU_MIN_REP_NS = 2_000_000
+CPU_MAX_CALLS_PER_REP = 256
 
 
 def main() -> int:
@@ -62,7 +66,8 @@ def _gate(registry, items: list[dict]) -> None:
 
 def _bench(registry, request: dict) -> None:
     """Forward + backward time of every arm on the bucket's example inputs: warm-up, then
-    repetitions interleaved across arms (so drift hits every arm alike)."""
+    repetitions interleaved across arms (so drift hits every arm alike). A value is the time of
+    one call; on CPU it is the mean of a run of calls lasting at least ``min_rep_ns``."""
     import torch
 
     from rtxops.runtime.bucket import Bucket
@@ -74,15 +79,19 @@ def _bench(registry, request: dict) -> None:
     args, kwargs = spec.example_inputs(bucket, 0)
     cuda = bucket.device == "cuda"
     flush = torch.empty(GPU_FLUSH_BYTES, dtype=torch.int8, device="cuda") if cuda else None
+    min_rep_ns = 0 if cuda else int(request.get("min_rep_ns", CPU_MIN_REP_NS))
     runs: list[Any] = []
+    calls: list[int] = []
     for arm in arms:
         try:
             fn = registry.variant(op, arm["variant"]).build(dict(arm.get("config", {})), bucket)
             for _ in range(warmup):
                 _fwd_bwd(fn, args, kwargs)
+            calls.append(_calls_per_rep(fn, args, kwargs, min_rep_ns))
             runs.append(fn)
         except Exception as e:
             runs.append(e)
+            calls.append(1)
     values: list[list[float]] = [[] for _ in arms]
     total, done = reps * len(arms), 0
     for _ in range(reps):
@@ -92,7 +101,7 @@ def _bench(registry, request: dict) -> None:
                 continue
             if flush is not None:
                 flush.zero_()  # evict the last arm's data from L2
-            values[i].append(_timed(fn, args, kwargs, cuda))
+            values[i].append(_timed(fn, args, kwargs, cuda, calls[i]))
             if done % max(1, total // 50) == 0:
                 _emit({"event": "progress", "done": done, "total": total})
     for i, (arm, fn) in enumerate(zip(arms, runs)):
@@ -101,7 +110,7 @@ def _bench(registry, request: dict) -> None:
             out.update(status="failed", reason=f"{type(fn).__name__}: {fn}", values=[])
         else:
             v = values[i]
-            out.update(status="ok", values=v, median_ns=statistics.median(v),
+            out.update(status="ok", values=v, calls_per_rep=calls[i], median_ns=statistics.median(v),
                        p95_ns=sorted(v)[int(0.95 * (len(v) - 1))],
                        spread=statistics.pstdev(v) / statistics.mean(v) if len(v) > 1 else 0.0,
                        peak_bytes=_peak(fn, args, kwargs) if cuda else None)
@@ -119,7 +128,16 @@ def _fwd_bwd(fn, args, kwargs) -> None:
         torch.autograd.grad([o.sum() for o in outs], leaves, allow_unused=True)
 
 
-def _timed(fn, args, kwargs, cuda: bool) -> float:
+def _calls_per_rep(fn, args, kwargs, min_rep_ns: int) -> int:
+    """How many back-to-back calls make one repetition last ``min_rep_ns`` (1 when 0)."""
+    if min_rep_ns <= 0:
+        return 1
+    one = max(1.0, _timed(fn, args, kwargs, False))
+    return max(1, min(CPU_MAX_CALLS_PER_REP, -(-min_rep_ns // int(one))))
+
+
+def _timed(fn, args, kwargs, cuda: bool, calls: int = 1) -> float:
+    """Time of one forward + backward (the mean over ``calls`` back-to-back calls on CPU)."""
     import torch
 
     if cuda:
@@ -130,8 +148,9 @@ def _timed(fn, args, kwargs, cuda: bool) -> float:
         end.synchronize()
         return start.elapsed_time(end) * 1e6
     t0 = time.perf_counter_ns()
-    _fwd_bwd(fn, args, kwargs)
-    return float(time.perf_counter_ns() - t0)
+    for _ in range(calls):
+        _fwd_bwd(fn, args, kwargs)
+    return (time.perf_counter_ns() - t0) / calls
 
 
 def _peak(fn, args, kwargs) -> int:
