@@ -53,6 +53,7 @@ class SpanBuilder:
         self.sampling = sampling or CallSampling()
         self.totals = totals  # a CallStats the whole run's calls and time are added to
         self._sampled: dict[int, int] = {}
+        self._static: dict[tuple[int, str], dict] = {}
         self._window = 0
         self._direct = self._use_direct = _direct_spans(tracer)
         # as the SDK sets them: sampled, and W3C "random trace id" where the SDK knows that flag
@@ -102,7 +103,7 @@ class SpanBuilder:
     # 2-core machine comes straight out of the job's step time), or started and ended through the
     # tracer when it samples or limits differently from the SDK defaults.
 
-    def _start(self, name: str, parent, attrs: dict, start: int, events=()):
+    def _start(self, name: str, parent, attrs: dict, start: int, events=(), clean: bool = True):
         if not self._use_direct:
             span = self.tracer.start_span(name, context=parent, attributes=attrs, start_time=start)
             for event_name, event_attrs, at in events:
@@ -115,7 +116,7 @@ class SpanBuilder:
             trace_id, flags = parent.trace_id, parent.trace_flags
         context = SpanContext(trace_id, t.id_generator.generate_span_id(), is_remote=False,
                               trace_flags=flags)
-        return [name, context, parent, _clean(attrs), start,
+        return [name, context, parent, _clean(attrs) if clean else attrs, start,
                 tuple(Event(n, _clean(a), timestamp=at) for n, a, at in events)]
 
     def _end(self, span, end: int) -> None:
@@ -128,8 +129,9 @@ class SpanBuilder:
             name, context, parent, t.resource, attrs, events, (), trace.SpanKind.INTERNAL,
             t.instrumentation_info, _UNSET, start, end, t._instrumentation_scope))
 
-    def _emit(self, name: str, parent, attrs: dict, start: int, end: int) -> None:
-        self._end(self._start(name, parent, attrs, start), end)
+    def _emit(self, name: str, parent, attrs: dict, start: int, end: int, clean: bool = True) -> None:
+        """``clean=False``: ``attrs`` is the caller's own new dict and holds no lists."""
+        self._end(self._start(name, parent, attrs, start, clean=clean), end)
 
     def _slot_attributes(self, slot: int, phase: str) -> dict:
         s = self.slots[slot]
@@ -140,47 +142,39 @@ class SpanBuilder:
                       sampled: bool = False) -> int:
         if not len(calls):
             return 0
-        slot, start, dur = calls[:, 0], calls[:, 1], calls[:, 2]
-        n = len(self.slots)
-        count = np.bincount(slot, minlength=n)
-        total = np.bincount(slot, weights=dur, minlength=n)
-        lo = np.full(n, np.iinfo(np.int64).max)
-        hi = np.zeros(n, dtype=np.int64)
-        first = np.full(n, np.iinfo(np.int64).max)
-        last = np.zeros(n, dtype=np.int64)
-        np.minimum.at(lo, slot, dur)
-        np.maximum.at(hi, slot, dur)
-        np.minimum.at(first, slot, start)
-        np.maximum.at(last, slot, start + dur)
-        bits = np.minimum(_bit_length(dur), HIST_BINS - 1)
-        hist = np.bincount(slot * HIST_BINS + bits, minlength=n * HIST_BINS).reshape(n, HIST_BINS)
-        builds = np.zeros(n, dtype=np.int64)
+        misses: dict[int, int] = {}
         for b_slot, _, _, hit in rec.builds:
             if not hit:
-                builds[b_slot] += 1
+                misses[b_slot] = misses.get(b_slot, 0) + 1
+        fwd = phase == "fwd"
         made = 0
-        for s in np.flatnonzero(count):
-            s = int(s)
-            attrs = self._slot_attributes(s, phase) | {
-                S.COUNT: int(count[s]), S.TOTAL_NS: int(total[s]), S.MIN_NS: int(lo[s]),
-                S.MAX_NS: int(hi[s]), S.HIST: _trim(hist[s]), S.PLAN_VERSION: rec.plan_version,
-                S.STEP_NUMBER: rec.step,
-            }
-            if phase == "fwd" and s in rec.memory:
-                attrs[S.MEM_DELTA], attrs[S.MEM_PEAK] = rec.memory[s]
-            if phase == "fwd":
-                misses = int(builds[s])
-                attrs[S.CACHE_MISSES] = misses
-                attrs[S.CACHE_HITS] = int(count[s]) - misses
+        for s, (count, total, lo, hi, first, last, hist) in aggregate(calls).items():
+            attrs = {**self._static_attributes(s, phase), S.COUNT: count, S.TOTAL_NS: total,
+                     S.MIN_NS: lo, S.MAX_NS: hi, S.HIST: hist, S.PLAN_VERSION: rec.plan_version,
+                     S.STEP_NUMBER: rec.step}
+            if fwd:
+                if s in rec.memory:
+                    attrs[S.MEM_DELTA], attrs[S.MEM_PEAK] = rec.memory[s]
+                missed = misses.get(s, 0)
+                attrs[S.CACHE_MISSES] = missed
+                attrs[S.CACHE_HITS] = count - missed
                 if self.totals is not None:
-                    self.totals.calls[s] += int(count[s])
-                    self.totals.total_ns[s] += int(total[s])
-                    self.totals.build_misses[s] += misses
+                    self.totals.calls[s] += count
+                    self.totals.total_ns[s] += total
+                    self.totals.build_misses[s] += missed
             if sampled:
                 attrs[S.SAMPLED] = True
-            self._emit(S.KERNEL, ctx, attrs, self.epoch(first[s]), self.epoch(last[s]))
+            self._emit(S.KERNEL, ctx, attrs, self.epoch(first), self.epoch(last), clean=False)
             made += 1
         return made
+
+    def _static_attributes(self, slot: int, phase: str) -> dict:
+        """The slot's attributes for ``phase``, made once (a slot never changes)."""
+        key = (slot, phase)
+        got = self._static.get(key)
+        if got is None:
+            got = self._static[key] = self._slot_attributes(slot, phase)
+        return got
 
     def _call_spans(self, ctx, calls: np.ndarray, step: int) -> int:
         per = self.sampling.per_window
@@ -196,8 +190,8 @@ class SpanBuilder:
             if k >= per:
                 continue
             taken[slot] = k + 1
-            self._emit(S.CALL, ctx, self._slot_attributes(slot, "fwd") | {S.STEP_NUMBER: step},
-                       self.epoch(start), self.epoch(start + dur))
+            self._emit(S.CALL, ctx, {**self._static_attributes(slot, "fwd"), S.STEP_NUMBER: step},
+                       self.epoch(start), self.epoch(start + dur), clean=False)
             made += 1
             if len(taken) >= len(self.slots) and all(v >= per for v in taken.values()):
                 break
@@ -233,6 +227,67 @@ def _direct_spans(tracer) -> bool:
 def _clean(attrs: dict) -> dict:
     """Attribute values as the SDK stores them (sequences become tuples)."""
     return {k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items()}
+
+
+# Below this many calls a plain loop aggregates a step faster than numpy's per-call overheads.
+_LOOP_MAX_CALLS = 256
+Aggregate = tuple[int, int, int, int, int, int, tuple]  # count, total, min, max, first, last, hist
+
+
+def aggregate(calls: np.ndarray) -> dict[int, Aggregate]:
+    """Per slot in ``calls`` (rows of slot, start_ns, duration_ns): count, total, min and max
+    duration, first start, last end, and the log2 histogram of durations (trailing zeros cut)."""
+    if len(calls) <= _LOOP_MAX_CALLS:
+        return _aggregate_loop(calls.tolist())
+    return _aggregate_numpy(calls)
+
+
+def _aggregate_loop(rows: list) -> dict[int, Aggregate]:
+    acc: dict[int, list] = {}
+    for slot, start, dur in rows:
+        a = acc.get(slot)
+        end = start + dur
+        b = min(dur.bit_length() if dur > 0 else 0, HIST_BINS - 1)
+        if a is None:
+            hist = [0] * (b + 1)
+            hist[b] = 1
+            acc[slot] = [1, dur, dur, dur, start, end, hist]
+            continue
+        a[0] += 1
+        a[1] += dur
+        if dur < a[2]:
+            a[2] = dur
+        if dur > a[3]:
+            a[3] = dur
+        if start < a[4]:
+            a[4] = start
+        if end > a[5]:
+            a[5] = end
+        hist = a[6]
+        if b >= len(hist):
+            hist.extend([0] * (b + 1 - len(hist)))
+        hist[b] += 1
+    return {s: (*a[:6], tuple(a[6])) for s, a in sorted(acc.items())}
+
+
+def _aggregate_numpy(calls: np.ndarray) -> dict[int, Aggregate]:
+    slot, start, dur = calls[:, 0], calls[:, 1], calls[:, 2]
+    n = int(slot.max()) + 1
+    count = np.bincount(slot, minlength=n)
+    total = np.bincount(slot, weights=dur, minlength=n)
+    lo = np.full(n, np.iinfo(np.int64).max)
+    hi = np.zeros(n, dtype=np.int64)
+    first = np.full(n, np.iinfo(np.int64).max)
+    last = np.zeros(n, dtype=np.int64)
+    np.minimum.at(lo, slot, dur)
+    np.maximum.at(hi, slot, dur)
+    np.minimum.at(first, slot, start)
+    np.maximum.at(last, slot, start + dur)
+    bits = np.minimum(_bit_length(dur), HIST_BINS - 1)
+    hist = np.bincount(slot * HIST_BINS + bits, minlength=n * HIST_BINS).reshape(n, HIST_BINS)
+    return {int(s): (int(count[s]), int(total[s]), int(lo[s]), int(hi[s]), int(first[s]),
+                     int(last[s]), tuple(_trim(hist[s])))
+            for s in np.flatnonzero(count)}
 
 
 def _bit_length(values: np.ndarray) -> np.ndarray:

@@ -149,3 +149,24 @@ def test_spans_made_without_the_tracer_equal_the_tracers():
         for i, (u, v) in enumerate(zip(x, y)):
             assert u == v, (i, u, v)
     assert a == b and len(a) > 5
+
+
+def test_both_ways_of_aggregating_a_step_agree():
+    """Few calls are added up in a plain loop, many with numpy: the figures must not depend on it."""
+    import numpy as np
+
+    from rtxops.telemetry.spans import _aggregate_loop, _aggregate_numpy
+
+    rng = np.random.default_rng(0)
+    n = 500
+    calls = np.stack([rng.integers(0, 7, n), rng.integers(0, 10**9, n),
+                      np.concatenate([[0, 1, 2, 3, 2**40], rng.integers(0, 10**7, n - 5)])], axis=1)
+    loop, vectorized = _aggregate_loop(calls.tolist()), _aggregate_numpy(calls)
+    assert loop == vectorized
+    # and against the definition, for one slot
+    rows = calls[calls[:, 0] == 3]
+    count, total, lo, hi, first, last, hist = loop[3]
+    assert (count, total, lo, hi) == (len(rows), int(rows[:, 2].sum()), int(rows[:, 2].min()),
+                                      int(rows[:, 2].max()))
+    assert (first, last) == (int(rows[:, 1].min()), int((rows[:, 1] + rows[:, 2]).max()))
+    assert sum(hist) == count and hist[-1] > 0
