@@ -23,7 +23,7 @@ class Unsupported(Exception):
     """A span this encoder does not mirror exactly."""
 
 
-def varint(n: int) -> bytes:
+def _varint(n: int) -> bytes:
     if n < 0:
         n += 1 << 64
     if n < 0x80:
@@ -36,8 +36,18 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
+_SMALL = 1 << 14
+_VARINTS = [_varint(n) for n in range(_SMALL)]  # lengths, counts, small values: looked up
+_TAGS = [bytes((t,)) for t in range(256)]
+
+
+def varint(n: int) -> bytes:
+    return _VARINTS[n] if 0 <= n < _SMALL else _varint(n)
+
+
 def _len(tag: int, payload: bytes) -> bytes:
-    return bytes((tag,)) + varint(len(payload)) + payload
+    n = len(payload)
+    return _TAGS[tag] + (_VARINTS[n] if n < _SMALL else _varint(n)) + payload
 
 
 def _string(tag: int, text: str) -> bytes:
@@ -101,24 +111,36 @@ def _attributes(tag: int, attributes: Any) -> bytes:
     return b"".join([key_value(tag, k, v) for k, v in attributes.items()])
 
 
+_names: dict[str, bytes] = {}
+_KIND_FIELDS = {sdk: b"\x30" + varint(otlp) for sdk, otlp in _KIND.items()}
+_FLAGS_LOCAL = b"\x85\x01" + _pack_i(_HAS_IS_REMOTE)
+_FLAGS_REMOTE_PARENT = b"\x85\x01" + _pack_i(_HAS_IS_REMOTE | _IS_REMOTE)
+
+
 def _span(span: Any) -> bytes:
     if span.links:
         raise Unsupported("links")
     ctx = span.get_span_context()
     parent = span.parent
-    parts = [b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big"), b"\x12\x08" + ctx.span_id.to_bytes(8, "big")]
+    parts = [b"\x0a\x10", ctx.trace_id.to_bytes(16, "big"), b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
     if ctx.trace_state:
         parts.append(_string(0x1A, ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())))
     if parent is not None:
-        parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
-    parts.append(_string(0x2A, span.name))
-    kind = _KIND[span.kind.value]
-    parts.append(b"\x30" + varint(kind))
+        parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
+    name = span.name
+    name_field = _names.get(name)
+    if name_field is None:
+        if len(_names) >= _KV_CACHE_LIMIT:
+            _names.clear()
+        name_field = _names[name] = _string(0x2A, name)
+    parts += (name_field, _KIND_FIELDS[span.kind.value])
     if span.start_time:
-        parts.append(b"\x39" + _pack_q(span.start_time))
+        parts += (b"\x39", _pack_q(span.start_time))
     if span.end_time:
-        parts.append(b"\x41" + _pack_q(span.end_time))
-    parts.append(_attributes(0x4A, span.attributes))
+        parts += (b"\x41", _pack_q(span.end_time))
+    attributes = span.attributes
+    if attributes:
+        parts += [key_value(0x4A, k, v) for k, v in attributes.items()]
     if span.dropped_attributes:
         parts.append(b"\x50" + varint(span.dropped_attributes))
     for event in span.events:
@@ -135,12 +157,14 @@ def _span(span: Any) -> bytes:
         parts.append(b"\x70" + varint(span.dropped_links))
     status = span.status
     if status is not None:
-        s = _string(0x12, status.description or "")
-        if status.status_code.value:
-            s += b"\x18" + varint(status.status_code.value)
-        parts.append(_len(0x7A, s))
-    flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
-    parts.append(b"\x85\x01" + _pack_i(flags))
+        if status.status_code.value or status.description:
+            s = _string(0x12, status.description or "")
+            if status.status_code.value:
+                s += b"\x18" + varint(status.status_code.value)
+            parts.append(_len(0x7A, s))
+        else:
+            parts.append(b"\x7a\x00")
+    parts.append(_FLAGS_REMOTE_PARENT if parent is not None and parent.is_remote else _FLAGS_LOCAL)
     return _len(0x12, b"".join(parts))
 
 
