@@ -6,10 +6,11 @@ VM and swamp ``step_overhead.py``'s process pairs). Three layers, each its own a
 
 * ``runtime``: ops routed (default plan), calls counted;
 * ``recorder``: plus the telemetry recorder and export thread, spans not built;
-* ``telemetry``: plus the spans built per step and handed to an exporter that drops them.
+* ``telemetry``: plus the spans built per step and handed to an exporter that encodes them as an
+  OTLP request, as the job's exporter does, and drops the bytes.
 
 What this leaves out is the daemon (its receiver and store share the cores in ``rtxops run``)
-and the OTLP request itself. The figure per layer is the median over blocks of on ÷ the mean of
+and sending the request. The figure per layer is the median over blocks of on ÷ the mean of
 the off blocks on either side. JSON on stdout (``--out`` writes it too).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from _gpt import block_options, emit, paired_ratios, stepper
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from rtxops.runtime import patching
+from rtxops.telemetry.encode import encode
 from rtxops.telemetry.job import start_job_telemetry
 
 LAYERS = ("runtime", "recorder", "telemetry")
@@ -27,6 +29,7 @@ LAYERS = ("runtime", "recorder", "telemetry")
 
 class _Drop(SpanExporter):
     def export(self, spans):
+        encode(spans)
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
@@ -35,6 +38,7 @@ class _Drop(SpanExporter):
 
 def layer_cost(steps, layer: str, pairs: int, block: int, skip: int) -> dict:
     blocks: dict[str, list[float]] = {"off": [], "on": []}
+    threads: list = []
     for i in range(2 * pairs + 1):  # off first and last
         on = i % 2 == 1
         telemetry = None
@@ -42,6 +46,7 @@ def layer_cost(steps, layer: str, pairs: int, block: int, skip: int) -> dict:
             d = patching.enable()
             if layer != "runtime":
                 telemetry = start_job_telemetry(d, _Drop())
+                threads.append(telemetry.thread)
                 if layer == "recorder":
                     telemetry.thread._build = lambda rec, extra: 0
         try:
@@ -52,7 +57,9 @@ def layer_cost(steps, layer: str, pairs: int, block: int, skip: int) -> dict:
                 if telemetry is not None:
                     telemetry.close()
     ratios = paired_ratios(blocks, "off", "on")
+    cpu = [t.cpu_s / t.steps_built for t in threads if t.steps_built]
     return {"overhead": round(statistics.median(ratios) - 1, 4),
+            "export_thread_cpu_ms_per_step": round(statistics.median(cpu) * 1e3, 3) if cpu else None,
             "block_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in blocks.items()},
             "block_ratios": [round(r, 4) for r in ratios]}
 

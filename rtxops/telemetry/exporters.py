@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
+from collections import deque
 from typing import Callable, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
@@ -36,17 +36,24 @@ class StepProcessor(SpanProcessor):
 
 
 class ExportThread:
-    """Takes step records from the training thread (bounded queue, never blocks it), builds their
-    spans and exports them. Every drop is counted: steps the queue refused, spans an exporter
-    failed to deliver."""
+    """Takes step records from the training thread (bounded, never blocks it), builds their spans
+    and exports them. Every drop is counted: steps refused because ``max_queue`` were waiting,
+    spans an exporter failed to deliver.
+
+    The training thread only appends; this thread looks for new records every ``poll_s``. Being
+    woken on every step instead cost the job a GIL hand-over per step (~1 % of a 25 ms step)."""
 
     def __init__(self, build: Callable[[StepRecord, dict], int], processor: StepProcessor,
-                 exporter: SpanExporter, max_queue: int = 256, interval_s: float = 1.0) -> None:
+                 exporter: SpanExporter, max_queue: int = 256, interval_s: float = 1.0,
+                 poll_s: float = 0.25) -> None:
         self._build, self.processor, self.exporter = build, processor, exporter
         # spans of several steps go out together: fewer requests and commits competing with the
-        # job for the CPU (each step's spans are built as soon as the step ends)
+        # job for the CPU
         self.interval_s = interval_s
-        self._queue: queue.Queue = queue.Queue(max_queue)
+        self.poll_s = min(poll_s, interval_s)
+        self.max_queue = max_queue
+        self._pending: deque[StepRecord] = deque()  # append and popleft are atomic
+        self._closing = threading.Event()
         self.steps_dropped = 0
         self.spans_exported = 0
         self.spans_failed = 0
@@ -57,34 +64,31 @@ class ExportThread:
         self._thread.start()
 
     def submit(self, rec: StepRecord) -> None:
-        try:
-            self._queue.put_nowait(rec)
-        except queue.Full:
+        if len(self._pending) >= self.max_queue:
             self.steps_dropped += 1
+        else:
+            self._pending.append(rec)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Export everything queued, then stop."""
-        self._queue.put(None)
+        """Export everything submitted, then stop."""
+        self._closing.set()
         self._thread.join(timeout)
 
     def _run(self) -> None:
         next_export = time.monotonic() + self.interval_s
         while True:
+            closing = self._closing.wait(self.poll_s)
             try:
-                rec = self._queue.get(timeout=max(0.0, next_export - time.monotonic()))
-            except queue.Empty:
-                rec = False
-            try:
-                if rec:
-                    self._build(rec, self.counters())
+                while self._pending:
+                    self._build(self._pending.popleft(), self.counters())
                     self.steps_built += 1
-                if rec is None or time.monotonic() >= next_export:
+                if closing or time.monotonic() >= next_export:
                     self._export(self.processor.drain())
                     next_export = time.monotonic() + self.interval_s
             except Exception:  # telemetry must never take the job down
                 log.exception("rtxops: building or exporting spans failed")
             self.cpu_s = time.thread_time()
-            if rec is None:
+            if closing:
                 return
 
     def _export(self, spans: Sequence[ReadableSpan]) -> None:

@@ -170,3 +170,27 @@ def test_both_ways_of_aggregating_a_step_agree():
                                       int(rows[:, 2].max()))
     assert (first, last) == (int(rows[:, 1].min()), int((rows[:, 1] + rows[:, 2]).max()))
     assert sum(hist) == count and hist[-1] > 0
+
+
+def test_the_export_thread_counts_the_steps_it_could_not_take_and_builds_the_rest():
+    from array import array
+
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from rtxops.telemetry.exporters import ExportThread, StepProcessor
+    from rtxops.telemetry.recorder import StepRecord
+
+    class Count(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    seen: list[tuple[int, dict]] = []
+    # it polls only at close here, so every submit below meets the queue as left by the last
+    thread = ExportThread(lambda rec, counters: seen.append((rec.step, counters)) or 0,
+                          StepProcessor(), Count(), max_queue=8, interval_s=60, poll_s=60)
+    for step in range(11):
+        thread.submit(StepRecord(step, 0, 1, 1, 0, array("q")))
+    assert thread.steps_dropped == 3
+    thread.close()
+    assert [step for step, _ in seen] == list(range(8))       # in order, none built twice
+    assert seen[-1][1][S.DROPPED_STEPS] == 3 and thread.steps_built == 8
