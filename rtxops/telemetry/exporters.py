@@ -144,11 +144,14 @@ class DeferredExporter(SpanExporter):
         self._make = make
         self._exporter: SpanExporter | None = None
         self._lock = threading.Lock()
+        self.setup_cpu_s = 0.0  # CPU time the imports and construction took, once
 
     def _get(self) -> SpanExporter:
         with self._lock:
             if self._exporter is None:
+                started = time.thread_time()
                 self._exporter = self._make()
+                self.setup_cpu_s = time.thread_time() - started
             return self._exporter
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:

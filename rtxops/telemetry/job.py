@@ -55,6 +55,7 @@ class JobTelemetry:
             t = self.thread
             with open(stats_path, "w") as f:
                 json.dump({"export_thread_cpu_s": t.cpu_s, "steps": t.steps_built,
+                           "exporter_setup_cpu_s": getattr(self.exporter, "setup_cpu_s", 0.0),
                            "spans_exported": t.spans_exported, "spans_failed": t.spans_failed}, f)
         if self.store is not None:
             self.store.close()
