@@ -15,6 +15,14 @@ class WorkerError(RuntimeError):
     """The worker process failed, hung, or answered something unreadable."""
 
 
+# glibc's allocator moves its mmap threshold as blocks are freed, so whether a kernel's outputs
+# come from fresh (page-faulting) mappings or reused heap depends on what ran before: on CPU the
+# same arm then measured 1× or 2× from one worker to the next. The worker fixes it (as large as
+# glibc allows, and freed memory is kept) unless the environment already says otherwise.
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+                 "MALLOC_TOP_PAD_": str(64 << 20)}
+
+
 def _background() -> None:
     """Gates and benchmarks yield the CPU to training jobs (nice 10)."""
     os.nice(10)
@@ -29,7 +37,7 @@ def run_worker(request: dict, timeout_s: float = 600.0,
     stderr = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen([sys.executable, "-m", "rtxops.evolve.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            env={**os.environ, "RTXOPS_ENABLE": "0"},
+                            env={**STEADY_MALLOC, **os.environ, "RTXOPS_ENABLE": "0"},
                             preexec_fn=_background if hasattr(os, "nice") else None,
                             start_new_session=True)  # its group: whatever a kernel starts too
 

@@ -28,3 +28,24 @@ def test_a_repetition_runs_many_short_calls_and_reports_one_calls_time():
 
 def test_without_a_minimum_a_repetition_is_one_call():
     assert _bench(0)["calls_per_rep"] == 1
+
+
+def test_the_worker_runs_with_a_fixed_malloc_threshold_unless_the_environment_sets_one(monkeypatch):
+    import subprocess
+
+    from rtxops.evolve import runner
+
+    seen: list[dict] = []
+    real = subprocess.Popen
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["env"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", spy)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    _bench(0)
+    assert seen[-1]["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    _bench(0)
+    assert seen[-1]["MALLOC_MMAP_THRESHOLD_"] == "131072"
