@@ -238,6 +238,8 @@ def replay(
     strategy: Optional[List[str]] = typer.Option(None, "--strategy", help="repeatable (default: all)"),
     budget: Optional[int] = typer.Option(None, help="trials per run (default: 2 × the arms)"),
     seeds: int = typer.Option(20, help="runs per strategy, one seed each"),
+    shuffle: bool = typer.Option(False, "--shuffle",
+                                 help="each seed hands the arms over in its own random order"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run search strategies against a recorded exhaustive sweep: trials each needs to come
@@ -255,12 +257,13 @@ def replay(
         arms = load_sweep(sweep)
     except SweepError as e:
         raise _fail(str(e)) from None
-    result = run_replay(arms, strategy or None, budget, seeds)
+    result = run_replay(arms, strategy or None, budget, seeds, shuffle=shuffle)
     if as_json:
         out.print_json(data=result)
         return
     table = Table(title=f"replay of {sweep}: {result['arms']} arms, budget {result['budget']}, "
-                        f"{result['seeds']} seeds, within {result['within']:.0%} of the best")
+                        f"{result['seeds']} seeds, within {result['within']:.0%} of the best"
+                        f"{', arms shuffled' if shuffle else ''}")
     for col in ("strategy", "reached", "median trials", "worst trials", "median / arms"):
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for name, s in result["strategies"].items():

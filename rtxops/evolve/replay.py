@@ -81,15 +81,20 @@ def load_sweep_data(data: Any, source: Any = "sweep") -> Sweep:
 
 def trials_to_within(sweep: dict[str, list[float]], strategy: str, budget: int, seed: int,
                      within: float = WITHIN, prior: dict | None = None,
-                     trial_reps: int | None = None) -> int | None:
+                     trial_reps: int | None = None, shuffle: bool = False) -> int | None:
     """Trials until the strategy's current best arm is truly within ``within`` of the best
     median, or None when the budget ran out first. ``prior``: arm label → (mean, sd). A trial
     tells one recorded value, or with ``trial_reps`` the median of that many values drawn with
-    replacement (a benchmark of R repetitions, as the offline tuner runs)."""
+    replacement (a benchmark of R repetitions, as the offline tuner runs). ``shuffle``: the
+    strategy gets the arms in an order of its seed's own, not the sweep's (whose first arm, the
+    reference, is often near the best on CPU: strategies that start in order would look good)."""
     truth = {a: statistics.median(v) for a, v in sweep.items()}
     target = min(truth.values()) * (1 + within)
     rng = random.Random(seed)
-    s = make_strategy(strategy, list(sweep), budget, seed=seed, batch=1, prior=prior)
+    labels = list(sweep)
+    if shuffle:
+        random.Random(f"order {seed}").shuffle(labels)
+    s = make_strategy(strategy, labels, budget, seed=seed, batch=1, prior=prior)
     used = 0
     while arms := s.ask():
         for arm in arms:
@@ -103,19 +108,19 @@ def trials_to_within(sweep: dict[str, list[float]], strategy: str, budget: int, 
 
 def replay(sweep: dict[str, list[float]], strategies: Sequence[str] | None = None,
            budget: int | None = None, seeds: int = 20, prior: dict | None = None,
-           trial_reps: int | None = None) -> dict:
+           trial_reps: int | None = None, shuffle: bool = False) -> dict:
     """Per strategy: median and worst trials to within 5 % of the best, and how often it got
     there inside the budget (default budget: 2 × the number of arms). With ``prior`` (arm label →
     (mean, sd)), Thompson sampling is also replayed with it, as ``thompson+priors``."""
     budget = budget or 2 * len(sweep)
     out = {"arms": len(sweep), "budget": budget, "seeds": seeds, "within": WITHIN,
-           "trial_reps": trial_reps or 1, "strategies": {}}
+           "trial_reps": trial_reps or 1, "shuffled": shuffle, "strategies": {}}
     runs_of = {name: (name, None) for name in strategies or list(STRATEGIES)}
     if prior:
         runs_of[WITH_PRIORS] = ("thompson", prior)
     for label, (name, p) in runs_of.items():
-        runs = [trials_to_within(sweep, name, budget, seed, prior=p, trial_reps=trial_reps)
-                for seed in range(seeds)]
+        runs = [trials_to_within(sweep, name, budget, seed, prior=p, trial_reps=trial_reps,
+                                 shuffle=shuffle) for seed in range(seeds)]
         reached = [r for r in runs if r is not None]
         out["strategies"][label] = {
             "reached": len(reached) / seeds,
@@ -138,14 +143,15 @@ def loo_prior(sweeps: Sequence[Sweep], i: int) -> dict[str, tuple[float, float]]
 
 def replay_many(sweeps: Sequence[Sweep], strategies: Sequence[str] | None = None,
                 budget: int | None = None, seeds: int = 20,
-                trial_reps: int | None = None) -> list[dict]:
+                trial_reps: int | None = None, shuffle: bool = False) -> list[dict]:
     """:func:`replay` of each sweep, Thompson with leave-one-out priors included where the sweep
     has an op and another bucket of it was recorded. Each result adds ``prior_arms`` (how many arms
     had a prior) and ``prior_best`` (the arm the prior ranked first)."""
     out = []
     for i, s in enumerate(sweeps):
         prior = loo_prior(sweeps, i)
-        r = replay(s.arms, strategies, budget, seeds, prior=prior or None, trial_reps=trial_reps)
+        r = replay(s.arms, strategies, budget, seeds, prior=prior or None, trial_reps=trial_reps,
+                   shuffle=shuffle)
         r.update(op=s.op, bucket=s.bucket, prior_arms=len(prior),
                  prior_best=min(prior, key=lambda a: prior[a][0]) if prior else None)
         out.append(r)

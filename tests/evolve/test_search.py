@@ -85,3 +85,15 @@ def test_every_batch_holds_distinct_arms(name):
             assert len(arms) == len(set(arms)), arms
             for arm in arms:
                 s.tell(arm, truth(arm) * (1 + rng.gauss(0, 0.05)))
+
+
+def test_a_shuffled_replay_does_not_hand_the_strategy_the_best_arm_first():
+    """The sweep's first arm is the best here: in file order exhaustive search finds it at once,
+    every time; shuffled, each seed meets it somewhere else, about halfway on average."""
+    sweep = {"best": [100.0]} | {f"arm{i}": [200.0 + i] for i in range(9)}
+    in_order = [replay.trials_to_within(sweep, "exhaustive", 10, seed) for seed in range(40)]
+    shuffled = [replay.trials_to_within(sweep, "exhaustive", 10, seed, shuffle=True)
+                for seed in range(40)]
+    assert set(in_order) == {1}
+    assert len(set(shuffled)) > 5 and 3 <= sum(shuffled) / len(shuffled) <= 8
+    assert replay.replay(sweep, ["exhaustive"], seeds=5, shuffle=True)["shuffled"] is True
