@@ -173,8 +173,11 @@ def compare_recordings(first: Path, second: Path) -> dict:
         if not (first / f.name).exists():
             continue
         a, b = (load_sweep_file(p).arms for p in (first / f.name, f))
-        ma = {k: statistics.median(v) for k, v in a.items()}
-        mb = {k: statistics.median(v) for k, v in b.items() if k in ma}
+        both = a.keys() & b.keys()  # an arm that failed in one recording has no values there
+        if not both:
+            continue
+        ma = {k: statistics.median(v) for k, v in a.items() if k in both}
+        mb = {k: statistics.median(v) for k, v in b.items() if k in both}
         best_a, best_b = min(ma, key=ma.get), min(mb, key=mb.get)
         rows.append({"file": f.name, "best_first": best_a, "best_second": best_b,
                      "same_best": best_a == best_b,

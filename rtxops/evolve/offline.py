@@ -209,6 +209,7 @@ class _Tuner:
                "spread": r.get("spread") if ok else None, "peak_bytes": r.get("peak_bytes"),
                "status": "ok" if ok else "failed",
                "detail": {"reps": self.reps, "warmup": self.warmup,
+                          **({"calls_per_rep": r["calls_per_rep"]} if "calls_per_rep" in r else {}),
                           **({"reason": r.get("reason", "no values")} if not ok else {})}}
         store_evolve.save_trial(self.store, row)
         self.spans.record(row)

@@ -18,9 +18,17 @@ class WorkerError(RuntimeError):
 # glibc's allocator moves its mmap threshold as blocks are freed, so whether a kernel's outputs
 # come from fresh (page-faulting) mappings or reused heap depends on what ran before: on CPU the
 # same arm then measured 1× or 2× from one worker to the next. The worker fixes it (as large as
-# glibc allows, and freed memory is kept) unless the environment already says otherwise.
+# glibc allows, and freed memory is kept) unless the environment tunes malloc itself: then none
+# of these is added (one of them alone would undo the user's setting).
 STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
                  "MALLOC_TOP_PAD_": str(64 << 20)}
+
+
+def worker_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The worker's environment: ``environ``, rtxops itself off, malloc held steady."""
+    own_malloc = (any(k.startswith("MALLOC_") and k.endswith("_") for k in environ)
+                  or "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""))
+    return {**({} if own_malloc else STEADY_MALLOC), **environ, "RTXOPS_ENABLE": "0"}
 
 
 def _background() -> None:
@@ -37,7 +45,7 @@ def run_worker(request: dict, timeout_s: float = 600.0,
     stderr = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen([sys.executable, "-m", "rtxops.evolve.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            env={**STEADY_MALLOC, **os.environ, "RTXOPS_ENABLE": "0"},
+                            env=worker_environment(dict(os.environ)),
                             preexec_fn=_background if hasattr(os, "nice") else None,
                             start_new_session=True)  # its group: whatever a kernel starts too
 

@@ -129,11 +129,16 @@ def _fwd_bwd(fn, args, kwargs) -> None:
 
 
 def _calls_per_rep(fn, args, kwargs, min_rep_ns: int) -> int:
-    """How many back-to-back calls make one repetition last ``min_rep_ns`` (1 when 0)."""
+    """How many back-to-back calls make one repetition last ``min_rep_ns`` (1 when 0): doubled
+    until a run lasts that long, after one untimed call (a cold first call, or one slow outlier,
+    would otherwise set the count)."""
     if min_rep_ns <= 0:
         return 1
-    one = max(1.0, _timed(fn, args, kwargs, False))
-    return max(1, min(CPU_MAX_CALLS_PER_REP, -(-min_rep_ns // int(one))))
+    _fwd_bwd(fn, args, kwargs)
+    calls = 1
+    while calls < CPU_MAX_CALLS_PER_REP and _timed(fn, args, kwargs, False, calls) * calls < min_rep_ns:
+        calls *= 2
+    return min(calls, CPU_MAX_CALLS_PER_REP)
 
 
 def _timed(fn, args, kwargs, cuda: bool, calls: int = 1) -> float:

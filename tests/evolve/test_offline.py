@@ -52,7 +52,9 @@ def test_the_budget_counts_every_trial_the_baseline_included(tuned):
     assert baseline["variant"] == "reference"
     for r in rows:
         assert r["status"] == "ok" and r["samples"] == FAST["reps"] and r["median_ns"] > 0
-        assert r["p95_ns"] >= r["median_ns"] and json.loads(r["detail"])["reps"] == FAST["reps"]
+        detail = json.loads(r["detail"])
+        assert r["p95_ns"] >= r["median_ns"] and detail["reps"] == FAST["reps"]
+        assert detail["calls_per_rep"] >= 1  # how long a repetition was, kept with the trial
 
 
 def test_each_trial_is_an_rtx_trial_span(tuned):

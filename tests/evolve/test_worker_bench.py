@@ -30,22 +30,27 @@ def test_without_a_minimum_a_repetition_is_one_call():
     assert _bench(0)["calls_per_rep"] == 1
 
 
-def test_the_worker_runs_with_a_fixed_malloc_threshold_unless_the_environment_sets_one(monkeypatch):
-    import subprocess
+def test_the_worker_holds_malloc_steady_unless_the_environment_tunes_it_itself():
+    from rtxops.evolve.runner import STEADY_MALLOC, worker_environment
 
-    from rtxops.evolve import runner
+    env = worker_environment({"PATH": "/bin", "RTXOPS_ENABLE": "1"})
+    assert {k: env[k] for k in STEADY_MALLOC} == STEADY_MALLOC and env["RTXOPS_ENABLE"] == "0"
+    # one variable of the user's own: none of ours (our top pad alone would undo their threshold)
+    for own in ({"MALLOC_MMAP_THRESHOLD_": "131072"}, {"MALLOC_ARENA_MAX_": "2"},
+                {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"}):
+        env = worker_environment({"PATH": "/bin", **own})
+        assert not (env.keys() & STEADY_MALLOC.keys() - own.keys()), own
+        assert all(env[k] == v for k, v in own.items())
+    assert worker_environment({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}).keys() >= STEADY_MALLOC.keys()
 
-    seen: list[dict] = []
-    real = subprocess.Popen
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs["env"])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(runner.subprocess, "Popen", spy)
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    _bench(0)
-    assert seen[-1]["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
-    _bench(0)
-    assert seen[-1]["MALLOC_MMAP_THRESHOLD_"] == "131072"
+def test_calibration_is_not_set_by_a_cold_first_call():
+    """Without warm-up the first call of a compiled arm is its compile; the run length must not
+    shrink to one call for it."""
+    (result,) = run_worker({"command": "bench", "op": "gelu", "bucket": BUCKET, "warmup": 0,
+                            "reps": 3, "min_rep_ns": 5_000_000,
+                            "arms": [{"variant": "compiled",
+                                      "config": {"dynamic": False, "mode": "default"}}]},
+                           timeout_s=300)
+    assert result["status"] == "ok", result
+    assert result["calls_per_rep"] > 1

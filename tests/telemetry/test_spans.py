@@ -172,25 +172,109 @@ def test_both_ways_of_aggregating_a_step_agree():
     assert sum(hist) == count and hist[-1] > 0
 
 
-def test_the_export_thread_counts_the_steps_it_could_not_take_and_builds_the_rest():
+class _CountingExporter:
+    """Counts exported spans (any objects: the thread only passes them on)."""
+
+    def __init__(self):
+        self.exported = 0
+        self.exports = 0
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.exported += len(spans)
+        self.exports += 1
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        pass
+
+
+def _record(step: int):
     from array import array
 
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-    from rtxops.telemetry.exporters import ExportThread, StepProcessor
     from rtxops.telemetry.recorder import StepRecord
 
-    class Count(SpanExporter):
-        def export(self, spans):
-            return SpanExportResult.SUCCESS
+    return StepRecord(step, 0, 1, 1, 0, array("q"))
+
+
+def test_the_export_thread_counts_the_steps_it_could_not_take_and_builds_the_rest():
+    from rtxops.telemetry.exporters import ExportThread, StepProcessor
 
     seen: list[tuple[int, dict]] = []
     # it polls only at close here, so every submit below meets the queue as left by the last
     thread = ExportThread(lambda rec, counters: seen.append((rec.step, counters)) or 0,
-                          StepProcessor(), Count(), max_queue=8, interval_s=60, poll_s=60)
+                          StepProcessor(), _CountingExporter(), max_queue=8, interval_s=60, poll_s=60)
     for step in range(11):
-        thread.submit(StepRecord(step, 0, 1, 1, 0, array("q")))
+        thread.submit(_record(step))
     assert thread.steps_dropped == 3
     thread.close()
     assert [step for step, _ in seen] == list(range(8))       # in order, none built twice
     assert seen[-1][1][S.DROPPED_STEPS] == 3 and thread.steps_built == 8
+
+
+def test_a_step_that_fails_to_build_loses_only_itself():
+    from rtxops.telemetry.exporters import ExportThread, StepProcessor
+
+    processor, exporter = StepProcessor(), _CountingExporter()
+
+    def build(rec, counters):
+        if rec.step % 3 == 2:
+            raise RuntimeError("a slot this builder cannot read")
+        processor.on_end(("span of", rec.step))
+        return 1
+
+    thread = ExportThread(build, processor, exporter, max_queue=64, interval_s=60, poll_s=60)
+    for step in range(9):
+        thread.submit(_record(step))
+    thread.close()
+    assert exporter.exported == 6 and thread.steps_failed == 3
+    assert thread.counters()[S.DROPPED_STEPS] == 3
+
+
+def test_exports_go_out_while_the_job_submits_as_fast_as_steps_build():
+    import threading
+    import time
+
+    from rtxops.telemetry.exporters import ExportThread, StepProcessor
+
+    processor, exporter = StepProcessor(), _CountingExporter()
+
+    def build(rec, counters):
+        time.sleep(0.004)
+        processor.on_end(("span of", rec.step))
+        return 1
+
+    thread = ExportThread(build, processor, exporter, max_queue=10_000, interval_s=0.2, poll_s=0.05)
+    stop = threading.Event()
+
+    def job():
+        step = 0
+        while not stop.is_set():
+            thread.submit(_record(step))
+            step += 1
+            time.sleep(0.002)
+
+    submitter = threading.Thread(target=job)
+    submitter.start()
+    time.sleep(1.5)
+    exports_while_running = exporter.exports
+    stop.set()
+    submitter.join()
+    thread.close(timeout=60)
+    assert exports_while_running >= 2
+
+
+def test_a_queue_filling_up_between_polls_wakes_the_thread():
+    import time
+
+    from rtxops.telemetry.exporters import ExportThread, StepProcessor
+
+    thread = ExportThread(lambda rec, counters: 0, StepProcessor(), _CountingExporter(),
+                          max_queue=8, interval_s=60, poll_s=60)
+    for step in range(40):
+        thread.submit(_record(step))
+        time.sleep(0.005)
+    thread.close()
+    # without being woken it would not look before close: all but 8 dropped
+    assert thread.steps_dropped <= 5 and thread.steps_built == 40 - thread.steps_dropped
