@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch lies on local disk on these machines; any newer range pulls a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_WORKERS ?= 2
-DEMO_STEPS ?= 300
+DEMO_STEPS ?= 1500
 
 .PHONY: install demo test bench clean chromium
 
