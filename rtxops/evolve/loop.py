@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import statistics
 import threading
 import time
@@ -58,6 +59,12 @@ class BucketTuning:
     published_ns: int = 0
     # per arm: (incumbent ns, arm ns) per step both ran in — the paired evidence
     pairs: dict[Arm, list[tuple[float, float]]] = field(default_factory=dict)
+    # every measured call of each arm and of the incumbent in the rounds' windows: the evidence
+    # when steps seldom run both (a bucket called about once per step)
+    unpaired: dict[Arm, list[float]] = field(default_factory=dict)
+    incumbent_values: list[float] = field(default_factory=list)
+    calls_per_step: float = 0.0    # the bucket's forward calls per step when it was opened
+    round_steps: int = 0           # steps the current explore round lasts
     trial_ids: list[str] = field(default_factory=list)
     windows: list[list[int]] = field(default_factory=list)
     step_before: list[float] = field(default_factory=list)
@@ -143,7 +150,7 @@ class EvolveLoop:
         # the swap step itself closes calls made before the swap: windows start after it
         elif bt.phase == "exploring":
             bt.round_from = swapped + 1
-            if last >= swapped + self.config.window_steps:
+            if last >= swapped + (bt.round_steps or self.config.window_steps):
                 if self._finish_round(job, bt, last):
                     self._next_round(job, bt, last)
                 else:
@@ -183,7 +190,7 @@ class EvolveLoop:
         except Exception:
             return None  # telemetry for an op this daemon does not know (another rtxops version)
         incumbent = Arm(hs["variant"], hs["config"] or "{}")
-        bt = BucketTuning(op, bucket, incumbent)
+        bt = BucketTuning(op, bucket, incumbent, calls_per_step=float(hs.get("calls_per_step") or 0))
         arms = [a for a in candidates(self.registry, op, spec_bucket,
                                       deterministic=self.config.deterministic) if a != incumbent]
         allowed = {v.strip() for v in self.config.variants.split(",") if v.strip()}
@@ -230,6 +237,16 @@ class EvolveLoop:
             bt.phase = "failed"
             return
         bt.round_arms, bt.round_from, bt.phase = arms, None, "exploring"
+        bt.round_steps = self._round_steps(bt, len(arms))
+
+    def _round_steps(self, bt: BucketTuning, arms: int) -> int:
+        """Steps an explore round lasts: the configured window, longer for a bucket called so
+        seldom that each arm would get fewer than ``stats.MIN_SAMPLES`` calls (up to 10 windows)."""
+        window = self.config.window_steps
+        per_arm_per_step = bt.calls_per_step * self.config.explore_share / max(1, arms)
+        if per_arm_per_step <= 0:
+            return window
+        return min(max(window, math.ceil(stats.MIN_SAMPLES / per_arm_per_step)), 10 * window)
 
     def _finish_round(self, job: str, bt: BucketTuning, last: int) -> bool:
         """Tell the strategy what the round measured; False when the bucket had no calls at all
@@ -248,11 +265,13 @@ class EvolveLoop:
         bt.counted_round = bt.round_from
         base = per_arm.get(bt.incumbent, {})
         bt.windows.append([bt.round_from, last])
+        bt.incumbent_values.extend(base[s] for s in sorted(base))
         for arm in bt.round_arms:
             mine = per_arm.get(arm, {})
             steps = sorted(set(mine) & set(base))
             bt.pairs.setdefault(arm, []).extend((base[s], mine[s]) for s in steps)
             values = [mine[s] for s in sorted(mine)]
+            bt.unpaired.setdefault(arm, []).extend(values)
             value = statistics.median(values) if values else float("inf")
             bt.strategy.tell(arm, value)
             self._trial(job, bt, arm, values, "online")
@@ -293,8 +312,16 @@ class EvolveLoop:
     def _decide(self, job: str, bt: BucketTuning, last: int) -> None:
         best = bt.strategy.best() if bt.strategy else None
         pairs = bt.pairs.get(best, []) if best is not None else []
-        cmp = stats.compare_paired([i for i, _ in pairs], [c for _, c in pairs],
-                                   min_gain=self.config.min_gain, seed=self.config.seed)
+        if len(pairs) >= stats.MIN_SAMPLES or best is None:
+            cmp = stats.compare_paired([i for i, _ in pairs], [c for _, c in pairs],
+                                       min_gain=self.config.min_gain, seed=self.config.seed)
+            measured = [c for _, c in pairs]
+        else:
+            # a bucket called about once per step seldom runs the incumbent and an arm in the same
+            # step: their calls in the same windows are compared unpaired
+            measured = bt.unpaired.get(best, [])
+            cmp = stats.compare_independent(bt.incumbent_values, measured,
+                                            min_gain=self.config.min_gain, seed=self.config.seed)
         if best is None or not cmp.promote:
             bt.phase = "rejected"
             entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
@@ -310,7 +337,7 @@ class EvolveLoop:
             bt.phase = "failed"
             return
         bt.winner, bt.phase, bt.canary_from = best, "canary", None
-        bt.decision_ns = statistics.median(c for _, c in pairs)
+        bt.decision_ns = statistics.median(measured)
         self._decide_record(job, bt, "promote", best, cmp, plan_version=published.version,
                             reason=cmp.reason)
 
@@ -319,6 +346,8 @@ class EvolveLoop:
         live = [r["total_ns"] / r["calls"] for r in rows
                 if Arm(r["variant"], r["config"] or "{}") == bt.winner and r["step"] <= last]
         before = [i for i, _ in bt.pairs.get(bt.winner, [])]
+        if len(before) < stats.MIN_SAMPLES:
+            before = bt.incumbent_values  # promoted on unpaired evidence
         kernel = stats.compare_independent(before, live, min_gain=0.0, seed=self.config.seed)
         steps_after = [r["duration_ns"] for r in store_evolve.step_durations(
             self.store, job, bt.canary_from, last)]
