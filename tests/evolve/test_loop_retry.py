@@ -4,28 +4,14 @@ halves the interval's width and promotes on noise)."""
 from __future__ import annotations
 
 import logging
-import threading
 
 import numpy as np
 
 from rtxops.evolve import loop as L
 from rtxops.evolve.candidates import Arm
-from rtxops.evolve.config import LoopConfig
 from rtxops.evolve.search import make_strategy
-from rtxops.telemetry import store_evolve as se
 
-
-class _Board:
-    def current(self, job):
-        return None
-
-    def promote(self, plan, job, decision, evidence):
-        return plan
-
-
-class _Registry:
-    def variant(self, op, v):
-        return type("V", (), {"source_hash": "x", "deterministic": True})()
+from .loop_harness import loop_over_rows
 
 
 def test_a_retried_round_is_counted_once(monkeypatch, caplog):
@@ -43,22 +29,7 @@ def test_a_retried_round_is_counted_once(monkeypatch, caplog):
             fails[0] -= 1
             raise TimeoutError("store writer busy")
 
-    monkeypatch.setattr(se, "last_step", lambda q, job: 30)
-    monkeypatch.setattr(se, "swap_step", lambda q, job, v: 9)
-    monkeypatch.setattr(se, "arm_steps", lambda q, job, op, bucket, since, phase="fwd":
-                        [r for r in rows if r["step"] >= since])
-    monkeypatch.setattr(se, "step_durations", lambda *a, **k: [])
-    monkeypatch.setattr(se, "save_trial", save_trial)
-    monkeypatch.setattr(se, "save_decision", lambda store, row: None)
-    monkeypatch.setattr(se, "upsert_tuning", lambda store, key, values: None)
-    loop = object.__new__(L.EvolveLoop)
-    loop.store, loop.board, loop.registry = None, _Board(), _Registry()
-    loop.running_jobs = lambda: ["job"]
-    loop.config = LoopConfig(window_steps=20, min_steps=5)
-    loop.tuning = L.TuningDB(None, _Registry())
-    loop.tuning.key = lambda *a: {}
-    loop.trial_spans = type("T", (), {"record": lambda self, t: None})()
-    loop.jobs, loop._lock, loop._status = {}, threading.Lock(), {}
+    loop = loop_over_rows(monkeypatch, rows, last=30, save_trial=save_trial)
     bt = L.BucketTuning("gelu", "b", inc, strategy=make_strategy("exhaustive", [cand], budget=1),
                         round_arms=[cand], plan_version=5)
     bt.strategy.ask()

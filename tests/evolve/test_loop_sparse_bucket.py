@@ -3,8 +3,6 @@ arm in the same step: the loop must still decide on it, from the calls of each i
 windows, and give its rounds enough steps for each arm to be measured."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from rtxops.evolve import loop as L
@@ -12,28 +10,8 @@ from rtxops.evolve import stats
 from rtxops.evolve.candidates import Arm
 from rtxops.evolve.config import LoopConfig
 from rtxops.evolve.search import make_strategy
-from rtxops.telemetry import store_evolve as se
-from tests.evolve.test_loop_retry import _Board, _Registry
 
-
-def _loop(monkeypatch, rows, decisions):
-    monkeypatch.setattr(se, "last_step", lambda q, job: 200)
-    monkeypatch.setattr(se, "swap_step", lambda q, job, v: 9)
-    monkeypatch.setattr(se, "arm_steps", lambda q, job, op, bucket, since, phase="fwd":
-                        [r for r in rows if r["step"] >= since])
-    monkeypatch.setattr(se, "step_durations", lambda *a, **k: [])
-    monkeypatch.setattr(se, "save_trial", lambda store, row: None)
-    monkeypatch.setattr(se, "save_decision", lambda store, row: decisions.append(row))
-    monkeypatch.setattr(se, "upsert_tuning", lambda store, key, values: None)
-    loop = object.__new__(L.EvolveLoop)
-    loop.store, loop.board, loop.registry = None, _Board(), _Registry()
-    loop.running_jobs = lambda: ["job"]
-    loop.config = LoopConfig(window_steps=20, min_steps=5)
-    loop.tuning = L.TuningDB(None, _Registry())
-    loop.tuning.key = lambda *a: {}
-    loop.trial_spans = type("T", (), {"record": lambda self, t: None})()
-    loop.jobs, loop._lock, loop._status = {}, threading.Lock(), {}
-    return loop
+from .loop_harness import loop_over_rows
 
 
 def _one_call_per_step(inc: Arm, cand: Arm, cand_ratio: float, seed: int) -> list[dict]:
@@ -50,7 +28,8 @@ def _one_call_per_step(inc: Arm, cand: Arm, cand_ratio: float, seed: int) -> lis
 def _decide(monkeypatch, cand_ratio: float) -> dict:
     inc, cand = Arm.of("reference"), Arm.of("fastish")
     decisions: list[dict] = []
-    loop = _loop(monkeypatch, _one_call_per_step(inc, cand, cand_ratio, seed=3), decisions)
+    loop = loop_over_rows(monkeypatch, _one_call_per_step(inc, cand, cand_ratio, seed=3), last=200,
+                          decisions=decisions)
     bt = L.BucketTuning("linear", "b", inc, strategy=make_strategy("exhaustive", [cand], budget=1),
                         round_arms=[cand], plan_version=5, calls_per_step=1.0)
     bt.strategy.ask()

@@ -1,0 +1,48 @@
+"""An :class:`EvolveLoop` over recorded per-step kernel rows instead of a store, for tests of its
+round and decision logic: the store functions it calls answer from ``rows``."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from rtxops.evolve import loop as L
+from rtxops.evolve.config import LoopConfig
+from rtxops.telemetry import store_evolve as se
+
+
+class _Board:
+    def current(self, job):
+        return None
+
+    def promote(self, plan, job, decision, evidence):
+        return plan
+
+
+class _Registry:
+    def variant(self, op, v):
+        return type("V", (), {"source_hash": "x", "deterministic": True})()
+
+
+def loop_over_rows(monkeypatch, rows: list[dict], *, last: int, swapped: int = 9,
+                   decisions: list | None = None,
+                   save_trial: Callable | None = None) -> L.EvolveLoop:
+    """A loop for job ``"job"`` whose plan swapped at ``swapped``, at step ``last``; decisions it
+    records are appended to ``decisions``."""
+    monkeypatch.setattr(se, "last_step", lambda q, job: last)
+    monkeypatch.setattr(se, "swap_step", lambda q, job, v: swapped)
+    monkeypatch.setattr(se, "arm_steps", lambda q, job, op, bucket, since, phase="fwd":
+                        [r for r in rows if r["step"] >= since])
+    monkeypatch.setattr(se, "step_durations", lambda *a, **k: [])
+    monkeypatch.setattr(se, "save_trial", save_trial or (lambda store, row: None))
+    sink = decisions if decisions is not None else []
+    monkeypatch.setattr(se, "save_decision", lambda store, row: sink.append(row))
+    monkeypatch.setattr(se, "upsert_tuning", lambda store, key, values: None)
+    loop = object.__new__(L.EvolveLoop)
+    loop.store, loop.board, loop.registry = None, _Board(), _Registry()
+    loop.running_jobs = lambda: ["job"]
+    loop.config = LoopConfig(window_steps=20, min_steps=5)
+    loop.tuning = L.TuningDB(None, _Registry())
+    loop.tuning.key = lambda *a: {}
+    loop.trial_spans = type("T", (), {"record": lambda self, t: None})()
+    loop.jobs, loop._lock, loop._status = {}, threading.Lock(), {}
+    return loop
