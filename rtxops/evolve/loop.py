@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import statistics
 import threading
 import time
@@ -41,6 +40,7 @@ from .trace import TrialSpans
 from .tuning import TuningDB
 
 log = logging.getLogger("rtxops.evolve")
+ROUND_MAX_WINDOWS = 10  # an explore round waits at most this many windows for its arms' samples
 
 
 @dataclass
@@ -59,12 +59,9 @@ class BucketTuning:
     published_ns: int = 0
     # per arm: (incumbent ns, arm ns) per step both ran in — the paired evidence
     pairs: dict[Arm, list[tuple[float, float]]] = field(default_factory=dict)
-    # every measured call of each arm and of the incumbent in the rounds' windows: the evidence
-    # when steps seldom run both (a bucket called about once per step)
-    unpaired: dict[Arm, list[float]] = field(default_factory=dict)
-    incumbent_values: list[float] = field(default_factory=list)
-    calls_per_step: float = 0.0    # the bucket's forward calls per step when it was opened
-    round_steps: int = 0           # steps the current explore round lasts
+    # per round: the incumbent's and each arm's per-step values in its window, the evidence when
+    # steps seldom run both (a bucket called about once per step)
+    rounds: list[tuple[list[float], dict[Arm, list[float]]]] = field(default_factory=list)
     trial_ids: list[str] = field(default_factory=list)
     windows: list[list[int]] = field(default_factory=list)
     step_before: list[float] = field(default_factory=list)
@@ -150,11 +147,17 @@ class EvolveLoop:
         # the swap step itself closes calls made before the swap: windows start after it
         elif bt.phase == "exploring":
             bt.round_from = swapped + 1
-            if last >= swapped + (bt.round_steps or self.config.window_steps):
-                if self._finish_round(job, bt, last):
-                    self._next_round(job, bt, last)
-                else:
-                    self._vanished(job, bt, last)
+            if last >= swapped + self.config.window_steps:
+                per_arm = self._round_values(job, bt, last)
+                # a bucket called seldom (once per step, say) gets more windows, up to 10, until
+                # each arm of the round has been measured enough to be compared
+                if (last >= swapped + ROUND_MAX_WINDOWS * self.config.window_steps
+                        or not per_arm or all(len(per_arm.get(a, ())) >= stats.MIN_SAMPLES
+                                              for a in bt.round_arms)):
+                    if self._finish_round(job, bt, last, per_arm):
+                        self._next_round(job, bt, last)
+                    else:
+                        self._vanished(job, bt, last)
         elif bt.phase == "canary":
             bt.canary_from = swapped + 1
             if last >= swapped + self.config.window_steps:
@@ -190,7 +193,7 @@ class EvolveLoop:
         except Exception:
             return None  # telemetry for an op this daemon does not know (another rtxops version)
         incumbent = Arm(hs["variant"], hs["config"] or "{}")
-        bt = BucketTuning(op, bucket, incumbent, calls_per_step=float(hs.get("calls_per_step") or 0))
+        bt = BucketTuning(op, bucket, incumbent)
         arms = [a for a in candidates(self.registry, op, spec_bucket,
                                       deterministic=self.config.deterministic) if a != incumbent]
         allowed = {v.strip() for v in self.config.variants.split(",") if v.strip()}
@@ -237,27 +240,20 @@ class EvolveLoop:
             bt.phase = "failed"
             return
         bt.round_arms, bt.round_from, bt.phase = arms, None, "exploring"
-        bt.round_steps = self._round_steps(bt, len(arms))
 
-    def _round_steps(self, bt: BucketTuning, arms: int) -> int:
-        """Steps an explore round lasts: the configured window, longer for a bucket called so
-        seldom that each arm would get fewer than ``stats.MIN_SAMPLES`` calls (up to 10 windows)."""
-        window = self.config.window_steps
-        per_arm_per_step = bt.calls_per_step * self.config.explore_share / max(1, arms)
-        if per_arm_per_step <= 0:
-            return window
-        return min(max(window, math.ceil(stats.MIN_SAMPLES / per_arm_per_step)), 10 * window)
+    def _round_values(self, job: str, bt: BucketTuning, last: int) -> dict[Arm, dict[int, float]]:
+        """Per arm (the incumbent too): step → its per-call time, in the round's window so far."""
+        per_arm: dict[Arm, dict[int, float]] = {}
+        for r in store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, bt.round_from):
+            if r["step"] <= last:
+                per_arm.setdefault(Arm(r["variant"], r["config"] or "{}"), {})[r["step"]] = \
+                    r["total_ns"] / r["calls"]
+        return per_arm
 
-    def _finish_round(self, job: str, bt: BucketTuning, last: int) -> bool:
+    def _finish_round(self, job: str, bt: BucketTuning, last: int,
+                      per_arm: dict[Arm, dict[int, float]]) -> bool:
         """Tell the strategy what the round measured; False when the bucket had no calls at all
         in the round's window."""
-        rows = store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, bt.round_from)
-        per_arm: dict[Arm, dict[int, float]] = {}
-        for r in rows:
-            if r["step"] > last:
-                continue
-            per_arm.setdefault(Arm(r["variant"], r["config"] or "{}"), {})[r["step"]] = \
-                r["total_ns"] / r["calls"]
         if bt.counted_round == bt.round_from:
             # a tick that failed after counting this round (a store write, the publish) retries
             # it: its steps must not enter the statistics twice
@@ -265,13 +261,13 @@ class EvolveLoop:
         bt.counted_round = bt.round_from
         base = per_arm.get(bt.incumbent, {})
         bt.windows.append([bt.round_from, last])
-        bt.incumbent_values.extend(base[s] for s in sorted(base))
+        bt.rounds.append(([base[s] for s in sorted(base)], {}))
         for arm in bt.round_arms:
             mine = per_arm.get(arm, {})
             steps = sorted(set(mine) & set(base))
             bt.pairs.setdefault(arm, []).extend((base[s], mine[s]) for s in steps)
             values = [mine[s] for s in sorted(mine)]
-            bt.unpaired.setdefault(arm, []).extend(values)
+            bt.rounds[-1][1][arm] = values
             value = statistics.median(values) if values else float("inf")
             bt.strategy.tell(arm, value)
             self._trial(job, bt, arm, values, "online")
@@ -319,8 +315,8 @@ class EvolveLoop:
         else:
             # a bucket called about once per step seldom runs the incumbent and an arm in the same
             # step: their calls in the same windows are compared unpaired
-            measured = bt.unpaired.get(best, [])
-            cmp = stats.compare_independent(bt.incumbent_values, measured,
+            before, measured = _unpaired(bt, best)
+            cmp = stats.compare_independent(before, measured,
                                             min_gain=self.config.min_gain, seed=self.config.seed)
         if best is None or not cmp.promote:
             bt.phase = "rejected"
@@ -347,7 +343,7 @@ class EvolveLoop:
                 if Arm(r["variant"], r["config"] or "{}") == bt.winner and r["step"] <= last]
         before = [i for i, _ in bt.pairs.get(bt.winner, [])]
         if len(before) < stats.MIN_SAMPLES:
-            before = bt.incumbent_values  # promoted on unpaired evidence
+            before = _unpaired(bt, bt.winner)[0]  # promoted on unpaired evidence
         kernel = stats.compare_independent(before, live, min_gain=0.0, seed=self.config.seed)
         steps_after = [r["duration_ns"] for r in store_evolve.step_durations(
             self.store, job, bt.canary_from, last)]
@@ -486,3 +482,15 @@ def _cv(values: list[float]) -> float | None:
         return None
     mean = statistics.fmean(values)
     return statistics.stdev(values) / mean if mean else None
+
+
+def _unpaired(bt: BucketTuning, arm: Arm) -> tuple[list[float], list[float]]:
+    """The incumbent's and ``arm``'s values from the rounds ``arm`` ran in (only those windows:
+    the incumbent of other rounds ran under other conditions)."""
+    incumbent: list[float] = []
+    mine: list[float] = []
+    for base, arms in bt.rounds:
+        if arms.get(arm):
+            incumbent += base
+            mine += arms[arm]
+    return incumbent, mine
