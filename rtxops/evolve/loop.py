@@ -57,11 +57,8 @@ class BucketTuning:
     counted_round: int | None = None  # the round_from whose measurements were told already
     plan_version: int = 0          # the last plan published for this bucket
     published_ns: int = 0
-    # per arm: (incumbent ns, arm ns) per step both ran in — the paired evidence
-    pairs: dict[Arm, list[tuple[float, float]]] = field(default_factory=dict)
-    # per round: the incumbent's and each arm's per-step values in its window, the evidence when
-    # steps seldom run both (a bucket called about once per step)
-    rounds: list[tuple[list[float], dict[Arm, list[float]]]] = field(default_factory=list)
+    # per round: step → per-call ns of the incumbent, and of each arm, in the round's window
+    rounds: list[tuple[dict[int, float], dict[Arm, dict[int, float]]]] = field(default_factory=list)
     trial_ids: list[str] = field(default_factory=list)
     windows: list[list[int]] = field(default_factory=list)
     step_before: list[float] = field(default_factory=list)
@@ -71,6 +68,27 @@ class BucketTuning:
     drift_checked: int = 0
     drift_strikes: int = 0
     gate_failures: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pairs(self) -> dict[Arm, list[tuple[float, float]]]:
+        """Per arm: (incumbent ns, arm ns) per step both ran in, the paired evidence."""
+        out: dict[Arm, list[tuple[float, float]]] = {}
+        for base, arms in self.rounds:
+            for arm, mine in arms.items():
+                out.setdefault(arm, []).extend((base[s], mine[s]) for s in sorted(mine) if s in base)
+        return out
+
+    def unpaired(self, arm: Arm) -> tuple[list[float], list[float]]:
+        """The incumbent's and ``arm``'s values from the rounds ``arm`` ran in (only those
+        windows: the incumbent of other rounds ran under other conditions), the evidence when
+        steps seldom run both (a bucket called about once per step)."""
+        incumbent: list[float] = []
+        mine: list[float] = []
+        for base, arms in self.rounds:
+            if arms.get(arm):
+                incumbent += [base[s] for s in sorted(base)]
+                mine += [arms[arm][s] for s in sorted(arms[arm])]
+        return incumbent, mine
 
     def summary(self) -> dict:
         return {"op": self.op, "bucket": self.bucket, "phase": self.phase,
@@ -261,13 +279,10 @@ class EvolveLoop:
         bt.counted_round = bt.round_from
         base = per_arm.get(bt.incumbent, {})
         bt.windows.append([bt.round_from, last])
-        bt.rounds.append(([base[s] for s in sorted(base)], {}))
+        bt.rounds.append((base, {arm: per_arm.get(arm, {}) for arm in bt.round_arms}))
         for arm in bt.round_arms:
             mine = per_arm.get(arm, {})
-            steps = sorted(set(mine) & set(base))
-            bt.pairs.setdefault(arm, []).extend((base[s], mine[s]) for s in steps)
             values = [mine[s] for s in sorted(mine)]
-            bt.rounds[-1][1][arm] = values
             value = statistics.median(values) if values else float("inf")
             bt.strategy.tell(arm, value)
             self._trial(job, bt, arm, values, "online")
@@ -315,7 +330,7 @@ class EvolveLoop:
         else:
             # a bucket called about once per step seldom runs the incumbent and an arm in the same
             # step: their calls in the same windows are compared unpaired
-            before, measured = _unpaired(bt, best)
+            before, measured = bt.unpaired(best)
             cmp = stats.compare_independent(before, measured,
                                             min_gain=self.config.min_gain, seed=self.config.seed)
         if best is None or not cmp.promote:
@@ -343,7 +358,7 @@ class EvolveLoop:
                 if Arm(r["variant"], r["config"] or "{}") == bt.winner and r["step"] <= last]
         before = [i for i, _ in bt.pairs.get(bt.winner, [])]
         if len(before) < stats.MIN_SAMPLES:
-            before = _unpaired(bt, bt.winner)[0]  # promoted on unpaired evidence
+            before = bt.unpaired(bt.winner)[0]  # promoted on unpaired evidence
         kernel = stats.compare_independent(before, live, min_gain=0.0, seed=self.config.seed)
         steps_after = [r["duration_ns"] for r in store_evolve.step_durations(
             self.store, job, bt.canary_from, last)]
@@ -483,14 +498,3 @@ def _cv(values: list[float]) -> float | None:
     mean = statistics.fmean(values)
     return statistics.stdev(values) / mean if mean else None
 
-
-def _unpaired(bt: BucketTuning, arm: Arm) -> tuple[list[float], list[float]]:
-    """The incumbent's and ``arm``'s values from the rounds ``arm`` ran in (only those windows:
-    the incumbent of other rounds ran under other conditions)."""
-    incumbent: list[float] = []
-    mine: list[float] = []
-    for base, arms in bt.rounds:
-        if arms.get(arm):
-            incumbent += base
-            mine += arms[arm]
-    return incumbent, mine
