@@ -13,8 +13,8 @@ DEMO_STEPS ?= 1500
 
 install: $(STAMP)
 
-# the C decoder is built by the install: a changed source installs again
-$(STAMP): pyproject.toml Makefile setup.py rtxops/telemetry/_native/otlp_columns.c
+# the C decoder and encoder are built by the install: a changed source installs again
+$(STAMP): pyproject.toml Makefile setup.py $(wildcard rtxops/telemetry/_native/*.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'

@@ -1,6 +1,12 @@
-"""Build of the optional C decoder (rtxops/telemetry/_native); everything else is in pyproject.toml.
-``optional=True``: without a compiler the package still installs and uses the pure-Python decoder."""
+"""Build of the optional C decoder and encoder (rtxops/telemetry/_native); everything else is in
+pyproject.toml. ``optional=True``: without a compiler the package still installs and uses the
+pure-Python decoder and encoder."""
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("rtxops.telemetry._otlp_columns", ["rtxops/telemetry/_native/otlp_columns.c"],
-                             extra_compile_args=["-O2", "-std=c11"], optional=True)])
+
+def _native(name: str, source: str) -> Extension:
+    return Extension(f"rtxops.telemetry.{name}", [f"rtxops/telemetry/_native/{source}"],
+                     extra_compile_args=["-O2", "-std=c11"], optional=True)
+
+
+setup(ext_modules=[_native("_otlp_columns", "otlp_columns.c"), _native("_otlp_encode", "otlp_encode.c")])
