@@ -22,10 +22,19 @@ _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200       # SpanFlags
 _KIND = {0: 1, 1: 2, 2: 3, 3: 4, 4: 5}          # SDK SpanKind value → OTLP Span.SpanKind
 
 
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+
 try:
     from . import _otlp_encode
 except ImportError:  # built without a compiler: the Python encoder alone
     _otlp_encode = None
+else:  # these exact types it reads field by field, anything else through its properties
+    _otlp_encode.configure(ReadableSpan, SpanContext, Status, BoundedAttributes, BoundedList,
+                           sorted(SpanKind, key=lambda k: k.value),
+                           sorted(StatusCode, key=lambda c: c.value))
 
 
 class Unsupported(Exception):
@@ -91,7 +100,8 @@ def any_value(v: Any) -> bytes:
     raise Unsupported(f"attribute value of type {cls.__name__}")
 
 
-_CACHED = {str, int, bool, float, bytes, tuple}
+# not floats: 0.0 == -0.0 (and hash alike), so a cached 0.0 would be written for -0.0
+_CACHED = {str, int, bool, bytes, tuple}
 _kv_cache: dict[tuple, bytes] = {}
 _KV_CACHE_LIMIT = 1 << 14
 
@@ -102,7 +112,10 @@ def key_value(tag: int, key: str, value: Any) -> bytes:
     hashable = cls in _CACHED
     if hashable:
         # (1,), (True,) and (1.0,) are equal tuples: their element types belong to the key
-        cache_key = (tag, key, cls, value, tuple(map(type, value)) if cls is tuple else None)
+        types = tuple(map(type, value)) if cls is tuple else None
+        hashable = types is None or float not in types
+        cache_key = (tag, key, cls, value, types)
+    if hashable:
         got = _kv_cache.get(cache_key)
         if got is not None:
             return got

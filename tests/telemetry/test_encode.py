@@ -1,13 +1,17 @@
 """The job-side OTLP encoder writes exactly the bytes of the SDK exporters' encoder."""
 from __future__ import annotations
 
+import random
+
 import pytest
 from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     Link,
     SpanContext,
@@ -15,6 +19,7 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
     TraceFlags,
+    TraceState,
 )
 
 from rtxops.telemetry import encode as E
@@ -97,6 +102,17 @@ def test_equal_tuples_of_other_types_are_encoded_as_their_own_types():
     assert E.encode(spans) == encode_spans(spans).SerializeToString()
 
 
+@pytest.mark.parametrize("native_on", ["1", "0"])
+def test_negative_zero_is_not_written_as_zero(native_on, monkeypatch):
+    monkeypatch.setenv("RTXOPS_OTLP_NATIVE", native_on)
+    p, memory = provider({})
+    tracer = p.get_tracer("t")
+    for value in (0.0, -0.0, (0.0, 1.0), (-0.0, 1.0)):  # equal (and hash alike) in pairs
+        tracer.start_span("s", attributes={"a": value}).end()
+    spans = memory.get_finished_spans()
+    assert E.encode(spans) == encode_spans(spans).SerializeToString()
+
+
 @pytest.mark.parametrize("value", [1 << 63, -(1 << 63) - 1, 1 << 64])
 def test_declines_integers_outside_int64(value):
     p, memory = provider({})
@@ -119,3 +135,133 @@ def test_fast_exporter_posts_the_same_bytes(monkeypatch):
     spans = spans_of_every_shape()
     assert exporter.export(spans).name == "SUCCESS"
     assert sent == [encode_spans(spans).SerializeToString()]
+
+
+# ---- the compiled encoder (_otlp_encode) --------------------------------------------------
+
+native = pytest.mark.skipif(E._otlp_encode is None, reason="C encoder not built")
+
+
+def _copy(span, **changes) -> ReadableSpan:
+    """``span`` as a plain ReadableSpan (what the span builder makes): the fields path."""
+    fields = dict(name=span.name, context=span.get_span_context(), parent=span.parent,
+                  resource=span.resource, attributes=span._attributes, events=span._events,
+                  links=span._links, kind=span.kind, status=span.status, start_time=span.start_time,
+                  end_time=span.end_time, instrumentation_scope=span.instrumentation_scope)
+    return ReadableSpan(**{**fields, **changes})
+
+
+def _by_resource(spans):
+    groups: dict[int, list] = {}
+    for s in spans:
+        groups.setdefault(id(s.resource), []).append(s)
+    return list(groups.values())
+
+
+@native
+@pytest.mark.parametrize("path", ["properties", "fields"])
+def test_native_writes_the_sdk_bytes(path):
+    for group in _by_resource(spans_of_every_shape()):
+        if path == "fields":
+            group = [_copy(s) for s in group]
+            assert all(type(s) is ReadableSpan for s in group)
+        got = E._otlp_encode.encode(group)
+        assert got is not None and got == encode_spans(group).SerializeToString()
+        for span in group:
+            assert E._otlp_encode.encode([span]) == encode_spans([span]).SerializeToString()
+
+
+@native
+def test_native_encodes_the_span_builders_spans():
+    from .test_spans import _run
+
+    spans = _run(steps=3)[2]
+    assert any(type(s) is ReadableSpan for s in spans)
+    assert E._otlp_encode.encode(spans) == encode_spans(spans).SerializeToString()
+
+
+def _random_value(rnd: random.Random):
+    kind = rnd.randrange(8)
+    if kind == 0:
+        return "".join(rnd.choice("ab é漢😀\x00") for _ in range(rnd.randrange(0, 40)))
+    if kind == 1:
+        return rnd.choice([0, 1, -1, 127, 128, 300, -(1 << 63), (1 << 63) - 1, rnd.getrandbits(62)])
+    if kind == 2:
+        return rnd.choice([0.0, -0.0, 1.5, 1e300, -2.5e-300, float("inf"), rnd.random()])
+    if kind == 3:
+        return rnd.random() < 0.5
+    if kind == 4:
+        return bytes(rnd.getrandbits(8) for _ in range(rnd.randrange(0, 20)))
+    pick = rnd.choice([lambda: rnd.randrange(-1000, 1 << 40), lambda: rnd.random() < 0.5,
+                       lambda: rnd.random(), lambda: "s" * rnd.randrange(0, 200)])
+    return tuple(pick() for _ in range(rnd.randrange(0, 30)))
+
+
+def test_random_spans_match_the_sdk_bytes_on_both_paths(monkeypatch):
+    rnd = random.Random(7)
+    resource = Resource.create({"service.name": "fuzz", "n": 3})
+    scopes = [None, InstrumentationScope("rtxops"), InstrumentationScope("x", "1.0", "https://s")]
+    for _ in range(300):
+        spans = []
+        for _ in range(rnd.randrange(1, 6)):
+            parent = None if rnd.random() < 0.3 else SpanContext(
+                rnd.getrandbits(128) or 1, rnd.getrandbits(64) or 1, is_remote=rnd.random() < 0.3)
+            attrs = {f"k{i}" if rnd.random() < 0.9 else "": _random_value(rnd)
+                     for i in range(rnd.randrange(0, 25))}
+            if rnd.random() < 0.3:
+                attrs = BoundedAttributes(maxlen=rnd.choice([None, 3]), attributes=attrs)
+            events = [Event(rnd.choice(["e", "", "ü"]), {"a": _random_value(rnd)} if rnd.random() < 0.7 else None,
+                            timestamp=rnd.choice([0, rnd.getrandbits(62)])) for _ in range(rnd.randrange(0, 3))]
+            code = rnd.choice(list(StatusCode))
+            status = Status(code, rnd.choice([None, "", "bad é"]) if code is StatusCode.ERROR else None)
+            spans.append(ReadableSpan(
+                rnd.choice(["rtx.kernel", "", "名前"]),
+                SpanContext(rnd.getrandbits(128) or 1, rnd.getrandbits(64) or 1, False),
+                parent, resource, attrs, events, (), rnd.choice(list(SpanKind)), None, status,
+                rnd.choice([None, 0, rnd.getrandbits(62)]), rnd.choice([None, rnd.getrandbits(62)]),
+                rnd.choice(scopes)))
+        want = encode_spans(spans).SerializeToString()
+        if E._otlp_encode is not None:
+            assert E._otlp_encode.encode(spans) == want
+        monkeypatch.setenv("RTXOPS_OTLP_NATIVE", "0")
+        assert E.encode(spans) == want
+        monkeypatch.delenv("RTXOPS_OTLP_NATIVE")
+
+
+@native
+@pytest.mark.parametrize("what", ["link", "trace_state", "two_resources", "big_int", "map",
+                                  "surrogate", "key_type", "foreign_value"])
+def test_native_declines_what_it_does_not_mirror(what):
+    p, memory = provider({"service.name": "a"})
+    tracer = p.get_tracer("t")
+    base = tracer.start_span("s", attributes={"a": 1})
+    base.end()
+    span = _copy(memory.get_finished_spans()[0])
+    spans = [span]
+    if what == "link":
+        spans = [_copy(span, links=(Link(SpanContext(1, 2, False)),))]
+    elif what == "trace_state":
+        ctx = span.context
+        spans = [_copy(span, context=SpanContext(ctx.trace_id, ctx.span_id, False,
+                                                  trace_state=TraceState([("k", "v")])))]
+    elif what == "two_resources":
+        spans = [span, _copy(span, resource=Resource.create({"service.name": "b"}))]
+    elif what == "big_int":
+        spans = [_copy(span, attributes={"n": 1 << 64})]
+    elif what == "map":
+        spans = [_copy(span, attributes={"m": {"a": 1}})]
+    elif what == "surrogate":
+        spans = [_copy(span, attributes={"s": "\udcff"})]
+    elif what == "key_type":
+        spans = [_copy(span, attributes={3: "x"})]
+    else:
+        spans = [_copy(span, attributes={"o": object()})]
+    assert E._otlp_encode.encode(spans) is None
+    if what in ("trace_state", "two_resources"):  # the Python encoder still writes the SDK's bytes
+        assert E.encode(spans) == encode_spans(spans).SerializeToString()
+
+
+@native
+def test_native_refuses_a_non_sequence():
+    with pytest.raises(TypeError):
+        E._otlp_encode.encode(3)

@@ -140,20 +140,30 @@ static int any_value(Buf *b, PyObject *v, int depth) {
     return FALLBACK;  /* other Sequences, maps, foreign types: the Python encoder */
 }
 
-/* repeated KeyValue `tag` for each item of a mapping (None or empty: nothing) */
+static int key_value(Buf *b, unsigned char tag, PyObject *key, PyObject *value) {
+    Mark m, inner;
+    return open_field(b, tag, &m) || string_field(b, 0x0A, key) || open_field(b, 0x12, &inner)
+           || any_value(b, value, 0) || close_field(b, &inner) || close_field(b, &m) ? FALLBACK : 0;
+}
+
+/* repeated KeyValue `tag` for each item of a mapping (None: nothing) */
 static int attributes(Buf *b, unsigned char tag, PyObject *mapping) {
     if (mapping == Py_None) return 0;
+    if (PyDict_CheckExact(mapping)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(mapping, &pos, &k, &v))
+            if (key_value(b, tag, k, v)) return FALLBACK;
+        return 0;
+    }
     PyObject *items = PyMapping_Items(mapping);
     if (!items) return FALLBACK;
     Py_ssize_t n = PyList_GET_SIZE(items);
     int r = 0;
     for (Py_ssize_t i = 0; i < n && !r; i++) {
         PyObject *kv = PyList_GET_ITEM(items, i);
-        if (!PyTuple_Check(kv) || PyTuple_GET_SIZE(kv) != 2) { r = FALLBACK; break; }
-        Mark m, value;
-        r = open_field(b, tag, &m) || string_field(b, 0x0A, PyTuple_GET_ITEM(kv, 0))
-            || open_field(b, 0x12, &value) || any_value(b, PyTuple_GET_ITEM(kv, 1), 0)
-            || close_field(b, &value) || close_field(b, &m) ? FALLBACK : 0;
+        r = !PyTuple_Check(kv) || PyTuple_GET_SIZE(kv) != 2
+            || key_value(b, tag, PyTuple_GET_ITEM(kv, 0), PyTuple_GET_ITEM(kv, 1)) ? FALLBACK : 0;
     }
     Py_DECREF(items);
     return r;
@@ -193,21 +203,23 @@ static int truthy(PyObject *o, PyObject *name, int *out) {
     return *out < 0 ? FALLBACK : 0;
 }
 /* an int id as `bytes` bytes, big-endian; negative or too large: the Python encoder */
+static int long_bytes(Buf *b, PyObject *v, int bytes) {
+    unsigned char out[16];
+    if (!PyLong_Check(v)) return FALLBACK;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (_PyLong_AsByteArray((PyLongObject *)v, out, (size_t)bytes, 0, 0, 1) < 0) return FALLBACK;
+#else
+    if (_PyLong_AsByteArray((PyLongObject *)v, out, (size_t)bytes, 0, 0) < 0) return FALLBACK;
+#endif
+    return put(b, out, bytes);
+}
 static int id_bytes(Buf *b, PyObject *ctx, PyObject *name, int bytes) {
     PyObject *v;
     if (get(ctx, name, &v)) return FALLBACK;
-    unsigned char out[16];
-    int r = !PyLong_Check(v)
-#if PY_VERSION_HEX >= 0x030D0000
-        || _PyLong_AsByteArray((PyLongObject *)v, out, (size_t)bytes, 0, 0, 1) < 0
-#else
-        || _PyLong_AsByteArray((PyLongObject *)v, out, (size_t)bytes, 0, 0) < 0
-#endif
-        ? FALLBACK : 0;
+    int r = long_bytes(b, v, bytes);
     Py_DECREF(v);
-    return r ? FALLBACK : put(b, out, bytes);
+    return r;
 }
-
 static int event(Buf *b, PyObject *ev) {
     Mark m;
     uint64_t ts, dropped;
@@ -226,12 +238,155 @@ static int event(Buf *b, PyObject *ev) {
     return r || close_field(b, &m) ? FALLBACK : 0;
 }
 
+/* ---- a span's fields: from the SDK's own fields for its exact types, else its properties ---- */
+
+/* set by configure(): ReadableSpan, SpanContext, Status, BoundedAttributes, BoundedList, the
+ * SpanKind members in value order and the StatusCode members in value order */
+static PyObject *T_span, *T_context, *T_status, *T_bounded_attrs, *T_bounded_list;
+static PyObject *kinds[5], *codes[3];
+static PyObject *S__name, *S__context, *S__parent, *S__kind, *S__start_time, *S__end_time,
+    *S__attributes, *S__events, *S__links, *S__status, *S__resource, *S__instrumentation_scope,
+    *S__status_code, *S__description, *S_dropped;
+
+typedef struct {
+    PyObject *ctx, *parent, *name, *attrs, *events, *status;  /* borrowed from `refs` or `dict` */
+    uint64_t kind, start, end, dropped_attrs, dropped_events, dropped_links;
+    PyObject *dict, *refs[8];
+    int nrefs;
+} View;
+
+static void view_free(View *v) {
+    Py_XDECREF(v->dict);
+    for (int i = 0; i < v->nrefs; i++) Py_DECREF(v->refs[i]);
+}
+static int own(View *v, PyObject *o, PyObject **slot) {
+    if (!o) return FALLBACK;
+    v->refs[v->nrefs++] = o;
+    *slot = o;
+    return 0;
+}
+static PyObject *field(PyObject *dict, PyObject *name) {  /* borrowed; NULL when missing */
+    PyObject *o = PyDict_GetItemWithError(dict, name);
+    return o;
+}
+static int u64_of(PyObject *o, uint64_t *out) {
+    if (o == Py_None) { *out = 0; return 0; }
+    if (!PyLong_Check(o)) return FALLBACK;
+    *out = PyLong_AsUnsignedLongLong(o);
+    return *out == (uint64_t)-1 && PyErr_Occurred() ? FALLBACK : 0;
+}
+/* `.dropped` of a Bounded* container, else 0 (the SDK's dropped_* properties) */
+static int dropped_of(PyObject *o, PyObject *bounded, uint64_t *out) {
+    *out = 0;
+    int is = PyObject_IsInstance(o, bounded);
+    if (is <= 0) return is;
+    PyObject *d = PyObject_GetAttr(o, S_dropped);
+    if (!d) return FALLBACK;
+    int r = u64_of(d, out);
+    Py_DECREF(d);
+    return r;
+}
+static int member_index(PyObject *o, PyObject **members, int n) {
+    for (int i = 0; i < n; i++) if (members[i] == o) return i;
+    return -1;
+}
+
+static int view_fields(View *v, PyObject *sp) {
+    PyObject *d = v->dict = PyObject_GenericGetDict(sp, NULL);
+    if (!d) return FALLBACK;
+    PyObject *kind, *start, *end, *links;
+    if (!(v->ctx = field(d, S__context)) || !(v->parent = field(d, S__parent))
+        || !(v->name = field(d, S__name)) || !(kind = field(d, S__kind))
+        || !(start = field(d, S__start_time)) || !(end = field(d, S__end_time))
+        || !(v->attrs = field(d, S__attributes)) || !(v->events = field(d, S__events))
+        || !(links = field(d, S__links)) || !(v->status = field(d, S__status))) return FALLBACK;
+    int k = member_index(kind, kinds, 5), has_links = PyObject_IsTrue(links);
+    if (k < 0 || has_links) return FALLBACK;
+    v->kind = (uint64_t)k;
+    if (u64_of(start, &v->start) || u64_of(end, &v->end)
+        || dropped_of(v->attrs, T_bounded_attrs, &v->dropped_attrs)
+        || dropped_of(v->events, T_bounded_list, &v->dropped_events)
+        || dropped_of(links, T_bounded_list, &v->dropped_links)) return FALLBACK;
+    int has_attrs = PyObject_IsTrue(v->attrs);  /* MappingProxyType(self._attributes or {}) */
+    if (has_attrs < 0) return FALLBACK;
+    if (!has_attrs) v->attrs = Py_None;
+    return 0;
+}
+
+static int view_properties(View *v, PyObject *sp) {
+    PyObject *kind, *links;
+    uint64_t u;
+    if (own(v, PyObject_GetAttr(sp, S_links), &links)) return FALLBACK;
+    int has_links = PyObject_IsTrue(links);
+    if (has_links) return FALLBACK;
+    if (own(v, PyObject_CallMethodNoArgs(sp, S_get_span_context), &v->ctx)
+        || own(v, PyObject_GetAttr(sp, S_parent), &v->parent)
+        || own(v, PyObject_GetAttr(sp, S_name), &v->name)
+        || own(v, PyObject_GetAttr(sp, S_kind), &kind) || get_u64(kind, S_value, &u) || u > 4)
+        return FALLBACK;
+    v->kind = u;
+    if (get_u64(sp, S_start_time, &v->start) || get_u64(sp, S_end_time, &v->end)
+        || own(v, PyObject_GetAttr(sp, S_attributes), &v->attrs)
+        || get_u64(sp, S_dropped_attributes, &v->dropped_attrs)
+        || own(v, PyObject_GetAttr(sp, S_events), &v->events)
+        || get_u64(sp, S_dropped_events, &v->dropped_events)
+        || get_u64(sp, S_dropped_links, &v->dropped_links)
+        || own(v, PyObject_GetAttr(sp, S_status), &v->status)) return FALLBACK;
+    int has_attrs = PyObject_IsTrue(v->attrs);
+    if (has_attrs < 0) return FALLBACK;
+    if (!has_attrs) v->attrs = Py_None;
+    return 0;
+}
+
+/* the context's fields: tuple items for the SDK's own SpanContext */
+static int context_ids(Buf *b, PyObject *ctx, int with_trace_id) {
+    if (T_context && Py_TYPE(ctx) == (PyTypeObject *)T_context && PyTuple_GET_SIZE(ctx) >= 5) {
+        PyObject *trace_id = PyTuple_GET_ITEM(ctx, 0), *span_id = PyTuple_GET_ITEM(ctx, 1);
+        if (with_trace_id && (put(b, "\x0a\x10", 2) || long_bytes(b, trace_id, 16))) return FALLBACK;
+        if (put(b, with_trace_id ? "\x12\x08" : "\x22\x08", 2) || long_bytes(b, span_id, 8)) return FALLBACK;
+        if (with_trace_id) {
+            int t = PyObject_IsTrue(PyTuple_GET_ITEM(ctx, 4));  /* trace_state */
+            if (t) return FALLBACK;  /* rare: the Python encoder */
+        }
+        return 0;
+    }
+    if (with_trace_id) {
+        int flag;
+        if (put(b, "\x0a\x10", 2) || id_bytes(b, ctx, S_trace_id, 16) || put(b, "\x12\x08", 2)
+            || id_bytes(b, ctx, S_span_id, 8) || truthy(ctx, S_trace_state, &flag) || flag)
+            return FALLBACK;
+        return 0;
+    }
+    return put(b, "\x22\x08", 2) || id_bytes(b, ctx, S_span_id, 8) ? FALLBACK : 0;
+}
+static int context_remote(PyObject *ctx, int *remote) {
+    if (T_context && Py_TYPE(ctx) == (PyTypeObject *)T_context && PyTuple_GET_SIZE(ctx) >= 5) {
+        *remote = PyObject_IsTrue(PyTuple_GET_ITEM(ctx, 2));
+        return *remote < 0 ? FALLBACK : 0;
+    }
+    return truthy(ctx, S_is_remote, remote);
+}
+
 static int status_field(Buf *b, PyObject *status) {
     if (status == Py_None) return 0;
     PyObject *code = NULL, *desc = NULL;
     uint64_t value = 0;
-    int r = get(status, S_status_code, &code) || get_u64(code, S_value, &value)
+    int r = 0;
+    if (T_status && Py_TYPE(status) == (PyTypeObject *)T_status) {
+        PyObject *d = PyObject_GenericGetDict(status, NULL);
+        if (!d) return FALLBACK;
+        code = field(d, S__status_code);
+        desc = field(d, S__description);
+        int i = code ? member_index(code, codes, 3) : -1;
+        Py_XINCREF(desc);
+        Py_DECREF(d);
+        if (i < 0 || !desc) { Py_XDECREF(desc); return FALLBACK; }
+        value = (uint64_t)i;
+        code = NULL;
+    } else {
+        r = get(status, S_status_code, &code) || get_u64(code, S_value, &value)
             || get(status, S_description, &desc) ? FALLBACK : 0;
+    }
     if (!r) {
         int has_desc = desc == Py_None ? 0 : PyObject_IsTrue(desc);
         if (has_desc < 0) r = FALLBACK;
@@ -248,46 +403,33 @@ static int status_field(Buf *b, PyObject *status) {
 }
 
 static int span(Buf *b, PyObject *sp) {
-    PyObject *ctx = NULL, *parent = NULL, *tmp = NULL, *kind = NULL, *events = NULL,
-             *status = NULL;
-    int r = FALLBACK;
+    View v;
+    memset(&v, 0, sizeof v);
     Mark m;
-    uint64_t u;
-    int flag;
-    if (truthy(sp, S_links, &flag) || flag) goto done;
-    if (open_field(b, 0x12, &m)) goto done;
-    ctx = PyObject_CallMethodNoArgs(sp, S_get_span_context);
-    if (!ctx || get(sp, S_parent, &parent)) goto done;
-    if (put(b, "\x0a\x10", 2) || id_bytes(b, ctx, S_trace_id, 16)
-        || put(b, "\x12\x08", 2) || id_bytes(b, ctx, S_span_id, 8)) goto done;
-    if (truthy(ctx, S_trace_state, &flag) || flag) goto done;  /* rare: the Python encoder */
-    if (parent != Py_None && (put(b, "\x22\x08", 2) || id_bytes(b, parent, S_span_id, 8))) goto done;
-    if (get(sp, S_name, &tmp) || string_field(b, 0x2A, tmp)) goto done;
-    if (get(sp, S_kind, &kind) || get_u64(kind, S_value, &u) || u > 4) goto done;
-    if (putc_(b, 0x30) || putc_(b, (unsigned char)(u + 1))) goto done;
-    if (get_u64(sp, S_start_time, &u) || (u && (putc_(b, 0x39) || fixed64(b, u)))) goto done;
-    if (get_u64(sp, S_end_time, &u) || (u && (putc_(b, 0x41) || fixed64(b, u)))) goto done;
-    Py_CLEAR(tmp);
-    if (get(sp, S_attributes, &tmp)) goto done;
-    if ((flag = PyObject_IsTrue(tmp)) < 0 || (flag && attributes(b, 0x4A, tmp))) goto done;
-    if (get_u64(sp, S_dropped_attributes, &u) || (u && (putc_(b, 0x50) || varint(b, u)))) goto done;
-    if (get(sp, S_events, &events)) goto done;
-    PyObject *seq = PySequence_Fast(events, "");
+    int r = FALLBACK, remote = 0;
+    int fast = T_span && Py_TYPE(sp) == (PyTypeObject *)T_span;
+    if (fast ? view_fields(&v, sp) : view_properties(&v, sp)) goto done;
+    if (open_field(b, 0x12, &m) || context_ids(b, v.ctx, 1)) goto done;
+    if (v.parent != Py_None && context_ids(b, v.parent, 0)) goto done;
+    if (string_field(b, 0x2A, v.name) || putc_(b, 0x30) || putc_(b, (unsigned char)(v.kind + 1))) goto done;
+    if (v.start && (putc_(b, 0x39) || fixed64(b, v.start))) goto done;
+    if (v.end && (putc_(b, 0x41) || fixed64(b, v.end))) goto done;
+    if (v.attrs != Py_None && attributes(b, 0x4A, v.attrs)) goto done;
+    if (v.dropped_attrs && (putc_(b, 0x50) || varint(b, v.dropped_attrs))) goto done;
+    PyObject *seq = PySequence_Fast(v.events, "");
     if (!seq) goto done;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < n; i++)
         if (event(b, PySequence_Fast_GET_ITEM(seq, i))) { Py_DECREF(seq); goto done; }
     Py_DECREF(seq);
-    if (get_u64(sp, S_dropped_events, &u) || (u && (putc_(b, 0x60) || varint(b, u)))) goto done;
-    if (get_u64(sp, S_dropped_links, &u) || (u && (putc_(b, 0x70) || varint(b, u)))) goto done;
-    if (get(sp, S_status, &status) || status_field(b, status)) goto done;
-    int remote = 0;
-    if (parent != Py_None && truthy(parent, S_is_remote, &remote)) goto done;
+    if (v.dropped_events && (putc_(b, 0x60) || varint(b, v.dropped_events))) goto done;
+    if (v.dropped_links && (putc_(b, 0x70) || varint(b, v.dropped_links))) goto done;
+    if (status_field(b, v.status)) goto done;
+    if (v.parent != Py_None && context_remote(v.parent, &remote)) goto done;
     if (put(b, remote ? "\x85\x01\x00\x03\x00\x00" : "\x85\x01\x00\x01\x00\x00", 6)) goto done;
     r = close_field(b, &m);
 done:
-    Py_XDECREF(ctx); Py_XDECREF(parent); Py_XDECREF(tmp); Py_XDECREF(kind);
-    Py_XDECREF(events); Py_XDECREF(status);
+    view_free(&v);
     return r;
 }
 
@@ -309,6 +451,24 @@ static int scope_field(Buf *b, PyObject *scope) {
     return close_field(b, &m);
 }
 
+/* new references to a span's resource and instrumentation scope */
+static int resource_and_scope(PyObject *sp, PyObject **res, PyObject **scope) {
+    *res = *scope = NULL;
+    if (T_span && Py_TYPE(sp) == (PyTypeObject *)T_span) {
+        PyObject *d = PyObject_GenericGetDict(sp, NULL);
+        if (!d) return FALLBACK;
+        *res = Py_XNewRef(field(d, S__resource));
+        *scope = Py_XNewRef(field(d, S__instrumentation_scope));
+        Py_DECREF(d);
+    } else {
+        *res = PyObject_GetAttr(sp, S_resource);
+        *scope = *res ? PyObject_GetAttr(sp, S_instrumentation_scope) : NULL;
+    }
+    if (*res && *scope) return 0;
+    Py_XDECREF(*res); Py_XDECREF(*scope);
+    return FALLBACK;
+}
+
 typedef struct { PyObject *scope; Buf spans; } ScopeGroup;
 
 static int encode_all(PyObject *seq, Buf *out) {
@@ -321,14 +481,13 @@ static int encode_all(PyObject *seq, Buf *out) {
     memset(groups, 0, sizeof groups);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *res, *scope;
-        if (get(items[i], S_resource, &res)) goto done;
+        if (resource_and_scope(items[i], &res, &scope)) goto done;
         if (!resource) resource = res;
         else {
             int same = res == resource;
             Py_DECREF(res);
-            if (!same) goto done;  /* several resources: the Python encoder groups them */
+            if (!same) { Py_DECREF(scope); goto done; }  /* several: the Python encoder groups them */
         }
-        if (get(items[i], S_instrumentation_scope, &scope)) goto done;
         int t = PyObject_IsTrue(scope);
         if (t < 0) { Py_DECREF(scope); goto done; }
         if (!t) { Py_DECREF(scope); scope = Py_NewRef(Py_None); }
@@ -388,7 +547,28 @@ static PyObject *encode(PyObject *self, PyObject *spans) {
     return body;
 }
 
+static PyObject *configure(PyObject *self, PyObject *args) {
+    PyObject *kind_seq, *code_seq;
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &T_span, &T_context, &T_status, &T_bounded_attrs,
+                          &T_bounded_list, &kind_seq, &code_seq)) return NULL;
+    if (!PySequence_Check(kind_seq) || PySequence_Size(kind_seq) != 5
+        || !PySequence_Check(code_seq) || PySequence_Size(code_seq) != 3) {
+        T_span = T_context = T_status = NULL;
+        PyErr_SetString(PyExc_ValueError, "5 span kinds and 3 status codes, in value order");
+        return NULL;
+    }
+    Py_INCREF(T_span); Py_INCREF(T_context); Py_INCREF(T_status);
+    Py_INCREF(T_bounded_attrs); Py_INCREF(T_bounded_list);
+    for (int i = 0; i < 5; i++) kinds[i] = PySequence_GetItem(kind_seq, i);
+    for (int i = 0; i < 3; i++) codes[i] = PySequence_GetItem(code_seq, i);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(ReadableSpan, SpanContext, Status, BoundedAttributes, BoundedList, kinds, codes): "
+     "the SDK types whose own fields encode() reads (their properties otherwise), and the SpanKind "
+     "and StatusCode members in value order. Call once, before encode()."},
     {"encode", encode, METH_O,
      "encode(spans) -> bytes | None: the OTLP request for SDK ReadableSpans, or None (use the "
      "Python encoder)."},
@@ -410,6 +590,13 @@ PyMODINIT_FUNC PyInit__otlp_encode(void) {
     INTERN(S_is_remote, "is_remote") INTERN(S_timestamp, "timestamp") INTERN(S_resource, "resource")
     INTERN(S_instrumentation_scope, "instrumentation_scope") INTERN(S_version, "version")
     INTERN(S_schema_url, "schema_url")
+    INTERN(S__name, "_name") INTERN(S__context, "_context") INTERN(S__parent, "_parent")
+    INTERN(S__kind, "_kind") INTERN(S__start_time, "_start_time") INTERN(S__end_time, "_end_time")
+    INTERN(S__attributes, "_attributes") INTERN(S__events, "_events") INTERN(S__links, "_links")
+    INTERN(S__status, "_status") INTERN(S__resource, "_resource")
+    INTERN(S__instrumentation_scope, "_instrumentation_scope")
+    INTERN(S__status_code, "_status_code") INTERN(S__description, "_description")
+    INTERN(S_dropped, "dropped")
 #undef INTERN
     return PyModule_Create(&module);
 }
