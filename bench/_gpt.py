@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 import platform
+import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -54,9 +56,20 @@ def paired_ratios(blocks: dict[str, list[float]], a: str, b: str) -> list[float]
     return [x / ((ref[i] + ref[i + 1]) / 2) for i, x in enumerate(blocks[b])]
 
 
-def block_options(doc: str, block: int, skip: int) -> argparse.Namespace:
-    """``--pairs``, ``--block``, ``--skip`` and ``--out``, parsed."""
+def median_interval(values: list[float], level: float = 0.95, resamples: int = 4000,
+                    seed: int = 0) -> tuple[float, float]:
+    """Bootstrap percentile interval of the median of ``values``."""
+    rnd = random.Random(seed)
+    meds = sorted(statistics.median(rnd.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return meds[int(tail * resamples)], meds[min(resamples - 1, int((1 - tail) * resamples))]
+
+
+def block_options(doc: str, block: int, skip: int, extra=None) -> argparse.Namespace:
+    """``--pairs``, ``--block``, ``--skip`` and ``--out`` (and what ``extra(parser)`` adds), parsed."""
     p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    if extra is not None:
+        extra(p)
     p.add_argument("--pairs", type=int, default=12)
     p.add_argument("--block", type=int, default=block, help="steps per block")
     p.add_argument("--skip", type=int, default=skip, help="steps dropped at the start of a block")

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from _daemon import start_daemon
+
 from rtxops.telemetry import synthetic
 from rtxops.telemetry.store import Store
 
@@ -101,23 +103,6 @@ def timed(client: httpx.Client, path: str, runs: int) -> dict:
     return {"p50_ms": round(statistics.median(times), 1),
             "p95_ms": round(times[min(len(times) - 1, int(0.95 * len(times)))], 1),
             "max_ms": round(times[-1], 1), "runs": runs, "bytes": size}
-
-
-def start_daemon(home: Path) -> tuple[subprocess.Popen, str, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "rtxops.cli", "daemon", "--port", "0",
-                             "--home", str(home)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if (home / "daemon.pid").read_text().strip() == str(proc.pid):
-                url = (home / "daemon.url").read_text().strip()
-                if httpx.get(url + "/readyz", timeout=5).status_code == 200:
-                    return proc, url, (home / "token").read_text().strip()
-        except (OSError, httpx.HTTPError):
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("the daemon did not come up")
 
 
 def main() -> None:

@@ -20,27 +20,11 @@ from pathlib import Path
 import httpx
 import psutil
 
+from _daemon import start_daemon
+
 from rtxops.telemetry.synthetic import otlp_request
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def start_daemon(home: Path) -> tuple[subprocess.Popen, str, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "rtxops.cli", "daemon", "--port", "0", "--home", str(home)],
-                            stdout=subprocess.DEVNULL, stderr=open(home.parent / "daemon.log", "wb"),
-                            start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        url_file = home / "daemon.url"
-        if url_file.exists():
-            url = url_file.read_text().strip()
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    return proc, url, (home / "token").read_text().strip()
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.1)
-    raise RuntimeError("daemon did not start")
 
 
 def main() -> None:
@@ -53,7 +37,7 @@ def main() -> None:
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rtxops-soak-"))
     home = tmp / "home"
-    proc, url, token = start_daemon(home)
+    proc, url, token = start_daemon(home, log=home.parent / "daemon.log")
     try:
         run(a, home, proc, url, token)
     finally:

@@ -7,24 +7,33 @@ VM and swamp ``step_overhead.py``'s process pairs). Three layers, each its own a
 * ``runtime``: ops routed (default plan), calls counted;
 * ``recorder``: plus the telemetry recorder and export thread, spans not built;
 * ``telemetry``: plus the spans built per step and handed to an exporter that encodes them as an
-  OTLP request, as the job's exporter does, and drops the bytes.
+  OTLP request, as the job's exporter does, and drops the bytes;
+* ``daemon``: the whole default path of ``rtxops run``: the job's exporter sends the requests over
+  OTLP/HTTP to a real ``rtxops daemon`` (its own process, evolve loop off, as in
+  ``step_overhead.py``), whose receiver and store share the 2 cores with the job. The daemon runs
+  through the off blocks too, idle.
 
-What this leaves out is the daemon (its receiver and store share the cores in ``rtxops run``)
-and sending the request. The figure per layer is the median over blocks of on ÷ the mean of
-the off blocks on either side. JSON on stdout (``--out`` writes it too).
+The figure per layer is the median over blocks of on ÷ the mean of the off blocks on either
+side, with a bootstrap 95 % interval of that median. JSON on stdout (``--out`` writes it too).
 """
 from __future__ import annotations
 
 import statistics
+import tempfile
+from pathlib import Path
 
-from _gpt import block_options, emit, paired_ratios, stepper
+import psutil
+from _daemon import start_daemon
+from _gpt import block_options, emit, median_interval, paired_ratios, stepper
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from rtxops.runtime import patching
 from rtxops.telemetry.encode import encode
+from rtxops.telemetry.exporters import DeferredExporter, otlp_http_exporter
+from rtxops.telemetry.job import DEFAULT_EXPORT_INTERVAL_S as DEFAULT_INTERVAL_S
 from rtxops.telemetry.job import start_job_telemetry
 
-LAYERS = ("runtime", "recorder", "telemetry")
+LAYERS = ("runtime", "recorder", "telemetry", "daemon")
 
 
 class _Drop(SpanExporter):
@@ -36,42 +45,82 @@ class _Drop(SpanExporter):
         pass
 
 
-def layer_cost(steps, layer: str, pairs: int, block: int, skip: int) -> dict:
+def layer_cost(steps, layer: str, pairs: int, block: int, skip: int, daemon=None,
+               export_interval_s: float = DEFAULT_INTERVAL_S) -> dict:
+    """``daemon``: (process, URL, token) of the daemon the ``daemon`` layer sends to."""
     blocks: dict[str, list[float]] = {"off": [], "on": []}
     threads: list = []
+    daemon_cpu: dict[str, list[float]] = {"off": [], "on": []}
     for i in range(2 * pairs + 1):  # off first and last
         on = i % 2 == 1
         telemetry = None
         if on:
             d = patching.enable()
-            if layer != "runtime":
-                telemetry = start_job_telemetry(d, _Drop())
-                threads.append(telemetry.thread)
+            if layer == "daemon":
+                _, url, token = daemon
+                telemetry = start_job_telemetry(
+                    d, DeferredExporter(lambda: otlp_http_exporter(url, token)),
+                    export_interval_s=export_interval_s)
+            elif layer != "runtime":
+                telemetry = start_job_telemetry(d, _Drop(), export_interval_s=export_interval_s)
                 if layer == "recorder":
                     telemetry.thread._build = lambda rec, extra: 0
+            if telemetry is not None:
+                threads.append(telemetry.thread)
+        cpu_before = _cpu_s(daemon)
         try:
             blocks["on" if on else "off"].append(statistics.median(steps(block)[skip:]))
         finally:
             if on:
                 patching.disable()
                 if telemetry is not None:
-                    telemetry.close()
+                    telemetry.close()  # sends the last request: the daemon's share is in the block
+            if daemon is not None:
+                daemon_cpu["on" if on else "off"].append((_cpu_s(daemon) - cpu_before) / block)
     ratios = paired_ratios(blocks, "off", "on")
     cpu = [t.cpu_s / t.steps_built for t in threads if t.steps_built]
-    return {"overhead": round(statistics.median(ratios) - 1, 4),
-            "export_thread_cpu_ms_per_step": round(statistics.median(cpu) * 1e3, 3) if cpu else None,
-            "block_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in blocks.items()},
-            "block_ratios": [round(r, 4) for r in ratios]}
+    low, high = median_interval(ratios)
+    out = {"overhead": round(statistics.median(ratios) - 1, 4),
+           "overhead_95ci": [round(low - 1, 4), round(high - 1, 4)],
+           "export_thread_cpu_ms_per_step": round(statistics.median(cpu) * 1e3, 3) if cpu else None,
+           "block_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in blocks.items()},
+           "block_ratios": [round(r, 4) for r in ratios]}
+    if daemon is not None:
+        out["daemon_cpu_ms_per_step"] = {k: round(statistics.median(v) * 1e3, 3)
+                                         for k, v in daemon_cpu.items()}
+        out["spans_failed"] = sum(t.spans_failed for t in threads)
+        out["spans_exported"] = sum(t.spans_exported for t in threads)
+    return out
+
+
+def _cpu_s(daemon) -> float:
+    if daemon is None:
+        return 0.0
+    t = psutil.Process(daemon[0].pid).cpu_times()
+    return t.user + t.system
 
 
 def main() -> None:
-    a = block_options(__doc__, block=45, skip=5)
+    a = block_options(__doc__, block=45, skip=5, extra=lambda p: (
+        p.add_argument("--layers", default=",".join(LAYERS)),
+        p.add_argument("--export-interval", type=float, default=DEFAULT_INTERVAL_S,
+                       help="seconds between the job's exports (RTXOPS_EXPORT_INTERVAL_S)")))
+    layers_wanted = a.layers.split(",")
     steps = stepper()
     steps(30)  # warm-up
+    with tempfile.TemporaryDirectory(prefix="rtxops-overhead-") as tmp:
+        daemon = start_daemon(Path(tmp) / "home", env={"RTXOPS_EVOLVE": "0"})
+        try:
+            layers = {layer: layer_cost(steps, layer, a.pairs, a.block, a.skip,
+                                        daemon if layer == "daemon" else None, a.export_interval)
+                      for layer in LAYERS if layer in layers_wanted}
+        finally:
+            daemon[0].terminate()
+            daemon[0].wait(60)
     emit("step_overhead_inprocess",
          "one process, the runtime switched on and off every block at a step boundary", a,
          {"routed_calls_per_step": routed_calls_per_step(steps),
-          "layers": {layer: layer_cost(steps, layer, a.pairs, a.block, a.skip) for layer in LAYERS},
+          "export_interval_s": a.export_interval, "layers": layers,
           "target_overhead_max": 0.02})
 
 

@@ -91,10 +91,17 @@ def any_value(v: Any) -> bytes:
         return _len(0x3A, v)
     if cls in (tuple, list):
         return _len(0x2A, b"".join(_len(0x0A, any_value(x)) for x in v))
-    # subclasses (a TorchVersion is a str), in the order of the SDK encoder's isinstance checks
-    for base in (bool, str, int, float, bytes):
-        if isinstance(v, base):
-            return any_value(base(v))
+    # subclasses (a TorchVersion is a str), in the order of the SDK encoder's isinstance checks;
+    # their values as the base type holds them (str(v) would call an overridden __str__: a
+    # `class Color(str, Enum)` member is "red" to the SDK, "Color.RED" to str())
+    if isinstance(v, str):
+        return any_value(str.__str__(v))
+    if isinstance(v, int):
+        return any_value(int.__index__(v))
+    if isinstance(v, float):
+        return any_value(float.__float__(v))
+    if isinstance(v, bytes):
+        return any_value(b"" + v)
     if isinstance(v, Sequence) and not isinstance(v, Mapping):
         return any_value(tuple(v))
     raise Unsupported(f"attribute value of type {cls.__name__}")
@@ -199,6 +206,8 @@ def _scope(scope: Any) -> bytes:
 
 def encode(spans: Sequence[Any]) -> bytes | None:
     """Request bytes for SDK ``ReadableSpan``s, or None (use the SDK's encoder)."""
+    if not isinstance(spans, (list, tuple)):  # read twice where the compiled encoder declines
+        spans = list(spans)
     if _otlp_encode is not None and os.environ.get("RTXOPS_OTLP_NATIVE", "1") != "0":
         body = _otlp_encode.encode(spans)
         if body is not None:
@@ -233,6 +242,8 @@ def encode_python(spans: Sequence[Any]) -> bytes | None:
                 body += _len(0x12, ss)
             body += _string(0x1A, resource.schema_url or "")
             out.append(_len(0x0A, body))
-    except (Unsupported, KeyError, AttributeError, OverflowError, TypeError):
+    except (Unsupported, KeyError, AttributeError, OverflowError, TypeError, ValueError,
+            IndexError, RecursionError, struct.error):
+        # ValueError covers strings that are not UTF-8 encodable: the SDK's encoder decides
         return None
     return b"".join(out)

@@ -207,6 +207,8 @@ def _fast_otlp_exporter_class() -> type:
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             client = getattr(self, "_client", None)
             metrics = getattr(self, "_metrics", None)
+            if not isinstance(spans, (list, tuple)):  # read again if the encoder declines
+                spans = list(spans)
             if getattr(self, "_shutdown", True) or client is None or metrics is None:
                 return super().export(spans)
             body = encode(spans)

@@ -31,6 +31,7 @@ from .resource import job_resource_attributes
 from .spans import CallSampling, SpanBuilder
 
 DEFAULT_DAEMON = "http://127.0.0.1:8765"
+DEFAULT_EXPORT_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -63,7 +64,8 @@ class JobTelemetry:
 
 def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store=None,
                         sampling: CallSampling | None = None, capacity: int = 1 << 16,
-                        resource: dict | None = None, export_interval_s: float = 1.0) -> JobTelemetry:
+                        resource: dict | None = None,
+                        export_interval_s: float = DEFAULT_EXPORT_INTERVAL_S) -> JobTelemetry:
     """Wire a recorder into ``dispatcher`` that exports through ``exporter``."""
     provider = TracerProvider(resource=Resource.create(resource or job_resource_attributes()))
     processor = StepProcessor()
@@ -102,7 +104,7 @@ def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
         dispatcher, exporter, store=store,
         sampling=CallSampling.parse(os.environ.get("RTXOPS_CALL_SAMPLES")),
         capacity=int(os.environ.get("RTXOPS_RECORDER_CAPACITY", 1 << 16)),
-        export_interval_s=float(os.environ.get("RTXOPS_EXPORT_INTERVAL_S", "1")),
+        export_interval_s=float(os.environ.get("RTXOPS_EXPORT_INTERVAL_S", DEFAULT_EXPORT_INTERVAL_S)),
     )
     return telemetry  # the bootstrap closes it at exit (Readings.close)
 

@@ -1,6 +1,8 @@
 """The job-side OTLP encoder writes exactly the bytes of the SDK exporters' encoder."""
 from __future__ import annotations
 
+import enum
+import os
 import random
 
 import pytest
@@ -262,6 +264,78 @@ def test_native_declines_what_it_does_not_mirror(what):
 
 
 @native
-def test_native_refuses_a_non_sequence():
-    with pytest.raises(TypeError):
-        E._otlp_encode.encode(3)
+def test_native_declines_what_is_not_a_list_or_tuple():
+    p, memory = provider({})
+    p.get_tracer("t").start_span("s", links=[Link(SpanContext(1, 2, False))]).end()  # it declines
+    spans = memory.get_finished_spans()
+    assert E._otlp_encode.encode(3) is None and E._otlp_encode.encode(iter(spans)) is None
+    # a one-shot iterable reaches the Python encoder whole (it declines links too)
+    p.get_tracer("t").start_span("plain").end()
+    plain = memory.get_finished_spans()[1:]
+    assert E.encode(iter(plain)) == encode_spans(plain).SerializeToString()
+
+
+def test_python_encoder_writes_subclass_values_as_the_sdk_does(monkeypatch):
+    monkeypatch.setenv("RTXOPS_OTLP_NATIVE", "0")
+
+    class Color(str, enum.Enum):
+        RED = "red"
+
+    class Weird(int):
+        def __index__(self):
+            return 5
+
+    class Half(float):
+        def __float__(self):
+            return 0.25
+
+    p, memory = provider({})
+    p.get_tracer("t").start_span("s", attributes={"c": Color.RED, "w": Weird(3), "h": Half(0.5),
+                                                 "ie": enum.IntEnum("E", "A B").B}).end()
+    spans = memory.get_finished_spans()
+    assert E.encode(spans) == encode_spans(spans).SerializeToString()
+    assert b"Color.RED" not in E.encode(spans)
+
+
+_MUTATING = '''
+import sys
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.trace import SpanContext, Status, StatusCode
+from rtxops.telemetry import encode as E
+
+class Attrs(dict):
+    def items(self):  # Python code run mid-encode rebinds the span's fields (frees the old ones)
+        span._status = None
+        span._events = ()
+        return super().items()
+
+class Grows(list):
+    def __iter__(self):  # clears the list holding it while being read
+        outer.clear()
+        return super().__iter__()
+
+inner = Grows([1, 2])
+outer = [inner, "y" * 100]
+span = ReadableSpan("n", SpanContext(0xABC, 0x12, False), resource=Resource.create({}),
+                    attributes=Attrs(a=1, b=outer), status=Status(StatusCode.ERROR, "x" * 50),
+                    events=[Event("e" * 40, {"k": 1}, 5)], start_time=5, end_time=9)
+spans = [span]
+body = E._otlp_encode.encode(spans)
+sys.stdout.write("ok" if body is None or isinstance(body, bytes) else "bad")
+'''
+
+
+@native
+def test_native_survives_fields_changed_while_it_encodes(tmp_path):
+    """Python code the encoder runs (a mapping's items(), a sequence's __iter__) may rebind the
+    span's fields or empty a list it is reading: it must keep what it reads alive."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "mutating.py"
+    script.write_text(_MUTATING)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONMALLOC": "debug"}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "ok"

@@ -131,7 +131,8 @@ static int any_value(Buf *b, PyObject *v, int depth) {
         return put(b, PyBytes_AS_STRING(v), n);
     }
     if (PyTuple_Check(v) || PyList_Check(v)) {
-        PyObject *seq = PySequence_Fast(v, "");
+        /* a tuple of its own: Python code run below cannot change or free its items */
+        PyObject *seq = PySequence_Tuple(v);
         if (!seq) return FALLBACK;
         int r = array_value(b, seq, depth);
         Py_DECREF(seq);
@@ -152,8 +153,12 @@ static int attributes(Buf *b, unsigned char tag, PyObject *mapping) {
     if (PyDict_CheckExact(mapping)) {
         Py_ssize_t pos = 0;
         PyObject *k, *v;
-        while (PyDict_Next(mapping, &pos, &k, &v))
-            if (key_value(b, tag, k, v)) return FALLBACK;
+        while (PyDict_Next(mapping, &pos, &k, &v)) {
+            Py_INCREF(k); Py_INCREF(v);  /* a sequence's __iter__ may change the dict meanwhile */
+            int r = key_value(b, tag, k, v);
+            Py_DECREF(k); Py_DECREF(v);
+            if (r) return FALLBACK;
+        }
         return 0;
     }
     PyObject *items = PyMapping_Items(mapping);
@@ -251,7 +256,7 @@ static PyObject *S__name, *S__context, *S__parent, *S__kind, *S__start_time, *S_
 typedef struct {
     PyObject *ctx, *parent, *name, *attrs, *events, *status;  /* borrowed from `refs` or `dict` */
     uint64_t kind, start, end, dropped_attrs, dropped_events, dropped_links;
-    PyObject *dict, *refs[8];
+    PyObject *dict, *refs[16];
     int nrefs;
 } View;
 
@@ -265,8 +270,11 @@ static int own(View *v, PyObject *o, PyObject **slot) {
     *slot = o;
     return 0;
 }
-static PyObject *field(PyObject *dict, PyObject *name) {  /* borrowed; NULL when missing */
+/* a new reference to dict[name], owned by `v` (Python code run later may rebind the field) */
+static PyObject *field(View *v, PyObject *dict, PyObject *name) {
     PyObject *o = PyDict_GetItemWithError(dict, name);
+    if (!o) return NULL;
+    v->refs[v->nrefs++] = Py_NewRef(o);
     return o;
 }
 static int u64_of(PyObject *o, uint64_t *out) {
@@ -295,11 +303,11 @@ static int view_fields(View *v, PyObject *sp) {
     PyObject *d = v->dict = PyObject_GenericGetDict(sp, NULL);
     if (!d) return FALLBACK;
     PyObject *kind, *start, *end, *links;
-    if (!(v->ctx = field(d, S__context)) || !(v->parent = field(d, S__parent))
-        || !(v->name = field(d, S__name)) || !(kind = field(d, S__kind))
-        || !(start = field(d, S__start_time)) || !(end = field(d, S__end_time))
-        || !(v->attrs = field(d, S__attributes)) || !(v->events = field(d, S__events))
-        || !(links = field(d, S__links)) || !(v->status = field(d, S__status))) return FALLBACK;
+    if (!(v->ctx = field(v, d, S__context)) || !(v->parent = field(v, d, S__parent))
+        || !(v->name = field(v, d, S__name)) || !(kind = field(v, d, S__kind))
+        || !(start = field(v, d, S__start_time)) || !(end = field(v, d, S__end_time))
+        || !(v->attrs = field(v, d, S__attributes)) || !(v->events = field(v, d, S__events))
+        || !(links = field(v, d, S__links)) || !(v->status = field(v, d, S__status))) return FALLBACK;
     int k = member_index(kind, kinds, 5), has_links = PyObject_IsTrue(links);
     if (k < 0 || has_links) return FALLBACK;
     v->kind = (uint64_t)k;
@@ -375,8 +383,8 @@ static int status_field(Buf *b, PyObject *status) {
     if (T_status && Py_TYPE(status) == (PyTypeObject *)T_status) {
         PyObject *d = PyObject_GenericGetDict(status, NULL);
         if (!d) return FALLBACK;
-        code = field(d, S__status_code);
-        desc = field(d, S__description);
+        code = PyDict_GetItemWithError(d, S__status_code);  /* compared by identity at once */
+        desc = PyDict_GetItemWithError(d, S__description);
         int i = code ? member_index(code, codes, 3) : -1;
         Py_XINCREF(desc);
         Py_DECREF(d);
@@ -416,7 +424,7 @@ static int span(Buf *b, PyObject *sp) {
     if (v.end && (putc_(b, 0x41) || fixed64(b, v.end))) goto done;
     if (v.attrs != Py_None && attributes(b, 0x4A, v.attrs)) goto done;
     if (v.dropped_attrs && (putc_(b, 0x50) || varint(b, v.dropped_attrs))) goto done;
-    PyObject *seq = PySequence_Fast(v.events, "");
+    PyObject *seq = PySequence_Tuple(v.events);  /* as the SDK's events property: tuple(_events) */
     if (!seq) goto done;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < n; i++)
@@ -457,8 +465,8 @@ static int resource_and_scope(PyObject *sp, PyObject **res, PyObject **scope) {
     if (T_span && Py_TYPE(sp) == (PyTypeObject *)T_span) {
         PyObject *d = PyObject_GenericGetDict(sp, NULL);
         if (!d) return FALLBACK;
-        *res = Py_XNewRef(field(d, S__resource));
-        *scope = Py_XNewRef(field(d, S__instrumentation_scope));
+        *res = Py_XNewRef(PyDict_GetItemWithError(d, S__resource));
+        *scope = Py_XNewRef(PyDict_GetItemWithError(d, S__instrumentation_scope));
         Py_DECREF(d);
     } else {
         *res = PyObject_GetAttr(sp, S_resource);
@@ -532,8 +540,10 @@ done:
 }
 
 static PyObject *encode(PyObject *self, PyObject *spans) {
-    PyObject *seq = PySequence_Fast(spans, "spans must be a sequence");
-    if (!seq) return NULL;
+    /* a list or tuple only: an iterator consumed here would reach the Python encoder empty */
+    if (!PyList_Check(spans) && !PyTuple_Check(spans)) Py_RETURN_NONE;
+    PyObject *seq = PySequence_Tuple(spans);  /* the caller's list may grow meanwhile */
+    if (!seq) { PyErr_Clear(); Py_RETURN_NONE; }
     Buf out = {0};
     int r = encode_all(seq, &out);
     Py_DECREF(seq);
@@ -548,19 +558,29 @@ static PyObject *encode(PyObject *self, PyObject *spans) {
 }
 
 static PyObject *configure(PyObject *self, PyObject *args) {
-    PyObject *kind_seq, *code_seq;
-    if (!PyArg_ParseTuple(args, "OOOOOOO", &T_span, &T_context, &T_status, &T_bounded_attrs,
-                          &T_bounded_list, &kind_seq, &code_seq)) return NULL;
-    if (!PySequence_Check(kind_seq) || PySequence_Size(kind_seq) != 5
-        || !PySequence_Check(code_seq) || PySequence_Size(code_seq) != 3) {
-        T_span = T_context = T_status = NULL;
-        PyErr_SetString(PyExc_ValueError, "5 span kinds and 3 status codes, in value order");
+    PyObject *span, *context, *status, *bounded_attrs, *bounded_list, *kind_seq, *code_seq;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OO", &PyType_Type, &span, &PyType_Type, &context,
+                          &PyType_Type, &status, &PyType_Type, &bounded_attrs, &PyType_Type,
+                          &bounded_list, &kind_seq, &code_seq)) return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)context, &PyTuple_Type)) {  /* read as a tuple */
+        PyErr_SetString(PyExc_TypeError, "the span context type must be a tuple subclass");
         return NULL;
     }
-    Py_INCREF(T_span); Py_INCREF(T_context); Py_INCREF(T_status);
-    Py_INCREF(T_bounded_attrs); Py_INCREF(T_bounded_list);
-    for (int i = 0; i < 5; i++) kinds[i] = PySequence_GetItem(kind_seq, i);
-    for (int i = 0; i < 3; i++) codes[i] = PySequence_GetItem(code_seq, i);
+    PyObject *k = PySequence_Tuple(kind_seq), *c = k ? PySequence_Tuple(code_seq) : NULL;
+    if (!c || PyTuple_GET_SIZE(k) != 5 || PyTuple_GET_SIZE(c) != 3) {
+        Py_XDECREF(k); Py_XDECREF(c);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "5 span kinds and 3 status codes, in value order");
+        return NULL;
+    }
+    Py_XSETREF(T_span, Py_NewRef(span));
+    Py_XSETREF(T_context, Py_NewRef(context));
+    Py_XSETREF(T_status, Py_NewRef(status));
+    Py_XSETREF(T_bounded_attrs, Py_NewRef(bounded_attrs));
+    Py_XSETREF(T_bounded_list, Py_NewRef(bounded_list));
+    for (int i = 0; i < 5; i++) Py_XSETREF(kinds[i], Py_NewRef(PyTuple_GET_ITEM(k, i)));
+    for (int i = 0; i < 3; i++) Py_XSETREF(codes[i], Py_NewRef(PyTuple_GET_ITEM(c, i)));
+    Py_DECREF(k); Py_DECREF(c);
     Py_RETURN_NONE;
 }
 
