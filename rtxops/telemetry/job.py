@@ -7,7 +7,9 @@ runtime itself never imports this package. Configuration:
                       endpoint), ``duckdb`` (write ``RTXOPS_STORE`` directly), or ``off``
 ``RTXOPS_CALL_SAMPLES`` sampled rtx.call spans, ``"per_slot/window_steps"`` (default ``2/10``)
 ``RTXOPS_RECORDER_CAPACITY`` call records kept per step (default 65536; more are dropped, counted)
-``RTXOPS_EXPORT_INTERVAL_S`` seconds between exports (default 1; spans of several steps go together)
+``RTXOPS_EXPORT_INTERVAL_S`` seconds between exports (default 2; spans of several steps go together: each
+                      request costs the daemon ~15 ms of CPU however few spans it holds, which on a
+                      small machine comes out of the job's step time; OTel's batch default is 5)
 ``RTXOPS_TELEMETRY_STATS`` a file to write the export thread's figures to at exit (JSON; benchmarks)
 """
 from __future__ import annotations
@@ -31,7 +33,7 @@ from .resource import job_resource_attributes
 from .spans import CallSampling, SpanBuilder
 
 DEFAULT_DAEMON = "http://127.0.0.1:8765"
-DEFAULT_EXPORT_INTERVAL_S = 1.0
+DEFAULT_EXPORT_INTERVAL_S = 2.0
 
 
 @dataclass
@@ -126,5 +128,4 @@ def _step_attributes() -> dict:
         attrs[S.INDUCTOR_FXGRAPH_MISSES] = int(inductor.get("fxgraph_cache_miss", 0))
     except Exception:
         pass
-    attrs[S.RSS] = rss_bytes()
-    return attrs
+    return attrs  # the RSS is the step record's, read at the step's end
