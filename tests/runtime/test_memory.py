@@ -18,18 +18,20 @@ def test_rss_follows_allocations_and_matches_psutil():
 
 
 def test_a_forked_child_reads_its_own_rss():
-    rss_bytes()  # the parent's file is open before the fork
-    read, write = os.pipe()
+    rss_bytes()  # the parent's /proc/self/statm is open before the fork
+    go_read, go_write = os.pipe()
+    out_read, out_write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # child: grows by 256 MB, reports what it reads and what psutil says
+    if pid == 0:  # child: waits for the parent to grow, then reports its reading and psutil's
         try:
-            block = bytearray(256 << 20)
-            os.write(write, f"{rss_bytes()} {psutil.Process().memory_info().rss}".encode())
-            del block
+            os.read(go_read, 1)
+            os.write(out_write, f"{rss_bytes()} {psutil.Process().memory_info().rss}".encode())
         finally:
             os._exit(0)
-    os.close(write)
-    mine, theirs = (int(x) for x in os.read(read, 100).split())
+    block = bytearray(512 << 20)  # the parent grows by 512 MB after the fork, the child does not
+    os.write(go_write, b"x")
+    mine, theirs = (int(x) for x in os.read(out_read, 100).split())
     os.waitpid(pid, 0)
-    assert abs(theirs - rss_bytes()) > 64 << 20  # the parent's figure would be far off
+    assert rss_bytes() - theirs > 256 << 20  # the parent's figure would be far off
     assert abs(mine - theirs) < 8 << 20
+    del block
