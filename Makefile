@@ -13,10 +13,13 @@ DEMO_STEPS ?= 1500
 
 install: $(STAMP)
 
-# the C decoder and encoder are built by the install: a changed source installs again
+# the C decoder and encoder are built by the install: a changed source installs again, and the old
+# builds go first (a source that no longer compiles must not leave its last build in use)
+NATIVE_BUILDS = rtxops/telemetry/_otlp_*.so
 $(STAMP): pyproject.toml Makefile setup.py $(wildcard rtxops/telemetry/_native/*.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	rm -f $(NATIVE_BUILDS)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
@@ -52,4 +55,4 @@ bench: install
 	$(PY) bench/page_load.py --out bench/results/page_load.json
 
 clean:
-	rm -rf $(VENV) .rtxops .pytest_cache
+	rm -rf $(VENV) .rtxops .pytest_cache build $(NATIVE_BUILDS)

@@ -11,19 +11,28 @@ VM and swamp ``step_overhead.py``'s process pairs). Three layers, each its own a
 * ``daemon``: the whole default path of ``rtxops run``: the job's exporter sends the requests over
   OTLP/HTTP to a real ``rtxops daemon`` (its own process, evolve loop off, as in
   ``step_overhead.py``), whose receiver and store share the 2 cores with the job. The daemon runs
-  through the off blocks too, idle.
+  through the off blocks too, idle. One exporter (its HTTP session) serves every on block, as one
+  serves a job; each on block still ends with its own request (the spans of its last steps).
 
-The figure per layer is the median over blocks of on ÷ the mean of the off blocks on either
-side, with a bootstrap 95 % interval of that median. JSON on stdout (``--out`` writes it too).
+A block's figure is its mean step time (after ``--skip`` steps, where a new dispatcher builds its
+routes, once per job in a real run). The mean, not the median: the export is a burst every
+``--export-interval`` seconds that lands on a step or two, and a median of the steps would not
+see it. Blocks are long (default 300 steps, ~8 s) so that several exports fall inside each; the
+block's closing export, which the block waits for, is counted in it too (this overstates by
+about that request's wall time, ~25 ms a block). The figure per layer is the median over blocks
+of on ÷ the mean of the off blocks on either side, with a bootstrap 95 % interval of that median
+(adjacent ratios share an off block, so the interval is somewhat too narrow). JSON on stdout
+(``--out`` writes it too).
 """
 from __future__ import annotations
 
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
-from _daemon import start_daemon
+from _daemon import running_daemon
 from _gpt import block_options, emit, median_interval, paired_ratios, stepper
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -34,6 +43,22 @@ from rtxops.telemetry.job import DEFAULT_EXPORT_INTERVAL_S as DEFAULT_INTERVAL_S
 from rtxops.telemetry.job import start_job_telemetry
 
 LAYERS = ("runtime", "recorder", "telemetry", "daemon")
+
+
+class _KeepOpen(SpanExporter):
+    """``exporter`` for one block: the block's shutdown leaves it open for the next."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+
+    def export(self, spans):
+        return self.exporter.export(spans)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        pass
 
 
 class _Drop(SpanExporter):
@@ -51,16 +76,18 @@ def layer_cost(steps, layer: str, pairs: int, block: int, skip: int, daemon=None
     blocks: dict[str, list[float]] = {"off": [], "on": []}
     threads: list = []
     daemon_cpu: dict[str, list[float]] = {"off": [], "on": []}
+    shared = None
+    if layer == "daemon":
+        _, url, token = daemon
+        shared = DeferredExporter(lambda: otlp_http_exporter(url, token))
     for i in range(2 * pairs + 1):  # off first and last
         on = i % 2 == 1
         telemetry = None
         if on:
             d = patching.enable()
             if layer == "daemon":
-                _, url, token = daemon
-                telemetry = start_job_telemetry(
-                    d, DeferredExporter(lambda: otlp_http_exporter(url, token)),
-                    export_interval_s=export_interval_s)
+                telemetry = start_job_telemetry(d, _KeepOpen(shared),
+                                                export_interval_s=export_interval_s)
             elif layer != "runtime":
                 telemetry = start_job_telemetry(d, _Drop(), export_interval_s=export_interval_s)
                 if layer == "recorder":
@@ -68,15 +95,22 @@ def layer_cost(steps, layer: str, pairs: int, block: int, skip: int, daemon=None
             if telemetry is not None:
                 threads.append(telemetry.thread)
         cpu_before = _cpu_s(daemon)
+        times: list[float] = []
+        closing = 0.0
         try:
-            blocks["on" if on else "off"].append(statistics.median(steps(block)[skip:]))
+            times = steps(block)[skip:]
         finally:
             if on:
                 patching.disable()
                 if telemetry is not None:
-                    telemetry.close()  # sends the last request: the daemon's share is in the block
+                    t0 = time.perf_counter()
+                    telemetry.close()  # sends the last request: its cost is in the block
+                    closing = time.perf_counter() - t0
             if daemon is not None:
                 daemon_cpu["on" if on else "off"].append((_cpu_s(daemon) - cpu_before) / block)
+        blocks["on" if on else "off"].append((sum(times) + closing) / len(times))
+    if shared is not None:
+        shared.shutdown()
     ratios = paired_ratios(blocks, "off", "on")
     cpu = [t.cpu_s / t.steps_built for t in threads if t.steps_built]
     low, high = median_interval(ratios)
@@ -101,22 +135,23 @@ def _cpu_s(daemon) -> float:
 
 
 def main() -> None:
-    a = block_options(__doc__, block=45, skip=5, extra=lambda p: (
+    a = block_options(__doc__, block=300, skip=5, extra=lambda p: (
         p.add_argument("--layers", default=",".join(LAYERS)),
         p.add_argument("--export-interval", type=float, default=DEFAULT_INTERVAL_S,
                        help="seconds between the job's exports (RTXOPS_EXPORT_INTERVAL_S)")))
     layers_wanted = a.layers.split(",")
     steps = stepper()
     steps(30)  # warm-up
-    with tempfile.TemporaryDirectory(prefix="rtxops-overhead-") as tmp:
-        daemon = start_daemon(Path(tmp) / "home", env={"RTXOPS_EVOLVE": "0"})
-        try:
-            layers = {layer: layer_cost(steps, layer, a.pairs, a.block, a.skip,
-                                        daemon if layer == "daemon" else None, a.export_interval)
-                      for layer in LAYERS if layer in layers_wanted}
-        finally:
-            daemon[0].terminate()
-            daemon[0].wait(60)
+    layers = {}
+    for layer in (x for x in LAYERS if x in layers_wanted):
+        if layer != "daemon":
+            layers[layer] = layer_cost(steps, layer, a.pairs, a.block, a.skip,
+                                       export_interval_s=a.export_interval)
+            continue
+        with tempfile.TemporaryDirectory(prefix="rtxops-overhead-") as tmp, \
+                running_daemon(Path(tmp) / "home", env={"RTXOPS_EVOLVE": "0"}) as daemon:
+            layers[layer] = layer_cost(steps, layer, a.pairs, a.block, a.skip, daemon,
+                                       a.export_interval)
     emit("step_overhead_inprocess",
          "one process, the runtime switched on and off every block at a step boundary", a,
          {"routed_calls_per_step": routed_calls_per_step(steps),
@@ -134,6 +169,7 @@ def routed_calls_per_step(steps, n: int = 10) -> float:
         return (sum(d.readings.calls) - before) / n
     finally:
         patching.disable()
+
 
 if __name__ == "__main__":
     main()

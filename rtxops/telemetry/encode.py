@@ -32,9 +32,12 @@ try:
 except ImportError:  # built without a compiler: the Python encoder alone
     _otlp_encode = None
 else:  # these exact types it reads field by field, anything else through its properties
-    _otlp_encode.configure(ReadableSpan, SpanContext, Status, BoundedAttributes, BoundedList,
-                           sorted(SpanKind, key=lambda k: k.value),
-                           sorted(StatusCode, key=lambda c: c.value))
+    try:
+        _otlp_encode.configure(ReadableSpan, SpanContext, Status, BoundedAttributes, BoundedList,
+                               sorted(SpanKind, key=lambda k: k.value),
+                               sorted(StatusCode, key=lambda c: c.value))
+    except Exception:  # an SDK whose types it does not know: the Python encoder alone
+        _otlp_encode = None
 
 
 class Unsupported(Exception):
@@ -101,14 +104,16 @@ def any_value(v: Any) -> bytes:
     if isinstance(v, float):
         return any_value(float.__float__(v))
     if isinstance(v, bytes):
-        return any_value(b"" + v)
+        return any_value(bytes(memoryview(v)))
     if isinstance(v, Sequence) and not isinstance(v, Mapping):
         return any_value(tuple(v))
     raise Unsupported(f"attribute value of type {cls.__name__}")
 
 
-# not floats: 0.0 == -0.0 (and hash alike), so a cached 0.0 would be written for -0.0
+# Values whose equal ones encode alike. Not floats: 0.0 == -0.0 (and they hash alike), so a
+# cached 0.0 would be written for -0.0; tuples only of these types.
 _CACHED = {str, int, bool, bytes, tuple}
+_CACHED_ITEMS = {str, int, bool, bytes}
 _kv_cache: dict[tuple, bytes] = {}
 _KV_CACHE_LIMIT = 1 << 14
 
@@ -120,7 +125,7 @@ def key_value(tag: int, key: str, value: Any) -> bytes:
     if hashable:
         # (1,), (True,) and (1.0,) are equal tuples: their element types belong to the key
         types = tuple(map(type, value)) if cls is tuple else None
-        hashable = types is None or float not in types
+        hashable = types is None or _CACHED_ITEMS.issuperset(types)
         cache_key = (tag, key, cls, value, types)
     if hashable:
         got = _kv_cache.get(cache_key)

@@ -1,10 +1,14 @@
-"""Process RSS as the runtime reads it each step: current, and the reading process's own."""
+"""Process RSS as the runtime reads it each step: current, the reading process's own, and one
+file held open however many threads and forks read it."""
 from __future__ import annotations
 
 import os
+import select
+import threading
 
 import psutil
 
+from rtxops.runtime import memory
 from rtxops.runtime.memory import rss_bytes
 
 
@@ -17,21 +21,62 @@ def test_rss_follows_allocations_and_matches_psutil():
     del block
 
 
+def _statm_fds() -> int:
+    fds = os.listdir("/proc/self/fd")
+    return sum(1 for fd in fds if os.path.realpath(f"/proc/self/fd/{fd}").endswith("/statm"))
+
+
+def _in_child(body) -> str:
+    """Run ``body()`` (returns a str) in a forked child; its answer, or its error."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            answer = body()
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            answer = f"error {e!r}"
+        os.write(write, answer.encode())
+        os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], 60)
+        assert ready, "the child did not answer in 60 s"
+        return os.read(read, 4096).decode()
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+
+
 def test_a_forked_child_reads_its_own_rss():
     rss_bytes()  # the parent's /proc/self/statm is open before the fork
-    go_read, go_write = os.pipe()
-    out_read, out_write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: waits for the parent to grow, then reports its reading and psutil's
-        try:
-            os.read(go_read, 1)
-            os.write(out_write, f"{rss_bytes()} {psutil.Process().memory_info().rss}".encode())
-        finally:
-            os._exit(0)
-    block = bytearray(512 << 20)  # the parent grows by 512 MB after the fork, the child does not
-    os.write(go_write, b"x")
-    mine, theirs = (int(x) for x in os.read(out_read, 100).split())
-    os.waitpid(pid, 0)
-    assert rss_bytes() - theirs > 256 << 20  # the parent's figure would be far off
+    block = bytearray(256 << 20)  # the parent is 256 MB bigger than the child will be
+
+    def child() -> str:
+        block.clear()  # the child drops its copy: its RSS is now far from the parent's
+        return f"{rss_bytes()} {psutil.Process().memory_info().rss} {_statm_fds()}"
+
+    answer = _in_child(child)
+    assert not answer.startswith("error"), answer
+    mine, theirs, fds = (int(x) for x in answer.split())
+    assert rss_bytes() - theirs > 128 << 20  # the parent's figure would be far off
     assert abs(mine - theirs) < 8 << 20
+    assert fds == 1  # the parent's file was closed in the child, not kept beside its own
     del block
+
+
+def test_threads_reading_first_together_open_one_file():
+    memory._after_fork_in_child()  # as in a new process: nothing open yet
+    before = _statm_fds()
+    start = threading.Barrier(8)
+
+    def read() -> None:
+        start.wait()
+        rss_bytes()
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _statm_fds() == before + 1

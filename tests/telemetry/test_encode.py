@@ -109,7 +109,10 @@ def test_negative_zero_is_not_written_as_zero(native_on, monkeypatch):
     monkeypatch.setenv("RTXOPS_OTLP_NATIVE", native_on)
     p, memory = provider({})
     tracer = p.get_tracer("t")
-    for value in (0.0, -0.0, (0.0, 1.0), (-0.0, 1.0)):  # equal (and hash alike) in pairs
+    class F(float):
+        pass
+
+    for value in (0.0, -0.0, (0.0, 1.0), (-0.0, 1.0), (F(0.0),), (F(-0.0),)):  # equal in pairs
         tracer.start_span("s", attributes={"a": value}).end()
     spans = memory.get_finished_spans()
     assert E.encode(spans) == encode_spans(spans).SerializeToString()
@@ -289,9 +292,14 @@ def test_python_encoder_writes_subclass_values_as_the_sdk_does(monkeypatch):
         def __float__(self):
             return 0.25
 
+    class Raw(bytes):
+        def __radd__(self, other):
+            return b"not me"
+
     p, memory = provider({})
     p.get_tracer("t").start_span("s", attributes={"c": Color.RED, "w": Weird(3), "h": Half(0.5),
-                                                 "ie": enum.IntEnum("E", "A B").B}).end()
+                                                 "ie": enum.IntEnum("E", "A B").B,
+                                                 "r": Raw(b"raw")}).end()
     spans = memory.get_finished_spans()
     assert E.encode(spans) == encode_spans(spans).SerializeToString()
     assert b"Color.RED" not in E.encode(spans)
@@ -339,3 +347,22 @@ def test_native_survives_fields_changed_while_it_encodes(tmp_path):
                           env={**os.environ, "PYTHONMALLOC": "debug"}, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == "ok"
+
+
+@native
+def test_an_sdk_the_c_encoder_does_not_know_leaves_the_python_encoder(monkeypatch):
+    import importlib
+
+    def refuse(*args):
+        raise TypeError("the span context type must be a tuple subclass")
+
+    monkeypatch.setattr(E._otlp_encode, "configure", refuse)
+    try:
+        again = importlib.reload(E)  # the import still works, without the C encoder
+        assert again._otlp_encode is None
+        spans = spans_of_every_shape()
+        assert again.encode(spans) == encode_spans(spans).SerializeToString()
+    finally:
+        monkeypatch.undo()
+        importlib.reload(E)
+    assert E._otlp_encode is not None
