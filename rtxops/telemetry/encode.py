@@ -5,7 +5,7 @@ That encoder builds a protobuf object per attribute; a job's kernel spans repeat
 attributes every step, so here each (key, value) pair is encoded once and its bytes reused.
 :func:`encode` returns None for spans it does not handle (links, map values, foreign types): the
 caller then uses the SDK's encoder. The compiled encoder (``_otlp_encode``, built from
-``_native/otlp_encode.c``) writes the same bytes again, ~10x faster; where it declines (None),
+``_native/otlp_encode.c``) writes the same bytes again, ~5x faster; where it declines (None),
 the Python encoder here decides. ``RTXOPS_OTLP_NATIVE=0`` turns it off, as for the decoder.
 """
 from __future__ import annotations
@@ -15,17 +15,17 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+
 _pack_d = struct.Struct("<d").pack
 _pack_q = struct.Struct("<Q").pack
 _pack_i = struct.Struct("<I").pack
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200       # SpanFlags
 _KIND = {0: 1, 1: 2, 2: 3, 3: 4, 4: 5}          # SDK SpanKind value → OTLP Span.SpanKind
 
-
-from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.util import BoundedList
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 try:
     from . import _otlp_encode

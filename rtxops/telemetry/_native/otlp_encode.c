@@ -254,7 +254,7 @@ static PyObject *S__name, *S__context, *S__parent, *S__kind, *S__start_time, *S_
     *S__status_code, *S__description, *S_dropped;
 
 typedef struct {
-    PyObject *ctx, *parent, *name, *attrs, *events, *status;  /* borrowed from `refs` or `dict` */
+    PyObject *ctx, *parent, *name, *attrs, *events, *status;  /* held through `refs` */
     uint64_t kind, start, end, dropped_attrs, dropped_events, dropped_links;
     PyObject *dict, *refs[16];
     int nrefs;
