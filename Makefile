@@ -41,6 +41,7 @@ bench: install
 	$(PY) bench/step_overhead.py --run-args=--direct --out bench/results/step_overhead_direct.json
 	$(PY) bench/step_overhead.py --out bench/results/step_overhead.json
 	$(PY) bench/step_overhead_inprocess.py --out bench/results/step_overhead_inprocess.json
+	$(PY) bench/daemon_request_cost.py --out bench/results/daemon_request_cost.json
 	$(PY) bench/startup.py --out bench/results/startup.json
 	$(PY) bench/ingest.py --out bench/results/ingest.json
 	$(PY) bench/store_query.py --out bench/results/store_query.json
