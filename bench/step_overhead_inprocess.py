@@ -2,7 +2,7 @@
 
 The example GPT trains on; every ``--block`` steps the runtime is switched on or off at a step
 boundary, so adjacent blocks share the host's slow spells (which move whole runs by +25 % on this
-VM and swamp ``step_overhead.py``'s process pairs). Three layers, each its own alternation:
+VM and swamp ``step_overhead.py``'s process pairs). Four layers, each its own alternation:
 
 * ``runtime``: ops routed (default plan), calls counted;
 * ``recorder``: plus the telemetry recorder and export thread, spans not built;
