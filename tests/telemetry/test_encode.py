@@ -106,12 +106,12 @@ def test_equal_tuples_of_other_types_are_encoded_as_their_own_types():
 
 @pytest.mark.parametrize("native_on", ["1", "0"])
 def test_negative_zero_is_not_written_as_zero(native_on, monkeypatch):
-    monkeypatch.setenv("RTXOPS_OTLP_NATIVE", native_on)
-    p, memory = provider({})
-    tracer = p.get_tracer("t")
     class F(float):
         pass
 
+    monkeypatch.setenv("RTXOPS_OTLP_NATIVE", native_on)
+    p, memory = provider({})
+    tracer = p.get_tracer("t")
     for value in (0.0, -0.0, (0.0, 1.0), (-0.0, 1.0), (F(0.0),), (F(-0.0),)):  # equal in pairs
         tracer.start_span("s", attributes={"a": value}).end()
     spans = memory.get_finished_spans()
