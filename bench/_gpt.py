@@ -3,7 +3,6 @@ trainer, their block options, paired block ratios and JSON output."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -18,6 +17,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import train_gpt  # noqa: E402
+
+from _report import report
 
 
 class Trainer:
@@ -79,9 +80,6 @@ def block_options(doc: str, block: int, skip: int, extra=None) -> argparse.Names
 
 def emit(bench: str, method: str, a: argparse.Namespace, figures: dict) -> None:
     """Print the result as JSON (and write it to ``--out``)."""
-    text = json.dumps({"bench": bench, "python": platform.python_version(), "cpus": os.cpu_count(),
+    report({"bench": bench, "python": platform.python_version(), "cpus": os.cpu_count(),
                        "torch": torch.__version__, "method": method, "pairs": a.pairs,
-                       "block_steps": a.block, "skipped_steps": a.skip, **figures}, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+                       "block_steps": a.block, "skipped_steps": a.skip, **figures}, a.out)

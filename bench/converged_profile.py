@@ -7,14 +7,13 @@ ops can still gain. JSON on stdout (``--out`` writes it too).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
-from pathlib import Path
 
 import torch
 from _gpt import Trainer
+from _report import report
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -45,7 +44,7 @@ def main() -> None:
     total_us = sum(e.self_cpu_time_total for e in events)
     mm_us = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
     mm_s_per_step = mm_us / 1e6 / a.steps
-    text = json.dumps({
+    report({
         "bench": "converged_profile", "python": platform.python_version(), "cpus": os.cpu_count(),
         "torch": torch.__version__, "steps": a.steps,
         "gflop_per_step": round(flops / 1e9, 3),
@@ -56,10 +55,7 @@ def main() -> None:
         "matmul_cpu_ms_per_step": round(mm_s_per_step * 1e3, 2),
         "matmul_share_of_profiled": round(mm_us / total_us, 3),
         "matmul_gflop_per_s": round(by_op.get("aten.mm", flops) / 1e9 / mm_s_per_step, 1),
-    }, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    }, a.out)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ fixed + per_span × spans. JSON on stdout (``--out`` writes it too).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 import httpx
 import psutil
 from _daemon import running_daemon
+from _report import report
 from export_cost import records
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -99,10 +99,7 @@ def main() -> None:
            "idle_cpu_ms_per_s": round(idle_per_s * 1e3, 2), "sizes": rows,
            "fit": {"fixed_ms_per_request": round(my - slope * mx, 2),
                    "us_per_span": round(slope * 1e3, 2)}}
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    report(out, a.out)
 
 
 if __name__ == "__main__":

@@ -6,20 +6,19 @@ time, so a busy machine moves it less than wall time. Prints JSON (and writes it
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
 import statistics
 import time
 from array import array
-from pathlib import Path
 from time import perf_counter_ns
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
+from _report import report
 from rtxops.runtime.readings import Slot
 from rtxops.telemetry.encode import encode
 from rtxops.telemetry.exporters import StepProcessor
@@ -86,10 +85,7 @@ def main() -> None:
            "load_average": os.getloadavg(), "steps": a.steps, "slots": a.slots,
            "calls_per_step": a.calls, "median": med,
            "ratio": round(med["sdk"]["total_ms_per_step"] / med["rtxops"]["total_ms_per_step"], 2)}
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    report(out, a.out)
 
 
 if __name__ == "__main__":

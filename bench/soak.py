@@ -6,7 +6,6 @@ size and job restarts. Prints JSON (``--out`` writes it). ``--minutes`` defaults
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -21,6 +20,7 @@ import httpx
 import psutil
 
 from _daemon import start_daemon
+from _report import report
 
 from rtxops.telemetry.synthetic import otlp_request
 
@@ -112,10 +112,7 @@ def run(a, home: Path, proc: subprocess.Popen, url: str, token: str) -> None:
         "samples": samples,
         "targets": {"rss_growth_max": 0.10, "acked_missing": 0},
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    report(out, a.out)
 
 
 def _stored_for(home: Path, job_id: str) -> int:

@@ -4,7 +4,6 @@ starts in-process). Prints JSON (``--out`` writes it)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -12,6 +11,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _report import report
 
 SCRIPT = "import time, torch\nprint(f'READY {time.time()}', flush=True)\n"
 
@@ -53,10 +54,7 @@ def main() -> None:
         "samples": {"plain": plain, "rtxops": rtx},
         "target_added_s_max": 1.5,
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    report(out, a.out)
 
 
 if __name__ == "__main__":

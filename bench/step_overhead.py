@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _report import report
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -76,10 +78,7 @@ def main() -> None:
         },
         "target_overhead_max": 0.02,
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    report(out, a.out)
 
 
 if __name__ == "__main__":
