@@ -7,7 +7,6 @@ ingest rate achieved. Prints JSON (``--out`` writes it). Target: every endpoint 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -20,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from _daemon import start_daemon
+from _report import report
 
 from rtxops.telemetry import synthetic
 from rtxops.telemetry.store import Store
@@ -148,11 +148,7 @@ def main() -> None:
                                   if r["p95_ms"] >= TARGET_P95_MS and k not in BULK),
             "endpoints": results,
         }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

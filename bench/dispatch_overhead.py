@@ -7,7 +7,6 @@ run for scale. Prints JSON (and writes it with ``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -15,6 +14,7 @@ from time import perf_counter_ns
 
 import torch
 
+from _report import report
 from rtxops.runtime import originals, patching
 from rtxops.runtime.bucket import Bucket
 from rtxops.runtime.registry import default_registry
@@ -165,11 +165,7 @@ def main() -> None:
             "ratio_to_otel_call_span": med / span["with_attributes_and_batch_processor_ns"],
         }
     out["results"] = results
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    report(out, a.out)
     sys.exit(0)
 
 

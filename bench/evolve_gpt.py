@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import report
+
 ROOT = Path(__file__).resolve().parents[1]
 GPT = [sys.executable, str(ROOT / "examples" / "train_gpt.py"), "--json"]
 RTXOPS = [sys.executable, "-m", "rtxops.cli"]
@@ -183,10 +185,7 @@ def main() -> None:
               "side_by_side": side_by_side(args.steps, env, args.rounds),
               "first_step": first_steps(args.first_step_repeats, env),
               "exploration": exploration_cost(args.explore_steps, args.explore_rounds, env)}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

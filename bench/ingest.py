@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from _report import report
 from rtxops.telemetry import otlp, synthetic
 from rtxops.telemetry.store import Store, prepared
 
@@ -225,11 +226,7 @@ def main() -> None:
             "arrow_write": arrow_write(Path(tmp), args.arrow_rows, args.arrow_batches),
         }
     result["load_average_after"] = os.getloadavg()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

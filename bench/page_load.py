@@ -8,7 +8,6 @@ time until every chart was drawn. Prints JSON
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from _report import report
 from rtxops.telemetry.store import Store
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -94,11 +94,7 @@ def main() -> None:
               "max_cold_charts_drawn_ms": max(p["cold"]["charts_drawn"]["max_ms"] for p in pages.values()),
               "max_warm_charts_drawn_ms": max(p["warm"]["charts_drawn"]["max_ms"] for p in pages.values()),
               "cold_load_under_target": worst < TARGET_MS, "pages": pages}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import platform
 import shutil
@@ -18,6 +17,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from _report import report
 
 RESULTS = Path(__file__).parent / "results" / "sign_verify.json"
 
@@ -73,9 +74,9 @@ def main() -> None:
         cold_sign = time.perf_counter() - t
         trust = Trust(public_key=pem)
         t = time.perf_counter()
-        report = verify(ours, trust, policies=policies)
+        verdict = verify(ours, trust, policies=policies)
         cold_verify = time.perf_counter() - t
-        assert report.ok, report.lines()
+        assert verdict.ok, verdict.lines()
 
         import model_signing
 
@@ -122,10 +123,7 @@ def main() -> None:
         "sign_vs_model_signing": result["sign_vs_model_signing"] <= 1.0,
         "verify_vs_model_signing": result["verify_vs_model_signing"] <= 1.0,
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

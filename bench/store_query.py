@@ -6,7 +6,6 @@ dashboard run. Reports p50/p95 per query (and the fill rate). Prints JSON (``--o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -14,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import report
 from rtxops.telemetry import synthetic
 from rtxops.telemetry.store import Store
 
@@ -86,11 +86,7 @@ def main() -> None:
             "queries": {name: timed(fn, args.runs) for name, fn in queries.items()},
         }
         store.close()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":
