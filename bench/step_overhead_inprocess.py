@@ -39,8 +39,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from rtxops.runtime import patching
 from rtxops.telemetry.encode import encode
 from rtxops.telemetry.exporters import DeferredExporter, otlp_http_exporter
-from rtxops.telemetry.job import DEFAULT_EXPORT_INTERVAL_S as DEFAULT_INTERVAL_S
-from rtxops.telemetry.job import start_job_telemetry
+from rtxops.telemetry.job import DEFAULT_EXPORT_INTERVAL_S, start_job_telemetry
 
 LAYERS = ("runtime", "recorder", "telemetry", "daemon")
 
@@ -71,7 +70,7 @@ class _Drop(SpanExporter):
 
 
 def layer_cost(steps, layer: str, pairs: int, block: int, skip: int, daemon=None,
-               export_interval_s: float = DEFAULT_INTERVAL_S) -> dict:
+               export_interval_s: float = DEFAULT_EXPORT_INTERVAL_S) -> dict:
     """``daemon``: (process, URL, token) of the daemon the ``daemon`` layer sends to."""
     blocks: dict[str, list[float]] = {"off": [], "on": []}
     threads: list = []
@@ -137,7 +136,7 @@ def _cpu_s(daemon) -> float:
 def main() -> None:
     a = block_options(__doc__, block=300, skip=5, extra=lambda p: (
         p.add_argument("--layers", default=",".join(LAYERS)),
-        p.add_argument("--export-interval", type=float, default=DEFAULT_INTERVAL_S,
+        p.add_argument("--export-interval", type=float, default=DEFAULT_EXPORT_INTERVAL_S,
                        help="seconds between the job's exports (RTXOPS_EXPORT_INTERVAL_S)")))
     layers_wanted = a.layers.split(",")
     steps = stepper()
