@@ -50,16 +50,13 @@ class Policy:
 
     @classmethod
     def from_yaml(cls, text: str, where: str = "policy") -> Policy:
-        import celpy
-
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise UsageError(f"{where} is not valid YAML: {e}") from None
         if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
             raise UsageError(f"{where} must be a mapping with a 'rules' list")
-        # transpiled to Python: several times faster to evaluate than the interpreter
-        env = celpy.Environment(runner_class=celpy.CompiledRunner)
+        env = _cel_environment()
         rules = []
         for i, r in enumerate(data["rules"]):
             if not isinstance(r, dict) or not all(isinstance(r.get(k), str) for k in ("name", "require", "reason")):
@@ -105,6 +102,38 @@ class Policy:
             if not ok:
                 reasons.append(f"{self.name}/{rule.name}: {rule.reason}")
         return Decision(not reasons, tuple(reasons))
+
+
+_GRAMMAR_ATTEMPTS = 5
+
+
+def _cel_environment():
+    """A CEL environment whose programs are transpiled to Python (several times faster to
+    evaluate than the interpreter).
+
+    The first one in a process loads cel-python's grammar, which calls ``ast.literal_eval``.
+    CPython before 3.11.9/3.12.3 tracks AST-conversion depth in one global (gh-106905), so
+    another thread's ``ast.parse`` landing during it fails the load with a SystemError
+    ("AST constructor recursion depth mismatch"). Nothing is cached on failure: try again.
+    """
+    import celpy
+
+    for attempt in range(1, _GRAMMAR_ATTEMPTS + 1):
+        try:
+            return celpy.Environment(runner_class=celpy.CompiledRunner)
+        except Exception as e:
+            if attempt == _GRAMMAR_ATTEMPTS or not _is_ast_depth_race(e):
+                raise
+
+
+def _is_ast_depth_race(error: BaseException | None) -> bool:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, SystemError) and "recursion depth mismatch" in str(error):
+            return True
+        error = getattr(error, "orig_exc", None) or error.__cause__ or error.__context__
+    return False
 
 
 _BUNDLE_FIELD = re.compile(r"\bbundle\s*\.\s*([A-Za-z_]\w*)")
