@@ -41,9 +41,17 @@ def check_name(name: str) -> str:
 
 def list_files(root: Path) -> list[str]:
     """Every regular file under ``root`` (sorted relative POSIX paths) except the signature.
-    A symlink or a special file anywhere is a VerificationError."""
+    A symlink or a special file anywhere, or a folder that cannot be listed (a file in it would go
+    unseen), is a VerificationError."""
     names: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+
+    def unlistable(e: OSError) -> None:
+        rel = Path(os.path.relpath(e.filename, root)).as_posix() if e.filename else "a folder"
+        if len(rel) > 160:
+            rel = f"{rel[:60]}…{rel[-60:]}"
+        raise VerificationError("layout", f"cannot list {rel}: {e.strerror or e}")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable, followlinks=False):
         for d in dirnames:
             if os.path.islink(os.path.join(dirpath, d)):
                 rel = os.path.relpath(os.path.join(dirpath, d), root)

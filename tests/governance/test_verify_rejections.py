@@ -52,6 +52,20 @@ def case_extra_file(b, keys):
     (b / "kernels" / "evil.py").write_text("import os\n")
 
 
+def case_extra_file_out_of_reach(b, keys):
+    """Below PATH_MAX, where listing fails even for root: an unsigned file nobody walks past."""
+    here = os.getcwd()
+    try:
+        os.chdir(b / "kernels")
+        for i in range(17):
+            name = f"{i:02d}" + "d" * 240
+            os.mkdir(name)
+            os.chdir(name)
+        Path("evil.py").write_text("import os\n")
+    finally:
+        os.chdir(here)
+
+
 def case_missing_file(b, keys):
     (b / KERNEL).unlink()
 
@@ -193,6 +207,7 @@ CASES = {
     "truncated": (case_truncated, "files", f"{KERNEL}: sha256"),
     "appended": (case_appended, "files", "plan.json: sha256"),
     "extra file": (case_extra_file, "files", "extra file kernels/evil.py"),
+    "extra file out of reach": (case_extra_file_out_of_reach, "layout", "cannot list kernels/00ddd"),
     "missing file": (case_missing_file, "files", f"missing file {KERNEL}"),
     "renamed file": (case_renamed, "files", f"missing file {KERNEL}"),
     "swapped files": (case_swapped, "files", f"{KERNEL}: sha256"),
