@@ -18,7 +18,7 @@ from pathlib import Path
 from rtxops.runtime.errors import PlanError
 from rtxops.runtime.plan import Plan
 
-DEFAULT_KEY = "_default"
+DEFAULT_KEY = "_default"  # governance.authority.EVERY_JOB: the scope its bundles are signed for
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 

@@ -21,6 +21,7 @@ from .provenance import SCOPE
 from .verify import Trust, verify
 
 DAEMON_KINDS = ["plan", "telemetry", "ledger", "checkpoint"]
+EVERY_JOB = "_default"  # the scope of a plan issued for every job (a job's own plan: its id)
 # explore rounds issue a bundle every few dozen steps: per scope, the newest ones stay on disk
 # (their ledger entries stay forever); promotions, rollbacks and manual plans are all kept
 EXPLORE_BUNDLES_KEPT = 20
@@ -137,14 +138,19 @@ def bundle_files(directory: Path) -> dict[str, bytes]:
 def verify_plan_directory(directory: str | Path, keyring_file: str, job: dict,
                           running_version: int) -> bytes:
     """``plan.json`` of the plan bundle at ``directory`` once it verifies as a job requires
-    (signature, trusted key, digests, policy, kind plan, version newer than the running one);
-    else VerificationError with the reason. The bytes returned are the ones verification hashed
-    and parsed (the file is not read again)."""
+    (signature, trusted key, digests, policy, kind plan, version newer than the running one,
+    signed for this job or for every job); else VerificationError with the reason. The bytes
+    returned are the ones verification hashed and parsed (the file is not read again)."""
     report = verify(directory, Trust(keyring=Keyring.load(keyring_file)), policies=load_policies(),
                     expected_kind="plan", newer_than=running_version, job=job)
     if not report.ok:
         f = report.failure
         raise VerificationError(f.name, f.message)
+    scope, job_id = report.facts.get("scope"), job.get("id") or ""
+    if scope != EVERY_JOB and not (job_id and scope == job_id):
+        # another job's plan, validly signed, replayed to this one
+        raise VerificationError("scope", f"the plan is signed for {scope!r}, not for this job "
+                                         f"({job_id or 'no id'}) nor for every job ({EVERY_JOB})")
     if report.plan_bytes is None:
         raise VerificationError("plan", "a plan bundle must hold plan.json")
     return report.plan_bytes

@@ -15,3 +15,20 @@ def test_plan_verifier_for_job_verifies_files_and_directories(good_plan, keys):
     assert verify({}, -1, directory=str(good_plan)) == plan
     with pytest.raises(VerificationError, match="not newer"):
         verify(bundle_files(good_plan), 5)
+
+
+@pytest.mark.parametrize("job_id", ["job-2", ""])
+def test_a_plan_signed_for_another_job_is_refused(good_plan, keys, job_id):
+    """A validly signed plan of job-1, replayed to another job (or to one with no id)."""
+    verify = plan_verifier_for_job(str(keys.keyring_file), lambda: {"id": job_id, "deterministic": False})
+    with pytest.raises(VerificationError, match="signed for 'job-1', not for this job"):
+        verify(bundle_files(good_plan), 0)
+
+
+def test_a_plan_signed_for_every_job_is_taken_by_any(keys, tmp_path):
+    from .helpers import plan_bundle
+
+    bundle = plan_bundle(tmp_path / "b", keys.signer(), 5, scope="_default")
+    for job_id in ("job-2", ""):
+        verify = plan_verifier_for_job(str(keys.keyring_file), lambda: {"id": job_id, "deterministic": False})
+        assert verify(bundle_files(bundle), 0) == (bundle / "plan.json").read_bytes()
