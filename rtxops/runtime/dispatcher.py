@@ -31,6 +31,7 @@ log = logging.getLogger("rtxops.runtime")
 _is_compiling = torch.compiler.is_compiling
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _tracing_state = torch._C._get_tracing_state
+_functorch_active = torch._C._are_functorch_transforms_active
 _background_compiles: set[int] = set()  # threads running a background torch.compile (regions.py)
 
 EXPLORE_PERIOD = 1000  # explore shares are laid out over this many calls, deterministically
@@ -747,11 +748,13 @@ class Dispatcher:
 
         def sampled(*args, **kwargs):
             disarm()
-            if not torch.is_grad_enabled():
+            if not torch.is_grad_enabled() or _functorch_active():
                 return fn(*args, **kwargs)
             timer = BackwardTimer(slot, readings)
-            out = fn(*[timer.mark_input(a) for a in args], **kwargs)
-            return timer.mark_output(out)
+            timer.before()
+            out = fn(*args, **kwargs)
+            timer.after(out)
+            return out
 
         return sampled
 

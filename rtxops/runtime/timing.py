@@ -71,47 +71,86 @@ class CudaEventTimer:
 
 
 class BackwardTimer:
-    """Times the backward of one call: identity marks on its outputs (gradient arrives: backward
-    starts) and on its inputs (gradient leaves: backward ends). Used on sampled calls only, since
-    each mark is an autograd node."""
+    """Times the backward of one call through hooks on the autograd nodes the call made, never on
+    its tensors (a custom Function there would make its outputs views that in-place ops and
+    functorch refuse): a pre-hook on its outputs' nodes (the gradient arrives: backward starts)
+    and post-hooks on the nodes whose gradients leave the call (backward ends). The call's nodes
+    are those numbered between two probes taken around it (autograd numbers the nodes each thread
+    makes in order). Used on sampled calls only."""
+
+    MAX_NODES = 256  # a call that made more is not timed (walking its graph would cost too much)
 
     def __init__(self, slot: int, readings) -> None:
         self.slot, self.readings = slot, readings
         self.start = 0
         self.pending = 0
+        self.low = 0
 
-    def mark_input(self, x):
-        if isinstance(x, torch.Tensor) and x.requires_grad:
-            self.pending += 1
-            return _BackwardMark.apply(x, self._ended)
-        return x
+    def before(self) -> None:
+        """Call right before the timed call (with grad enabled)."""
+        self.low = _sequence_now()
 
-    def mark_output(self, out):
-        if isinstance(out, torch.Tensor):
-            return _BackwardMark.apply(out, self._started) if out.requires_grad and self.pending else out
-        if isinstance(out, tuple):
-            return tuple(self.mark_output(o) for o in out)
-        return out
+    def after(self, out) -> None:
+        """Call right after it, with its output: hooks its backward, if it has one."""
+        high = _sequence_now()
+        low = self.low
+        heads = {id(n): n for t in _tensors(out) if (n := t.grad_fn) is not None
+                 and low < n._sequence_nr() < high}
+        exits = _exit_nodes(list(heads.values()), low, high, self.MAX_NODES)
+        if not exits:
+            return
+        for node in heads.values():
+            node.register_prehook(self._started)
+        self.pending = len(exits)
+        for node in exits:
+            node.register_hook(self._ended)
 
-    def _started(self) -> None:
+    def _started(self, grad_outputs) -> None:
         if not self.start:
             self.start = perf_counter_ns()
 
-    def _ended(self) -> None:
+    def _ended(self, grad_inputs, grad_outputs) -> None:
         self.pending -= 1
         if self.pending == 0 and self.start:
             self.readings.backward(self.slot, self.start, perf_counter_ns() - self.start)
 
 
-class _BackwardMark(torch.autograd.Function):
-    """Identity whose backward calls ``when_reached`` as the gradient passes through."""
+_PROBE = torch.zeros(1, requires_grad=True)
 
-    @staticmethod
-    def forward(ctx, x, when_reached):
-        ctx.when_reached = when_reached
-        return x.view_as(x)
 
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.when_reached()
-        return grad, None
+def _sequence_now() -> int:
+    """The number autograd gives the next node this thread makes (a throwaway view's node)."""
+    return _PROBE.view(1).grad_fn._sequence_nr()
+
+
+def _tensors(out) -> list:
+    if isinstance(out, torch.Tensor):
+        return [out] if out.requires_grad else []
+    if isinstance(out, (tuple, list)):
+        return [t for t in out if isinstance(t, torch.Tensor) and t.requires_grad]
+    return []
+
+
+def _exit_nodes(heads: list, low: int, high: int, limit: int) -> list | None:
+    """The nodes among ``heads`` and those they lead to, numbered in (low, high), whose gradients
+    flow on to a node outside that range; None past ``limit`` nodes."""
+    seen: set[int] = set()
+    stack, exits = list(heads), []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if len(seen) > limit:
+            return None
+        leaves = False
+        for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue
+            if low < nxt._sequence_nr() < high:
+                stack.append(nxt)
+            else:
+                leaves = True
+        if leaves:
+            exits.append(node)
+    return exits

@@ -1,0 +1,116 @@
+"""Backward timing of sampled calls: hooks on the autograd nodes a call made, never a change to the
+call's tensors, so in-place ops and functorch see what they would without rtxops."""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import grad, vmap
+
+from rtxops.runtime import patching
+from rtxops.runtime.timing import BackwardTimer
+
+
+class InPlaceNet(nn.Module):
+    """Outputs of routed calls modified in place (ReLU(inplace=True), F.silu(inplace=True))."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        h = self.act(self.fc1(x))
+        return self.fc2(F.silu(h * 1.0, inplace=True))
+
+
+def _losses(routed: bool, steps: int = 6) -> list[float]:
+    torch.manual_seed(0)
+    model = InPlaceNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if routed:
+        patching.enable().backward_every = 1  # every step's calls have their backward timed
+    try:
+        losses = []
+        for _ in range(steps):
+            x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+    finally:
+        if routed:
+            patching.disable()
+
+
+def test_outputs_of_sampled_calls_can_be_modified_in_place():
+    assert _losses(routed=True) == _losses(routed=False)
+
+
+def test_per_sample_gradients_through_functorch_while_sampling():
+    torch.manual_seed(0)
+    w = torch.randn(4, 16)
+    xs = torch.randn(5, 16)
+
+    def loss(w, x):
+        return F.gelu(F.linear(x, w)).sum()
+
+    plain = vmap(grad(loss), in_dims=(None, 0))(w, xs)
+    d = patching.enable()
+    d.backward_every = 1
+    try:
+        for _ in range(2):
+            routed = vmap(grad(loss), in_dims=(None, 0))(w, xs)
+            d.on_step()
+    finally:
+        patching.disable()
+    assert torch.equal(routed, plain)
+
+
+class _Slow(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, delay):
+        ctx.delay = delay
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        time.sleep(ctx.delay)
+        return g * 2, None
+
+
+class _Backwards:
+    def __init__(self):
+        self.seen = []
+
+    def backward(self, slot, start_ns, duration_ns):
+        self.seen.append((slot, duration_ns))
+
+
+def test_the_time_covers_the_calls_backward_and_nothing_around_it():
+    readings = _Backwards()
+    x = torch.randn(3, requires_grad=True)
+    before = _Slow.apply(x, 0.05)
+    timer = BackwardTimer(7, readings)
+    timer.before()
+    out = _Slow.apply(_Slow.apply(before, 0.02), 0.02)  # the timed call: two nodes, 40 ms
+    timer.after(out)
+    _Slow.apply(out, 0.05).sum().backward()
+    [(slot, duration_ns)] = readings.seen
+    assert slot == 7
+    assert 0.04 <= duration_ns / 1e9 < 0.09
+
+
+def test_a_call_without_a_backward_of_its_own_is_not_timed():
+    readings = _Backwards()
+    x = torch.randn(3, requires_grad=True)
+    timer = BackwardTimer(1, readings)
+    timer.before()
+    out = x  # returned as it came: no node of the call's
+    timer.after(out)
+    (out * 2).sum().backward()
+    assert readings.seen == []
