@@ -195,7 +195,9 @@ class FunctionSite:
 
     def arm_backward(self, make_sampler: Callable) -> None:
         """Make the next call of every timed route also time its backward (then disarm)."""
-        for route in list({id(r): r for r in self.bucket_routes.values()}.values()):
+        with self.dispatcher._lock:  # another thread's route miss may be adding a route
+            routes = list({id(r): r for r in self.bucket_routes.values()}.values())
+        for route in routes:
             fn, slot, on_error = self._parts(route)
             if slot < 0:
                 continue
@@ -218,12 +220,13 @@ class FunctionSite:
 
     def replace(self, old: Any, new: Any) -> None:
         """Put ``new`` wherever ``old`` is installed, directly or as an explore arm."""
-        for table in (self.routes, self.bucket_routes):
-            for k, v in table.items():
-                if v is old:
-                    table[k] = new
-                else:
-                    _replace_in_explore(v, old, new)
+        with self.dispatcher._lock:  # as route misses add routes (other threads: no lock to read)
+            for table in (self.routes, self.bucket_routes):
+                for k, v in list(table.items()):
+                    if v is old:
+                        table[k] = new
+                    else:
+                        _replace_in_explore(v, old, new)
 
     def run_reference(self, args: tuple, kwargs: dict) -> Any:
         return self.reference(*args, **kwargs)
