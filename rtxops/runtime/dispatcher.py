@@ -21,6 +21,7 @@ import torch
 from .bucket import Bucket
 from .errors import PlanError
 from .memory import rss_bytes
+from .originals import naming_itself
 from .timing import BackwardTimer, CudaEventTimer
 from .plan import Plan, default_plan
 from .readings import CallStats, Readings, Slot
@@ -32,6 +33,9 @@ _is_compiling = torch.compiler.is_compiling
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _tracing_state = torch._C._get_tracing_state
 _functorch_active = torch._C._are_functorch_transforms_active
+_has_torch_function = torch._C._has_torch_function
+_function_mode_enabled = torch._C._is_torch_function_mode_enabled
+_disabled_torch_function = torch._C._disabled_torch_function_impl
 _background_compiles: set[int] = set()  # threads running a background torch.compile (regions.py)
 
 EXPLORE_PERIOD = 1000  # explore shares are laid out over this many calls, deterministically
@@ -59,6 +63,20 @@ def background_compile():
         yield
     finally:
         _background_compiles.discard(ident)
+
+
+def _subclass_among(args: tuple, kwargs: dict) -> bool:
+    """Whether a tensor subclass with ``__torch_function__`` is among the arguments (called where
+    ``_has_torch_function`` said yes, which a torch function mode alone also makes it say:
+    ``torch.set_default_device`` sets one for good, and its calls must still be routed)."""
+    if not _function_mode_enabled():
+        return True
+    for a in (*args, *kwargs.values()):
+        kind = type(a)
+        if kind is not torch.Tensor and isinstance(a, torch.Tensor) and \
+                kind.__torch_function__ is not _disabled_torch_function:
+            return True
+    return False
 
 
 class Scoped(NamedTuple):
@@ -110,10 +128,16 @@ class FunctionSite:
     def _make_wrapper(self) -> Callable:
         call_key, routes, ref, miss = self.op.call_key, self.routes, self.reference, self._miss
         record_cell = self.dispatcher.record_cell
+        as_written = naming_itself(ref)
 
         def dispatching(*args, **kwargs):
             if _is_compiling() and _traced_here():
                 return ref(*args, **kwargs)
+            if (_has_torch_function(args) or (kwargs and _has_torch_function(kwargs.values()))) \
+                    and _subclass_among(args, kwargs):
+                # a tensor subclass takes the call, as torch hands it over; no route checked on
+                # plain tensors applies to it
+                return as_written(*args, **kwargs)
             try:
                 key = call_key(*args, **kwargs)
                 if any_autocast() and key is not None:
@@ -280,7 +304,9 @@ class ModuleSite(FunctionSite):
         dormant = self._dormant
 
         def forward(module, *args, **kwargs):
-            if dormant[0] or (_is_compiling() and _traced_here()):
+            if dormant[0] or (_is_compiling() and _traced_here()) or (
+                    (_has_torch_function(args) or (kwargs and _has_torch_function(kwargs.values())))
+                    and _subclass_among(args, kwargs)):
                 return original(module, *args, **kwargs)
             try:
                 parts = split(module, *args, **kwargs)

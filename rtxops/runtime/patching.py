@@ -172,7 +172,8 @@ class _Patch:
             wrapper = d.function_site(op, f"F.{fname}", reference).wrapper
             # pickle finds it where it stands (a module holding F.gelu is saved as F.gelu)
             wrapper.__module__, wrapper.__qualname__ = F.__name__, fname
-            source = reference if inspect.isfunction(reference) else script_shims.SHIMS.get(fname)
+            torch_fn = originals.torch_function(fname)
+            source = torch_fn if inspect.isfunction(torch_fn) else script_shims.SHIMS.get(fname)
             if source is not None:
                 # a wrapper held before scripting (``self.act = F.silu``): TorchScript compiles
                 # torch's own function, or a stand-in with its signature for a C function (the
