@@ -2,7 +2,13 @@
 the dashboard, each a thin router over the daemon's parts."""
 from __future__ import annotations
 
-from fastapi import FastAPI, Response
+import json
+
+from fastapi import FastAPI, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from rtxops import __version__, dashboard
 from rtxops.telemetry.receiver import make_router as receiver_router
@@ -12,9 +18,28 @@ from .auth import require_token
 from .metrics import registry_for, render
 
 
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped. A client may send text that is not UTF-8 (a
+    lone surrogate, through a JSON escape such as ``\\ud800``); echoed in an error, or stored in
+    a job's name, it would otherwise fail the response (a 500) every time it is shown."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
 def create_app(daemon) -> FastAPI:
-    app = FastAPI(title="rtxops daemon", version=__version__,
+    app = FastAPI(title="rtxops daemon", version=__version__, default_response_class=AsciiJSONResponse,
                   description="Supervises training jobs, ingests their telemetry, serves plans.")
+
+    @app.exception_handler(HTTPException)
+    def http_error(request: Request, exc: HTTPException) -> Response:
+        return AsciiJSONResponse({"detail": exc.detail}, status_code=exc.status_code,
+                                 headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        return AsciiJSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+
     auth = require_token(daemon.token)
     app.include_router(receiver_router(daemon.store, token=daemon.token, on_batch=daemon.on_batch))
     app.include_router(api_jobs.make_router(daemon.supervisor, auth))

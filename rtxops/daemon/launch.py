@@ -48,7 +48,15 @@ def command_line(spec: JobSpec, torchrun_log_dir: str | os.PathLike[str]) -> lis
 def check_launchable(spec: JobSpec) -> None:
     """Raise :class:`JobSpecError` for strings ``exec`` cannot take (they would otherwise fail only
     at launch, as a supervisor error): NUL characters, environment names that are empty or hold
-    ``=``."""
+    ``=``, and text that is not UTF-8 (a lone surrogate from a JSON escape such as ``\\ud800``)."""
+    for what, text in (("command", spec.command), ("env", [*spec.env, *spec.env.values()]),
+                       ("cwd", [spec.cwd or ""]), ("name", [spec.name or ""])):
+        for t in text:
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:
+                raise JobSpecError(f"{what}: {t.encode('utf-8', 'backslashreplace').decode()!r} "
+                                   "is not valid Unicode text (a lone surrogate)") from None
     if any("\0" in a for a in spec.command):
         raise JobSpecError("command: an argument contains a NUL character")
     for k, v in spec.env.items():

@@ -377,7 +377,7 @@ class _Runner:
             with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
                 self._proc = subprocess.Popen(argv, cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
                                               stdout=out, stderr=err, start_new_session=True)
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: what exec cannot take (checked at submit)
             attempt.ended_at_ns = time.time_ns()
             attempt.outcome = Outcome.START_FAILED
             attempt.exit_code = 127 if isinstance(e, FileNotFoundError) else 126

@@ -229,3 +229,21 @@ def test_log_long_polls_never_starve_the_other_endpoints(shared):
         answers = [p.result() for p in polls]
     assert all(r.status_code == 200 for r in answers)
     shared.client().post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_text_that_is_not_unicode_is_refused_and_breaks_nothing(shared):
+    """A lone surrogate is a valid JSON escape but no Unicode text: 422 wherever it is sent (also
+    where the error echoes it), no job made, and the job list still answers."""
+    c = shared.client()
+    jobs_before = c.get("/v1/jobs").json()["total"]
+    for path, body in (("/v1/jobs", '{"command": ["python", "-c", "pass", "\\ud800"]}'),
+                       ("/v1/jobs", '{"command": ["python", "-c", "pass"], "name": "\\udfff"}'),
+                       ("/v1/jobs", '{"command": ["python"], "env": {"A": "\\ud800"}}'),
+                       ("/v1/plans/report", '{"job": "\\ud800", "version": 1, "reason": "r"}'),
+                       ("/v1/plans", '{"version": 1, "defaults": {"\\ud800": "x"}}'),
+                       ("/v1/evolve/tune", '{"op": "\\ud800"}')):
+        r = c.post(path, content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422, (path, body, r.status_code, r.text)
+        assert "\\ud8" in r.text or "\\udf" in r.text or "surrogate" in r.text, r.text
+    r = c.get("/v1/jobs")
+    assert r.status_code == 200 and r.json()["total"] == jobs_before
