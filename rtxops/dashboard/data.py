@@ -82,8 +82,8 @@ def step_chart(q, *, job_id: str | None, window: Window, points: int) -> dict:
         s = series.setdefault(r["job_id"], {"job_id": r["job_id"], "t_ns": [], "p50_ms": [],
                                             "p95_ms": [], "steps": []})
         s["t_ns"].append(r["t_ns"])
-        s["p50_ms"].append(r["p50_ns"] / 1e6)
-        s["p95_ms"].append(r["p95_ns"] / 1e6)
+        s["p50_ms"].append(_scaled(r["p50_ns"], 1e6))
+        s["p95_ms"].append(_scaled(r["p95_ns"], 1e6))
         s["steps"].append(r["steps"])
     markers = V.swap_markers(q, job_id=job_id, since_ns=window.since_ns, until_ns=window.until_ns,
                              limit=1000)
@@ -115,7 +115,8 @@ def kernels(q, *, job_id: str | None, op: str | None, window: Window, paging: Pa
     items = []
     for r in rows:
         step = totals.get(r["job_id"], {})
-        items.append({**r, "share": (r["total_ns"] / step["step_ns"]) if step.get("step_ns") else None,
+        share = r["total_ns"] / step["step_ns"] if step.get("step_ns") and r["total_ns"] is not None else None
+        items.append({**r, "share": share,
                       "plan_version": step.get("plan_version")})
     return {**page(total, items, paging), "steps": list(totals.values())}
 
@@ -132,8 +133,8 @@ def kernel_series(q, *, job_id: str | None, op: str | None, bucket: str | None, 
                                     "config": r["config"], "phase": r["phase"], "t_ns": [],
                                     "p50_us": [], "p95_us": []})
         s["t_ns"].append(r["t_ns"])
-        s["p50_us"].append(r["p50_ns"] / 1e3)
-        s["p95_us"].append(r["p95_ns"] / 1e3)
+        s["p50_us"].append(_scaled(r["p50_ns"], 1e3))
+        s["p95_us"].append(_scaled(r["p95_ns"], 1e3))
     return {"series": list(series.values())}
 
 
@@ -235,3 +236,8 @@ def chrome_trace(q, *, job_id: str | None, window: Window) -> dict:
     doc["otherData"] = {"rtxops.window": window.query(), "rtxops.job": job_id,
                         "rtxops.truncated": len(rows) >= TRACE_ROW_LIMIT}
     return doc
+
+
+def _scaled(ns: float | None, per: float) -> float | None:
+    """``ns`` in units of ``per`` ns; None where spans lacked the figure (any OTLP client may)."""
+    return None if ns is None else ns / per

@@ -361,8 +361,10 @@ class Store:
         with self._lock:
             if self._closing:
                 raise StoreClosed(f"the store at {self.path} is closed")
+            # a batch larger than the whole queue still goes in when the queue is empty: refused
+            # there, it would be refused on every retry
             if (self.queue_batches + 1 > self.max_queue_batches
-                    or self.queue_spans + batch.span_count > self.max_queue_spans):
+                    or (self.queue_batches and self.queue_spans + batch.span_count > self.max_queue_spans)):
                 self.spans_refused += batch.span_count
                 self.requests_refused += 1
                 raise StoreBusy(f"the store's write queue is full ({self.queue_batches} batches, "

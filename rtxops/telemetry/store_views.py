@@ -334,7 +334,8 @@ def kernel_series(q, *, job_id: str | None, op: str | None, bucket: str | None, 
         return q.query(_SERIES_FROM_SPANS, {
             **{k: v for k, v in params.items() if k not in ("since", "until")},
             "lo": lo, "hi": hi, "width": max(1, (hi - lo) // (points - 1) + 1),
-            "ops": sorted({k["op"] for k in keys}), "buckets": sorted({k["bucket"] for k in keys}),
+            "ops": sorted({k["op"] for k in keys}, key=_nulls_last),
+            "buckets": sorted({k["bucket"] for k in keys}, key=_nulls_last),
             "keys": [{f: k[f] for f in _KEY_FIELDS} for k in keys]})
     minutes = (hi - lo) // MINUTE_NS + 1
     by_id = {k["key_id"]: k for k in keys}
@@ -343,7 +344,12 @@ def kernel_series(q, *, job_id: str | None, op: str | None, bucket: str | None, 
     out = [{**{f: by_id[r["key_id"]][f] for f in _KEY_FIELDS},
             "t_ns": r["t_ns"], "calls": r["calls"], "p50_ns": r["p50_ns"], "p95_ns": r["p95_ns"]}
            for r in rows]
-    return sorted(out, key=lambda r: (*(r[f] for f in _KEY_FIELDS), r["t_ns"]))
+    return sorted(out, key=lambda r: (*(_nulls_last(r[f]) for f in _KEY_FIELDS), r["t_ns"]))
+
+
+def _nulls_last(value) -> tuple:
+    """A sort key that orders None (a span without that attribute) after every value."""
+    return (value is None, value if value is not None else 0)
 
 
 def op_breakdown(q, *, job_id: str, since_ns: int, until_ns: int) -> list[Row]:

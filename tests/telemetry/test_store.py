@@ -301,3 +301,17 @@ def test_compaction_merges_minute_rows_without_changing_results(store):
     assert rollup_rows() == {"n": before["k"], "k": before["k"]}
     again = sorted(store.kernel_stats(), key=lambda r: (r["op"], r["bucket"], r["variant"], r["phase"]))
     assert again == stats
+
+
+def test_a_batch_larger_than_the_queue_goes_in_when_the_queue_is_empty(tmp_path, monkeypatch):
+    """Refused with the queue empty, it would be refused on every retry (a 429 for good)."""
+    blocked = BlockedWriter(monkeypatch)
+    s = Store(tmp_path / "big.duckdb", max_queue_batches=3, max_queue_spans=10)
+    first = s.submit(batch_of([span() for _ in range(25)]))
+    with pytest.raises(StoreBusy):  # while it waits, nothing more fits
+        s.submit(batch_of([span()]))
+    blocked.release.set()
+    assert first.result(10) is None
+    s.close()
+    with Store(tmp_path / "big.duckdb") as again:
+        assert again.query("SELECT count(*) AS n FROM spans")[0]["n"] == 25
