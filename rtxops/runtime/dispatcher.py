@@ -168,6 +168,7 @@ class FunctionSite:
         dispatching.__module__ = getattr(ref, "__module__", None) or __name__
         dispatching.__doc__ = getattr(ref, "__doc__", None)
         dispatching.__wrapped__ = ref  # type: ignore[attr-defined]
+        dispatching.__rtxops_wrapper__ = True  # type: ignore[attr-defined]
         return dispatching
 
     def _miss(self, key, args: tuple, kwargs: dict) -> Any:
@@ -326,6 +327,7 @@ class ModuleSite(FunctionSite):
             return route(module, parts, args, kwargs)
 
         forward.__wrapped__ = original  # type: ignore[attr-defined]
+        forward.__rtxops_wrapper__ = True  # type: ignore[attr-defined]
         return forward
 
     @property

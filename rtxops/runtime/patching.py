@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import re
 import sys
 import threading
+import types
 from typing import Callable
 
 import torch
@@ -48,6 +50,7 @@ ROPE_FUNCTION_NAMES = ("apply_rotary_pos_emb",)
 UNROUTED_ENTRY_POINTS = ((torch.jit, "script"), (torch.jit, "trace"), (torch.jit, "trace_module"),
                          (torch.fx.Tracer, "trace"))
 
+log = logging.getLogger("rtxops.runtime")
 _lock = threading.RLock()
 _active: _Patch | None = None
 
@@ -193,7 +196,8 @@ class _Patch:
 
     def undo(self) -> None:
         for (owner, name), fn in self.entry_points.items():
-            setattr(owner, name, fn)
+            if _ours(owner.__dict__.get(name)):
+                setattr(owner, name, fn)
         self._put_back()
         if self.step_hook is not None:
             self.step_hook.remove()
@@ -209,18 +213,21 @@ class _Patch:
 
     def _put_back(self) -> dict:
         """Put torch's functions, the classes' forwards and the rope functions back; returns
-        ``{(namespace, name): (original, what stood there)}``."""
+        ``{(namespace, name): (original, what stood there)}``. What someone else set meanwhile
+        (another library's patch of ``F.gelu``, say) stays."""
         swapped: dict = {}
         for fname, fn in self.functional.items():
-            swapped[(F, fname)] = (fn, getattr(F, fname))
-            setattr(F, fname, fn)
+            if _ours(current := getattr(F, fname)):
+                swapped[(F, fname)] = (fn, current)
+                setattr(F, fname, fn)
         for cls, forward in self.classes.items():
-            if "forward" in cls.__dict__:
-                swapped[(cls, "forward")] = (forward, cls.__dict__["forward"])
+            if _ours(current := cls.__dict__.get("forward")):
+                swapped[(cls, "forward")] = (forward, current)
                 cls.forward = forward
         for (namespace, name), fn in self.functions.items():
-            swapped[(namespace, name)] = (fn, getattr(namespace, name, fn))
-            _set(namespace, name, fn)
+            if _ours(current := getattr(namespace, name, None)):
+                swapped[(namespace, name)] = (fn, current)
+                _set(namespace, name, fn)
         return swapped
 
     @contextlib.contextmanager
@@ -261,6 +268,7 @@ class _Patch:
             with self.suspended():
                 return fn(*args, **kwargs)
 
+        unrouted.__rtxops_wrapper__ = True  # type: ignore[attr-defined]
         return unrouted
 
     def patch_class(self, cls: type) -> None:
@@ -285,19 +293,28 @@ class _Patch:
         nn.Module.__init_subclass__ = classmethod(__init_subclass__)
 
     def scan_functions(self) -> None:
-        """Patch ``apply_rotary_pos_emb``-style functions in modules loaded since the last scan."""
+        """Patch ``apply_rotary_pos_emb``-style functions in modules loaded since the last scan.
+        Runs on a route miss, inside a call of the job's: it never fails, and it reads module
+        namespaces without attribute access, which would load a lazily imported module."""
+        try:
+            self._scan_functions()
+        except Exception:  # noqa: BLE001 - the call that missed must go on
+            log.exception("rtxops: looking for rope functions failed")
+
+    def _scan_functions(self) -> None:
         modules = list(sys.modules.values())
         fresh = modules[self._seen_modules:] if len(modules) >= self._seen_modules else modules
         self._seen_modules = len(modules)
         main = sys.modules.get("__main__")
         for module in ([main] if main is not None else []) + fresh:
-            namespace = getattr(module, "__dict__", None)
-            if not isinstance(namespace, dict):
+            if not isinstance(module, types.ModuleType):
                 continue
+            namespace = object.__getattribute__(module, "__dict__")
+            module_name = namespace.get("__name__")
             for name in ROPE_FUNCTION_NAMES:
                 fn = namespace.get(name)
                 if callable(fn) and (module, name) not in self.functions and \
-                        getattr(fn, "__module__", None) == module.__name__ and _takes_q_k_cos_sin(fn):
+                        getattr(fn, "__module__", None) == module_name and _takes_q_k_cos_sin(fn):
                     self.functions[(module, name)] = fn
                     site = self.dispatcher.function_site("rope", f"fn:{module.__name__}.{name}", fn)
                     _set(module, name, site.wrapper)
@@ -330,3 +347,8 @@ def _all_subclasses(cls: type) -> list[type]:
                 out.append(sub)
                 todo.append(sub)
     return out
+
+
+def _ours(value) -> bool:
+    """Whether ``value`` is one of rtxops' wrappers (of a function, a forward, an entry point)."""
+    return getattr(value, "__rtxops_wrapper__", False) is True
