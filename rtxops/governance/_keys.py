@@ -6,6 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -43,7 +44,7 @@ def load_private(path: Path) -> ec.EllipticCurvePrivateKey:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), None)
     except OSError as e:
         raise UsageError(f"cannot read key {path}: {e.strerror}") from None
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
         raise UsageError(f"{path} is not an unencrypted PEM private key: {e}") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
         raise UsageError(f"{path} is not an ECDSA P-256 key")
@@ -53,7 +54,7 @@ def load_private(path: Path) -> ec.EllipticCurvePrivateKey:
 def load_public(data: bytes, where: str = "public key") -> ec.EllipticCurvePublicKey:
     try:
         key = serialization.load_pem_public_key(data)
-    except ValueError as e:
+    except (ValueError, UnsupportedAlgorithm) as e:
         raise UsageError(f"{where} is not a PEM public key: {e}") from None
     if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp256r1":
         raise UsageError(f"{where} is not an ECDSA P-256 public key")

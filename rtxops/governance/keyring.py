@@ -52,7 +52,9 @@ class Keyring:
             return cls(path)
         try:
             data = json.loads(path.read_text())
-            keys = {k: TrustedKey(**v) for k, v in data["keys"].items()}
+            if not isinstance(data, dict) or not isinstance(data.get("keys"), dict):
+                raise ValueError('expected {"keys": {key id: entry}}')
+            keys = {k: _entry(k, v) for k, v in data["keys"].items()}
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UsageError(f"keyring {path} is unreadable: {e}") from None
         return cls(path, keys)
@@ -102,6 +104,31 @@ class Keyring:
         if problem:
             raise VerificationError("signer", problem)
         return entry
+
+
+_NUMBER = (int, float)
+_FIELD_TYPES = {"key_id": str, "pem": str, "name": str, "not_before": _NUMBER,
+                "not_after": (*_NUMBER, type(None)), "revoked_at": (*_NUMBER, type(None)),
+                "revoked_reason": str}
+
+
+def _entry(key_id: str, value) -> TrustedKey:
+    """A keyring entry, its fields checked (a hand-edited file is read by ``rtxops verify``)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"entry {key_id!r} is not an object")
+    unknown = set(value) - {*_FIELD_TYPES, "kinds"}
+    if unknown:
+        raise ValueError(f"entry {key_id!r} has unknown fields {sorted(unknown)}")
+    for name, kinds in _FIELD_TYPES.items():
+        if name in value and (not isinstance(value[name], kinds) or isinstance(value[name], bool)):
+            raise ValueError(f"entry {key_id!r}: {name} is {value[name]!r}")
+    kinds = value.get("kinds", list(KINDS))
+    if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+        raise ValueError(f"entry {key_id!r}: kinds must be a list of names")
+    entry = TrustedKey(**value)
+    if entry.key_id != key_id:
+        raise ValueError(f"entry {key_id!r} holds key id {entry.key_id!r}")
+    return entry
 
 
 def _iso(t: float) -> str:

@@ -1,0 +1,55 @@
+"""Keyring and key files that are not what they should be: a clear error (exit 2), never a
+traceback, from every command that reads them."""
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from rtxops.cli import app
+
+
+def _revoked_at_text(ring: dict) -> dict:
+    entry = next(iter(ring["keys"].values()))
+    entry["revoked_at"] = "yesterday"
+    return ring
+
+
+def _kinds_not_a_list(ring: dict) -> dict:
+    next(iter(ring["keys"].values()))["kinds"] = "plan"
+    return ring
+
+
+MALFORMED = {
+    "keys is a list": lambda ring: {"keys": []},
+    "top level is a list": lambda ring: ["keys"],
+    "entry is a string": lambda ring: {"keys": {"k": "pem"}},
+    "revoked_at is text": _revoked_at_text,
+    "kinds is not a list": _kinds_not_a_list,
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_keyring_is_a_clear_error(case, keys, good_plan, tmp_path):
+    ring = MALFORMED[case](json.loads(keys.keyring_file.read_text()))
+    path = tmp_path / "keyring.json"
+    path.write_text(json.dumps(ring))
+    for args in (["verify", str(good_plan), "--keyring", str(path), "--no-ledger"],
+                 ["keys", "list", "--keyring", str(path)]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, (args, result.output, result.exception)
+        assert f"keyring{path}isunreadable" in "".join(result.output.split())  # rich wraps it
+
+
+def test_a_public_key_of_an_unknown_algorithm_is_a_clear_error(tmp_path):
+    oid = bytes([0x06, 0x03, 0x2A, 0x03, 0x04])                     # 1.2.3.4
+    algorithm = bytes([0x30, len(oid)]) + oid
+    bits = bytes([0x03, 0x03, 0x00, 0x01, 0x02])
+    spki = bytes([0x30, len(algorithm) + len(bits)]) + algorithm + bits
+    pub = tmp_path / "odd.pub"
+    pub.write_bytes(b"-----BEGIN PUBLIC KEY-----\n" + base64.encodebytes(spki) + b"-----END PUBLIC KEY-----\n")
+    result = CliRunner().invoke(app, ["keys", "trust", str(pub), "--keyring", str(tmp_path / "r.json")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "isnotaPEMpublickey" in "".join(result.output.split())
