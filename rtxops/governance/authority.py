@@ -199,8 +199,12 @@ def job_verifier(keyring_file: str, job: dict):
                 if total > 8 * MAX_METADATA_BYTES:
                     raise VerificationError("input", "the bundle is too large (oversized input)")
                 path = root / name
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data)
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(data)
+                except OSError as e:  # "kernels" both a file and a folder, say
+                    raise VerificationError("manifest", f"file {name!r} cannot be laid out: "
+                                                        f"{e.strerror or e}") from None
             return verify_plan_directory(root, keyring_file, job, running_version)
 
     return verify_files

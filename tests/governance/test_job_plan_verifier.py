@@ -32,3 +32,10 @@ def test_a_plan_signed_for_every_job_is_taken_by_any(keys, tmp_path):
     for job_id in ("job-2", ""):
         verify = plan_verifier_for_job(str(keys.keyring_file), lambda: {"id": job_id, "deterministic": False})
         assert verify(bundle_files(bundle), 0) == (bundle / "plan.json").read_bytes()
+
+
+def test_a_name_that_is_both_a_file_and_a_folder_is_a_manifest_error(good_plan, keys):
+    verify = plan_verifier_for_job(str(keys.keyring_file), lambda: {"id": "job-1", "deterministic": False})
+    files = {"kernels": b"x", **bundle_files(good_plan)}
+    with pytest.raises(VerificationError, match="manifest: file .* cannot be laid out"):
+        verify(files, 0)
