@@ -199,13 +199,11 @@ def verify(path: Path = typer.Argument(..., help="bundle directory"),
     report = _guard(lambda: run_verify(path, trust, policies=policies, expected_kind=kind,
                                        min_version=min_version))
     if report.ok and ledger and report.facts.get("kind") == "plan":
-        newest = _ledger_newest(home, report.facts["scope"])
-        if newest is not None and report.facts["version"] < newest:
+        problem = _ledger_problem(home, report.facts)
+        if problem:
             from rtxops.governance import Check
 
-            report.checks.append(Check("ledger", False, f"version {report.facts['version']} is older "
-                                       f"than {newest}, the ledger's newest for "
-                                       f"{report.facts['scope']} (replay of an older plan)"))
+            report.checks.append(Check("ledger", False, problem))
     if as_json:
         out.print(json.dumps(report.to_dict(), indent=1, default=str))
     else:
@@ -254,10 +252,30 @@ def _ledger_entries(home: Optional[Path]) -> tuple[list[dict], dict | None]:
         store.close()
 
 
-def _ledger_newest(home: Optional[Path], scope: str) -> int | None:
+def _ledger_problem(home: Optional[Path], facts: dict) -> str | None:
+    """Why the ledger says this plan bundle must not be taken (a replay of an older version, or
+    another bundle under a version the ledger accepted), or None. A ledger that is not intact
+    cannot say: that fails too."""
+    from rtxops.governance import ledger as gl
+
+    rows, head = _ledger_entries(home)
+    problems = gl.check_chain(rows, head)
+    if problems:
+        return (f"the ledger is not intact ({problems[0]}"
+                + (f"; {len(problems) - 1} more" if len(problems) > 1 else "")
+                + "): `rtxops ledger verify` lists what; the replay check cannot trust it")
     accepted = ("promote", "rollback", "explore", "manual")  # every kind the board publishes
-    versions = [r["version"] for r in _ledger_entries(home)[0] if r["scope"] == scope and r["kind"] in accepted]
-    return max(versions) if versions else None
+    scope, version = facts["scope"], facts["version"]
+    issued = {r["version"]: r["subject_digest"] for r in rows
+              if r["scope"] == scope and r["kind"] in accepted}
+    newest = max(issued, default=None)
+    if newest is not None and version < newest:
+        return (f"version {version} is older than {newest}, the ledger's newest for {scope} "
+                "(replay of an older plan)")
+    if version in issued and issued[version] != facts.get("digest"):
+        return (f"the ledger accepted another bundle as version {version} of {scope} "
+                f"({issued[version][:23]}…, this one is {str(facts.get('digest'))[:23]}…)")
+    return None
 
 
 # ---- policy --------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from rtxops.cli import app
 from rtxops.governance import Keyring
 from rtxops.governance._layout import MAX_SIGNATURE_BYTES
 
-from .helpers import copy, edit_bundle_json, plan_bundle, resign
+from .helpers import PROMOTE, copy, edit_bundle_json, plan_bundle, resign
 
 KERNEL = "kernels/rtxops.runtime.ops.gelu.py"
 
@@ -297,6 +297,63 @@ def test_replay_of_an_older_plan_is_refused_by_the_ledger(keys, tmp_path):
     # another scope's ledger entries do not count
     other = plan_bundle(tmp_path / "other", keys.signer(), 5, scope="job-2")
     assert run(str(other), "--keyring", str(keys.keyring_file), "--home", str(home))[0] == 0
+
+
+def test_the_ledger_check_trusts_no_tampered_ledger_and_no_second_bundle_of_a_version(keys, tmp_path):
+    """An edited ledger (the newer entry's version lowered below the replayed bundle's) fails the
+    check instead of passing the replay; so does another bundle under a version the ledger took."""
+    import duckdb
+
+    from rtxops.governance import ledger
+    from rtxops.telemetry.store import Store
+
+    home = tmp_path / "home"
+    home.mkdir()
+    bundle = plan_bundle(tmp_path / "v5", keys.signer(), 5, scope="job-1")
+    twin = plan_bundle(tmp_path / "twin", keys.signer(), 5, scope="job-1",
+                       decision={**PROMOTE, "gain": 0.09})
+    store = Store(home / "rtxops.duckdb")
+    try:
+        ledger.append(store, home / "ledger.head", kind="promote", scope="job-1", version=5,
+                      subject_digest=_root_digest(bundle), decision={}, signer="k")
+        ledger.append(store, home / "ledger.head", kind="promote", scope="job-1", version=7,
+                      subject_digest="sha256:" + "0" * 64, decision={}, signer="k")
+    finally:
+        store.close()
+    args = ("--keyring", str(keys.keyring_file), "--home", str(home))
+    code, output = run(str(bundle), *args)
+    assert code == 1 and "replay of an older plan" in output, output
+    con = duckdb.connect(str(home / "rtxops.duckdb"))
+    con.execute("UPDATE ledger SET version = 1 WHERE seq = 2")  # hide the newer version
+    con.close()
+    code, output = run(str(bundle), *args)
+    assert code == 1 and "the ledger is not intact" in output and "edited entry" in output, output
+    con = duckdb.connect(str(home / "rtxops.duckdb"))
+    con.execute("DELETE FROM ledger WHERE seq = 2")
+    con.close()
+    (home / "ledger.head").write_text(json.dumps(
+        {"seq": 1, "entry_hash": _entry_hash(home, 1)}))  # the head put back to match
+    code, output = run(str(bundle), *args)
+    assert code == 0, output
+    code, output = run(str(twin), *args)
+    assert code == 1 and "the ledger accepted another bundle as version 5" in output, output
+
+
+def _root_digest(bundle: Path) -> str:
+    from rtxops.governance import _dsse, _layout
+
+    names = _layout.list_files(bundle)
+    return "sha256:" + _dsse.root_digest({n: _layout.sha256_file(bundle / n) for n in names})
+
+
+def _entry_hash(home: Path, seq: int) -> str:
+    import duckdb
+
+    con = duckdb.connect(str(home / "rtxops.duckdb"), read_only=True)
+    try:
+        return con.execute("SELECT entry_hash FROM ledger WHERE seq = ?", [seq]).fetchone()[0]
+    finally:
+        con.close()
 
 
 def test_keyring_revocation_through_the_cli(good_plan, keys, tmp_path):
