@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -362,18 +363,29 @@ def plan_import(bundle: Path = typer.Argument(..., help="signed plan bundle fold
     from rtxops.governance import verify as run_verify
 
     trust = Trust(keyring=_guard(lambda: Keyring.load(_keyring_path(keyring, home))))
-    report = _guard(lambda: run_verify(bundle, trust, policies=_guard(load_policies), expected_kind="plan"))
-    for line in report.lines():
-        out.print(line)
-    if not report.ok:
-        raise typer.Exit(1)
+    policies = _guard(load_policies)
     imported = (_home(home).root / "imported").resolve()
-    # the scope is checked as a folder name by verify; the resolved parent is checked again here
-    target = imported / f"{report.facts['scope'] or 'plan'}-v{report.facts['version']}"
-    if target.resolve().parent != imported:
-        raise _fail(f"bundle scope {report.facts['scope']!r} is not a plain folder name")
     imported.mkdir(parents=True, exist_ok=True)
-    if target.exists():
-        shutil.rmtree(target)
-    shutil.copytree(bundle, target)
+    # the copy is what gets verified and kept: the folder given may change after it was read
+    staging = Path(tempfile.mkdtemp(prefix=".import-", dir=imported))
+    try:
+        copy = staging / "bundle"
+        try:
+            shutil.copytree(bundle, copy, symlinks=True)  # a symlink stays one, and fails the layout
+        except (OSError, shutil.Error) as e:
+            raise _fail(f"cannot copy {bundle}: {e}") from None
+        report = _guard(lambda: run_verify(copy, trust, policies=policies, expected_kind="plan"))
+        for line in report.lines():
+            out.print(line)
+        if not report.ok:
+            raise typer.Exit(1)
+        # the scope is checked as a folder name by verify; the resolved parent is checked again here
+        target = imported / f"{report.facts['scope'] or 'plan'}-v{report.facts['version']}"
+        if target.resolve().parent != imported:
+            raise _fail(f"bundle scope {report.facts['scope']!r} is not a plain folder name")
+        if target.exists():
+            shutil.rmtree(target)
+        copy.replace(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     out.print(f"imported → {target}")

@@ -39,3 +39,39 @@ def test_export_then_import_verifies_first(keys, tmp_path):
     assert code == 1 and "plan.json: sha256" in output, output
     code, output = cli("plan", "export", str(tmp_path / "none"), "--job", "nobody", "--home", str(source))
     assert code == 2 and "no signed plan bundle" in output
+
+
+def test_import_keeps_exactly_the_bytes_it_verified(keys, tmp_path, monkeypatch):
+    """The folder changes right after it was verified (a plan.json rewritten, a symlink to a file
+    outside it added): what lands under imported/ is the verified copy."""
+    import os
+
+    import rtxops.governance as governance
+
+    bundle = plan_bundle(tmp_path / "v5", keys.signer(), 5)
+    signed_plan = (bundle / "plan.json").read_bytes()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside the bundle\n")
+    verify = governance.verify
+
+    def verify_then_change(*args, **kwargs):
+        report = verify(*args, **kwargs)
+        (bundle / "plan.json").write_text('{"version": 5, "defaults": {"gelu": "evil"}}')
+        os.symlink(secret, bundle / "kernels" / "loot.txt")
+        return report
+
+    monkeypatch.setattr(governance, "verify", verify_then_change)
+    home = tmp_path / "home"
+    code, output = cli("plan", "import", str(bundle), "--keyring", str(keys.keyring_file), "--home", str(home))
+    assert code == 0, output
+    kept = home / "imported" / "job-1-v5"
+    assert (kept / "plan.json").read_bytes() == signed_plan
+    assert not (kept / "kernels" / "loot.txt").exists()
+    assert sorted(p.name for p in (home / "imported").iterdir()) == ["job-1-v5"]  # no staging left
+
+    # imported again now, the symlink fails the layout check and nothing is kept
+    monkeypatch.setattr(governance, "verify", verify)
+    shutil.rmtree(kept)
+    code, output = cli("plan", "import", str(bundle), "--keyring", str(keys.keyring_file), "--home", str(home))
+    assert code == 1 and "symlink" in output, output
+    assert list((home / "imported").iterdir()) == []
