@@ -66,7 +66,9 @@ def _guard(fn):
 def keys_init(name: str = typer.Option("signing", help="key file name under $RTXOPS_HOME/keys"),
               out_path: Optional[Path] = typer.Option(None, "--out", help="private key path"),
               trust: bool = typer.Option(True, help="also trust the new key in the keyring"),
-              kinds: str = typer.Option("plan,checkpoint,telemetry,ledger", help="kinds it may sign"),
+              kinds: str = typer.Option("checkpoint,telemetry,ledger",
+                                        help="kinds it may sign (plans are the daemon's: add plan "
+                                             "only for a key that stands in for one)"),
               keyring: Optional[Path] = typer.Option(None), home: Optional[Path] = HomeOpt) -> None:
     """Make an ECDSA P-256 key pair (private key mode 0600) and trust its public key."""
     from rtxops.governance import Keyring, generate_key

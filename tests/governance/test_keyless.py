@@ -200,3 +200,11 @@ def test_python_api_signs_a_plan_bundle_that_the_default_policy_refuses(fake, tr
     assert report.facts["signer"]["mode"] == "keyless" and report.facts["signer"]["identity"] == EMAIL
     report = verify(directory, trust, policies=load_policies())
     assert not report.ok and report.failure.name == "policy" and "builder-is-daemon" in report.failure.message
+    # claiming the daemon's builder id does not make a keyless signer the daemon
+    (directory / "bundle.sigstore.json").unlink()
+    claiming = KeylessSigner.create(fake.token(EMAIL), trust_files[0])
+    claiming.__class__ = type("Claiming", (KeylessSigner,), {"builder_id": property(lambda self: "rtxops-daemon://")})
+    claiming.sign_directory(directory, kind="plan", version=3, decision={"kind": "manual"})
+    report = verify(directory, trust, policies=load_policies())
+    assert report.facts["builder"]["id"] == "rtxops-daemon://"
+    assert not report.ok and "builder-is-daemon" in report.failure.message
