@@ -168,6 +168,8 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
         if plan.get("version") != version:
             raise VerificationError("plan", f"{PLAN} has version {plan.get('version')!r}, the "
                                             f"provenance says {version}")
+        kernels = _sbom_describes(plan, sbom_bytes, digests)
+        report.passed("kernels", f"the SBOM lists the plan's {kernels} kernel variants, sources signed")
     if min_version is not None and version < min_version:
         raise VerificationError("version", f"version {version} is older than {min_version}, the newest "
                                            "accepted one (replay of an older bundle)")
@@ -247,6 +249,39 @@ def _files(names: list[str], signed: dict[str, str], digests: dict[str, str]) ->
             what = {SBOM: "the SBOM's", PROVENANCE: "the provenance's"}.get(n, f"{n}:")
             raise VerificationError("files", f"{what} sha256 {digests[n][:16]}… differs from the signed "
                                              f"{signed[n][:16]}… (tampered, truncated or swapped)")
+
+
+def _sbom_describes(plan: dict, sbom_bytes: bytes, digests: dict[str, str]) -> int:
+    """The SBOM's kernels are exactly the variants ``plan`` uses, each with a signed source file
+    of the sha256 the SBOM gives (the policies read the kernels' facts from the SBOM)."""
+    variants = sbom.facts(json.loads(sbom_bytes))["variants"]
+    listed = {(v["op"], v["variant"]) for v in variants}
+    used = _plan_variants(plan)
+    if listed != used:
+        extra, missing = sorted(listed - used), sorted(used - listed)
+        raise VerificationError("kernels", "the SBOM's kernels are not the plan's: "
+                                + "; ".join(f"{what} {'/'.join(pair)}" for what, pairs in
+                                            (("not used by the plan:", extra), ("not in the SBOM:", missing))
+                                            for pair in pairs))
+    for v in variants:
+        if digests.get(v["source"]) != v["source_sha256"]:
+            raise VerificationError("kernels", f"{v['op']}/{v['variant']}: source {v['source']!r} "
+                                               "is not a signed file with the sha256 the SBOM gives")
+    return len(variants)
+
+
+def _plan_variants(plan: dict) -> set[tuple[str, str]]:
+    """The (op, variant) pairs ``plan.json`` names: defaults, entries and their explore arms."""
+    try:
+        used = {(op, v) for op, v in (plan.get("defaults") or {}).items()}
+        for e in plan.get("entries") or []:
+            used.add((e["op"], e["variant"]))
+            used.update((e["op"], arm["variant"]) for arm in e.get("explore") or [])
+    except (AttributeError, KeyError, TypeError) as e:
+        raise VerificationError("plan", f"{PLAN} is not a plan: {type(e).__name__}: {e}") from None
+    if not all(isinstance(x, str) for pair in used for x in pair):
+        raise VerificationError("plan", f"{PLAN} names an op or variant that is not a string")
+    return used
 
 
 def _plan_json(data: bytes) -> dict:

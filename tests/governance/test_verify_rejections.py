@@ -175,6 +175,37 @@ def case_sbom_digest(b, keys):
     (b / "sbom.cdx.json").write_text(json.dumps(sbom))
 
 
+def _resigned_sbom(b, keys, edit) -> None:
+    """The SBOM edited, and the bundle signed again as it now is (a trusted signer's lie)."""
+    import hashlib
+
+    sbom = json.loads((b / "sbom.cdx.json").read_text())
+    edit(sbom)
+    (b / "sbom.cdx.json").write_text(json.dumps(sbom))
+    prov = json.loads((b / "provenance.intoto.json").read_text())
+    for subject in prov["subject"]:
+        if subject["name"] == "sbom.cdx.json":
+            subject["digest"]["sha256"] = hashlib.sha256((b / "sbom.cdx.json").read_bytes()).hexdigest()
+    (b / "provenance.intoto.json").write_text(json.dumps(prov))
+    resign(b, keys.signer())
+
+
+def _kernel_components(sbom) -> list[dict]:
+    return [c for c in sbom["components"] if c.get("group") == "rtxops.kernels"]
+
+
+def case_sbom_without_kernels(b, keys):
+    _resigned_sbom(b, keys, lambda sbom: sbom.update(
+        components=[c for c in sbom["components"] if c.get("group") != "rtxops.kernels"]))
+
+
+def case_sbom_kernel_hash(b, keys):
+    def edit(sbom):
+        for c in _kernel_components(sbom):
+            c["hashes"][0]["content"] = "0" * 64
+    _resigned_sbom(b, keys, edit)
+
+
 def case_provenance_digest(b, keys):
     prov = json.loads((b / "provenance.intoto.json").read_text())
     prov["predicate"]["buildDefinition"]["externalParameters"]["decision"]["gain"] = 0.5
@@ -234,6 +265,8 @@ CASES = {
     "sbom digest": (case_sbom_digest, "files", "the SBOM's sha256"),
     "provenance digest": (case_provenance_digest, "files", "the provenance's sha256"),
     "provenance subjects": (case_provenance_subjects, "provenance", "subjects do not match"),
+    "sbom lists no kernels": (case_sbom_without_kernels, "kernels", "not in the SBOM: gelu/algebraic"),
+    "sbom kernel hash": (case_sbom_kernel_hash, "kernels", "is not a signed file with the sha256"),
     "policy": (case_policy, "policy", "default/measured-gain"),
     "older than min version": (case_min_version, "version", "older than 6"),
 }
@@ -242,7 +275,7 @@ CASES = {
 def test_intact_bundle_verifies(good_plan, keys):
     code, output = run(str(good_plan), "--keyring", str(keys.keyring_file), "--no-ledger")
     assert code == 0, output
-    assert output.count("ok  ") == 9 and "verified:" in output
+    assert output.count("ok  ") == 10 and "verified:" in output
 
 
 @pytest.mark.parametrize("name", list(CASES))
