@@ -30,6 +30,7 @@ DEFAULT_MAX_BODY = 16 << 20           # bytes on the wire
 DEFAULT_MAX_DECOMPRESSED = 64 << 20   # bytes after gzip
 DEFAULT_MAX_INFLIGHT = 8              # requests read, decoded or written at once
 DEFAULT_SLOT_WAIT_S = 2.0             # how long a request waits for one of those slots
+DEFAULT_BODY_TIMEOUT_S = 30.0         # how long a request may take to send its body
 MAX_GZIP_MEMBERS = 64                 # gzip members in one body
 
 
@@ -40,7 +41,7 @@ class _TooLarge(Exception):
 def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY,
                 max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
                 max_inflight: int = DEFAULT_MAX_INFLIGHT, slot_wait_s: float = DEFAULT_SLOT_WAIT_S,
-                path: str = "/v1/traces",
+                body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, path: str = "/v1/traces",
                 on_batch: Callable[[otlp.Batch], None] | None = None) -> APIRouter:
     """A router with ``POST {path}`` writing into ``store``.
 
@@ -48,7 +49,8 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
     use). ``on_batch`` sees every batch once it is committed (the daemon takes heartbeats
     there). At most ``max_inflight`` requests hold a body in memory at once (reading and
     decoding it); one that waits longer than ``slot_wait_s`` for a slot gets 429, so memory stays
-    bounded under any flood."""
+    bounded under any flood. A body that takes longer than ``body_timeout_s`` to arrive gets 408
+    and gives its slot back (a stalled client would otherwise hold it for good)."""
     router = APIRouter()
     expected = f"Bearer {token}".encode() if token is not None else None
     slots = asyncio.Semaphore(max_inflight)
@@ -83,7 +85,7 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
             return _status(encoding, 429, code_pb2.RESOURCE_EXHAUSTED,
                            "the receiver is busy; retry later", {"Retry-After": "1"})
         return await _handle(request, store, slots, kind, encoding, content_encoding == "gzip",
-                             max_body_bytes, max_decompressed_bytes, on_batch)
+                             max_body_bytes, max_decompressed_bytes, body_timeout_s, on_batch)
 
     return router
 
@@ -96,13 +98,19 @@ def make_app(store: Store, token: str | None = None, **router_options: Any) -> F
 
 
 async def _handle(request: Request, store: Store, slot: asyncio.Semaphore, kind: str, encoding: str,
-                  gzipped: bool, max_body: int, max_decompressed: int,
+                  gzipped: bool, max_body: int, max_decompressed: int, body_timeout_s: float,
                   on_batch: Callable[[otlp.Batch], None] | None) -> Response:
     """Read, decode and queue the request while holding ``slot``; wait for the commit without it
     (queued batches are bounded by the store)."""
     received_ns = time.time_ns()
     try:
-        body = await _read_body(request, max_body)
+        try:
+            with anyio.fail_after(body_timeout_s):
+                body = await _read_body(request, max_body)
+        except TimeoutError:
+            store.note_rejected()
+            return _status(encoding, 408, code_pb2.DEADLINE_EXCEEDED,
+                           f"the body did not arrive within {body_timeout_s:g} s")
         batch = await anyio.to_thread.run_sync(_decode, body, kind, gzipped, max_decompressed,
                                                received_ns)
         del body

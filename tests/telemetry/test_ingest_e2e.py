@@ -245,3 +245,33 @@ def test_kill_9_after_acks_keeps_every_acknowledged_batch(tmp_path):
             assert counts.get(f"batch-{i}") == 200, f"acknowledged batch {i} is missing"
         assert all(n == 200 for n in counts.values())           # no half-written batch either
         assert store.query("SELECT count(*) AS n FROM ingest_batches")[0]["n"] == len(counts)
+
+
+def test_stalled_uploads_time_out_and_give_their_slots_back(store):
+    """Clients that send headers and a little of the body, then nothing (a job stopped with
+    SIGSTOP, a wedged connection), hold every slot only until the body timeout: 408 for them,
+    and the next export goes through."""
+    import socket
+    from urllib.parse import urlparse
+
+    server = Server(store, max_inflight=2, slot_wait_s=0.5, body_timeout_s=1.0)
+    url = urlparse(server.url)
+    stalled = []
+    try:
+        for _ in range(2):
+            s = socket.create_connection((url.hostname, url.port))
+            s.sendall((f"POST {url.path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                       f"Content-Type: {PROTOBUF}\r\nContent-Length: 100000\r\n\r\n").encode() + b"x" * 10)
+            stalled.append(s)
+        time.sleep(0.2)
+        body = synthetic.otlp_request(20, seed=1).SerializeToString()
+        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": PROTOBUF}
+        assert httpx.post(server.url, content=body, headers=headers, timeout=30).status_code == 429
+        for s in stalled:
+            s.settimeout(10)
+            assert s.recv(64).startswith(b"HTTP/1.1 408"), "the stalled upload was not timed out"
+        assert httpx.post(server.url, content=body, headers=headers, timeout=30).status_code == 200
+    finally:
+        for s in stalled:
+            s.close()
+        server.stop()
