@@ -211,10 +211,15 @@ class Supervisor:
                 alive = _attempt_alive(attempt, job.token)
             except Exception as e:  # a failing probe never ends a job; the runner probes again
                 self._event(job.id, "probe_error", probe="recover", error=f"{type(e).__name__}: {e}")
+        cancelling = job.state is JobState.CANCELLING  # a cancel the previous daemon began
         if alive:
             job.adopted = True
-            self._set(job, JobState.RUNNING, reason="re-adopted after a daemon restart")
             self._runners[job.id] = runner = _Runner(self, job.id)
+            with self._lock:
+                if cancelling:  # carried on: the tree gets SIGTERM, then SIGKILL after the grace
+                    runner.request_cancel(job.reason or "cancelled by request", job.spec.grace_s)
+                else:
+                    self._set(job, JobState.RUNNING, reason="re-adopted after a daemon restart")
             self._save(job.id)
             self._event(job.id, "adopted", pid=attempt.pid, attempt=attempt.number)
             runner.start(adopt=True)
@@ -224,6 +229,11 @@ class Supervisor:
                   else "the daemon restarted before the job's next attempt started")
         if attempt is not None and attempt.outcome is None:
             attempt.outcome, attempt.ended_at_ns, attempt.detail = Outcome.LOST, time.time_ns(), reason
+        if cancelling:  # it ended while no daemon watched, as asked
+            self._set(job, JobState.CANCELLED, reason=job.reason or "cancelled by request")
+            self._save(job.id)
+            self._event(job.id, "cancelled", reason=job.reason)
+            return
         self._set(job, JobState.LOST, reason=reason)
         self._save(job.id)
         self._event(job.id, "lost", reason=reason)

@@ -142,3 +142,26 @@ def test_kill9_mid_ingest_then_restart_keeps_acked_spans_jobs_and_logs(daemons, 
             "S 0", "S 1", "S 2", "S go 0", "S go 1"]
     finally:
         store.close()
+
+
+def test_a_cancel_in_progress_is_carried_on_after_kill9(daemons, tmp_path):
+    """The job ignores SIGTERM; its cancel waits out the grace when the daemon is killed. The
+    restarted daemon goes on cancelling it (not re-adopted as running): SIGKILL, cancelled."""
+    home = tmp_path / "home"
+    d1 = daemons.start(home)
+    stubborn = script(tmp_path, "stubborn.py", """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("up", flush=True)
+        time.sleep(600)
+    """)
+    job = d1.submit(["python", stubborn], grace_s=5)
+    until(lambda: d1.texts(job["id"]) == ["up"], what="the job's SIGTERM handler")
+    assert d1.client().post(f"/v1/jobs/{job['id']}/cancel").json()["state"] == "cancelling"
+    pid = d1.job(job["id"])["attempts"][-1]["pid"]
+    d1.kill9()
+    d2 = daemons.start(home)
+    assert d2.job(job["id"])["state"] == "cancelling"
+    done = d2.wait(job["id"], timeout=60)
+    assert done["state"] == "cancelled" and done["reason"] == "cancelled by request", done
+    until(lambda: gone(pid), what="the job's process to be killed")
