@@ -227,6 +227,7 @@ class Supervisor:
         reason = ("the daemon restarted while the job ran; its exit status is unknown"
                   if attempt is not None and attempt.outcome is None
                   else "the daemon restarted before the job's next attempt started")
+        self._stop_strays(job)
         if attempt is not None and attempt.outcome is None:
             attempt.outcome, attempt.ended_at_ns, attempt.detail = Outcome.LOST, time.time_ns(), reason
         if cancelling:  # it ended while no daemon watched, as asked
@@ -237,6 +238,17 @@ class Supervisor:
         self._set(job, JobState.LOST, reason=reason)
         self._save(job.id)
         self._event(job.id, "lost", reason=reason)
+
+    def _stop_strays(self, job: Job) -> None:
+        """Kill what carries the job's token though no saved attempt owns it: the previous daemon
+        died between starting an attempt and saving it, and nothing else would ever stop it."""
+        try:
+            strays = proctree.members(None, job.token)
+            if strays:
+                proctree.terminate(None, job.token, 0.0)
+                self._event(job.id, "strays_killed", pids=sorted(strays))
+        except Exception as e:  # a failing probe must not stop the daemon from starting
+            self._event(job.id, "probe_error", probe="strays", error=f"{type(e).__name__}: {e}")
 
     def _get(self, job_id: str) -> Job:
         job = self._jobs.get(job_id)

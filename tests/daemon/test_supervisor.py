@@ -411,3 +411,26 @@ def test_two_rank_torchrun_job_stores_each_ranks_lines_and_cancels_every_rank(su
     assert job.state is JobState.CANCELLED
     assert all(gone(w) for w in workers + [launcher]) and marked(mark) == []
     assert not list((tmp_path / "work").glob(f"{job.id}/torchrun-*")), "torchrun's own log files removed"
+
+
+def test_a_process_no_saved_attempt_owns_is_killed_on_recovery(tmp_path, sink, mark):
+    """The previous daemon died between starting an attempt and saving it: the process carries
+    the job's token, and the recovered job (no attempt) must not leave it running unowned."""
+    token = "j-0000lost.feedfacefeedface"
+    body = script(tmp_path, "unsaved.py", "import time\ntime.sleep(600)\n")
+    proc = subprocess.Popen([PY, body], start_new_session=True,
+                            env={**os.environ, MARK: mark, proctree.TOKEN_VARIABLE: token})
+    until(lambda: proctree.carries_token(proc.pid, token), 10)
+    now = time.time_ns()
+    pending = Job(id="j-0000lost", spec=spec(PY, body), state=JobState.PENDING, created_at_ns=now,
+                  updated_at_ns=now, token=token, log_dir=str(tmp_path / "logs"))
+    s = Supervisor(sink, tmp_path / "work", recovered_jobs=[pending], tick_s=0.02, log_poll_s=0.02)
+    try:
+        assert s.job("j-0000lost").state is JobState.LOST
+        until(lambda: proc.poll() is not None, 10)
+        assert proc.returncode == -signal.SIGKILL or proc.returncode == -signal.SIGTERM
+    finally:
+        s.shutdown(grace_s=0.5)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
