@@ -6,6 +6,7 @@ taken when a line is read: at most ``poll_s`` after it was written.
 """
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -16,6 +17,7 @@ from .jobs import LAUNCHER_RANK
 
 MAX_LINE_BYTES = 16384
 READ_CHUNK_BYTES = 4 << 20
+MAX_STORED_BYTES = 256 << 20  # per stream of an attempt (RTXOPS_JOB_LOG_MAX_BYTES)
 _RANK_PREFIX = re.compile(rb"^\[rank(\d+)\]:")
 
 Lines = list[tuple[int, int, str]]
@@ -36,13 +38,15 @@ class LogTail:
     ``on_lines`` may return the seq it gave the last line; :meth:`committed` pairs it with the offsets.
     A tail that resumes at ``offsets`` (whose last lines had the seqs ``seqs``) drops the first
     ``skip[stream] = (count, seq of the last)`` lines it reads: lines a previous tail handed over
-    after the offsets were saved.
+    after the offsets were saved. Past ``max_bytes`` of a stream, lines are no longer handed over
+    (one line says so): a job that floods its output fills its own file, not the store.
     """
 
     def __init__(self, paths: dict[str, Path], on_lines: Callable[[str, Lines], int | None], *,
                  offsets: dict[str, int] | None = None, seqs: dict[str, int] | None = None,
                  skip: dict[str, tuple[int, int]] | None = None, torchrun: bool = False,
-                 poll_s: float = 0.05, on_error: Callable[[Exception], None] | None = None) -> None:
+                 poll_s: float = 0.05, on_error: Callable[[Exception], None] | None = None,
+                 max_bytes: int | None = MAX_STORED_BYTES) -> None:
         self.paths = dict(paths)
         self.offsets = {s: (offsets or {}).get(s, 0) for s in paths}
         self.seqs = {s: (seqs or {}).get(s, 0) for s in paths}
@@ -51,6 +55,7 @@ class LogTail:
         self._on_error = on_error
         self._torchrun = torchrun
         self._poll_s = poll_s
+        self.max_bytes = max_bytes
         self._partial = {s: b"" for s in paths}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -68,7 +73,8 @@ class LogTail:
         """The committed offsets and, taken with them, the seq of the last line handed over from
         each stream (0: none, or ``on_lines`` returns no seqs)."""
         with self._lock:
-            return {s: self.offsets[s] - len(self._partial[s]) for s in self.paths}, dict(self.seqs)
+            return ({s: self.offsets[s] - len(self._partial[s] or b"") for s in self.paths},
+                    dict(self.seqs))
 
     def stop(self, timeout: float | None = None) -> bool:
         """Read what is left (an unterminated last line too) and end the thread; whether it ended
@@ -96,11 +102,27 @@ class LogTail:
         with open(path, "rb") as f:
             f.seek(self.offsets[stream])
             while True:
+                if self.max_bytes is not None and self.offsets[stream] >= self.max_bytes:
+                    self._skip_to_end(stream, path, os.fstat(f.fileno()).st_size)
+                    return
                 data = f.read(READ_CHUNK_BYTES)
                 more = len(data) == READ_CHUNK_BYTES
                 self._take(stream, data, final and not more)
                 if not more:
                     return
+
+    def _skip_to_end(self, stream: str, path: Path, size: int) -> None:
+        """Past the budget: say so once (where a tail crosses it), then only follow the size."""
+        if self._partial[stream] is not None:
+            note = (f"[rtxops] {stream} is past {self.max_bytes} bytes: what follows is not stored "
+                    f"(it is all in {path})")
+            seq = self._on_lines(stream, [(time.time_ns(), 0, note)])
+            with self._lock:
+                self._partial[stream] = None
+                if seq is not None:
+                    self.seqs[stream] = seq
+        with self._lock:
+            self.offsets[stream] = max(self.offsets[stream], size)
 
     def _take(self, stream: str, data: bytes, final: bool) -> None:
         if not data and not (final and self._partial[stream]):

@@ -33,7 +33,7 @@ from . import launch, proctree, stacks
 from .errors import JobNotFound, SupervisorClosed
 from .exits import ExitInfo, OomCounters, classify_exit, signal_name
 from .jobs import STREAMS, Attempt, Job, JobEvent, JobSink, JobSpec, JobState, LogLine, Outcome
-from .logtail import LogTail
+from .logtail import MAX_STORED_BYTES, LogTail
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +55,17 @@ class Supervisor:
 
     def __init__(self, sink: JobSink, work_dir: str | os.PathLike[str], *,
                  extra_env: Mapping[str, str] | None = None, recovered_jobs: Iterable[Job] = (),
-                 tick_s: float = 0.05, log_poll_s: float = 0.05, keep_log_files: bool = False) -> None:
+                 tick_s: float = 0.05, log_poll_s: float = 0.05, keep_log_files: bool = False,
+                 log_max_bytes: int | None = None) -> None:
         self.sink = sink
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.extra_env = dict(extra_env or {})
         self.tick_s = tick_s
         self.log_poll_s = log_poll_s
+        # what the store keeps of each stream of an attempt (the files keep everything)
+        self.log_max_bytes = log_max_bytes if log_max_bytes is not None else int(
+            os.environ.get("RTXOPS_JOB_LOG_MAX_BYTES", MAX_STORED_BYTES))
         self.keep_log_files = keep_log_files
         self.sink_errors = 0
         self._lock = threading.RLock()
@@ -453,7 +457,7 @@ class _Runner:
 
         return LogTail(paths, on_lines, offsets=offsets, seqs=seqs, skip=skip,
                        torchrun=self.job.spec.nproc_per_node > 1, poll_s=self.sup.log_poll_s,
-                       on_error=on_error).start()
+                       on_error=on_error, max_bytes=self.sup.log_max_bytes).start()
 
     def _watch(self, attempt: Attempt) -> tuple[Outcome | None, int | None]:
         """Wait for the attempt to end; kill it on cancel or hang. Returns (kill reason, returncode)."""

@@ -97,3 +97,24 @@ def test_an_empty_token_file_gets_a_real_token_and_an_empty_token_checks_nothing
     assert os.stat(home.token_file).st_mode & 0o777 == 0o600
     with pytest.raises(ValueError, match="empty bearer token"):
         require_token("")
+
+
+def test_a_flood_of_output_is_stored_up_to_the_budget_then_followed_by_size_only(tmp_path, monkeypatch):
+    """Past ``max_bytes`` of a stream (checked per chunk read) the tail says so once and stores no
+    more lines; it keeps following the file's size, so a restart resumes after what it skipped."""
+    monkeypatch.setattr(logtail, "READ_CHUNK_BYTES", 1024)
+    path = tmp_path / "attempt-1.stdout"
+    path.write_bytes(b"".join(b"line %06d\n" % i for i in range(5000)))  # 60 000 bytes
+    got: list[str] = []
+
+    def on_lines(stream, lines):
+        got.extend(t for _, _, t in lines)
+
+    tail = logtail.LogTail({"stdout": path}, on_lines, poll_s=0.01, max_bytes=1000).start()
+    until(lambda: any("past 1000 bytes" in t for t in got), 10)
+    with open(path, "ab") as f:
+        f.write(b"more\n" * 1000)
+    until(lambda: tail.committed_offsets()["stdout"] == path.stat().st_size, 10)
+    assert tail.stop(10)
+    assert len(got) == 1 + got.index(next(t for t in got if "past 1000 bytes" in t))  # the note is last
+    assert got[0] == "line 000000" and len(got) <= 1 + (1000 + 1024) // 12 + 1
