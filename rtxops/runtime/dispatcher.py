@@ -127,11 +127,12 @@ class FunctionSite:
 
     def _make_wrapper(self) -> Callable:
         call_key, routes, ref, miss = self.op.call_key, self.routes, self.reference, self._miss
-        record_cell = self.dispatcher.record_cell
+        record_cell, live = self.dispatcher.record_cell, self.dispatcher.live
         as_written = naming_itself(ref)
 
         def dispatching(*args, **kwargs):
-            if _is_compiling() and _traced_here():
+            if not live[0] or (_is_compiling() and _traced_here()):
+                # not live: a wrapper held past disable() (``self.act = F.gelu``) is torch's again
                 return ref(*args, **kwargs)
             if (_has_torch_function(args) or (kwargs and _has_torch_function(kwargs.values()))) \
                     and _subclass_among(args, kwargs):
@@ -420,6 +421,7 @@ class Dispatcher:
         self.registry = registry or default_registry()
         self.readings: Readings = readings if readings is not None else CallStats()
         self.record_cell = [self.readings.record]  # the hot path reads the sink through this cell
+        self.live = [True]  # False once disabled: wrappers still held somewhere call torch's own
         self.verify_first_call = verify_first_call
         self.backward_every = backward_every  # time one backward per route every N steps (0: never)
         self.cuda_timer: CudaEventTimer | None = None

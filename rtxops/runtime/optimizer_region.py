@@ -64,7 +64,11 @@ class FusedOptimizer:
         self._after: list[int] = []
 
     def close(self) -> None:
-        """Remove the step clock's hook."""
+        """Remove the step clock's hook and put the optimizer back as it was (rtxops is off)."""
+        self._remove_hook()
+        self._restore()
+
+    def _remove_hook(self) -> None:
         if self._pre_hook is not None:
             self._pre_hook.remove()
             self._pre_hook = None
@@ -95,7 +99,7 @@ class FusedOptimizer:
             except Exception as e:
                 self._clock_failed(e)
         if self.clock is None:
-            self.close()
+            self._remove_hook()
         try:
             self._on_step(step, optimizer)
         except Exception as e:  # never the job's death: back to the default, with the reason

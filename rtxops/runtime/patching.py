@@ -195,6 +195,7 @@ class _Patch:
         d.on_miss = self.scan_functions  # new buckets are a cheap moment to look for new modules
 
     def undo(self) -> None:
+        self.dispatcher.live[0] = False
         for (owner, name), fn in self.entry_points.items():
             if _ours(owner.__dict__.get(name)):
                 setattr(owner, name, fn)

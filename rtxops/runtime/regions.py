@@ -218,9 +218,13 @@ class RegionCompiler:
         return forward
 
     def close(self) -> None:
+        """Remove the hooks and put the model back on its own forward."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        model = self._model() if self._model else None
+        if model is not None and "forward" in model.__dict__:
+            del model.forward
 
     def _fail(self, reason: str) -> None:
         self.state, self.error = FAILED, reason

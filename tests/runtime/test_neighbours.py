@@ -81,3 +81,18 @@ def test_what_rtxops_installed_is_taken_down():
     assert F.gelu is not before
     patching.disable()
     assert F.gelu is before
+
+
+def test_a_wrapper_held_past_disable_is_torchs_function_again():
+    """``self.act = F.gelu`` taken while rtxops was on: after disable() it computes torch's gelu
+    and records nothing, whatever the plan had routed it to."""
+    from rtxops.runtime.plan import Plan
+
+    d = patching.enable(plan=Plan(version=1, defaults={"gelu": "algebraic"}))
+    held = F.gelu
+    x = torch.randn(64)
+    held(x)
+    patching.disable()
+    calls = sum(d.readings.calls)
+    assert torch.equal(held(x), F.gelu(x))
+    assert sum(d.readings.calls) == calls

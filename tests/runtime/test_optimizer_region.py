@@ -55,20 +55,24 @@ def run_region(opt_cls=torch.optim.AdamW, steps=6, settle=True, slow_when=None, 
     d = patching.enable()
     region = d.optimizer_region = FusedOptimizer(lambda s, o: reports.append((s, o)),
                                                  trial_steps=5, warmup_steps=1)
+    groups: list[dict] = []
     try:
         losses = train(emb, net, opt, steps,
                        more=lambda: settle and region.state not in (FUSED, DEFAULT, UNSUPPORTED))
     finally:
+        groups = [{k: g.get(k) for k in ("fused", "foreach")} for g in opt.param_groups]
         patching.disable()
-    return region, reports, losses, opt
+    return region, reports, losses, opt, groups
 
 
 def test_the_optimizer_switches_to_fused_and_trains_the_same():
-    region, reports, losses, opt = run_region()
+    region, reports, losses, opt, groups = run_region()
     assert region.state in (FUSED, DEFAULT), region.reason  # kept or reverted on measured times
     assert reports[0][1] == "fused" and reports[0][0] > 1 + 5  # after warm-up and a baseline
     fused = region.state == FUSED
-    assert all(g["fused"] is (True if fused else None) for g in opt.param_groups)
+    assert all(g["fused"] is (True if fused else None) for g in groups)
+    # disable() puts the script's settings back
+    assert all(g["fused"] is None and g["foreach"] is None for g in opt.param_groups)
     if not fused:
         assert [o for _, o in reports] == ["fused", "default"]
     emb, net, plain_opt = make()
@@ -77,17 +81,19 @@ def test_the_optimizer_switches_to_fused_and_trains_the_same():
 
 
 def test_a_faster_fused_optimizer_is_kept():
-    region, reports, _, opt = run_region(slow_when=lambda fused: not fused)
+    region, reports, _, opt, groups = run_region(slow_when=lambda fused: not fused)
     assert region.state == FUSED and [o for _, o in reports] == ["fused"]
-    assert all(g["fused"] is True and g["foreach"] is False for g in opt.param_groups)
+    assert all(g["fused"] is True and g["foreach"] is False for g in groups)
+    # disable() puts the script's settings back
+    assert all(g["fused"] is None and g["foreach"] is None for g in opt.param_groups)
     assert all(s["step"].dtype == torch.float32 for s in opt.state.values())
 
 
 def test_a_slower_fused_optimizer_is_reverted_to_the_scripts_settings():
-    region, reports, losses, opt = run_region(torch.optim.Adam, slow_when=lambda fused: fused,
-                                              foreach=True)
+    region, reports, losses, opt, groups = run_region(torch.optim.Adam, slow_when=lambda fused: fused,
+                                                      foreach=True)
     assert region.state == DEFAULT and [o for _, o in reports] == ["fused", "default"]
-    assert all(g["fused"] is None and g["foreach"] is True for g in opt.param_groups)
+    assert all(g["fused"] is None and g["foreach"] is True for g in groups)
     emb, net, plain_opt = make(torch.optim.Adam, foreach=True)
     torch.testing.assert_close(losses, train(emb, net, plain_opt, len(losses)), rtol=1e-5, atol=1e-6)
 
@@ -119,7 +125,7 @@ class MyAdam(torch.optim.Adam):
     (torch.optim.RMSprop, {}, "RMSprop has no fused implementation"),
 ])
 def test_optimizers_torch_cannot_fuse_are_left_alone(opt_cls, kw, why):
-    region, reports, losses, opt = run_region(opt_cls, steps=8, settle=False, **kw)
+    region, reports, losses, opt, _ = run_region(opt_cls, steps=8, settle=False, **kw)
     assert region.state == UNSUPPORTED and why in region.reason
     assert reports == [] and len(losses) == 8
     assert [g.get("fused") for g in opt.param_groups] == [kw.get("fused")] * len(opt.param_groups)
