@@ -96,3 +96,17 @@ def test_a_wrapper_held_past_disable_is_torchs_function_again():
     calls = sum(d.readings.calls)
     assert torch.equal(held(x), F.gelu(x))
     assert sum(d.readings.calls) == calls
+
+
+def test_a_variant_that_lays_its_output_out_otherwise_is_not_taken():
+    """A job may .view() an output as torch laid it out (softmax over a transposed input keeps
+    the input's layout); a variant that returns another layout fails its first-call check."""
+    from rtxops.runtime.plan import Plan
+
+    def softmax_rows():
+        return F.softmax(torch.randn(16, 300).t(), -1).view(-1)
+
+    d = patching.enable(plan=Plan(version=1, defaults={"softmax": "eager"}))
+    for _ in range(2):
+        assert softmax_rows().shape == (4800,)
+    assert any("strides" in reason for reason in d.disabled.values()), d.disabled
