@@ -308,9 +308,12 @@ class _Patch:
         self._seen_modules = len(modules)
         main = sys.modules.get("__main__")
         for module in ([main] if main is not None else []) + fresh:
-            if not isinstance(module, types.ModuleType):
+            try:  # no attribute access: a lazily imported module would load
+                namespace = object.__getattribute__(module, "__dict__")
+            except AttributeError:  # a module-like object without one (cffi's Lib)
                 continue
-            namespace = object.__getattribute__(module, "__dict__")
+            if not isinstance(module, types.ModuleType) or not isinstance(namespace, dict):
+                continue
             module_name = namespace.get("__name__")
             for name in ROPE_FUNCTION_NAMES:
                 fn = namespace.get(name)

@@ -110,3 +110,24 @@ def test_a_variant_that_lays_its_output_out_otherwise_is_not_taken():
     for _ in range(2):
         assert softmax_rows().shape == (4800,)
     assert any("strides" in reason for reason in d.disabled.values()), d.disabled
+
+
+def test_a_module_without_a_namespace_does_not_stop_the_scan():
+    """cffi's ``Lib`` objects sit in sys.modules as modules without a ``__dict__`` (cryptography
+    puts one there): the rope functions of modules loaded after one are still found."""
+    import cryptography.hazmat.bindings._rust  # noqa: F401 - registers _openssl.lib
+
+    lib = sys.modules["_openssl.lib"]
+    assert type(lib).__name__ == "Lib" and isinstance(lib, types.ModuleType)
+    patching.enable()
+    F.softmax(torch.randn(2, 3), -1)
+    modeling = types.ModuleType("rtxops_test_rope_after")
+    exec("def apply_rotary_pos_emb(q, k, cos, sin):\n    return q * cos, k * cos\n", modeling.__dict__)
+    original = modeling.apply_rotary_pos_emb
+    sys.modules["rtxops_test_lib"] = lib  # newly seen by the next scan, before the modeling module
+    sys.modules[modeling.__name__] = modeling
+    try:
+        F.softmax(torch.randn(5, 7), -1)  # a route miss: the scan runs
+        assert modeling.apply_rotary_pos_emb is not original
+    finally:
+        del sys.modules["rtxops_test_lib"], sys.modules[modeling.__name__]
