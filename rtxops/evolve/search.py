@@ -183,7 +183,10 @@ class ThompsonSampling(Strategy):
         return sorted(draws, key=draws.get)[1]
 
     def _draw(self, arm: Arm) -> float:
-        logs = _logs(self.values[arm])
+        # a round that measured nothing is told as inf: no evidence either way, so left out
+        logs = [x for x in _logs(self.values[arm]) if math.isfinite(x)]
+        if not logs:  # never measured: first; only failures: last
+            return -math.inf if not self.values[arm] else math.inf
         mean = sum(logs) / len(logs)
         spread = _sd(logs) if len(logs) > 1 else self.prior_sd
         return self.rng.gauss(mean, max(spread, 0.01) / math.sqrt(len(logs)))
@@ -196,7 +199,7 @@ class ThompsonSampling(Strategy):
         scale, slope, misfit = self._fit() if fit is None else fit
         m0, s0 = self.prior[arm]
         m0, s0 = scale + slope * m0, max(s0, misfit)
-        logs = _logs(self.values.get(arm, []))
+        logs = [x for x in _logs(self.values.get(arm, [])) if math.isfinite(x)]
         if not logs:
             return m0, s0
         noise = self._noise() if noise is None else noise

@@ -97,3 +97,23 @@ def test_a_shuffled_replay_does_not_hand_the_strategy_the_best_arm_first():
     assert set(in_order) == {1}
     assert len(set(shuffled)) > 5 and 3 <= sum(shuffled) / len(shuffled) <= 8
     assert replay.replay(sweep, ["exhaustive"], seeds=5, shuffle=True)["shuffled"] is True
+
+
+def test_thompson_is_not_locked_onto_an_arm_whose_round_measured_nothing():
+    """An arm measured once, then told inf (a round without its samples): no NaN draw that wins
+    every batch; the best arm is still found."""
+    truth = {"a_sparse": 95.0, "b": 100.0, "c": 80.0, "d": 120.0}
+    told = []
+
+    def measure(arm):
+        if arm == "a_sparse":
+            told.append(95.0 if not told else float("inf"))
+            return told[-1]
+        return truth[arm]
+
+    s = search.make_strategy("thompson", list(truth), budget=20, seed=0, batch=3)
+    while arms := s.ask():
+        for a in arms:
+            s.tell(a, measure(a))
+    assert s.best() == "c"
+    assert len(s.values["c"]) >= 3
