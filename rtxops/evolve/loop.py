@@ -323,13 +323,14 @@ class EvolveLoop:
     def _decide(self, job: str, bt: BucketTuning, last: int) -> None:
         best = bt.strategy.best() if bt.strategy else None
         pairs = bt.pairs.get(best, []) if best is not None else []
-        if len(pairs) >= stats.MIN_SAMPLES or best is None:
+        if len(pairs) >= stats.MIN_PAIRED_SAMPLES or best is None:
             cmp = stats.compare_paired([i for i, _ in pairs], [c for _, c in pairs],
                                        min_gain=self.config.min_gain, seed=self.config.seed)
             measured = [c for _, c in pairs]
         else:
             # a bucket called about once per step seldom runs the incumbent and an arm in the same
-            # step: their calls in the same windows are compared unpaired
+            # step (and too few pairs cannot be significant): their calls in the same windows are
+            # compared unpaired
             before, measured = bt.unpaired(best)
             cmp = stats.compare_independent(before, measured,
                                             min_gain=self.config.min_gain, seed=self.config.seed)

@@ -19,6 +19,9 @@ from .config import MIN_GAIN
 CONFIDENCE = 0.99
 RESAMPLES = 2000
 MIN_SAMPLES = 5
+# the sign-flip test's smallest p-value on n pairs is 2^-n: below this many pairs it can never
+# reach 1 - CONFIDENCE, so fewer pairs are compared unpaired
+MIN_PAIRED_SAMPLES = math.ceil(math.log2(1 / (1 - CONFIDENCE)))
 MAX_SAMPLES = 2000
 
 

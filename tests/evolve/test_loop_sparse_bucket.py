@@ -82,3 +82,23 @@ def test_an_arm_is_compared_with_the_incumbent_of_its_own_rounds(monkeypatch):
     loop.tick()
     (decision,) = decisions
     assert decision["kind"] == "reject" and abs(decision["gain"]) < 0.03, decision
+
+
+def test_a_faster_arm_with_too_few_pairs_for_the_paired_test_is_compared_unpaired(monkeypatch):
+    """Six steps shared with the incumbent: the sign-flip test cannot go below 2^-6 > 0.01, so a
+    clearly faster arm must be judged on the unpaired evidence of the same rounds."""
+    inc, cand = Arm.of("reference"), Arm.of("fastish")
+    rng = np.random.default_rng(1)
+    rows = [{"step": s, "variant": inc.variant, "config": "{}", "calls": 1,
+             "total_ns": 1e5 * float(np.exp(rng.normal(0, .02)))} for s in range(10, 31)]
+    rows += [{"step": s, "variant": cand.variant, "config": "{}", "calls": 1,
+              "total_ns": 0.8e5 * float(np.exp(rng.normal(0, .02)))} for s in (10, 12, 14, 16, 18, 20)]
+    decisions = []
+    loop = loop_over_rows(monkeypatch, rows, last=30, decisions=decisions)
+    bt = L.BucketTuning("gelu", "b", inc, strategy=make_strategy("exhaustive", [cand], budget=1),
+                        round_arms=[cand], plan_version=5)
+    bt.strategy.ask()
+    loop.jobs["job"] = L.JobEvolution(active=bt)
+    loop.tick()
+    assert len(bt.pairs[cand]) == 6 < stats.MIN_PAIRED_SAMPLES
+    assert decisions[-1]["kind"] == "promote", decisions[-1]["reason"]
