@@ -26,6 +26,7 @@ def arm_steps(q, job_id: str, op: str, bucket: str, since_step: int,
         """SELECT step, variant, config, sum(count) AS calls, sum(total_ns) AS total_ns
            FROM kernel_spans
            WHERE job_id = ? AND op = ? AND bucket = ? AND phase = ? AND step >= ? AND count > 0
+             AND total_ns IS NOT NULL
            GROUP BY step, variant, config ORDER BY step""",
         [job_id, op, bucket, phase, since_step])
 
@@ -38,6 +39,7 @@ def arm_means(q, job_id: str, op: str, bucket: str, since_step: int,
                   sum(total_ns) / sum(count) AS mean_ns, count(DISTINCT step) AS steps
            FROM kernel_spans
            WHERE job_id = ? AND op = ? AND bucket = ? AND step >= ? AND step <= ? AND count > 0
+             AND total_ns IS NOT NULL
            GROUP BY variant, config, phase""",
         [job_id, op, bucket, since_step, until_step if until_step is not None else 2**62])
 
@@ -80,15 +82,22 @@ def hotspots(q, job_id: str, since_step: int) -> list[dict]:
              SELECT op, bucket, variant, config, phase, step, sum(count) AS calls,
                     sum(total_ns) AS total_ns
              FROM kernel_spans WHERE job_id = ? AND step >= ? AND count > 0
+               AND total_ns IS NOT NULL
              GROUP BY ALL),
            s AS (SELECT count(DISTINCT step) AS steps, sum(d) AS step_ns,
                         greatest(max(ranks), 1) AS ranks FROM
                  (SELECT step, min(duration_ns) AS d, count(DISTINCT rank) AS ranks
                   FROM step_times WHERE job_id = ? AND step >= ? GROUP BY step)),
+           -- forward time is over every step of the window (a bucket called in few steps has a
+           -- small share); backward is timed on sampled steps only: over the steps sampled
+           sampled AS (SELECT count(DISTINCT step) AS steps FROM k WHERE phase = 'bwd'),
            per_phase AS (
-             SELECT op, bucket, phase, sum(total_ns) / count(DISTINCT step) AS ns_per_step,
-                    sum(calls) / count(DISTINCT step) AS calls_per_step
-             FROM k GROUP BY ALL),
+             SELECT op, bucket, phase,
+                    sum(total_ns) / nullif(CASE WHEN phase = 'bwd' THEN max(sampled.steps)
+                                                ELSE greatest(max(s.steps), count(DISTINCT step)) END, 0)
+                        AS ns_per_step,
+                    sum(calls) / nullif(greatest(max(s.steps), count(DISTINCT step)), 0) AS calls_per_step
+             FROM k, s, sampled GROUP BY op, bucket, phase),
            fwd_means AS (
              SELECT op, bucket, variant, config, stddev_samp(total_ns / calls)
                         / nullif(avg(total_ns / calls), 0) AS cv, sum(calls) AS calls
