@@ -57,6 +57,7 @@ class BucketTuning:
     counted_round: int | None = None  # the round_from whose measurements were told already
     plan_version: int = 0          # the last plan published for this bucket
     published_ns: int = 0
+    effective_step: int = 0        # the step from which that plan applies
     # per round: step → per-call ns of the incumbent, and of each arm, in the round's window
     rounds: list[tuple[dict[int, float], dict[Arm, dict[int, float]]]] = field(default_factory=list)
     trial_ids: list[str] = field(default_factory=list)
@@ -157,11 +158,17 @@ class EvolveLoop:
         if swapped is None:
             self._check_refused(job, bt)
             waited = (time.time_ns() - bt.published_ns) / 1e9
-            if bt.phase in ("exploring", "canary") and waited > self.config.swap_timeout_s:
+            # silence is a refusal only once the job is past the plan's effective step (a job of
+            # minute-long steps reaches it long after the timeout) and the timeout has passed
+            past = last >= bt.effective_step + self.config.margin_steps
+            if bt.phase in ("exploring", "canary") and waited > self.config.swap_timeout_s and past:
                 self._decide_record(job, bt, "refused", None, None,
                                     reason=f"the job did not swap to plan {bt.plan_version} within "
-                                           f"{self.config.swap_timeout_s:g} s")
+                                           f"{self.config.swap_timeout_s:g} s, {last - bt.effective_step} "
+                                           "steps past its effective step")
                 bt.phase = "failed"
+            if bt.phase == "failed":
+                self._put_incumbent_back(job, bt, last)
         # the swap step itself closes calls made before the swap: windows start after it
         elif bt.phase == "exploring":
             bt.round_from = swapped + 1
@@ -287,6 +294,17 @@ class EvolveLoop:
             bt.strategy.tell(arm, value)
             self._trial(job, bt, arm, values, "online")
         return bool(per_arm)
+
+    def _put_incumbent_back(self, job: str, bt: BucketTuning, last: int) -> None:
+        """The bucket's tuning failed (its plan refused, or never taken): the job's next plans
+        must not carry its explore arms or an unproven winner, as they would, being derived from
+        the board's current plan."""
+        current = self.board.current(job)
+        entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
+        mine = [e for e in (current.entries if current else []) if (e.op, e.bucket) == (bt.op, bt.bucket)]
+        if mine and mine[0] != entry:
+            self._publish(job, bt, entry, last, {"kind": "explore", "arms": [], "op": bt.op,
+                                                 "bucket": bt.bucket})
 
     def _vanished(self, job: str, bt: BucketTuning, last: int) -> None:
         """The bucket stopped being called (the model's compiled region or changed code bypasses
@@ -442,6 +460,7 @@ class EvolveLoop:
                                 extra={"decision": decision})
             return None
         bt.plan_version, bt.published_ns = published.version, time.time_ns()
+        bt.effective_step = published.effective_step if published.effective_step is not None else last
         return published
 
     def _check_refused(self, job: str, bt: BucketTuning) -> None:
