@@ -375,6 +375,9 @@ class EvolveLoop:
         rows = store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, bt.canary_from)
         live = [r["total_ns"] / r["calls"] for r in rows
                 if Arm(r["variant"], r["config"] or "{}") == bt.winner and r["step"] <= last]
+        unproven = len(live) < stats.MIN_SAMPLES
+        if unproven and last < bt.canary_from + ROUND_MAX_WINDOWS * self.config.window_steps:
+            return  # a seldom-called bucket (or a job that took the winner off): more windows
         before = [i for i, _ in bt.pairs.get(bt.winner, [])]
         if len(before) < stats.MIN_SAMPLES:
             before = bt.unpaired(bt.winner)[0]  # promoted on unpaired evidence
@@ -389,11 +392,15 @@ class EvolveLoop:
             step.gain < -self.config.step_rollback_threshold
         evidence = {"canary_window": [bt.canary_from, last], "kernel": kernel.to_dict(),
                     "step": step.to_dict(), "live_samples": len(live)}
-        if kernel_regressed or step_regressed:
+        if kernel_regressed or step_regressed or unproven:
             what = "kernel" if kernel_regressed else "step"
-            cmp = kernel if kernel_regressed else step
+            cmp = kernel if kernel_regressed or unproven else step
             reason = (f"canary: {what} time {-cmp.gain:+.1%} against the window before the swap "
                       f"(threshold {self.config.rollback_threshold if kernel_regressed else self.config.step_rollback_threshold:.0%})")
+            if unproven and not (kernel_regressed or step_regressed):
+                # a pass needs the winner seen running: the job may have disabled it
+                reason = (f"canary: the winner ran in {len(live)} steps of steps {bt.canary_from}-"
+                          f"{last} (fewer than {stats.MIN_SAMPLES}): nothing shows it works live")
             entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
             decision = {**self._decision(bt, "rollback", bt.winner, cmp), "reason": reason}
             published = self._publish(job, bt, entry, last, decision,

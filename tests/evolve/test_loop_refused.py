@@ -43,3 +43,28 @@ def test_a_plan_never_taken_fails_the_bucket_and_puts_the_incumbent_back(monkeyp
     assert bt.phase == "failed" and decisions[-1]["kind"] == "refused"
     entry = loop.board.current("job").entry("gelu", "b")
     assert (entry.variant, entry.explore) == ("reference", ())
+
+
+def test_a_canary_without_the_winner_running_waits_then_rolls_back(monkeypatch):
+    """Only the fallback ran in the canary window (the job disabled the winner): no pass on
+    zero live samples; after the longest window the incumbent goes back."""
+    import numpy as np
+
+    inc, win = Arm.of("reference"), Arm.of("fastish")
+    rng = np.random.default_rng(0)
+    rows = [{"step": s, "variant": inc.variant, "config": "{}", "calls": 4,
+             "total_ns": 4e5 * float(np.exp(rng.normal(0, .02)))} for s in range(10, 400)]
+    decisions = []
+    loop = loop_over_rows(monkeypatch, rows, last=30, decisions=decisions)
+    loop.board = _Board()
+    bt = L.BucketTuning("gelu", "b", inc, phase="canary", winner=win, plan_version=7)
+    bt.rounds = [({s: 1e5 for s in range(0, 9)}, {win: {s: 0.8e5 for s in range(0, 9)}})]
+    bt.decision_ns = 0.8e5
+    loop.jobs["job"] = L.JobEvolution(active=bt)
+    loop.tick()
+    assert bt.phase == "canary" and not decisions  # one window: wait for more
+    monkeypatch.setattr(se, "last_step", lambda q, job: 399)
+    loop.tick()
+    assert decisions[-1]["kind"] == "rollback", decisions[-1]
+    assert "nothing shows it works live" in decisions[-1]["reason"]
+    assert loop.board.current("job").entry("gelu", "b").variant == "reference"
