@@ -54,7 +54,9 @@ class BucketTuning:
     phase: str = "exploring"  # exploring | canary | settled | rejected | rolled_back | failed
     round_arms: list[Arm] = field(default_factory=list)
     round_from: int | None = None  # the step the round's plan was swapped in (None: not yet)
-    counted_round: int | None = None  # the round_from whose measurements were told already
+    counted_round: tuple | None = None  # (plan version, round_from) of the round told already
+    untold_trials: list = field(default_factory=list)  # that round's trials not written yet
+    pending_arms: list[Arm] = field(default_factory=list)  # asked for, their plan not published
     plan_version: int = 0          # the last plan published for this bucket
     published_ns: int = 0
     effective_step: int = 0        # the step from which that plan applies
@@ -251,7 +253,11 @@ class EvolveLoop:
 
     # ---- explore rounds --------------------------------------------------------------------------
     def _next_round(self, job: str, bt: BucketTuning, last: int) -> None:
-        arms = list(dict.fromkeys(bt.strategy.ask())) if bt.strategy else []
+        # a tick that failed publishing the round (not a refusal: the disk, the ledger) is
+        # retried with the same arms: asking again would charge the budget twice
+        if not bt.pending_arms and bt.strategy:
+            bt.pending_arms = list(dict.fromkeys(bt.strategy.ask()))
+        arms = bt.pending_arms
         if not arms:
             self._decide(job, bt, last)
             return
@@ -261,6 +267,7 @@ class EvolveLoop:
         published = self._publish(job, bt, entry, last, {"kind": "explore", "op": bt.op,
                                                          "bucket": bt.bucket,
                                                          "arms": [str(a) for a in arms]})
+        bt.pending_arms = []
         if published is None:
             bt.phase = "failed"
             return
@@ -279,20 +286,23 @@ class EvolveLoop:
                       per_arm: dict[Arm, dict[int, float]]) -> bool:
         """Tell the strategy what the round measured; False when the bucket had no calls at all
         in the round's window."""
-        if bt.counted_round == bt.round_from:
-            # a tick that failed after counting this round (a store write, the publish) retries
-            # it: its steps must not enter the statistics twice
-            return bool(per_arm)
-        bt.counted_round = bt.round_from
-        base = per_arm.get(bt.incumbent, {})
-        bt.windows.append([bt.round_from, last])
-        bt.rounds.append((base, {arm: per_arm.get(arm, {}) for arm in bt.round_arms}))
-        for arm in bt.round_arms:
-            mine = per_arm.get(arm, {})
-            values = [mine[s] for s in sorted(mine)]
-            value = statistics.median(values) if values else float("inf")
-            bt.strategy.tell(arm, value)
+        if bt.counted_round != (bt.plan_version, bt.round_from):
+            # counted in memory first, whole; a tick that fails after (a trial write, the
+            # publish) retries only what is left: the steps never enter the statistics twice
+            bt.counted_round = (bt.plan_version, bt.round_from)
+            base = per_arm.get(bt.incumbent, {})
+            bt.windows.append([bt.round_from, last])
+            bt.rounds.append((base, {arm: per_arm.get(arm, {}) for arm in bt.round_arms}))
+            bt.untold_trials = []
+            for arm in bt.round_arms:
+                mine = per_arm.get(arm, {})
+                values = [mine[s] for s in sorted(mine)]
+                bt.strategy.tell(arm, statistics.median(values) if values else float("inf"))
+                bt.untold_trials.append((arm, values))
+        while bt.untold_trials:
+            arm, values = bt.untold_trials[0]
             self._trial(job, bt, arm, values, "online")
+            bt.untold_trials.pop(0)
         return bool(per_arm)
 
     def _put_incumbent_back(self, job: str, bt: BucketTuning, last: int) -> None:

@@ -98,7 +98,9 @@ class SuccessiveHalving(Strategy):
         if not self.round_todo:
             if len(self.survivors) <= 1:
                 return []
-            ranked = sorted(self.survivors, key=lambda a: _median(self.values[a]))
+            # an arm never told (its round cut short) ranks last
+            ranked = sorted(self.survivors,
+                            key=lambda a: _median(self.values[a]) if self.values[a] else math.inf)
             self.survivors = ranked[: max(1, math.ceil(len(ranked) / 2))]
             if len(self.survivors) == 1:
                 return []

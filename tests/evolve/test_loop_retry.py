@@ -39,3 +39,67 @@ def test_a_retried_round_is_counted_once(monkeypatch, caplog):
         loop.tick()  # retries the round
     assert len(bt.pairs[cand]) == 8 and len(bt.strategy.values[cand]) == 1
     assert bt.windows == [[10, 30]]
+
+
+def test_a_trial_write_failing_mid_round_still_tells_every_arm_once(monkeypatch, caplog):
+    """The first arm's trial write fails: the retry writes the rest, and the second arm is told
+    (successive halving would otherwise rank an arm with no value, every tick)."""
+    inc, a, b = Arm.of("reference"), Arm.of("fast_a"), Arm.of("fast_b")
+    rng = np.random.default_rng(5)
+    rows = [{"step": s, "variant": arm.variant, "config": "{}", "calls": 1,
+             "total_ns": 1e5 * (0.8 if arm != inc else 1.0) * float(np.exp(rng.normal(0, .02)))}
+            for s in range(10, 31) for arm in (inc, a, b)]
+    fails, written = [1], []
+
+    def save_trial(store, row):
+        if fails[0]:
+            fails[0] -= 1
+            raise TimeoutError("store writer busy")
+        written.append(row["variant"])
+
+    loop = loop_over_rows(monkeypatch, rows, last=30, save_trial=save_trial)
+    bt = L.BucketTuning("gelu", "b", inc, strategy=make_strategy("successive_halving", [a, b],
+                                                                 budget=12, batch=3), plan_version=5)
+    bt.round_arms = bt.strategy.ask()
+    loop.jobs["job"] = L.JobEvolution(active=bt)
+    with caplog.at_level(logging.ERROR):
+        for _ in range(3):
+            loop.tick()
+    assert {str(k): len(v) for k, v in bt.strategy.values.items()} == {"fast_a": 1, "fast_b": 1}
+    assert sorted(written) == ["fast_a", "fast_b"]  # each trial written once
+    assert bt.phase != "exploring" or loop.jobs["job"].active is not bt
+
+
+class _FailingOnce:
+    def __init__(self):
+        self.published, self.fail = [], 1
+
+    def current(self, job):
+        return self.published[-1] if self.published else None
+
+    def promote(self, plan, job, decision, evidence):
+        if self.fail:
+            self.fail -= 1
+            raise TimeoutError("ledger write timed out")
+        self.published.append(plan)
+        return plan
+
+
+def test_a_round_whose_publish_failed_is_published_again_with_the_same_arms(monkeypatch, caplog):
+    """Not a refusal (the ledger, the disk): the retry publishes the arms already asked for;
+    asking again would spend the budget on arms never measured."""
+    inc = Arm.of("reference")
+    arms = [Arm.of(f"v{i}") for i in range(4)]
+    rows = [{"step": s, "variant": x.variant, "config": "{}", "calls": 1, "total_ns": 1e5}
+            for s in range(10, 31) for x in [inc] + arms]
+    loop = loop_over_rows(monkeypatch, rows, last=30)
+    loop.board = _FailingOnce()
+    bt = L.BucketTuning("gelu", "b", inc, strategy=make_strategy("exhaustive", arms, budget=4, batch=2),
+                        plan_version=5)
+    bt.round_arms = bt.strategy.ask()  # round 1: v0, v1, over at step 30
+    loop.jobs["job"] = L.JobEvolution(active=bt)
+    with caplog.at_level(logging.ERROR):
+        for _ in range(3):
+            loop.tick()
+    assert bt.strategy.asked == 4
+    assert {str(k): len(v) for k, v in bt.strategy.values.items()} == {f"v{i}": 1 for i in range(4)}
