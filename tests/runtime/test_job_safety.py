@@ -215,3 +215,41 @@ def test_a_first_call_inside_activation_checkpointing_saves_what_its_recomputati
         torch.testing.assert_close(x.grad, want)
     finally:
         patching.disable()
+
+
+def test_the_jobs_pythonpath_keeps_its_entries_in_order_before_rtxops_root():
+    from rtxops.runtime.bootstrap import DIRECTORY, child_environment
+
+    root = str(BOOTSTRAP.parents[2])
+    # an empty entry is the working directory: `export PYTHONPATH=$PYTHONPATH:/x` with none set
+    env = child_environment({"PYTHONPATH": ":/opt/extra"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [DIRECTORY, "", "/opt/extra", root]
+    assert child_environment({})["PYTHONPATH"].split(os.pathsep) == [DIRECTORY, root]
+    again = child_environment(env)  # a job started under rtxops starting another: no duplicates
+    assert again["PYTHONPATH"] == env["PYTHONPATH"]
+
+
+def test_ranks_started_by_torch_multiprocessing_spawn_get_the_runtime(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn.functional as F
+        import torch.multiprocessing as mp
+
+        def train(rank):
+            lin = torch.nn.Linear(4, 4)
+            opt = torch.optim.SGD(lin.parameters(), 0.1)
+            for _ in range(3):
+                F.softmax(lin(torch.randn(2, 4)), -1).sum().backward()
+                opt.step()
+
+        if __name__ == "__main__":
+            mp.spawn(train, nprocs=1)
+    """))
+    summary = tmp_path / "summary.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
+    env.update(RTXOPS_ENABLE="1", RTXOPS_SUMMARY=str(summary),
+               PYTHONPATH=os.pathsep.join([str(BOOTSTRAP), str(BOOTSTRAP.parents[2])]))
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(summary.read_text())["steps"] == 3  # the rank's, routed and counted

@@ -197,8 +197,11 @@ def child_environment(env: dict[str, str], *, plan: str | None = None,
     out = dict(env)
     out["RTXOPS_ENABLE"] = "1"
     package_root = str(Path(DIRECTORY).parents[2])
-    paths = [DIRECTORY, package_root] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
-    out["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    # the job's own entries exactly as given (an empty one is the working directory) and before
+    # rtxops' package root, which only makes rtxops importable where it is not installed
+    own = out["PYTHONPATH"].split(os.pathsep) if out.get("PYTHONPATH") else []
+    own = [p for p in own if p != DIRECTORY]
+    out["PYTHONPATH"] = os.pathsep.join([DIRECTORY, *own] + ([] if package_root in own else [package_root]))
     if plan:
         out["RTXOPS_PLAN"] = str(Path(plan).resolve())
     if summary:

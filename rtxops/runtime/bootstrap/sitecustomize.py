@@ -28,14 +28,16 @@ _is_launcher = os.environ.get("RTXOPS_LAUNCHER") == "torchrun" and "LOCAL_RANK" 
 
 def _is_multiprocessing_helper() -> bool:
     """The forkserver or the resource tracker that the job's multiprocessing starts (``python -c
-    'from multiprocessing.… import main; …'``): they inherit the environment and never train.
-    (Spawned workers may train, as with torch.multiprocessing.spawn: they get the runtime.)"""
+    'from multiprocessing.forkserver import main; …'``): they inherit the environment and never
+    train. Spawned workers (``from multiprocessing.spawn import spawn_main``) may train, as with
+    torch.multiprocessing.spawn: they get the runtime."""
     try:
         with open("/proc/self/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
     except OSError:
         argv = [a.encode() for a in sys.argv]
-    return any(a.startswith(b"from multiprocessing.") for a in argv)
+    return any(a.startswith((b"from multiprocessing.forkserver", b"from multiprocessing.resource_tracker"))
+               for a in argv)
 
 
 if os.environ.get("RTXOPS_ENABLE") == "1" and not _is_launcher and not _is_multiprocessing_helper():
