@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,24 @@ def test_bad_plan_file_keeps_reference_and_says_why(tmp_path):
 def test_usage_errors(args, code):
     r = rtxops_run(*args)
     assert r.returncode == code
+
+
+def test_a_child_the_job_forks_exits_as_it_would_without_rtxops(tmp_path):
+    """--direct: the job owns the store. A forked child that exits normally runs the job's
+    atexit handlers; the parent's telemetry (store connection, threads) is not closed from it."""
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time, torch, torch.nn.functional as F
+        lin = torch.nn.Linear(8, 8); opt = torch.optim.SGD(lin.parameters(), 0.1)
+        for _ in range(20):
+            F.gelu(lin(torch.randn(4, 8))).sum().backward(); opt.step(); opt.zero_grad()
+        time.sleep(2.5)  # an export has written to the store
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("child status", status, flush=True)
+    """))
+    r = rtxops_run("--direct", "--", sys.executable, str(script), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "child status 0" in r.stdout, (r.stdout, r.stderr[-2000:])

@@ -103,7 +103,7 @@ def start() -> None:
         dispatcher.optimizer_region = FusedOptimizer(
             report_optimizer, ready=lambda: regions is None or regions.state in SETTLED,
             clock=step_clock(dispatcher))
-    atexit.register(_at_exit, dispatcher, os.environ.get("RTXOPS_SUMMARY"))
+    atexit.register(_at_exit, dispatcher, os.environ.get("RTXOPS_SUMMARY"), os.getpid())
 
 
 def _seconds(name: str, default: float) -> float:
@@ -166,10 +166,14 @@ def _wants_determinism() -> bool:
     return bool(torch.are_deterministic_algorithms_enabled())
 
 
-def _at_exit(dispatcher, summary_path: str | None) -> None:
-    """Flush the readings (telemetry exports the last partial step), then write the summary."""
+def _at_exit(dispatcher, summary_path: str | None, pid: int) -> None:
+    """Flush the readings (telemetry exports the last partial step), then write the summary.
+    Not in a child the job forked: the telemetry (its threads, a store connection) is the
+    parent's, and a forked copy of it must not be closed or written from there."""
     from ..summary import summarize
 
+    if os.getpid() != pid:
+        return
     try:
         dispatcher.readings.close()
         if summary_path:
