@@ -31,7 +31,9 @@ err = Console(stderr=True)
 out = Console()
 TELEMETRY_FACTORY = "rtxops.telemetry.job:readings_for_job"
 PLAN_VERIFIER = "rtxops.governance.authority:plan_verifier_for_job"  # a job verifies signed plans
-PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+# the command's own options stay its own: rtxops' options come before the command
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True,
+               "allow_interspersed_args": False}
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:

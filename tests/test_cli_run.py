@@ -122,3 +122,21 @@ def test_a_child_the_job_forks_exits_as_it_would_without_rtxops(tmp_path):
     r = rtxops_run("--direct", "--", sys.executable, str(script), timeout=300)
     assert r.returncode == 0, r.stderr
     assert "child status 0" in r.stdout, (r.stdout, r.stderr[-2000:])
+
+
+def test_options_after_the_command_are_the_commands_own(tmp_path):
+    script = tmp_path / "args.py"
+    script.write_text("import sys; print(sys.argv[1:])\n")
+    r = rtxops_run("--direct", "--no-summary", sys.executable, str(script), "--name", "foo", "--direct")
+    assert r.returncode == 0, r.stderr
+    assert "['--name', 'foo', '--direct']" in r.stdout
+
+
+def test_a_python_without_torch_started_by_the_job_hears_nothing_from_rtxops(tmp_path):
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    script = tmp_path / "tool.py"
+    script.write_text("print('tool ok')\n")
+    r = rtxops_run("--direct", "--no-summary", "--", str(bare / "bin" / "python"), str(script))
+    assert r.returncode == 0, r.stderr
+    assert "tool ok" in r.stdout and "runtime not enabled" not in r.stderr, r.stderr

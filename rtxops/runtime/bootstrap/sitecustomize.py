@@ -40,7 +40,9 @@ def _is_multiprocessing_helper() -> bool:
                for a in argv)
 
 
-if os.environ.get("RTXOPS_ENABLE") == "1" and not _is_launcher and not _is_multiprocessing_helper():
+# a Python without torch (a tool the job runs with another interpreter) has nothing to route
+if os.environ.get("RTXOPS_ENABLE") == "1" and not _is_launcher and not _is_multiprocessing_helper() \
+        and importlib.util.find_spec("torch") is not None:
     try:
         from rtxops.runtime.bootstrap import start
 
