@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -188,11 +189,52 @@ class DeferredExporter(SpanExporter):
 def otlp_http_exporter(daemon_url: str | None, token: str | None) -> SpanExporter:
     """OTLP/HTTP protobuf exporter: to the standard ``OTEL_EXPORTER_OTLP_*`` endpoint when one is
     set, else to the rtxops daemon at ``daemon_url`` with its bearer token."""
+    quiet_export_warnings()
     cls = _fast_otlp_exporter_class()
     if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return cls()
     headers = {"Authorization": f"Bearer {token}"} if token else None
     return cls(endpoint=daemon_url.rstrip("/") + "/v1/traces", headers=headers, timeout=10)
+
+
+class _OncePerInterval(logging.Filter):
+    def __init__(self, interval_s: float) -> None:
+        super().__init__()
+        self.interval_s, self._last = interval_s, -float("inf")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.interval_s:
+            return False
+        self._last = now
+        return True
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to the ``sys.stderr`` of the moment (as logging's last resort does)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def quiet_export_warnings(interval_s: float = 60.0) -> None:
+    """The OTLP exporter warns of every failed or retried request through the root logger, onto
+    the job's stderr (every few seconds while the daemon is down): one line a minute, marked as
+    rtxops'."""
+    logger = logging.getLogger("opentelemetry.exporter.otlp")
+    if any(isinstance(f, _OncePerInterval) for h in logger.handlers for f in h.filters):
+        return
+    handler = _Stderr()
+    handler.setFormatter(logging.Formatter(
+        "rtxops: telemetry export: %(message)s (more such in the next minute not shown)"))
+    handler.addFilter(_OncePerInterval(interval_s))
+    logger.addHandler(handler)
+    logger.propagate = False
 
 
 def _fast_otlp_exporter_class() -> type:

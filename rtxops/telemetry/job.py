@@ -34,6 +34,7 @@ from .spans import CallSampling, SpanBuilder
 
 DEFAULT_DAEMON = "http://127.0.0.1:8765"
 DEFAULT_EXPORT_INTERVAL_S = 2.0
+EXIT_FLUSH_S = 3.0  # what the job's exit waits for its last export (a daemon down retries for 10 s)
 
 
 @dataclass
@@ -51,8 +52,9 @@ class JobTelemetry:
         """Export what is left (the part of a step after the last optimizer step too) and stop."""
         if dispatcher is not None:
             self.recorder.flush(dispatcher.plan.version, rss_bytes())
-        self.thread.close()
-        self.exporter.shutdown()
+        self.thread.close(EXIT_FLUSH_S)
+        self.exporter.shutdown()  # a request still retrying gives up now
+        self.thread.close(1.0)
         stats_path = os.environ.get("RTXOPS_TELEMETRY_STATS")
         if stats_path:
             t = self.thread
