@@ -46,8 +46,12 @@ class ExportThread:
 
     def __init__(self, build: Callable[[StepRecord, dict], int], processor: StepProcessor,
                  exporter: SpanExporter, max_queue: int = 256, interval_s: float = 1.0,
-                 poll_s: float = 0.25) -> None:
+                 poll_s: float = 0.25, count: Callable[[StepRecord], None] | None = None) -> None:
         self._build, self.processor, self.exporter = build, processor, exporter
+        # ``count``: adds a dropped step's calls to the run's totals (no spans), so the summary
+        # counts every call; at most ``max_queue * 16`` dropped records wait for it
+        self._count = count
+        self._count_only: deque[StepRecord] = deque()
         # spans of several steps go out together: fewer requests and commits competing with the
         # job for the CPU
         self.interval_s = interval_s
@@ -70,6 +74,8 @@ class ExportThread:
         n = len(self._pending)
         if n >= self.max_queue:
             self.steps_dropped += 1
+            if self._count is not None and len(self._count_only) < 16 * self.max_queue:
+                self._count_only.append(rec)
             return
         self._pending.append(rec)
         if n >= self.max_queue // 2 and not self._wake.is_set():
@@ -100,6 +106,12 @@ class ExportThread:
                 return
 
     def _build_some(self, n: int) -> None:
+        while self._count_only:
+            rec = self._count_only.popleft()
+            try:
+                self._count(rec)
+            except Exception:  # noqa: BLE001 - as a failed build: logged, the job goes on
+                log.exception("rtxops: counting the calls of dropped step %s failed", rec.step)
         for _ in range(n):
             rec = self._pending.popleft()
             try:

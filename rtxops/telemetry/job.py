@@ -79,7 +79,8 @@ def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store
 
     recorder = Recorder(lambda rec: holder["thread"].submit(rec), capacity=capacity)
     builder = SpanBuilder(tracer, recorder.slots, _step_attributes, sampling, recorder.totals)
-    thread = ExportThread(builder.build, processor, exporter, interval_s=export_interval_s)
+    thread = ExportThread(builder.build, processor, exporter, interval_s=export_interval_s,
+                          count=builder.count)
     holder["thread"] = thread
     # the recorder replaces the default CallStats: its totals (added up off-thread) serve the summary
     dispatcher.set_readings(recorder)

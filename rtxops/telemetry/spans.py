@@ -66,6 +66,21 @@ class SpanBuilder:
     def epoch(self, perf_ns: int) -> int:
         return int(perf_ns) + self._epoch_offset
 
+    def count(self, rec: StepRecord) -> None:
+        """Add ``rec``'s calls to the run's totals without making spans (a step the export
+        queue had no room for)."""
+        if self.totals is None:
+            return
+        calls = np.frombuffer(rec.calls, dtype=np.int64).reshape(-1, RECORD_WIDTH)
+        misses = _misses(rec)
+        for s, (count, total, *_) in aggregate(calls).items():
+            self._add_totals(s, count, total, misses.get(s, 0))
+
+    def _add_totals(self, slot: int, count: int, total: int, missed: int) -> None:
+        self.totals.calls[slot] += count
+        self.totals.total_ns[slot] += total
+        self.totals.build_misses[slot] += missed
+
     def build(self, rec: StepRecord, extra: dict | None = None) -> int:
         """Emit the spans for ``rec``; returns how many spans were made."""
         calls = np.frombuffer(rec.calls, dtype=np.int64).reshape(-1, RECORD_WIDTH)
@@ -142,10 +157,7 @@ class SpanBuilder:
                       sampled: bool = False) -> int:
         if not len(calls):
             return 0
-        misses: dict[int, int] = {}
-        for b_slot, _, _, hit in rec.builds:
-            if not hit:
-                misses[b_slot] = misses.get(b_slot, 0) + 1
+        misses = _misses(rec)
         fwd = phase == "fwd"
         made = 0
         for s, (count, total, lo, hi, first, last, hist) in aggregate(calls).items():
@@ -159,9 +171,7 @@ class SpanBuilder:
                 attrs[S.CACHE_MISSES] = missed
                 attrs[S.CACHE_HITS] = count - missed
                 if self.totals is not None:
-                    self.totals.calls[s] += count
-                    self.totals.total_ns[s] += total
-                    self.totals.build_misses[s] += missed
+                    self._add_totals(s, count, total, missed)
             if sampled:
                 attrs[S.SAMPLED] = True
             self._emit(S.KERNEL, ctx, attrs, self.epoch(first), self.epoch(last), clean=False)
@@ -206,6 +216,15 @@ class SpanBuilder:
                 S.STEP_NUMBER: rec.step, S.CACHE_MISSES: 1}, self.epoch(start), self.epoch(start + dur))
             made += 1
         return made
+
+
+def _misses(rec: StepRecord) -> dict[int, int]:
+    """Per slot, the variant builds of the step that missed the cache."""
+    misses: dict[int, int] = {}
+    for slot, _, _, hit in rec.builds:
+        if not hit:
+            misses[slot] = misses.get(slot, 0) + 1
+    return misses
 
 
 _MAX_EVENTS = 128                      # the SDK's default span limit, checked in _direct_spans

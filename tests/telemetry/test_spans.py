@@ -278,3 +278,44 @@ def test_a_queue_filling_up_between_polls_wakes_the_thread():
     thread.close()
     # without being woken it would not look before close: all but 8 dropped
     assert thread.steps_dropped <= 5 and thread.steps_built == 40 - thread.steps_dropped
+
+
+def test_the_calls_of_steps_the_queue_refused_still_reach_the_runs_totals():
+    """The summary's call counts come from the totals: a step dropped for want of queue room
+    is counted (no spans), as the same step built would be."""
+    from array import array
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from rtxops.runtime.readings import CallStats, Slot
+    from rtxops.telemetry.exporters import ExportThread, StepProcessor
+    from rtxops.telemetry.recorder import StepRecord
+    from rtxops.telemetry.spans import SpanBuilder
+
+    slots = [Slot(i, "gelu", "eager", "{}", f"b{i}", "F.gelu", "eager") for i in range(3)]
+    calls = array("q", [v for i in range(30) for v in (i % 3, 1000 * i, 100 + i)])
+
+    def record(step):
+        return StepRecord(step, 0, 50_000, 2, 123, calls, builds=[(2, 5, 300, False)])
+
+    totals = {}
+    for label, max_queue in (("built", 64), ("dropped", 2)):
+        stats = CallStats()
+        for slot in slots:
+            stats.register_slot(slot)
+        provider = TracerProvider(resource=Resource.create(RESOURCE))
+        processor = StepProcessor()
+        provider.add_span_processor(processor)
+        builder = SpanBuilder(provider.get_tracer("rtxops"), slots, totals=stats)
+        thread = ExportThread(builder.build, processor, _CountingExporter(), max_queue=max_queue,
+                              interval_s=60, poll_s=60, count=builder.count)
+        for step in range(6):
+            thread.submit(record(step))
+        thread.close()
+        totals[label] = (list(stats.calls), list(stats.total_ns), list(stats.build_misses),
+                         thread.steps_dropped)
+    assert totals["built"][:3] == totals["dropped"][:3] == (
+        [60, 60, 60], [sum(100 + i for i in range(30) if i % 3 == s) * 6 for s in range(3)],
+        [0, 0, 6])
+    assert totals["built"][3] == 0 and totals["dropped"][3] > 0
