@@ -198,22 +198,35 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
             follow: bool = True) -> int:
     """Print a job's output as it comes (stdout lines to stdout, stderr lines to stderr); return
     the job's exit status as a shell would (128 + signal when it was killed)."""
-    after = 0
-    try:
-        while True:
-            page = client.logs(job_id, after=after, rank=rank, wait_s=1.0 if follow else 0)
-            for line in page["lines"]:
-                stream = sys.stderr if line["stream"] == "stderr" else sys.stdout
-                prefix = f"[rank{line['rank']}] " if rank is None and line["rank"] > 0 else ""
-                print(prefix + line["text"], file=stream, flush=True)
-                after = line["seq"]
-            if not page["lines"] and (page["done"] or not follow):
-                break
-    except KeyboardInterrupt as e:
-        if cancel_on_interrupt:
+    after, interrupted = 0, False
+    while True:
+        try:
+            while True:
+                page = client.logs(job_id, after=after, rank=rank, wait_s=1.0 if follow else 0)
+                for line in page["lines"]:
+                    stream = sys.stderr if line["stream"] == "stderr" else sys.stdout
+                    prefix = f"[rank{line['rank']}] " if rank is None and line["rank"] > 0 else ""
+                    print(prefix + line["text"], file=stream, flush=True)
+                    after = line["seq"]
+                if not page["lines"] and (page["done"] or not follow):
+                    break
+            break
+        except KeyboardInterrupt as e:
+            signum = getattr(e, "signum", signal.SIGINT)
+            if not cancel_on_interrupt:
+                return 128 + signum
+            if not interrupted:
+                # the job runs in a session of its own, out of the terminal's reach: it gets the
+                # signal as it would have at a terminal, and exits as it chooses (its handlers,
+                # a checkpoint); its own exit status is ours
+                interrupted = True
+                client.signal(job_id, signal.Signals(signum).name)
+                err.print(f"rtxops: {signal.Signals(signum).name} sent to job {job_id} "
+                          "(again to cancel it)")
+                continue
             client.cancel(job_id)
             err.print(f"rtxops: cancelled job {job_id}")
-        return 128 + getattr(e, "signum", signal.SIGINT)
+            return 128 + signum
     job = client.job(job_id)
     if follow and job["state"] != "succeeded" and job.get("reason"):
         err.print(f"rtxops: job {job_id} {job['state']}: {job['reason']}", markup=False)

@@ -140,3 +140,38 @@ def test_a_python_without_torch_started_by_the_job_hears_nothing_from_rtxops(tmp
     r = rtxops_run("--direct", "--no-summary", "--", str(bare / "bin" / "python"), str(script))
     assert r.returncode == 0, r.stderr
     assert "tool ok" in r.stdout and "runtime not enabled" not in r.stderr, r.stderr
+
+
+def test_ctrl_c_reaches_the_job_which_exits_as_it_chooses(tmp_path):
+    """The job runs in a session of its own, out of the terminal's reach: the first Ctrl-C to
+    `rtxops run` is sent on to it as SIGINT (its KeyboardInterrupt handler and finally blocks
+    run), and rtxops exits with the job's own status."""
+    import signal as signals
+    import time
+
+    script = tmp_path / "interruptible.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        try:
+            print("ready", flush=True)
+            while True:
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            print("caught KeyboardInterrupt: saving", flush=True)
+        finally:
+            print("finally ran", flush=True)
+    """))
+    proc = subprocess.Popen([*RTXOPS, "run", "--no-summary", "--", sys.executable, str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**_env(), "COLUMNS": "200"})
+    try:
+        deadline = time.monotonic() + 120
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signals.SIGINT)
+        out, err = proc.communicate(timeout=max(1, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "caught KeyboardInterrupt: saving" in out and "finally ran" in out, (out, err)
+    assert proc.returncode == 0, err
+    assert "SIGINT sent to job" in err

@@ -1,5 +1,8 @@
-"""``/v1/jobs``: submit, list, inspect, follow logs, cancel."""
+"""``/v1/jobs``: submit, list, inspect, follow logs, signal, cancel."""
 from __future__ import annotations
+
+import signal
+from typing import Literal
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query
@@ -28,6 +31,13 @@ class SubmitRequest(BaseModel):
     backoff_s: float = Field(1.0, ge=0, le=3600)
     nproc_per_node: int = Field(1, ge=1, le=64)
     grace_s: float = Field(10.0, ge=0, le=3600)
+
+
+class SignalRequest(BaseModel):
+    """A signal for a job's processes."""
+
+    model_config = ConfigDict(extra="forbid")
+    signal: Literal["SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"] = "SIGINT"
 
 
 def job_view(job: Job) -> dict:
@@ -98,5 +108,13 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
     def cancel(job_id: str) -> dict:
         get(job_id)
         return job_view(supervisor.cancel(job_id))
+
+    @router.post("/{job_id}/signal", dependencies=[Depends(auth)])
+    def send_signal(job_id: str, req: SignalRequest) -> dict:
+        """Send a signal to the job's processes (``rtxops run`` forwards Ctrl-C so); the job
+        stays supervised and exits as it chooses."""
+        get(job_id)
+        return {"job": job_id, "signal": req.signal,
+                "pids": supervisor.signal(job_id, getattr(signal, req.signal))}
 
     return router

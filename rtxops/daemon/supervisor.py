@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import signal
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -121,6 +122,20 @@ class Supervisor:
         self._save(job_id)
         self._event(job_id, "cancel_requested")
         return self.job(job_id)
+
+    def signal(self, job_id: str, signum: int) -> list[int]:
+        """Send ``signum`` to every process of the job's running attempt (as Ctrl-C at a terminal
+        reaches the whole foreground group); the pids signalled. The job goes on being supervised:
+        it may handle the signal (save a checkpoint) and exit as it chooses."""
+        with self._lock:
+            job = self._get(job_id)
+            attempt = job.attempt if not job.state.terminal else None
+            if attempt is None or attempt.outcome is not None:
+                return []
+            sid, token = _own_session(attempt), job.token
+        sent = proctree.signal_procs(proctree.members(sid, token).values(), signum)
+        self._event(job_id, "signalled", signal=signal.Signals(signum).name, pids=sent)
+        return sent
 
     def heartbeat(self, job_id: str, step: int, rank: int = 0) -> bool:
         """Record that ``rank`` of the job finished optimizer step ``step`` (from an rtx.step span).
