@@ -175,3 +175,17 @@ def test_ctrl_c_reaches_the_job_which_exits_as_it_chooses(tmp_path):
     assert "caught KeyboardInterrupt: saving" in out and "finally ran" in out, (out, err)
     assert proc.returncode == 0, err
     assert "SIGINT sent to job" in err
+
+
+def test_pythons_the_job_starts_under_direct_leave_the_store_to_it(tmp_path):
+    """--direct: the job's process owns the store file; a Python it starts (with torch) records
+    nothing instead of warning that it cannot lock the file."""
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent("""
+        import subprocess, sys, torch, torch.nn.functional as F
+        F.gelu(torch.randn(3))
+        subprocess.run([sys.executable, "-c", "import torch; print('child ok')"], check=True)
+    """))
+    r = rtxops_run("--direct", "--no-summary", "--", sys.executable, str(script))
+    assert r.returncode == 0, r.stderr
+    assert "child ok" in r.stdout and "lock" not in r.stderr.lower(), r.stderr

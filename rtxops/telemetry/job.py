@@ -98,6 +98,12 @@ def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
     if mode == "duckdb":
         from .store import Store, default_path
 
+        # one process writes the store (DuckDB locks the file): the job's first Python; the
+        # Pythons it starts (which inherit this) record nothing rather than fail on the lock
+        owner = os.environ.get("RTXOPS_STORE_OWNER")
+        if owner and owner != str(os.getpid()):
+            return None
+        os.environ["RTXOPS_STORE_OWNER"] = str(os.getpid())
         store = Store(os.environ.get("RTXOPS_STORE") or default_path())
         exporter: SpanExporter = DuckDBSpanExporter(store)
     elif mode == "otlp":
