@@ -93,3 +93,13 @@ def test_timings_that_are_not_finite_are_left_out(bad):
         assert mixed.samples == 11 and mixed.promote, mixed.reason
         incumbent_bad = compare([bad] * 11, fast)
         assert not incumbent_bad.promote
+
+
+def test_the_loop_refuses_an_objective_it_would_not_honour():
+    """Its readings are times only: a decision recorded as on memory would have been on time."""
+    from rtxops.evolve.config import LoopConfig
+
+    LoopConfig(objective="time").check()
+    for objective in ("memory", "time+memory", "speed"):
+        with pytest.raises(ValueError, match="RTXOPS_EVOLVE_OBJECTIVE"):
+            LoopConfig(objective=objective).check()
