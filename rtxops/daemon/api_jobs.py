@@ -41,9 +41,12 @@ class SignalRequest(BaseModel):
 
 
 def job_view(job: Job) -> dict:
-    """A job as the API shows it (without the internal process-tracking token)."""
+    """A job as the API shows it: without the internal process-tracking token, and with the
+    values of its environment hidden (reads need no token; a job's env may hold credentials)."""
     d = job.to_dict()
     d.pop("token", None)
+    if isinstance(d.get("spec"), dict) and d["spec"].get("env"):
+        d["spec"]["env"] = {k: "***" for k in d["spec"]["env"]}
     d["name"] = job.name
     d["exit_code"] = job.exit_code
     return d

@@ -247,3 +247,13 @@ def test_text_that_is_not_unicode_is_refused_and_breaks_nothing(shared):
         assert "\\ud8" in r.text or "\\udf" in r.text or "surrogate" in r.text, r.text
     r = c.get("/v1/jobs")
     assert r.status_code == 200 and r.json()["total"] == jobs_before
+
+
+def test_a_jobs_environment_values_are_not_shown(shared):
+    """Reads need no token: the names of a job's environment show, its values (credentials,
+    often) do not."""
+    job = shared.submit(["python", "-c", "pass"], env={"WANDB_API_KEY": "s3cr3t-value"})
+    for path in (f"/v1/jobs/{job['id']}", "/v1/jobs"):
+        r = shared.client(token=None).get(path)
+        assert r.status_code == 200 and "s3cr3t-value" not in r.text
+    assert shared.client().get(f"/v1/jobs/{job['id']}").json()["spec"]["env"] == {"WANDB_API_KEY": "***"}
