@@ -198,7 +198,7 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
             follow: bool = True) -> int:
     """Print a job's output as it comes (stdout lines to stdout, stderr lines to stderr); return
     the job's exit status as a shell would (128 + signal when it was killed)."""
-    after, interrupted = 0, False
+    after, interrupted, stopped = 0, False, None
     while True:
         try:
             while True:
@@ -216,13 +216,19 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
             if not cancel_on_interrupt:
                 return 128 + signum
             if not interrupted:
-                # the job runs in a session of its own, out of the terminal's reach: it gets the
-                # signal as it would have at a terminal, and exits as it chooses (its handlers,
-                # a checkpoint); its own exit status is ours
                 interrupted = True
-                client.signal(job_id, signal.Signals(signum).name)
-                err.print(f"rtxops: {signal.Signals(signum).name} sent to job {job_id} "
-                          "(again to cancel it)")
+                if signum == signal.SIGINT:
+                    # the job runs in a session of its own, out of the terminal's reach: it gets
+                    # Ctrl-C as it would have at a terminal and exits as it chooses (its
+                    # handlers, a checkpoint); its own exit status is ours
+                    client.signal(job_id, "SIGINT")
+                    err.print(f"rtxops: SIGINT sent to job {job_id} (again to cancel it)")
+                else:
+                    # SIGTERM/SIGHUP (kill, a scheduler's preemption): SIGTERM to the job, SIGKILL
+                    # after its grace; its last output is still shown
+                    client.cancel(job_id)
+                    err.print(f"rtxops: cancelled job {job_id}")
+                    stopped = signum
                 continue
             client.cancel(job_id)
             err.print(f"rtxops: cancelled job {job_id}")
@@ -230,7 +236,7 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
     job = client.job(job_id)
     if follow and job["state"] != "succeeded" and job.get("reason"):
         err.print(f"rtxops: job {job_id} {job['state']}: {job['reason']}", markup=False)
-    return _exit_status(job)
+    return 128 + stopped if stopped is not None else _exit_status(job)
 
 
 class _Stopped(KeyboardInterrupt):
