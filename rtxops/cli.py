@@ -312,9 +312,10 @@ def daemon(
         log = open(h.root / "daemon.log", "ab")
         args = [sys.executable, "-m", "rtxops.cli", "daemon", "--host", host, "--port", str(port),
                 "--home", str(h.root)]
-        subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        child = subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and child.poll() is None:
             client = DaemonClient.find(h)
             if client is not None:
                 out.print(f"rtxops daemon serving {client.url} (home {h.root})")
@@ -322,10 +323,17 @@ def daemon(
             time.sleep(0.1)
         raise _fail(f"the daemon did not come up; see {h.root / 'daemon.log'}", 1)
     configure_logging()
+    import duckdb
+
+    from rtxops.telemetry.store import StoreError
+
     try:
         d = Daemon(h, host=host, port=port)
     except ValueError as e:  # a malformed RTXOPS_EVOLVE_* setting
         raise _fail(str(e)) from None
+    except (StoreError, duckdb.IOException) as e:  # another daemon on this home holds the store
+        raise _fail(f"cannot open the store of {h.root} (another daemon starting or serving it?): "
+                    f"{e}", 1) from None
     raise typer.Exit(d.serve_forever())
 
 
@@ -339,8 +347,7 @@ def daemon_status(home: Optional[Path] = typer.Option(None)) -> None:
     if client is None:
         out.print(f"no daemon serving {h.root}")
         raise typer.Exit(1)
-    pid = h.pid_file.read_text().strip() if h.pid_file.exists() else "?"
-    out.print(f"daemon serving {client.url} (pid {pid}, home {h.root})")
+    out.print(f"daemon serving {client.url} (pid {client.pid}, home {h.root})")
 
 
 @daemon_app.command("stop")
@@ -351,10 +358,14 @@ def daemon_stop(home: Optional[Path] = typer.Option(None),
     from rtxops.daemon.client import DaemonClient
 
     h = _home(home)
-    if DaemonClient.find(h) is None or not h.pid_file.exists():
+    client = DaemonClient.find(h)
+    if client is None or not isinstance(client.pid, int):
         raise _fail(f"no daemon serving {h.root}", 1)
-    pid = int(h.pid_file.read_text().strip())
-    os.kill(pid, signal.SIGTERM)
+    pid = client.pid  # the daemon's own word: a stale pid file may name another process now
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        raise _fail(f"no daemon serving {h.root}", 1) from None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         proc = proctree.read_proc(pid)

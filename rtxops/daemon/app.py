@@ -3,6 +3,7 @@ the dashboard, each a thin router over the daemon's parts."""
 from __future__ import annotations
 
 import json
+import os
 
 from fastapi import FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
@@ -50,10 +51,13 @@ def create_app(daemon) -> FastAPI:
     app.include_router(dashboard.make_router(daemon.store, problems=daemon.readiness_problems,
                                              governance=_GovernanceReports(daemon)))
 
+    home, pid = str(daemon.home.root.resolve()), os.getpid()
+
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict:
-        """The process is alive."""
-        return {"status": "ok", "version": __version__}
+        """The process is alive; which home it serves, as which process (a client checks both:
+        another home's daemon may answer at a port a dead one left in this home's files)."""
+        return {"status": "ok", "version": __version__, "home": home, "pid": pid}
 
     @app.get("/readyz", tags=["ops"], responses={503: {"description": "not ready"}})
     def readyz(response: Response) -> dict:

@@ -13,23 +13,35 @@ class DaemonError(Exception):
 class DaemonClient:
     def __init__(self, url: str, token: str | None, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
+        self.pid: int | None = None  # the daemon's process, once find() has asked it
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     @classmethod
     def find(cls, home: Home) -> DaemonClient | None:
-        """A client for the daemon serving ``home``, or None when none answers."""
+        """A client for the daemon serving ``home``, or None when none does. The daemon at the
+        home's recorded URL must say it serves this home: a daemon killed without cleaning up
+        leaves a URL whose port another home's daemon may have taken since."""
         url = home.daemon_url()
         if not url:
             return None
         client = cls(url, home.token())
-        return client if client.healthy() else None
+        health = client.health()
+        if health is None or health.get("home") != str(home.root.resolve()):
+            return None
+        client.pid = health.get("pid")
+        return client
+
+    def health(self) -> dict | None:
+        """What ``/healthz`` says, or None when nothing answers it."""
+        try:
+            r = self.http.get("/healthz", timeout=2)
+            return r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
 
     def healthy(self) -> bool:
-        try:
-            return self.http.get("/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return self.health() is not None
 
     def _call(self, method: str, path: str, **kw) -> dict:
         try:

@@ -160,3 +160,30 @@ def test_sigterm_stops_jobs_gracefully_exits_0_and_flushes_the_store(daemon, tmp
     finally:
         store.close()
     assert not os.path.exists(daemon.home / "rtxops.duckdb.wal"), "checkpointed on the way out"
+
+
+def test_a_home_whose_daemon_died_is_not_served_by_the_daemon_now_at_its_port(daemons, tmp_path):
+    """Home A's daemon was killed; its URL and pid files stayed, and home B's daemon has its port
+    now. Nothing for home A talks to B, and `stop` signals no process it did not ask."""
+    import subprocess
+    import signal as signals
+
+    b = daemons.start(tmp_path / "homeB")
+    home_a = tmp_path / "homeA"
+    home_a.mkdir()
+    stranger = subprocess.Popen(["sleep", "60"])  # the dead daemon's pid, reused
+    try:
+        (home_a / "daemon.url").write_text(b.url + "\n")
+        (home_a / "daemon.pid").write_text(f"{stranger.pid}\n")
+        (home_a / "token").write_text(b.token + "\n")
+        status = cli("daemon", "status", "--home", str(home_a), mark=b.mark)
+        assert status.returncode == 1 and "no daemon serving" in status.stdout, status.stdout
+        stop = cli("daemon", "stop", "--home", str(home_a), mark=b.mark)
+        assert stop.returncode == 1 and "Traceback" not in stop.stderr, stop.stderr
+        assert stranger.poll() is None  # not signalled
+        assert b.running()
+        serving = cli("daemon", "status", "--home", str(b.home), mark=b.mark)
+        assert serving.returncode == 0 and f"pid {b.pid}" in serving.stdout, serving.stdout
+    finally:
+        stranger.send_signal(signals.SIGKILL)
+        stranger.wait()
