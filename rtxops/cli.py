@@ -18,6 +18,7 @@ from rich.table import Table
 
 from rtxops.cli_evolve import register as _register_evolve
 from rtxops.cli_governance import register as _register_governance
+from rtxops.cli_text import plain
 
 app = typer.Typer(help="rtxops: a self-optimizing runtime for PyTorch training jobs.",
                   no_args_is_help=True, add_completion=False)
@@ -406,9 +407,9 @@ def jobs(home: Optional[Path] = typer.Option(None), limit: int = typer.Option(50
     for col in ("id", "name", "state", "attempts", "restarts", "exit", "step", "reason"):
         table.add_column(col)
     for j in _client(home).jobs(limit):
-        table.add_row(j["id"], j["name"], j["state"], str(len(j["attempts"])),
-                      str(j["crash_restarts"] + j["hang_restarts"]), str(j["exit_code"]),
-                      str(j["last_step"]), j["reason"])
+        table.add_row(*map(plain, (j["id"], j["name"], j["state"], str(len(j["attempts"])),
+                                    str(j["crash_restarts"] + j["hang_restarts"]), str(j["exit_code"]),
+                                    str(j["last_step"]), j["reason"])))  # user text, not markup
     out.print(table)
 
 
@@ -491,7 +492,7 @@ def telemetry_stats(home: Optional[Path] = typer.Option(None),
     table.add_column("what")
     table.add_column("count", justify="right")
     for k, v in stats.items():
-        table.add_row(k, str(v))
+        table.add_row(*map(plain, (k, str(v))))  # span names any client sent: not markup
     out.print(table)
 
 

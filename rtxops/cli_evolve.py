@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rtxops.cli_text import plain
+
 err = Console(stderr=True)
 out = Console(highlight=False, soft_wrap=True)
 
@@ -177,12 +179,12 @@ def _print_report(report: dict) -> None:
         best = b["best"]
         median = next((a["median_ns"] for a in b["arms"] if best and
                        (a["variant"], a["config"]) == (best["variant"], best["config"])), None)
-        table.add_row(b["op"], b["bucket"], str(b["trials"]), str(len(b["gate_failures"])),
+        table.add_row(*map(plain, (b["op"], b["bucket"], str(b["trials"]), str(len(b["gate_failures"])),
                       _arm_label(best) if best else "-",
                       f"{median / 1e3:.1f}" if median else "-",
                       f"{d['gain']:+.1%}" if d["gain"] is not None else "-",
                       f"{d['ci_low']:+.1%} … {d['ci_high']:+.1%}" if d["ci_low"] is not None else "-",
-                      d["reason"])
+                      d["reason"])))
     out.print(table)
     for b in report["buckets"]:
         for arm, reason in b["gate_failures"].items():
@@ -223,11 +225,11 @@ def _tuning_table(rows: list[dict]) -> Table:
                 "status", "device", "torch"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r["op"], r["bucket"], r["variant"], r["config"] if r["config"] != "{}" else "",
+        table.add_row(*map(plain, (r["op"], r["bucket"], r["variant"], r["config"] if r["config"] != "{}" else "",
                       f"{r['median_ns'] / 1e3:.1f}" if r["median_ns"] is not None else "-",
                       f"{r['spread']:.1%}" if r["spread"] is not None else "-", str(r["trials"]),
                       r["source"], r["status"] + (f": {r['reason']}" if r["reason"] else ""),
-                      r["device"], r["torch_version"])
+                      r["device"], r["torch_version"])))
     return table
 
 
@@ -301,8 +303,8 @@ def status(as_json: bool = typer.Option(False, "--json"), home: Optional[Path] =
     for col in ("kind", "job", "op", "bucket", "candidate", "gain", "reason"):
         table.add_column(col, overflow="fold")
     for d in state["decisions"]:
-        table.add_row(d["kind"], d["job_id"] or "-", d["op"], d["bucket"],
+        table.add_row(*map(plain, (d["kind"], d["job_id"] or "-", d["op"], d["bucket"],
                       (d["candidate_variant"] or "-") + (f" {d['candidate_config']}"
                                                          if d["candidate_config"] not in (None, "{}") else ""),
-                      f"{d['gain']:+.1%}" if d["gain"] is not None else "-", d["reason"] or "")
+                      f"{d['gain']:+.1%}" if d["gain"] is not None else "-", d["reason"] or "")))
     out.print(table)

@@ -189,3 +189,25 @@ def test_pythons_the_job_starts_under_direct_leave_the_store_to_it(tmp_path):
     r = rtxops_run("--direct", "--no-summary", "--", sys.executable, str(script))
     assert r.returncode == 0, r.stderr
     assert "child ok" in r.stdout and "lock" not in r.stderr.lower(), r.stderr
+
+
+def test_tables_show_user_text_that_looks_like_markup_as_it_is(tmp_path):
+    """A span name or job name with ``[/red]`` in it (any OTLP client may send one) is text."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from rtxops.cli import app
+    from rtxops.telemetry import otlp
+    from rtxops.telemetry.store import Store
+
+    from .telemetry.otlp_helpers import request, span
+
+    home = tmp_path / "home"
+    home.mkdir()
+    body = request([span("GET [/bold] items", {})]).SerializeToString()
+    with Store(home / "rtxops.duckdb") as store:
+        store.write(otlp.convert(body, otlp.PROTOBUF, time.time_ns()), timeout=30)
+    result = CliRunner().invoke(app, ["telemetry", "stats", "--home", str(home)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "GET [/bold] items" in result.output
