@@ -447,27 +447,34 @@ def telemetry_export(
 ) -> None:
     """Export stored spans: open chrome-trace in Perfetto, otlp-json in any OTel tool."""
     from rtxops.daemon.client import DaemonClient, DaemonError
-    from rtxops.telemetry import export, store as store_mod
+    from rtxops.telemetry import export, store as store_mod, store_views
 
     if format not in ("chrome-trace", "parquet", "otlp-json"):
         raise _fail(f"--format {format!r}: expected chrome-trace, parquet or otlp-json")
     h = _home(home)
+    if not output.resolve().parent.is_dir():
+        raise _fail(f"cannot write {output}: its folder does not exist")
     client = DaemonClient.find(h)
-    if client is not None:  # the daemon holds the store: ask it
-        try:
-            output.write_bytes(client.export(format, job))
-        except DaemonError as e:
-            raise _fail(str(e), 1) from None
-        out.print(f"wrote {output}")
-        return
-    with _read_store(h) as s:
-        if format == "parquet":
-            n = store_mod.export_parquet(s, output, job)
-        else:
-            rows = store_mod.export_rows(s, job)
-            doc = export.chrome_trace(rows) if format == "chrome-trace" else export.otlp_json(rows)
-            output.write_text(json.dumps(doc))
-            n = len(rows)
+    try:
+        if client is not None:  # the daemon holds the store: ask it
+            try:
+                output.write_bytes(client.export(format, job))
+            except DaemonError as e:
+                raise _fail(str(e), 1) from None
+            out.print(f"wrote {output}")
+            return
+        with _read_store(h) as s:
+            if job and not store_views.job_known(s, job):
+                raise _fail(f"no job {job!r} in the store", 1)
+            if format == "parquet":
+                n = store_mod.export_parquet(s, output, job)
+            else:
+                rows = store_mod.export_rows(s, job)
+                doc = export.chrome_trace(rows) if format == "chrome-trace" else export.otlp_json(rows)
+                output.write_text(json.dumps(doc))
+                n = len(rows)
+    except OSError as e:
+        raise _fail(f"cannot write {output}: {e.strerror or e}") from None
     out.print(f"wrote {n} spans to {output}")
 
 

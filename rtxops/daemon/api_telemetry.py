@@ -1,16 +1,17 @@
 """``/v1/telemetry``: read-only stats and exports of the store the daemon owns."""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
 
 import anyio
-from fastapi import APIRouter, Query
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
-from rtxops.telemetry import export, store as store_mod
+from rtxops.telemetry import export, store as store_mod, store_views
 from rtxops.telemetry.store import Store
 
 FORMATS = ("chrome-trace", "otlp-json", "parquet")
@@ -27,7 +28,10 @@ def make_router(store: Store) -> APIRouter:
     @router.get("/export", responses={200: {"description": "the export file"}})
     async def export_spans(format: str = Query(..., pattern="^(chrome-trace|otlp-json|parquet)$"),
                            job: str | None = Query(None, max_length=200)):
-        """Spans of one job (or all) as a Chrome trace (Perfetto), OTLP/JSON or Parquet."""
+        """Spans of one job (or all) as a Chrome trace (Perfetto), OTLP/JSON or Parquet; 404 for
+        a job neither the supervisor nor telemetry knows."""
+        if job and not await anyio.to_thread.run_sync(store_views.job_known, store, job):
+            raise HTTPException(404, f"no job {job!r} in the store")
         if format == "parquet":
             fd, name = tempfile.mkstemp(suffix=".parquet")
             os.close(fd)
@@ -40,8 +44,11 @@ def make_router(store: Store) -> APIRouter:
             return FileResponse(tmp, media_type="application/vnd.apache.parquet",
                                 filename="rtxops-spans.parquet",
                                 background=BackgroundTask(tmp.unlink, missing_ok=True))
-        rows = await anyio.to_thread.run_sync(store_mod.export_rows, store, job)
-        doc = export.chrome_trace(rows) if format == "chrome-trace" else export.otlp_json(rows)
-        return JSONResponse(doc)
+        def document() -> bytes:  # off the event loop: ingest and health checks go on meanwhile
+            rows = store_mod.export_rows(store, job)
+            doc = export.chrome_trace(rows) if format == "chrome-trace" else export.otlp_json(rows)
+            return json.dumps(doc, separators=(",", ":")).encode()
+
+        return Response(await anyio.to_thread.run_sync(document), media_type="application/json")
 
     return router

@@ -257,3 +257,8 @@ def test_a_jobs_environment_values_are_not_shown(shared):
         r = shared.client(token=None).get(path)
         assert r.status_code == 200 and "s3cr3t-value" not in r.text
     assert shared.client().get(f"/v1/jobs/{job['id']}").json()["spec"]["env"] == {"WANDB_API_KEY": "***"}
+
+
+def test_an_export_of_an_unknown_job_is_404(shared):
+    r = shared.client().get("/v1/telemetry/export", params={"format": "otlp-json", "job": "no-such-job"})
+    assert r.status_code == 404 and "no job 'no-such-job'" in r.json()["detail"]
