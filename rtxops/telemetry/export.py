@@ -27,7 +27,11 @@ def span_attributes(row: dict) -> dict[str, Any]:
 
 def chrome_trace(rows: Iterable[dict]) -> dict:
     """Chrome trace-event JSON: one process per (job, rank), lanes for steps, compiles, kernels,
-    calls and trials. Times in microseconds, as the format wants."""
+    calls and trials. Times in microseconds, as the format wants, from the first span's start
+    (``otherData.origin_unix_ns``): Unix times in µs are ~1.8e15, where a double keeps only
+    0.25 µs, and back-to-back steps would overlap (Perfetto drops overlapping slices)."""
+    rows = list(rows)
+    origin = min((row["start_ns"] for row in rows), default=0)
     events: list[dict] = []
     processes: dict[tuple, int] = {}
     for row in rows:
@@ -46,7 +50,8 @@ def chrome_trace(rows: Iterable[dict]) -> dict:
         events.append({
             "ph": "X", "name": label, "cat": row["name"], "pid": pid,
             "tid": _LANES.get(row["name"], 5),
-            "ts": row["start_ns"] / 1000, "dur": max(0, row["end_ns"] - row["start_ns"]) / 1000,
+            "ts": (row["start_ns"] - origin) / 1000,
+            "dur": max(0, row["end_ns"] - row["start_ns"]) / 1000,
             "args": attrs,
         })
     for (job, rank), pid in processes.items():
@@ -54,7 +59,7 @@ def chrome_trace(rows: Iterable[dict]) -> dict:
                           ("sampled calls", 3), ("trials", 4)):
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                            "args": {"name": name}})
-    return {"traceEvents": events, "displayTimeUnit": "ns"}
+    return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"origin_unix_ns": origin}}
 
 
 def otlp_json(rows: Iterable[dict]) -> dict:

@@ -54,3 +54,22 @@ def test_an_unknown_job_or_a_missing_folder_is_a_clear_error(tmp_path):
     assert not (tmp_path / "t.json").exists()
     r = export(home, "--format", "otlp-json", "-o", str(tmp_path / "missing" / "o.json"))
     assert r.exit_code == 2 and "folder does not exist" in r.output, (r.output, r.exception)
+
+
+def test_back_to_back_steps_do_not_overlap_in_the_chrome_trace(tmp_path):
+    """Unix times in µs as doubles keep only 0.25 µs: steps that abut in the store overlapped."""
+    home = tmp_path / "home"
+    home.mkdir()
+    t0, step_ns = 1_796_111_599_546_970_195, 3_000_123
+    body = request([span("rtx.step", {"rtx.step": i}, start=t0 + i * step_ns, duration=step_ns)
+                    for i in range(50)],
+                   {"service.name": "trainer", "rtx.job.id": "job-a", "rtx.rank": 0}).SerializeToString()
+    with Store(home / "rtxops.duckdb") as store:
+        store.write(otlp.convert(body, otlp.PROTOBUF, t0), timeout=30)
+    r = export(home, "--format", "chrome-trace", "-o", str(tmp_path / "t.json"))
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "t.json").read_text())
+    steps = sorted((e for e in doc["traceEvents"] if e["ph"] == "X"), key=lambda e: e["ts"])
+    for a, b in zip(steps, steps[1:]):
+        assert round((a["ts"] + a["dur"]) * 1000) <= round(b["ts"] * 1000), (a, b)
+    assert doc["otherData"]["origin_unix_ns"] == t0
