@@ -63,26 +63,49 @@ def chrome_trace(rows: Iterable[dict]) -> dict:
 
 
 def otlp_json(rows: Iterable[dict]) -> dict:
-    """An OTLP/JSON ``ExportTraceServiceRequest`` (hex ids, int64 as strings), grouped by resource."""
+    """An OTLP/JSON ``ExportTraceServiceRequest`` (hex ids, int64 as strings), grouped by resource
+    and scope; the resource's typed attributes (service.name, host.name, job, rank, pid) are put
+    back beside its others."""
     by_resource: dict[int, dict] = {}
+    scopes: dict[tuple, dict] = {}
     for row in rows:
         group = by_resource.get(row["resource_id"])
         if group is None:
             group = by_resource[row["resource_id"]] = {
-                "resource": {"attributes": _kv(json.loads(row.get("resource_attributes") or "{}"))},
-                "scopeSpans": [{"scope": {"name": row.get("scope_name") or "rtxops"}, "spans": []}],
-            }
+                "resource": {"attributes": _kv(resource_attributes(row))}, "scopeSpans": []}
+            if row.get("resource_schema_url"):
+                group["schemaUrl"] = row["resource_schema_url"]
+        scope_key = (row["resource_id"], row.get("scope_name") or "rtxops")
+        scope = scopes.get(scope_key)
+        if scope is None:
+            scope = scopes[scope_key] = {"scope": {"name": scope_key[1]}, "spans": []}
+            group["scopeSpans"].append(scope)
         span = {
             "traceId": row["trace_id"], "spanId": row["span_id"], "name": row["name"],
-            "kind": row.get("kind") or 1,
+            "kind": row["kind"] if row.get("kind") is not None else 1,
             "startTimeUnixNano": str(row["start_ns"]), "endTimeUnixNano": str(row["end_ns"]),
             "attributes": _kv(span_attributes(row)),
-            "status": {"code": row.get("status_code") or 0},
+            "status": {"code": row.get("status_code") or 0,
+                       **({"message": row["status_message"]} if row.get("status_message") else {})},
         }
         if row.get("parent_span_id"):
             span["parentSpanId"] = row["parent_span_id"]
-        group["scopeSpans"][0]["spans"].append(span)
+        scope["spans"].append(span)
     return {"resourceSpans": list(by_resource.values())}
+
+
+_TYPED_RESOURCE_COLUMNS = {"resource_service_name": S.SERVICE_NAME, "resource_host_name": S.HOST_NAME,
+                           "resource_job_id": S.JOB_ID, "resource_rank": S.RANK,
+                           "resource_process_pid": S.PROCESS_PID}
+
+
+def resource_attributes(row: dict) -> dict:
+    """A span's resource attributes: its typed columns and the JSON column, merged."""
+    attrs = json.loads(row.get("resource_attributes") or "{}")
+    for column, name in _TYPED_RESOURCE_COLUMNS.items():
+        if row.get(column) is not None:
+            attrs[name] = row[column]
+    return attrs
 
 
 def _kv(attrs: dict) -> list[dict]:

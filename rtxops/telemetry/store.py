@@ -903,7 +903,9 @@ ORDER BY job_id, cache, op, variant, bucket
 # ---- export and summaries (also usable on a read-only connection) ----------------------------
 
 _EXPORT_ROWS = """
-    SELECT s.*, r.attributes AS resource_attributes
+    SELECT s.*, r.attributes AS resource_attributes, r.service_name AS resource_service_name,
+           r.host_name AS resource_host_name, r.job_id AS resource_job_id, r.rank AS resource_rank,
+           r.process_pid AS resource_process_pid, r.schema_url AS resource_schema_url
     FROM spans s LEFT JOIN resources r USING (resource_id)
     WHERE ($job IS NULL OR s.job_id = $job)
     ORDER BY s.start_ns

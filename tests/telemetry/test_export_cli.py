@@ -73,3 +73,14 @@ def test_back_to_back_steps_do_not_overlap_in_the_chrome_trace(tmp_path):
     for a, b in zip(steps, steps[1:]):
         assert round((a["ts"] + a["dur"]) * 1000) <= round(b["ts"] * 1000), (a, b)
     assert doc["otherData"]["origin_unix_ns"] == t0
+
+
+def test_otlp_json_puts_the_resource_and_scopes_back(tmp_path):
+    home = _home(tmp_path)
+    r = export(home, "--format", "otlp-json", "-o", str(tmp_path / "o.json"))
+    assert r.exit_code == 0, r.output
+    [resource] = json.loads((tmp_path / "o.json").read_text())["resourceSpans"]
+    attrs = {kv["key"]: kv["value"] for kv in resource["resource"]["attributes"]}
+    assert attrs["service.name"] == {"stringValue": "trainer"}
+    assert attrs["rtx.job.id"] == {"stringValue": "job-a"} and attrs["rtx.rank"] == {"intValue": "0"}
+    assert [s["scope"]["name"] for s in resource["scopeSpans"]] == ["test"]
