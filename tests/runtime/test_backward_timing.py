@@ -12,13 +12,15 @@ from torch.func import grad, vmap
 from rtxops.runtime import patching
 from rtxops.runtime.timing import BackwardTimer
 
+from .helpers import train_losses
+
 
 class InPlaceNet(nn.Module):
     """Outputs of routed calls modified in place (ReLU(inplace=True), F.silu(inplace=True))."""
 
     def __init__(self):
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 10)
         self.act = nn.ReLU(inplace=True)
 
     def forward(self, x):
@@ -29,19 +31,10 @@ class InPlaceNet(nn.Module):
 def _losses(routed: bool, steps: int = 6) -> list[float]:
     torch.manual_seed(0)
     model = InPlaceNet()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if routed:
         patching.enable().backward_every = 1  # every step's calls have their backward timed
     try:
-        losses = []
-        for _ in range(steps):
-            x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        return losses
+        return train_losses(model, steps=steps)
     finally:
         if routed:
             patching.disable()
