@@ -470,7 +470,8 @@ def telemetry_export(
                 n = store_mod.export_parquet(s, output, job)
             else:
                 rows = store_mod.export_rows(s, job)
-                doc = export.chrome_trace(rows) if format == "chrome-trace" else export.otlp_json(rows)
+                doc = (export.chrome_trace(rows) if format == "chrome-trace"
+                       else export.otlp_json(rows, store_mod.export_events(s, job)))
                 output.write_text(json.dumps(doc))
                 n = len(rows)
     except OSError as e:

@@ -46,7 +46,8 @@ def make_router(store: Store) -> APIRouter:
                                 background=BackgroundTask(tmp.unlink, missing_ok=True))
         def document() -> bytes:  # off the event loop: ingest and health checks go on meanwhile
             rows = store_mod.export_rows(store, job)
-            doc = export.chrome_trace(rows) if format == "chrome-trace" else export.otlp_json(rows)
+            doc = (export.chrome_trace(rows) if format == "chrome-trace"
+                   else export.otlp_json(rows, store_mod.export_events(store, job)))
             return json.dumps(doc, separators=(",", ":")).encode()
 
         return Response(await anyio.to_thread.run_sync(document), media_type="application/json")

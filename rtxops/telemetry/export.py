@@ -62,10 +62,15 @@ def chrome_trace(rows: Iterable[dict]) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"origin_unix_ns": origin}}
 
 
-def otlp_json(rows: Iterable[dict]) -> dict:
+def otlp_json(rows: Iterable[dict], events: Iterable[dict] = ()) -> dict:
     """An OTLP/JSON ``ExportTraceServiceRequest`` (hex ids, int64 as strings), grouped by resource
     and scope; the resource's typed attributes (service.name, host.name, job, rank, pid) are put
-    back beside its others."""
+    back beside its others, and each span gets its ``events`` (rows of the span_events table)."""
+    by_span: dict[tuple, list] = {}
+    for e in events:
+        by_span.setdefault((e["trace_id"], e["span_id"]), []).append(
+            {"timeUnixNano": str(e["time_ns"]), "name": e["name"],
+             "attributes": _kv(json.loads(e.get("attributes") or "{}"))})
     by_resource: dict[int, dict] = {}
     scopes: dict[tuple, dict] = {}
     for row in rows:
@@ -90,6 +95,8 @@ def otlp_json(rows: Iterable[dict]) -> dict:
         }
         if row.get("parent_span_id"):
             span["parentSpanId"] = row["parent_span_id"]
+        if (row["trace_id"], row["span_id"]) in by_span:
+            span["events"] = by_span[(row["trace_id"], row["span_id"])]
         scope["spans"].append(span)
     return {"resourceSpans": list(by_resource.values())}
 

@@ -12,7 +12,7 @@ from rtxops.cli import app
 from rtxops.telemetry import otlp
 from rtxops.telemetry.store import Store
 
-from .otlp_helpers import request, span
+from .otlp_helpers import kvs, request, span
 
 
 def _home(tmp_path):
@@ -84,3 +84,22 @@ def test_otlp_json_puts_the_resource_and_scopes_back(tmp_path):
     assert attrs["service.name"] == {"stringValue": "trainer"}
     assert attrs["rtx.job.id"] == {"stringValue": "job-a"} and attrs["rtx.rank"] == {"intValue": "0"}
     assert [s["scope"]["name"] for s in resource["scopeSpans"]] == ["test"]
+
+
+def test_otlp_json_carries_the_span_events(tmp_path):
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    home = tmp_path / "home"
+    home.mkdir()
+    t0 = time.time_ns()
+    event = Span.Event(time_unix_nano=t0 + 5, name="rtx.error", attributes=kvs({"rtx.reason": "boom"}))
+    body = request([span("rtx.step", {"rtx.step": 1}, start=t0, events=[event])],
+                   {"service.name": "trainer", "rtx.job.id": "job-a", "rtx.rank": 0}).SerializeToString()
+    with Store(home / "rtxops.duckdb") as store:
+        store.write(otlp.convert(body, otlp.PROTOBUF, t0), timeout=30)
+    r = export(home, "--format", "otlp-json", "--job", "job-a", "-o", str(tmp_path / "o.json"))
+    assert r.exit_code == 0, r.output
+    [resource] = json.loads((tmp_path / "o.json").read_text())["resourceSpans"]
+    [span_json] = resource["scopeSpans"][0]["spans"]
+    assert span_json["events"] == [{"timeUnixNano": str(t0 + 5), "name": "rtx.error",
+                                    "attributes": [{"key": "rtx.reason", "value": {"stringValue": "boom"}}]}]
