@@ -345,7 +345,9 @@ def plan_export(out_dir: Path = typer.Argument(..., help="folder to copy the sig
                 job: Optional[str] = typer.Option(None, help="job id (default: the default plan)"),
                 home: Optional[Path] = HomeOpt) -> None:
     """Copy the newest signed plan bundle for JOB out of $RTXOPS_HOME (ship it with a model)."""
-    scope = job or "_default"
+    from rtxops.governance.authority import EVERY_JOB
+
+    scope = job or EVERY_JOB
     root = _home(home).root / "bundles" / scope
     versions = sorted((int(p.name[1:]), p) for p in root.glob("v*") if p.name[1:].isdigit()) if root.is_dir() else []
     if not versions:
