@@ -56,6 +56,7 @@ class LogTail:
         self._torchrun = torchrun
         self._poll_s = poll_s
         self.max_bytes = max_bytes
+        self._past_budget: set[str] = set()  # streams whose "not stored" line was handed over
         self._partial = {s: b"" for s in paths}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -73,8 +74,7 @@ class LogTail:
         """The committed offsets and, taken with them, the seq of the last line handed over from
         each stream (0: none, or ``on_lines`` returns no seqs)."""
         with self._lock:
-            return ({s: self.offsets[s] - len(self._partial[s] or b"") for s in self.paths},
-                    dict(self.seqs))
+            return {s: self.offsets[s] - len(self._partial[s]) for s in self.paths}, dict(self.seqs)
 
     def stop(self, timeout: float | None = None) -> bool:
         """Read what is left (an unterminated last line too) and end the thread; whether it ended
@@ -113,12 +113,13 @@ class LogTail:
 
     def _skip_to_end(self, stream: str, path: Path, size: int) -> None:
         """Past the budget: say so once (where a tail crosses it), then only follow the size."""
-        if self._partial[stream] is not None:
+        if stream not in self._past_budget:
+            self._past_budget.add(stream)
             note = (f"[rtxops] {stream} is past {self.max_bytes} bytes: what follows is not stored "
                     f"(it is all in {path})")
             seq = self._on_lines(stream, [(time.time_ns(), 0, note)])
             with self._lock:
-                self._partial[stream] = None
+                self._partial[stream] = b""  # a line cut at the budget is not stored either
                 if seq is not None:
                     self.seqs[stream] = seq
         with self._lock:
