@@ -2,8 +2,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# One OpenMP thread per process (the test processes and every job they start inherit it): the
+# suite runs two workers that each start training jobs, and on a 2-core machine OpenMP threads
+# spinning at barriers against each other made 12 ms steps take 900 ms. Set before torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from rtxops.runtime import patching
 

@@ -19,7 +19,7 @@ class EvolveScheduler:
 
     ``wait_for``: the loop is built only once it returns true (checked every ``interval_s``),
     so the daemon's imports and the loop's first work do not compete with a job's start-up:
-    on a small machine a niced thread still stalls a starting job's OpenMP threads."""
+    on a small machine any busy thread stalls a starting job's OpenMP threads."""
 
     def __init__(self, make_loop: Callable[[], object], interval_s: float,
                  wait_for: Callable[[], bool] | None = None) -> None:
@@ -41,10 +41,9 @@ class EvolveScheduler:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        try:  # the loop is background work: the jobs it tunes come first on a small machine
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        except (AttributeError, OSError):
-            pass
+        # The thread is not niced: holding the GIL while kept off the CPU it would stall the
+        # daemon's other threads (a priority inversion). Its heavy work (gates, benchmarks) runs
+        # in niced worker processes (evolve.runner).
         while self._wait_for is not None and not self._ready():
             if self._stop.wait(self.interval_s):
                 return

@@ -64,7 +64,7 @@ class Authority:
     @property
     def policies(self) -> list:
         """The policies in force (the shipped ones; re-read by :meth:`reload`)."""
-        if self._policies is None:  # loaded outside the lock: never wait on the niced warm-up
+        if self._policies is None:  # loaded outside the lock: never wait on the warm-up
             loaded = load_policies()
             with self._policies_lock:
                 if self._policies is None:
@@ -159,12 +159,10 @@ def verify_plan_directory(directory: str | Path, keyring_file: str, job: dict,
 def _warm_signing(authority: Authority) -> None:
     from . import sbom
 
-    try:  # a head start, not a race with the first training steps on a small machine
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass
-    stages = (sbom._environment, lambda: sbom._validator().validate_str("{}"),
-              lambda: sbom.schema_problem("{}"), lambda: authority.policies)
+    # Not niced: a thread holding the GIL while the scheduler keeps it off the CPU stalls every
+    # other thread of the daemon (HTTP, ingest, supervision); under load a niced warm-up made a
+    # plan publish take over a minute. The warm-up is about a second of CPU.
+    stages = (sbom._environment, lambda: sbom.schema_problem("{}"), lambda: authority.policies)
     for stage in stages:
         if authority._warm_stop.is_set():
             return

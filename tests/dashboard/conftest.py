@@ -88,9 +88,19 @@ def live(tmp_path_factory) -> Live:
         until(lambda: last_step() >= 3, 120, every=0.2, what="the job's first steps")
         r = c.post("/v1/plans", params={"job": job_id}, json=PLAN)
         assert r.status_code == 201, r.text
-        swaps = until(lambda: daemon.store.query(
-            "SELECT step FROM swaps WHERE job_id = $j", {"j": job_id}), 60, every=0.2,
-            what="the job's rtx.swap span")
+
+        def swapped() -> list:
+            refused = [r for r in daemon.board.reports if r.get("job_id") == job_id]
+            assert not refused, f"the job refused the plan: {refused}"
+            last_step()  # the job still runs
+            return daemon.store.query("SELECT step FROM swaps WHERE job_id = $j", {"j": job_id})
+
+        try:
+            swaps = until(swapped, 120, every=0.2, what="the job's rtx.swap span")
+        except AssertionError as e:  # say where the job was: its last output lines
+            lines = c.get(f"/v1/jobs/{job_id}/logs").json().get("lines", [])[-15:]
+            raise AssertionError(f"{e}; job {c.get(f'/v1/jobs/{job_id}').json()}; last output: "
+                                 + "\n".join(line["text"] for line in lines)) from None
         swap_step = swaps[0]["step"]
         # enough steps after the swap for a before/after comparison, with a telemetry export
         until(lambda: daemon.store.query(

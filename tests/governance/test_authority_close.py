@@ -1,4 +1,4 @@
-"""The daemon's governance warm-up (imports, environment SBOM, policies on a niced thread) is
+"""The daemon's governance warm-up (imports, environment SBOM, policies on a background thread) is
 stopped and waited for at shutdown: an interpreter finalizing while a thread imports C
 extensions can abort, which a short `rtxops run` once did under load."""
 from __future__ import annotations
