@@ -458,22 +458,27 @@ def telemetry_export(
     try:
         if client is not None:  # the daemon holds the store: ask it
             try:
-                output.write_bytes(client.export(format, job))
+                size = client.export(format, job, output)
             except DaemonError as e:
                 raise _fail(str(e), 1) from None
-            out.print(f"wrote {output}")
+            out.print(f"wrote {output} ({size} bytes)")
             return
         with _read_store(h) as s:
             if job and not store_views.job_known(s, job):
                 raise _fail(f"no job {job!r} in the store", 1)
-            if format == "parquet":
-                n = store_mod.export_parquet(s, output, job)
-            else:
-                rows = store_mod.export_rows(s, job)
-                doc = (export.chrome_trace(rows) if format == "chrome-trace"
-                       else export.otlp_json(rows, store_mod.export_events(s, job)))
-                output.write_text(json.dumps(doc))
-                n = len(rows)
+            part = output.with_name(output.name + ".part")  # the file appears whole or not at all
+            try:
+                if format == "parquet":
+                    n = store_mod.export_parquet(s, part, job)
+                else:
+                    document = export.JsonExport(s, format, job)
+                    with part.open("w") as f:
+                        for piece in document:
+                            f.write(piece)
+                    n = document.spans
+                part.replace(output)
+            finally:
+                part.unlink(missing_ok=True)
     except OSError as e:
         raise _fail(f"cannot write {output}: {e.strerror or e}") from None
     out.print(f"wrote {n} spans to {output}")

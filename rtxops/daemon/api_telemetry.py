@@ -1,14 +1,13 @@
 """``/v1/telemetry``: read-only stats and exports of the store the daemon owns."""
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
 
 import anyio
-from fastapi import APIRouter, HTTPException, Query, Response
-from fastapi.responses import FileResponse
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import FileResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from rtxops.telemetry import export, store as store_mod, store_views
@@ -44,12 +43,10 @@ def make_router(store: Store) -> APIRouter:
             return FileResponse(tmp, media_type="application/vnd.apache.parquet",
                                 filename="rtxops-spans.parquet",
                                 background=BackgroundTask(tmp.unlink, missing_ok=True))
-        def document() -> bytes:  # off the event loop: ingest and health checks go on meanwhile
-            rows = store_mod.export_rows(store, job)
-            doc = (export.chrome_trace(rows) if format == "chrome-trace"
-                   else export.otlp_json(rows, store_mod.export_events(store, job)))
-            return json.dumps(doc, separators=(",", ":")).encode()
+        def document():  # a sync iterator: Starlette steps it in a worker thread, off the loop
+            for piece in export.JsonExport(store, format, job):
+                yield piece.encode()
 
-        return Response(await anyio.to_thread.run_sync(document), media_type="application/json")
+        return StreamingResponse(document(), media_type="application/json")
 
     return router

@@ -1,6 +1,8 @@
 """A small HTTP client for the daemon's API (used by the CLI)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 
 from .home import Home
@@ -80,12 +82,23 @@ class DaemonClient:
     def telemetry_stats(self) -> dict:
         return self._call("GET", "/v1/telemetry/stats")
 
-    def export(self, format: str, job: str | None = None) -> bytes:
+    def export(self, format: str, job: str | None, path: Path) -> int:
+        """Stream the export into ``path`` (written whole or not at all); returns its bytes."""
         params = {"format": format, **({"job": job} if job else {})}
+        part = path.with_name(path.name + ".part")
+        size = 0
         try:
-            r = self.http.get("/v1/telemetry/export", params=params, timeout=300)
+            with self.http.stream("GET", "/v1/telemetry/export", params=params,
+                                  timeout=httpx.Timeout(300, connect=10)) as r:
+                if r.status_code >= 400:
+                    raise DaemonError(f"{r.status_code}: {r.read().decode(errors='replace')}")
+                with part.open("wb") as f:
+                    for chunk in r.iter_bytes():
+                        f.write(chunk)
+                        size += len(chunk)
+            part.replace(path)
         except httpx.HTTPError as e:
-            raise DaemonError(f"cannot reach the daemon at {self.url}: {e}") from None
-        if r.status_code >= 400:
-            raise DaemonError(f"{r.status_code}: {r.text}")
-        return r.content
+            raise DaemonError(f"the export from the daemon at {self.url} failed: {e}") from None
+        finally:
+            part.unlink(missing_ok=True)
+        return size

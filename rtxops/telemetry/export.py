@@ -1,9 +1,12 @@
 """Export stored spans for other tools: Chrome trace (Perfetto, chrome://tracing), OTLP/JSON (any
-OpenTelemetry tool), Parquet (pandas, DuckDB, Spark). Rows come from ``Store.export_rows``."""
+OpenTelemetry tool), Parquet (pandas, DuckDB, Spark). Rows come from ``store.iter_export_rows``.
+
+The JSON documents are made piece by piece (:class:`JsonExport`): a long job's millions of spans
+are written out in bounded memory, never held as one document."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from . import schema as S
 
@@ -25,66 +28,91 @@ def span_attributes(row: dict) -> dict[str, Any]:
     return attrs
 
 
-def chrome_trace(rows: Iterable[dict]) -> dict:
-    """Chrome trace-event JSON: one process per (job, rank), lanes for steps, compiles, kernels,
-    calls and trials. Times in microseconds, as the format wants, from the first span's start
-    (``otherData.origin_unix_ns``): Unix times in µs are ~1.8e15, where a double keeps only
-    0.25 µs, and back-to-back steps would overlap (Perfetto drops overlapping slices)."""
-    rows = list(rows)
-    origin = min((row["start_ns"] for row in rows), default=0)
-    events: list[dict] = []
+_CHUNK_ITEMS = 2000  # JSON items joined into one piece of the document
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def chrome_trace_chunks(rows: Iterable[dict], origin: int) -> Iterator[str]:
+    """Chrome trace-event JSON, in pieces: one process per (job, rank), lanes for steps, compiles,
+    kernels, calls and trials. Times in microseconds, as the format wants, from ``origin`` (the
+    first span's start, ``otherData.origin_unix_ns``): Unix times in µs are ~1.8e15, where a
+    double keeps only 0.25 µs, and back-to-back steps would overlap (Perfetto drops overlapping
+    slices)."""
+    yield '{"traceEvents":['
     processes: dict[tuple, int] = {}
+    items: list[str] = []
+    first = True
     for row in rows:
         proc = (row.get("job_id") or "?", row.get("rank") or 0)
         pid = processes.get(proc)
         if pid is None:
             pid = processes[proc] = len(processes) + 1
-            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                           "args": {"name": f"job {proc[0]} rank {proc[1]}"}})
+            items.append(_dumps({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                                 "args": {"name": f"job {proc[0]} rank {proc[1]}"}}))
         attrs = span_attributes(row)
         label = row["name"]
         if attrs.get(S.OP):
             label = f"{attrs[S.OP]}/{attrs.get(S.VARIANT, '?')} {attrs.get(S.PHASE, '')}".strip()
         elif row["name"] == S.STEP:
             label = f"step {attrs.get(S.STEP_NUMBER)}"
-        events.append({
+        items.append(_dumps({
             "ph": "X", "name": label, "cat": row["name"], "pid": pid,
             "tid": _LANES.get(row["name"], 5),
             "ts": (row["start_ns"] - origin) / 1000,
             "dur": max(0, row["end_ns"] - row["start_ns"]) / 1000,
             "args": attrs,
-        })
+        }))
+        if len(items) >= _CHUNK_ITEMS:
+            yield ("" if first else ",") + ",".join(items)
+            first, items = False, []
     for (job, rank), pid in processes.items():
         for name, tid in (("steps", 0), ("compile", 1), ("kernels (per step)", 2),
                           ("sampled calls", 3), ("trials", 4)):
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                           "args": {"name": name}})
-    return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"origin_unix_ns": origin}}
+            items.append(_dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                                 "args": {"name": name}}))
+    if items:
+        yield ("" if first else ",") + ",".join(items)
+    yield '],"displayTimeUnit":"ns","otherData":' + _dumps({"origin_unix_ns": origin}) + "}"
 
 
-def otlp_json(rows: Iterable[dict], events: Iterable[dict] = ()) -> dict:
-    """An OTLP/JSON ``ExportTraceServiceRequest`` (hex ids, int64 as strings), grouped by resource
-    and scope; the resource's typed attributes (service.name, host.name, job, rank, pid) are put
-    back beside its others, and each span gets its ``events`` (rows of the span_events table)."""
+def otlp_json_chunks(rows: Iterable[dict], events: Iterable[dict] = ()) -> Iterator[str]:
+    """An OTLP/JSON ``ExportTraceServiceRequest`` (hex ids, int64 as strings), in pieces. ``rows``
+    come grouped by resource and scope (``iter_export_rows(order="resource")``); the resource's
+    typed attributes (service.name, host.name, job, rank, pid) are put back beside its others,
+    and each span gets its ``events`` (rows of the span_events table)."""
     by_span: dict[tuple, list] = {}
     for e in events:
         by_span.setdefault((e["trace_id"], e["span_id"]), []).append(
             {"timeUnixNano": str(e["time_ns"]), "name": e["name"],
              "attributes": _kv(json.loads(e.get("attributes") or "{}"))})
-    by_resource: dict[int, dict] = {}
-    scopes: dict[tuple, dict] = {}
+    yield '{"resourceSpans":['
+    none = object()  # before the first row (a row's resource id may be None)
+    resource, scope = none, None
+    seen: set[tuple] = set()
+    parts: list[str] = []
     for row in rows:
-        group = by_resource.get(row["resource_id"])
-        if group is None:
-            group = by_resource[row["resource_id"]] = {
-                "resource": {"attributes": _kv(resource_attributes(row))}, "scopeSpans": []}
+        key = (row["resource_id"], row.get("scope_name") or "rtxops")
+        if key[0] != resource:  # (the first row's too: nothing equals ``none``)
+            if resource is not none:
+                parts.append("]}]},")                   # its spans, scope, scopes, resource
+            group = {"resource": {"attributes": _kv(resource_attributes(row))}}
             if row.get("resource_schema_url"):
                 group["schemaUrl"] = row["resource_schema_url"]
-        scope_key = (row["resource_id"], row.get("scope_name") or "rtxops")
-        scope = scopes.get(scope_key)
-        if scope is None:
-            scope = scopes[scope_key] = {"scope": {"name": scope_key[1]}, "spans": []}
-            group["scopeSpans"].append(scope)
+            parts.append(_dumps(group)[:-1] + ',"scopeSpans":[')
+            resource, scope = key[0], None
+        if key != scope:
+            if key in seen:
+                raise ValueError("otlp_json_chunks needs its rows grouped by resource and scope")
+            seen.add(key)
+            if scope is not None:
+                parts.append("]},")
+            parts.append('{"scope":' + _dumps({"name": key[1]}) + ',"spans":[')
+            scope = key
+        else:
+            parts.append(",")
         span = {
             "traceId": row["trace_id"], "spanId": row["span_id"], "name": row["name"],
             "kind": row["kind"] if row.get("kind") is not None else 1,
@@ -97,8 +125,55 @@ def otlp_json(rows: Iterable[dict], events: Iterable[dict] = ()) -> dict:
             span["parentSpanId"] = row["parent_span_id"]
         if (row["trace_id"], row["span_id"]) in by_span:
             span["events"] = by_span[(row["trace_id"], row["span_id"])]
-        scope["spans"].append(span)
-    return {"resourceSpans": list(by_resource.values())}
+        parts.append(_dumps(span))
+        if len(parts) >= _CHUNK_ITEMS:
+            yield "".join(parts)
+            parts = []
+    if resource is not none:
+        parts.append("]}]}")
+    yield "".join(parts) + "]}"
+
+
+def chrome_trace(rows: Iterable[dict]) -> dict:
+    """:func:`chrome_trace_chunks` of ``rows`` as one document (small exports, tests)."""
+    rows = list(rows)
+    origin = min((row["start_ns"] for row in rows), default=0)
+    return json.loads("".join(chrome_trace_chunks(rows, origin)))
+
+
+def otlp_json(rows: Iterable[dict], events: Iterable[dict] = ()) -> dict:
+    """:func:`otlp_json_chunks` of ``rows`` (in any order) as one document."""
+    ordered = sorted(rows, key=lambda r: (r["resource_id"] is None, r["resource_id"] or 0,
+                                          r.get("scope_name") or "rtxops"))
+    return json.loads("".join(otlp_json_chunks(ordered, events)))
+
+
+class JsonExport:
+    """The stored spans of one job (or all) as a Chrome trace or OTLP/JSON document: iterate it
+    for the document's pieces (str), read from the store as they are written; ``spans`` counts
+    the spans written so far."""
+
+    FORMATS = ("chrome-trace", "otlp-json")
+
+    def __init__(self, q, format: str, job_id: str | None = None) -> None:
+        if format not in self.FORMATS:
+            raise ValueError(f"unknown JSON export format {format!r} ({', '.join(self.FORMATS)})")
+        self.q, self.format, self.job_id = q, format, job_id
+        self.spans = 0
+
+    def _counted(self, rows: Iterable[dict]) -> Iterator[dict]:
+        for row in rows:
+            self.spans += 1
+            yield row
+
+    def __iter__(self) -> Iterator[str]:
+        from . import store
+
+        if self.format == "chrome-trace":
+            rows = self._counted(store.iter_export_rows(self.q, self.job_id))
+            return chrome_trace_chunks(rows, store.export_origin(self.q, self.job_id))
+        rows = self._counted(store.iter_export_rows(self.q, self.job_id, order="resource"))
+        return otlp_json_chunks(rows, store.export_events(self.q, self.job_id))
 
 
 _TYPED_RESOURCE_COLUMNS = {"resource_service_name": S.SERVICE_NAME, "resource_host_name": S.HOST_NAME,

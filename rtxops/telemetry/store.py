@@ -908,18 +908,33 @@ _EXPORT_ROWS = """
            r.process_pid AS resource_process_pid, r.schema_url AS resource_schema_url
     FROM spans s LEFT JOIN resources r USING (resource_id)
     WHERE ($job IS NULL OR s.job_id = $job)
-    ORDER BY s.start_ns
-    LIMIT $limit"""
+    ORDER BY {order}"""
+_EXPORT_ORDER = {"time": "s.start_ns", "resource": "s.resource_id, s.scope_name, s.start_ns"}
+EXPORT_FETCH_ROWS = 10_000  # rows held at once while exporting: memory stays bounded
 
 
-def export_rows(q, job_id: str | None = None, limit: int = 5_000_000) -> list[dict]:
-    """Spans (with their resource's attributes) for export, oldest first. ``q`` is a
-    :class:`Store` or :class:`ReadOnlyStore`."""
-    return q.query(_EXPORT_ROWS, {"job": job_id, "limit": limit})
+def iter_export_rows(q, job_id: str | None = None, order: str = "time") -> Iterator[dict]:
+    """Spans (with their resource's attributes) for export, fetched a few thousand at a time:
+    oldest first (``order="time"``) or grouped by resource and scope, oldest first in each
+    (``"resource"``). ``q`` is a :class:`Store` or :class:`ReadOnlyStore`; the rows are one
+    snapshot of the store, however long the caller takes."""
+    with q.reader() as cur:
+        result = cur.execute(_EXPORT_ROWS.format(order=_EXPORT_ORDER[order]), {"job": job_id})
+        names = [d[0] for d in result.description]
+        while rows := result.fetchmany(EXPORT_FETCH_ROWS):
+            for row in rows:
+                yield dict(zip(names, row))
+
+
+def export_origin(q, job_id: str | None = None) -> int:
+    """The start of the earliest span :func:`iter_export_rows` gives (0 when there is none)."""
+    row = q.query("SELECT min(start_ns) AS t FROM spans WHERE $job IS NULL OR job_id = $job",
+                  {"job": job_id})[0]
+    return row["t"] or 0
 
 
 def export_events(q, job_id: str | None = None) -> list[dict]:
-    """The span events of the spans :func:`export_rows` gives, by time."""
+    """The span events of the spans :func:`iter_export_rows` gives, by time."""
     return q.query(
         """SELECT e.* FROM span_events e
            WHERE $job IS NULL OR EXISTS (SELECT 1 FROM spans s WHERE s.job_id = $job
@@ -928,13 +943,19 @@ def export_events(q, job_id: str | None = None) -> list[dict]:
 
 
 def export_parquet(q, path: str | os.PathLike[str], job_id: str | None = None) -> int:
-    """Write the spans (and resource attributes) to a Parquet file; returns the row count."""
+    """Write the spans (and resource attributes) to a Parquet file, a batch of rows at a time;
+    returns the row count."""
     import pyarrow.parquet as pq
 
+    rows = 0
     with q.reader() as cur:
-        table = cur.sql(_EXPORT_ROWS, params={"job": job_id, "limit": 1 << 62}).to_arrow_table()
-    pq.write_table(table, str(path))
-    return table.num_rows
+        reader = cur.sql(_EXPORT_ROWS.format(order=_EXPORT_ORDER["time"]),
+                         params={"job": job_id}).to_arrow_reader(EXPORT_FETCH_ROWS)
+        with pq.ParquetWriter(str(path), reader.schema) as writer:
+            for batch in reader:
+                writer.write_batch(batch)
+                rows += batch.num_rows
+    return rows
 
 
 def telemetry_summary(q) -> dict[str, int]:

@@ -262,3 +262,26 @@ def test_a_jobs_environment_values_are_not_shown(shared):
 def test_an_export_of_an_unknown_job_is_404(shared):
     r = shared.client().get("/v1/telemetry/export", params={"format": "otlp-json", "job": "no-such-job"})
     assert r.status_code == 404 and "no job 'no-such-job'" in r.json()["detail"]
+
+
+def test_the_cli_streams_a_json_export_from_the_daemon_into_a_whole_file(shared, tmp_path):
+    """Through a running daemon the export streams (no whole document in the daemon); the file
+    holds every span of the job, and an export that fails leaves no file behind."""
+    from rtxops.daemon.client import DaemonClient, DaemonError
+
+    job = f"export-{time.time_ns()}"
+    request, ids = otlp_batch(300, seed=11, job_id=job)
+    c = shared.client()
+    r = c.post("/v1/traces", content=request.SerializeToString(),
+               headers={"Content-Type": "application/x-protobuf"})
+    assert r.status_code == 200, r.text
+    client = DaemonClient(shared.url, shared.token)
+    out = tmp_path / "o.json"
+    assert client.export("otlp-json", job, out) == out.stat().st_size
+    doc = json.loads(out.read_text())
+    assert {s["spanId"] for rs in doc["resourceSpans"] for ss in rs["scopeSpans"]
+            for s in ss["spans"]} == ids
+    missing = tmp_path / "m.json"
+    with pytest.raises(DaemonError, match="404"):
+        client.export("chrome-trace", "no-such-job", missing)
+    assert not missing.exists() and not (tmp_path / "m.json.part").exists()

@@ -1,0 +1,116 @@
+"""`rtxops telemetry export` writes its JSON documents piece by piece: every span of a long job
+is in the file (there was a silent 5 M-row cap), spans stay grouped under their resource and
+scope across the pieces, and memory stays far below the document's size (it was built whole:
+~16 KB a span, so a day-long job's export could take the daemon down)."""
+from __future__ import annotations
+
+import json
+import time
+import tracemalloc
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
+from typer.testing import CliRunner
+
+from rtxops.cli import app
+from rtxops.telemetry import export, otlp
+from rtxops.telemetry import store as store_mod
+from rtxops.telemetry.store import Store
+
+from .otlp_helpers import kvs, span
+
+JOBS = ("job-a", "job-b")
+SCOPES = ("rtxops", "user")
+
+
+def _store(home, spans_per_scope: int) -> int:
+    """Spans of two jobs (two resources), each under two scopes, interleaved in time."""
+    home.mkdir()
+    t0 = time.time_ns()
+    total = 0
+    with Store(home / "rtxops.duckdb") as store:
+        for chunk in range(0, spans_per_scope, 1000):
+            n = min(1000, spans_per_scope - chunk)
+            req = ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+                resource=Resource(attributes=kvs({"service.name": "trainer", "rtx.job.id": job,
+                                                  "rtx.rank": 0})),
+                scope_spans=[ScopeSpans(scope=InstrumentationScope(name=scope), spans=[
+                    span("rtx.kernel", {"rtx.op": "gelu", "rtx.variant": "eager", "rtx.count": 1,
+                                        "rtx.total_ns": 10, "rtx.step": chunk + i, "k": "v" * 200},
+                         start=t0 + (chunk + i) * 1000 + j * 10 + s)
+                    for i in range(n)])
+                    for s, scope in enumerate(SCOPES)]) for j, job in enumerate(JOBS)])
+            store.write(otlp.convert(req.SerializeToString(), otlp.PROTOBUF, t0), timeout=60)
+            total += 2 * 2 * n
+    return total
+
+
+def _export(home, out, fmt):
+    return CliRunner().invoke(app, ["telemetry", "export", "--home", str(home), "--format", fmt,
+                                    "-o", str(out)])
+
+
+def test_every_span_is_exported_grouped_across_the_pieces(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_mod, "EXPORT_FETCH_ROWS", 7)   # many fetches and pieces
+    monkeypatch.setattr(export, "_CHUNK_ITEMS", 5)
+    home = tmp_path / "home"
+    total = _store(home, 60)
+    r = _export(home, tmp_path / "o.json", "otlp-json")
+    assert r.exit_code == 0, r.output
+    assert f"wrote {total} spans" in r.output
+    doc = json.loads((tmp_path / "o.json").read_text())
+    groups = [(kv["value"]["stringValue"], ss["scope"]["name"], len(ss["spans"]))
+              for rs in doc["resourceSpans"] for kv in rs["resource"]["attributes"]
+              if kv["key"] == "rtx.job.id" for ss in rs["scopeSpans"]]
+    assert sorted(groups) == [(job, scope, 60) for job in JOBS for scope in SCOPES]
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            starts = [int(s["startTimeUnixNano"]) for s in ss["spans"]]
+            assert starts == sorted(starts)
+    r = _export(home, tmp_path / "t.json", "chrome-trace")
+    assert r.exit_code == 0, r.output
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert len(slices) == total
+    assert [e["ts"] for e in slices] == sorted(e["ts"] for e in slices)
+    assert {e["args"]["name"] for e in events if e["name"] == "process_name"} == {
+        f"job {job} rank 0" for job in JOBS}
+
+
+@pytest.mark.parametrize("fmt", ["otlp-json", "chrome-trace"])
+def test_memory_stays_far_below_the_document_size(tmp_path, monkeypatch, fmt):
+    monkeypatch.setattr(store_mod, "EXPORT_FETCH_ROWS", 200)
+    monkeypatch.setattr(export, "_CHUNK_ITEMS", 200)
+    home = tmp_path / "home"
+    total = _store(home, 2500)
+    out = tmp_path / "doc.json"
+    assert _export(home, out, fmt).exit_code == 0  # first use: imports, caches
+    tracemalloc.start()
+    try:
+        r = _export(home, out, fmt)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert r.exit_code == 0, r.output
+    size = out.stat().st_size
+    assert size > 3_000_000 and f"wrote {total} spans" in r.output
+    # built whole, the document alone took its size in memory, and its dicts ~10 x that
+    assert peak < size / 2, f"peak {peak} bytes of Python memory for a {size}-byte document"
+
+
+def test_a_failed_export_leaves_no_file(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    _store(home, 10)
+
+    def broken(*args, **kwargs):
+        yield '{"traceEvents":['
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export, "chrome_trace_chunks", broken)
+    out = tmp_path / "t.json"
+    r = _export(home, out, "chrome-trace")
+    assert r.exit_code == 2 and "No space left on device" in " ".join(r.output.split()), r.output
+    assert not out.exists() and not (tmp_path / "t.json.part").exists()
