@@ -233,8 +233,8 @@ def chrome_trace(q, *, job_id: str | None, window: Window) -> dict:
     rows = V.window_rows(q, job_id=job_id, since_ns=window.since_ns, until_ns=window.until_ns,
                          limit=TRACE_ROW_LIMIT)
     doc = export.chrome_trace(rows)
-    doc["otherData"] = {"rtxops.window": window.query(), "rtxops.job": job_id,
-                        "rtxops.truncated": len(rows) >= TRACE_ROW_LIMIT}
+    doc["otherData"].update({"rtxops.window": window.query(), "rtxops.job": job_id,
+                             "rtxops.truncated": len(rows) >= TRACE_ROW_LIMIT})
     return doc
 
 

@@ -154,3 +154,17 @@ def test_kernel_table_pages_agree_with_the_store_kernel_stats(live):
     for (job, op, bucket, _, _, phase), row in by_key.items():
         latest = max(r["last_ns"] for k, r in by_key.items() if (k[0], k[1], k[2], k[5]) == (job, op, bucket, phase))
         assert row["current"] == (row["last_ns"] == latest)
+
+
+def test_the_trace_download_is_a_chrome_trace_of_the_window(api, live):
+    """Times are relative to ``otherData.origin_unix_ns`` (it was overwritten by the window's
+    details, leaving times no tool could place), and the job's steps are all there."""
+    r = api.get("/api/trace", params={"job": live.job_id, "span_s": 3600})
+    assert r.status_code == 200 and "attachment" in r.headers["content-disposition"]
+    doc = r.json()
+    other = doc["otherData"]
+    assert other["rtxops.job"] == live.job_id and other["rtxops.truncated"] is False
+    steps = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "rtx.step"]
+    first = V.window_rows(live.store, job_id=live.job_id, since_ns=0, until_ns=2**62, limit=1)[0]
+    assert other["origin_unix_ns"] == first["start_ns"]
+    assert steps and min(e["ts"] for e in steps) >= 0
