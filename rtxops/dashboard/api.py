@@ -55,15 +55,9 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         """Jobs (supervised and telemetry-only), newest first: state, steps, restarts, plan."""
         return data.jobs_page(store, state=state, search=search, paging=page)
 
-    @router.get("/jobs/{job_id}", responses={404: {"description": "unknown job"}})
-    def job(job_id: str = id_path()) -> dict:
-        """One job: command, attempts with exit reasons, restarts, status history, stacks."""
-        detail = data.job_detail(store, job_id)
-        if detail is None:
-            raise not_found(f"job {job_id!r}")
-        return detail
-
-    @router.get("/jobs/{job_id}/events", responses={404: {"description": "unknown job"}})
+    # job ids may hold "/" (any OpenTelemetry client names its own): the routes under a job come
+    # before the job's own, whose path parameter would take them too
+    @router.get("/jobs/{job_id:path}/events", responses={404: {"description": "unknown job"}})
     def events(job_id: str = id_path(), kind: Filter = text_filter("only this event kind"),
                page: Paging = Depends(paging)) -> dict:
         """The supervisor's events of one job, oldest first."""
@@ -71,7 +65,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
                                    offset=page.offset)
         return data.page(total, rows, page)
 
-    @router.get("/jobs/{job_id}/logs", responses={404: {"description": "unknown job"}})
+    @router.get("/jobs/{job_id:path}/logs", responses={404: {"description": "unknown job"}})
     def logs(job_id: str = id_path(), after: int = Query(0, ge=0, le=2**62, description="lines after this seq"),
              rank: int | None = Query(None, ge=-1, le=100_000),
              stream: Filter = one_of(("stdout", "stderr"), "only this stream"),
@@ -82,6 +76,14 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
                            after_seq=after, limit=limit)
         return {"job_id": job_id, "after": after, "lines": lines,
                 "last_seq": lines[-1]["seq"] if lines else after}
+
+    @router.get("/jobs/{job_id:path}", responses={404: {"description": "unknown job"}})
+    def job(job_id: str = id_path()) -> dict:
+        """One job: command, attempts with exit reasons, restarts, status history, stacks."""
+        detail = data.job_detail(store, job_id)
+        if detail is None:
+            raise not_found(f"job {job_id!r}")
+        return detail
 
     @router.get("/steps")
     def steps(job: Filter = text_filter("only this job id"), win: Window = Depends(window), points: int = points_query()) -> dict:

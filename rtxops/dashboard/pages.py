@@ -97,7 +97,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return render(request, "jobs.html", None, states=data.JOB_STATES, state=state, search=search,
                       jobs=data.jobs_page(store, state=state, search=search, paging=page))
 
-    @router.get("/jobs/{job_id}")
+    @router.get("/jobs/{job_id:path}")  # ids may hold "/"
     def job(request: Request, job_id: str = Path(min_length=1, max_length=200),
             search: Filter = text_filter("case-insensitive substring"),
             win: Window = Depends(window)):

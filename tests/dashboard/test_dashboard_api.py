@@ -168,3 +168,23 @@ def test_the_trace_download_is_a_chrome_trace_of_the_window(api, live):
     first = V.window_rows(live.store, job_id=live.job_id, since_ns=0, until_ns=2**62, limit=1)[0]
     assert other["origin_unix_ns"] == first["start_ns"]
     assert steps and min(e["ts"] for e in steps) >= 0
+
+
+def test_a_job_id_holding_a_slash_opens(api, live):
+    """Any OpenTelemetry client names its own job: ``team/run-7`` was a 404 on every job route."""
+    from ..daemon.live import otlp_batch
+
+    job = "team/run-7"
+    request, _ = otlp_batch(5, seed=3, job_id=job)
+    with live.client(token=True) as c:
+        r = c.post("/v1/traces", content=request.SerializeToString(),
+                   headers={"Content-Type": "application/x-protobuf"})
+        assert r.status_code == 200, r.text
+    quoted = "team%2Frun-7"
+    assert api.get(f"/api/jobs/{quoted}").json()["job_id"] == job
+    assert api.get(f"/api/jobs/{quoted}/logs").json()["job_id"] == job
+    assert api.get(f"/api/jobs/{quoted}/events").status_code == 200
+    page = api.get(f"/jobs/{quoted}")
+    assert page.status_code == 200 and job in page.text
+    listed = api.get("/jobs", params={"search": "run-7"}).text
+    assert 'href="/jobs/team' in listed
