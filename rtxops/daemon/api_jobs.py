@@ -76,8 +76,8 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
 
     @router.get("")
     def jobs(limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)) -> dict:
-        all_jobs = sorted(supervisor.jobs(), key=lambda j: j.created_at_ns, reverse=True)
-        return {"total": len(all_jobs), "jobs": [job_view(j) for j in all_jobs[offset:offset + limit]]}
+        total, page = supervisor.page(offset, limit)
+        return {"total": total, "jobs": [job_view(j) for j in page]}
 
     @router.get("/{job_id}")
     def job(job_id: str) -> dict:
@@ -96,8 +96,13 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
             lines = await anyio.to_thread.run_sync(
                 lambda: supervisor.wait_for_logs(job_id, after_seq=after, rank=rank, timeout=wait_s,
                                                  limit=limit), limiter=long_polls[0])
-        else:  # no wait asked, or every long-poll slot taken: answer now (the client polls again)
-            lines = supervisor.logs(job_id, rank=rank, after_seq=after, limit=limit)
+        else:  # no wait asked, or every long-poll slot taken: answer now, off the event loop
+            lines = await anyio.to_thread.run_sync(
+                lambda: supervisor.logs(job_id, rank=rank, after_seq=after, limit=limit))
+            if wait_s and not lines:
+                # a follower past the long-poll slots polls again at once on an empty answer:
+                # pace it, or a few of them spin on the store
+                await anyio.sleep(min(wait_s, 1.0))
         job = get(job_id)
         return {"job": job_id, "state": job.state.value, "done": job.state.terminal,
                 "lines": [line._asdict() for line in lines]}

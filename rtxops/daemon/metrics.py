@@ -1,7 +1,6 @@
 """Prometheus metrics, read from the store and the supervisor at scrape time."""
 from __future__ import annotations
 
-from collections import Counter
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -27,15 +26,14 @@ class _Collector:
         for name, key in (("rtxops_store_queue_batches", "queue_batches"),
                           ("rtxops_store_queue_spans", "queue_spans")):
             yield GaugeMetricFamily(name, "store writer queue depth", value=s.get(key, 0))
-        jobs = d.supervisor.jobs()
-        states = Counter(j.state.value for j in jobs)
+        states, crashes, hangs = d.supervisor.tally()
         g = GaugeMetricFamily("rtxops_jobs", "jobs by state", labels=["state"])
         for state in JobState:
             g.add_metric([state.value], states.get(state.value, 0))
         yield g
         restarts = CounterMetricFamily("rtxops_job_restarts", "job restarts", labels=["reason"])
-        restarts.add_metric(["crash"], sum(j.crash_restarts for j in jobs))
-        restarts.add_metric(["hang"], sum(j.hang_restarts for j in jobs))
+        restarts.add_metric(["crash"], crashes)
+        restarts.add_metric(["hang"], hangs)
         yield restarts
         yield CounterMetricFamily("rtxops_plan_swaps", "plan swaps reported by jobs",
                                   value=d.swap_count())

@@ -95,19 +95,15 @@ class Daemon:
     def _a_job_is_warm(self) -> bool:
         """Whether a running job has reported the loop's ``min_steps`` (before that the loop has
         nothing to look at, and building it would slow the job's start)."""
-        for job_id in self.running_jobs():
-            try:
-                last = self.supervisor.job(job_id).last_step
-            except Exception:
-                continue
-            if last is not None and last >= self.evolve_config.min_steps:
-                return True
-        return False
+        if self.supervisor is None or self._stopping.is_set():
+            return False
+        return any(last is not None and last >= self.evolve_config.min_steps
+                   for last in self.supervisor.running().values())
 
     def running_jobs(self) -> list[str]:
         if self.supervisor is None or self._stopping.is_set():
             return []
-        return [j.id for j in self.supervisor.jobs() if j.state.value == "running"]
+        return list(self.supervisor.running())
 
     def on_batch(self, batch) -> None:
         """Heartbeats for the supervisor from every committed batch's step spans."""

@@ -100,9 +100,31 @@ class Supervisor:
         return self.job(job_id)
 
     def jobs(self) -> list[Job]:
-        """Every known job, oldest first (copies)."""
+        """Every known job, oldest first (copies: slow with thousands of jobs; the periodic
+        callers use :meth:`running`, :meth:`page` and :meth:`tally`)."""
         with self._lock:
             return [j.copy() for j in sorted(self._jobs.values(), key=lambda j: j.created_at_ns)]
+
+    def running(self) -> dict[str, int | None]:
+        """The running jobs' ids and last steps. Copies nothing: the lock is held
+        for microseconds (heartbeats from the ingest path wait on it)."""
+        with self._lock:
+            return {j.id: j.last_step for j in self._jobs.values() if j.state is JobState.RUNNING}
+
+    def page(self, offset: int, limit: int) -> tuple[int, list[Job]]:
+        """How many jobs there are, and copies of ``limit`` of them from ``offset``, newest first."""
+        with self._lock:
+            newest = sorted(self._jobs.values(), key=lambda j: j.created_at_ns, reverse=True)
+            return len(newest), [j.copy() for j in newest[offset:offset + limit]]
+
+    def tally(self) -> tuple[dict[str, int], int, int]:
+        """Jobs by state, and crash and hang restarts over all jobs (for /metrics)."""
+        with self._lock:
+            states: dict[str, int] = {}
+            for j in self._jobs.values():
+                states[j.state.value] = states.get(j.state.value, 0) + 1
+            return (states, sum(j.crash_restarts for j in self._jobs.values()),
+                    sum(j.hang_restarts for j in self._jobs.values()))
 
     def job(self, job_id: str) -> Job:
         """A copy of one job; JobNotFound for an unknown id."""

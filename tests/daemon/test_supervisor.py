@@ -434,3 +434,26 @@ def test_a_process_no_saved_attempt_owns_is_killed_on_recovery(tmp_path, sink, m
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_periodic_views_copy_no_job(tmp_path, sink, monkeypatch):
+    """The evolve loop (every 2 s), /metrics and the job list page asked for copies of every job
+    ever run, under the lock heartbeats from the ingest path wait on: with thousands of finished
+    jobs that held the lock for seconds. ``running``, ``tally`` and ``page`` copy at most a page."""
+    now = time.time_ns()
+    recovered = [Job(id=f"j-{i:08x}", spec=spec(PY, "-c", "pass"), state=JobState.SUCCEEDED,
+                     created_at_ns=now + i, updated_at_ns=now + i, token=f"j-{i:08x}.0",
+                     log_dir=str(tmp_path / "gone"), crash_restarts=i % 2) for i in range(50)]
+    s = Supervisor(sink, tmp_path / "work", recovered_jobs=recovered, tick_s=0.02, log_poll_s=0.02)
+    copies = []
+    real_copy = Job.copy
+    monkeypatch.setattr(Job, "copy", lambda self: copies.append(self.id) or real_copy(self))
+    try:
+        assert s.running() == {}
+        assert s.tally() == ({"succeeded": 50}, 25, 0)
+        assert copies == []
+        total, page = s.page(offset=5, limit=10)
+        assert total == 50 and [j.id for j in page] == [f"j-{i:08x}" for i in range(44, 34, -1)]
+        assert len(copies) == 10
+    finally:
+        s.shutdown(grace_s=0.5)
