@@ -209,7 +209,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: threading.Thread(target=self.shutdown, name="rtxops-shutdown",
                                                            daemon=True).start())
-        signal.signal(signal.SIGHUP, lambda *_: self.reload())
+        signal.signal(signal.SIGHUP, self._on_sighup)
 
         announcer = threading.Thread(target=self._announce_when_started, daemon=True)
         announcer.start()
@@ -246,9 +246,14 @@ class Daemon:
         self._announce()
         return self
 
+    def _on_sighup(self, *_) -> None:
+        # signal handlers run on the main thread, which is the event loop's: the reload (it waits
+        # for a publish in flight, parses the policies) goes to a thread of its own
+        threading.Thread(target=self.reload, name="rtxops-reload", daemon=True).start()
+
     def reload(self) -> None:
         """SIGHUP: re-read plans and policies from disk. A broken file is logged and the policies
-        in force stay (this runs in the signal handler: raising here would kill the daemon)."""
+        in force stay (raising here would end the reload's thread with a traceback)."""
         try:
             self.board.reload()
         except Exception as e:

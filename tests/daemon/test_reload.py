@@ -52,3 +52,19 @@ def test_reload_waits_for_a_publish_in_flight(tmp_path):
     reloader.join(10)
     assert blocked, "reload ran while a publish was in flight"
     assert board.current("job-1") == plan
+
+
+def test_the_sighup_handler_returns_at_once():
+    """The handler runs on the event loop's thread: a reload waiting for a publish in flight
+    (signing, the ledger) froze every request meanwhile. It now reloads on a thread of its own."""
+    returned = threading.Event()
+    seen: list[bool] = []
+    done = threading.Event()
+
+    def slow_reload():  # as one waiting for a publish: it ends only once the handler returned
+        seen.append(returned.wait(5))
+        done.set()
+
+    Daemon._on_sighup(SimpleNamespace(reload=slow_reload), 1, None)
+    returned.set()
+    assert done.wait(10) and seen == [True]
