@@ -375,8 +375,14 @@ class Store:
         return future
 
     def write(self, batch: Batch, timeout: float | None = None) -> None:
-        """Submit ``batch`` and wait until it is committed."""
-        self.submit(batch).result(timeout)
+        """Submit ``batch`` and wait until it is committed (on timeout, see :meth:`call`)."""
+        _settled(self.submit(batch), timeout)
+
+    def call(self, fn: Callable[[duckdb.DuckDBPyConnection], Any], timeout: float | None = 30.0) -> Any:
+        """:meth:`run_write` and wait for its result. A write still queued after ``timeout`` is
+        withdrawn (TimeoutError: nothing was written); one already running is waited for, so a
+        caller never gives up on a write that then commits behind its back."""
+        return _settled(self.run_write(fn), timeout)
 
     def run_write(self, fn: Callable[[duckdb.DuckDBPyConnection], Any]) -> Future:
         """Run ``fn(cursor)`` on the writer thread in a transaction of its own (the other tables
@@ -486,7 +492,7 @@ class Store:
         before ``before_ns`` (default: all but the last two). The writer also does this itself
         every ``compact_every_s``."""
         before = _compact_before(before_ns)
-        self.run_write(lambda cur: _compact(cur, before)).result(timeout)
+        self.call(lambda cur: _compact(cur, before), timeout)
 
     def _maybe_compact(self, cur: duckdb.DuckDBPyConnection) -> None:
         if time.monotonic() - self._compacted < self.compact_every_s:
@@ -664,6 +670,15 @@ class Store:
                    max(committed_ns) AS last_commit_ns
             FROM ingest_batches""")[0]
         return {**row, **self.stats()}
+
+
+def _settled(future: Future, timeout: float | None) -> Any:
+    try:
+        return future.result(timeout)
+    except TimeoutError:
+        if future.cancel():  # still queued: the writer skips it
+            raise
+        return future.result()  # running: its outcome, whichever it is
 
 
 def _run_task(cur: duckdb.DuckDBPyConnection, task: _Task) -> None:

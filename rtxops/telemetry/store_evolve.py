@@ -132,7 +132,7 @@ def recorded_buckets(q, op: str | None = None, job_id: str | None = None) -> lis
 # ---- the evolve tables --------------------------------------------------------------------
 
 def _write(store: Store, sql: str, params: Sequence[Any], timeout_s: float = 30.0) -> None:
-    store.run_write(lambda cur: cur.execute(sql, list(params))).result(timeout_s)
+    store.call(lambda cur: cur.execute(sql, list(params)), timeout_s)
 
 
 def save_trial(store: Store, row: dict) -> None:

@@ -12,8 +12,8 @@ from .store import Store
 def save_job(store: Store, job_id: str, name: str, state: str, created_ns: int, updated_ns: int,
              record_json: str, timeout_s: float = 30.0) -> None:
     row = [job_id, name, state, created_ns, updated_ns, record_json]
-    store.run_write(lambda cur: cur.execute(
-        "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)", row)).result(timeout_s)
+    store.call(lambda cur: cur.execute(
+        "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)", row), timeout_s)
 
 
 def append_logs(store: Store, job_id: str, attempt: int, rank: int, stream: str,
@@ -35,14 +35,13 @@ def append_logs(store: Store, job_id: str, attempt: int, rank: int, stream: str,
         finally:
             cur.unregister("_job_log_rows")
 
-    store.run_write(insert).result(timeout_s)
+    store.call(insert, timeout_s)
 
 
 def append_event(store: Store, job_id: str, ts_ns: int, kind: str, detail_json: str,
                  timeout_s: float = 30.0) -> None:
-    store.run_write(lambda cur: cur.execute(
-        "INSERT INTO job_events VALUES (?, ?, ?, ?)", [job_id, ts_ns, kind, detail_json])
-    ).result(timeout_s)
+    store.call(lambda cur: cur.execute(
+        "INSERT INTO job_events VALUES (?, ?, ?, ?)", [job_id, ts_ns, kind, detail_json]), timeout_s)
 
 
 def read_logs(store: Store, job_id: str, *, rank: int | None = None, after_seq: int = 0,

@@ -37,7 +37,7 @@ def append_entry(store: Store, *, kind: str, scope: str, version: int, subject_d
                     list(row.values()))
         return row
 
-    return store.run_write(append).result(timeout_s)
+    return store.call(append, timeout_s)
 
 
 def read_entries(q, *, after_seq: int = 0, limit: int | None = None, offset: int = 0) -> list[dict]:
