@@ -31,11 +31,6 @@ def worker_environment(environ: dict[str, str]) -> dict[str, str]:
     return {**({} if own_malloc else STEADY_MALLOC), **environ, "RTXOPS_ENABLE": "0"}
 
 
-def _background() -> None:
-    """Gates and benchmarks yield the CPU to training jobs (nice 10)."""
-    os.nice(10)
-
-
 def run_worker(request: dict, timeout_s: float = 600.0,
                on_progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Send ``request`` to a fresh worker; return its result lines in order. A worker that runs
@@ -46,7 +41,6 @@ def run_worker(request: dict, timeout_s: float = 600.0,
     proc = subprocess.Popen([sys.executable, "-m", "rtxops.evolve.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, text=True,
                             env=worker_environment(dict(os.environ)),
-                            preexec_fn=_background if hasattr(os, "nice") else None,
                             start_new_session=True)  # its group: whatever a kernel starts too
 
     def kill_group() -> None:

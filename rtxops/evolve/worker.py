@@ -7,8 +7,11 @@ working, then ``{"event": "result", ...}`` per item). Run as ``python -m rtxops.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
 import sys
+import threading
 import time
 from typing import Any
 
@@ -20,6 +23,11 @@ CPU_MAX_CALLS_PER_REP = 256
 
 
 def main() -> int:
+    # background work: training jobs come first (a process of its own, so no thread of the
+    # daemon holds the GIL niced); and it goes when the daemon does, also a daemon killed -9
+    if hasattr(os, "nice"):
+        os.nice(10)
+    exit_with_parent(os.getppid())
     try:
         request = json.loads(sys.stdin.read())
         command = request["command"]
@@ -40,6 +48,20 @@ def main() -> int:
         _emit({"event": "error", "error": f"unknown command {command!r}"})
         return 2
     return 0
+
+
+def exit_with_parent(parent: int, every_s: float = 1.0) -> threading.Thread:
+    """Kill this process's group (the worker, and whatever a kernel started) once ``parent`` is
+    no longer its parent: the daemon that started it has died, and a benchmark left running
+    would compete with the next jobs for hours."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os.killpg(0, signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="rtxops-parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def _gate(registry, items: list[dict]) -> None:
