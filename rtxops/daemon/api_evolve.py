@@ -3,8 +3,8 @@ state, decisions, trials, tuning database and hot spots."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
+import threading
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,12 +40,17 @@ def _offset():
 def make_router(daemon, auth) -> APIRouter:
     router = APIRouter(prefix="/v1/evolve", tags=["evolve"])
 
-    @functools.cache
-    def tasks():  # imports torch (the registry): only when the first task comes
-        from rtxops.evolve.offline import TuneTasks
-        from rtxops.runtime.registry import default_registry
+    made: list = []  # the one TuneTasks (one task at a time), once the first task comes
+    making = threading.Lock()
 
-        return TuneTasks(daemon.store, default_registry)
+    def tasks():  # imports torch (the registry): only when the first task comes
+        with making:  # two first submits at once made two, each running its tasks
+            if not made:
+                from rtxops.evolve.offline import TuneTasks
+                from rtxops.runtime.registry import default_registry
+
+                made.append(TuneTasks(daemon.store, default_registry))
+            return made[0]
 
     @router.post("/tune", status_code=202, dependencies=[Depends(auth)],
                  responses={422: {"description": "bad op, bucket, variant or strategy"}})
@@ -61,7 +66,7 @@ def make_router(daemon, auth) -> APIRouter:
     @router.get("/tune/{task_id}", responses={404: {"description": "no such task"}})
     def task(task_id: str) -> dict:
         """A tuning task: state (queued, running, done, failed), progress, report or error."""
-        found = tasks().get(task_id) if tasks.cache_info().currsize else None
+        found = made[0].get(task_id) if made else None
         if found is None:  # an earlier daemon's
             found = next(iter(store_evolve.saved_tune_tasks(daemon.store, task_id)), None)
         if found is None:
@@ -72,7 +77,7 @@ def make_router(daemon, auth) -> APIRouter:
     def status() -> dict:
         """The evolve loop's state per job (``enabled: false`` when the loop is off) and the
         offline tuning tasks (this daemon's, then the saved ones of earlier daemons)."""
-        tune = tasks().summary() if tasks.cache_info().currsize else []
+        tune = made[0].summary() if made else []
         here = {t["id"] for t in tune}
         tune += [t for t in store_evolve.saved_tune_tasks(daemon.store, summary=True)
                  if t["id"] not in here]
