@@ -54,6 +54,9 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
     router = APIRouter()
     expected = f"Bearer {token}".encode() if token is not None else None
     slots = asyncio.Semaphore(max_inflight)
+    # decoding gets threads of its own: on anyio's shared 40, slow endpoints (publishes, job
+    # submits waiting on the store) starved ingest; made on the event loop, as anyio wants
+    decoders: list[anyio.CapacityLimiter] = []
 
     @router.post(path, include_in_schema=False)
     async def export_traces(request: Request) -> Response:
@@ -84,8 +87,11 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
             store.note_refused()
             return _status(encoding, 429, code_pb2.RESOURCE_EXHAUSTED,
                            "the receiver is busy; retry later", {"Retry-After": "1"})
-        return await _handle(request, store, slots, kind, encoding, content_encoding == "gzip",
-                             max_body_bytes, max_decompressed_bytes, body_timeout_s, on_batch)
+        if not decoders:
+            decoders.append(anyio.CapacityLimiter(max_inflight))
+        return await _handle(request, store, slots, decoders[0], kind, encoding,
+                             content_encoding == "gzip", max_body_bytes, max_decompressed_bytes,
+                             body_timeout_s, on_batch)
 
     return router
 
@@ -97,8 +103,9 @@ def make_app(store: Store, token: str | None = None, **router_options: Any) -> F
     return app
 
 
-async def _handle(request: Request, store: Store, slot: asyncio.Semaphore, kind: str, encoding: str,
-                  gzipped: bool, max_body: int, max_decompressed: int, body_timeout_s: float,
+async def _handle(request: Request, store: Store, slot: asyncio.Semaphore,
+                  decoders: anyio.CapacityLimiter, kind: str, encoding: str, gzipped: bool,
+                  max_body: int, max_decompressed: int, body_timeout_s: float,
                   on_batch: Callable[[otlp.Batch], None] | None) -> Response:
     """Read, decode and queue the request while holding ``slot``; wait for the commit without it
     (queued batches are bounded by the store)."""
@@ -112,7 +119,7 @@ async def _handle(request: Request, store: Store, slot: asyncio.Semaphore, kind:
             return _status(encoding, 408, code_pb2.DEADLINE_EXCEEDED,
                            f"the body did not arrive within {body_timeout_s:g} s")
         batch = await anyio.to_thread.run_sync(_decode, body, kind, gzipped, max_decompressed,
-                                               received_ns)
+                                               received_ns, limiter=decoders)
         del body
         if batch.span_count == 0 and batch.resources.num_rows == 0:
             return _success(encoding)
