@@ -115,8 +115,9 @@ class Daemon:
         steps = spans.filter(pc.equal(spans["name"], "rtx.step"))
         for job_id, rank, step, end_ns in zip(steps["job_id"].to_pylist(), steps["rank"].to_pylist(),
                                               steps["step"].to_pylist(), steps["end_ns"].to_pylist()):
-            if job_id and step is not None:
-                self.supervisor.heartbeat(job_id, step, rank or 0)
+            # step rates only for the supervisor's running jobs: spans of any other job id (any
+            # OTLP client) would grow these maps for good
+            if job_id and step is not None and self.supervisor.heartbeat(job_id, step, rank or 0):
                 self._note_step(job_id, step, end_ns)
 
     def _note_step(self, job_id: str, step: int, end_ns: int | None) -> None:

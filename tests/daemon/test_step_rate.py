@@ -23,3 +23,19 @@ def test_a_rate_from_the_second_step_then_settled_on_whole_seconds(tmp_path, mon
         assert abs(d._step_rates["j"] - 5.0) < 1e-9            # a burst under a second: kept
     finally:
         d.shutdown()
+
+
+def test_step_spans_of_jobs_the_daemon_does_not_run_keep_no_rate(tmp_path, monkeypatch):
+    """Any OTLP client's job ids reach on_batch: their rates were kept for good (one entry per
+    id ever seen)."""
+    import pyarrow as pa
+
+    monkeypatch.setenv("RTXOPS_EVOLVE", "0")
+    d = Daemon(Home(tmp_path / "home"), port=0).prepare()
+    try:
+        spans = pa.table({"name": ["rtx.step"] * 2, "job_id": ["elsewhere-1", "elsewhere-2"],
+                          "rank": [0, 0], "step": [1, 2], "end_ns": [10 * S, 11 * S]})
+        d.on_batch(type("Batch", (), {"spans": spans})())
+        assert d._step_marks == {} and d._step_rates == {}
+    finally:
+        d.shutdown()
