@@ -300,6 +300,8 @@ def daemon(
 ) -> None:
     """Run the daemon in the foreground (``--detach`` for the background)."""
     if ctx.invoked_subcommand is not None:
+        # `rtxops daemon --home X stop`: the home given before the subcommand is its home
+        ctx.obj = {"home": home}
         return
     from rtxops.daemon.client import DaemonClient
     from rtxops.daemon.server import Daemon, configure_logging
@@ -338,12 +340,20 @@ def daemon(
     raise typer.Exit(d.serve_forever())
 
 
+def _daemon_home(ctx: typer.Context, home: Optional[Path]) -> Optional[Path]:
+    """The subcommand's ``--home``, else the one given to ``rtxops daemon`` before it."""
+    given = (ctx.obj or {}).get("home")
+    if home is not None and given is not None and home.resolve() != given.resolve():
+        raise _fail(f"two homes given: --home {given} and --home {home}")
+    return home if home is not None else given
+
+
 @daemon_app.command("status")
-def daemon_status(home: Optional[Path] = typer.Option(None)) -> None:
+def daemon_status(ctx: typer.Context, home: Optional[Path] = typer.Option(None)) -> None:
     """Is a daemon serving this home? Exit 0 if so, 1 if not."""
     from rtxops.daemon.client import DaemonClient
 
-    h = _home(home)
+    h = _home(_daemon_home(ctx, home))
     client = DaemonClient.find(h)
     if client is None:
         out.print(f"no daemon serving {h.root}")
@@ -352,13 +362,13 @@ def daemon_status(home: Optional[Path] = typer.Option(None)) -> None:
 
 
 @daemon_app.command("stop")
-def daemon_stop(home: Optional[Path] = typer.Option(None),
+def daemon_stop(ctx: typer.Context, home: Optional[Path] = typer.Option(None),
                 timeout: float = typer.Option(60.0, help="seconds to wait for a clean stop")) -> None:
     """Stop the daemon (SIGTERM: jobs are stopped gracefully, the store flushed)."""
     from rtxops.daemon import proctree
     from rtxops.daemon.client import DaemonClient
 
-    h = _home(home)
+    h = _home(_daemon_home(ctx, home))
     client = DaemonClient.find(h)
     if client is None or not isinstance(client.pid, int):
         raise _fail(f"no daemon serving {h.root}", 1)

@@ -72,6 +72,11 @@ def test_cli_submit_jobs_logs_cancel_and_stop(daemon, tmp_path):
     home, mark = str(daemon.home), daemon.mark
     r = cli("daemon", "status", "--home", home, mark=mark)
     assert r.returncode == 0 and daemon.url in r.stdout and str(daemon.pid) in r.stdout, r.stdout + r.stderr
+    # the home given before the subcommand (as the README writes it) is the subcommand's home
+    r = cli("daemon", "--home", home, "status", mark=mark, cwd=tmp_path)
+    assert r.returncode == 0 and daemon.url in r.stdout, r.stdout + r.stderr
+    r = cli("daemon", "--home", home, "status", "--home", str(tmp_path), mark=mark)
+    assert r.returncode == 2 and "two homes given" in r.stderr, r.stdout + r.stderr
 
     patient = script(tmp_path, "patient.py", PATIENT)
     r = cli("submit", "--home", home, "--name", "patient", "--", "python", patient, "0", mark=mark,
@@ -110,7 +115,7 @@ def test_cli_submit_jobs_logs_cancel_and_stop(daemon, tmp_path):
     r = cli("cancel", "j-00000000", "--home", home, mark=mark)
     assert r.returncode == 1 and "404" in r.stderr and "j-00000000" in r.stderr
 
-    r = cli("daemon", "stop", "--home", home, mark=mark)
+    r = cli("daemon", "--home", home, "stop", mark=mark, cwd=tmp_path)
     assert r.returncode == 0 and f"stopped daemon {daemon.pid}" in r.stdout, r.stdout + r.stderr
     assert daemon.proc.wait(10) == 0
     r = cli("daemon", "status", "--home", home, mark=mark)
