@@ -67,7 +67,10 @@ def test_script_that_raises_shows_its_traceback(tmp_path):
 
 
 def test_plan_file_routes_the_job(tmp_path):
-    plan = {"version": 1, "defaults": {"rms_norm": "eager", "gelu": "algebraic"}, "entries": []}
+    # the step a plan was published for belongs to the run it was tuned in: a plan the job
+    # starts with applies from the start (it was silently never applied)
+    plan = {"version": 1, "defaults": {"rms_norm": "eager", "gelu": "algebraic"}, "entries": [],
+            "effective_step": 380}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     script = tmp_path / "job.py"
     script.write_text(

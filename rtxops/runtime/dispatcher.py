@@ -482,11 +482,14 @@ class Dispatcher:
                 raise
             self.pending = plan
 
-    def apply_pending(self) -> bool:
-        """Swap in the queued plan now (the step hook calls this). True when a swap happened."""
+    def apply_pending(self, at_once: bool = False) -> bool:
+        """Swap in the queued plan now (the step hook calls this) if its effective step has come,
+        or ``at_once`` (a plan the job starts with: the step it was published for belongs to the
+        run it was tuned in). True when a swap happened."""
         with self._lock:
             plan = self.pending
-            if plan is None or (plan.effective_step is not None and self.step < plan.effective_step):
+            if plan is None or (not at_once and plan.effective_step is not None
+                                and self.step < plan.effective_step):
                 return False
             old, self.plan, self.pending = self.plan, plan, None
             for site in self.sites:

@@ -60,7 +60,7 @@ def start() -> None:
             if problem:
                 raise PlanError(problem)
             dispatcher.install_plan(plan)
-            dispatcher.apply_pending()
+            dispatcher.apply_pending(at_once=True)
         except Exception as e:
             print(f"rtxops: plan {plan_path} not installed, running the reference plan: {e}",
                   file=sys.stderr)
