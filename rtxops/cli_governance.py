@@ -344,18 +344,40 @@ def ledger_export(out_dir: Path = typer.Argument(..., help="folder to write ledg
 def plan_export(out_dir: Path = typer.Argument(..., help="folder to copy the signed bundle to"),
                 job: Optional[str] = typer.Option(None, help="job id (default: the default plan)"),
                 home: Optional[Path] = HomeOpt) -> None:
-    """Copy the newest signed plan bundle for JOB out of $RTXOPS_HOME (ship it with a model)."""
+    """Copy the newest settled signed plan bundle for JOB out of $RTXOPS_HOME (ship it with a
+    model; `rtxops run --plan DIR` starts another job with it). Plans still exploring
+    candidates (explore weights) are passed over."""
     from rtxops.governance.authority import EVERY_JOB
 
     scope = job or EVERY_JOB
-    root = _home(home).root / "bundles" / scope
+    bundles = _home(home).root / "bundles"
+    root = bundles / scope
     versions = sorted((int(p.name[1:]), p) for p in root.glob("v*") if p.name[1:].isdigit()) if root.is_dir() else []
     if not versions:
-        raise _fail(f"no signed plan bundle for {scope} in {root.parent}")
+        scopes = sorted(p.name for p in bundles.iterdir() if p.is_dir()) if bundles.is_dir() else []
+        hint = f"; plans are signed per job: give --job (one of {', '.join(scopes)})" if scopes else ""
+        raise _fail(f"no signed plan bundle for {scope} in {bundles}{hint}")
+    settled = [(v, p) for v, p in versions if _settled_plan(p)]
+    if not settled:
+        raise _fail(f"the plans for {scope} (versions {versions[0][0]}–{versions[-1][0]}) are all "
+                    "exploring candidates or unreadable: nothing settled to ship yet")
     if out_dir.exists():
         raise _fail(f"{out_dir} exists; give a new folder")
-    shutil.copytree(versions[-1][1], out_dir, symlinks=True)
-    out.print(f"plan version {versions[-1][0]} for {scope} → {out_dir}")
+    version, path = settled[-1]
+    shutil.copytree(path, out_dir, symlinks=True)
+    out.print(f"plan version {version} for {scope} → {out_dir}")
+
+
+def _settled_plan(bundle: Path) -> bool:
+    """Whether the bundle holds a readable plan with no explore weights."""
+    from rtxops.runtime.errors import PlanError
+    from rtxops.runtime.plan import Plan
+
+    try:
+        plan = Plan.from_json((bundle / "plan.json").read_bytes())
+    except (OSError, PlanError):
+        return False
+    return not any(e.explore for e in plan.entries)
 
 
 @plan_app.command("import")

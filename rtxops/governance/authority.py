@@ -136,18 +136,19 @@ def bundle_files(directory: Path) -> dict[str, bytes]:
 
 
 def verify_plan_directory(directory: str | Path, keyring_file: str, job: dict,
-                          running_version: int) -> bytes:
+                          running_version: int, any_scope: bool = False) -> bytes:
     """``plan.json`` of the plan bundle at ``directory`` once it verifies as a job requires
     (signature, trusted key, digests, policy, kind plan, version newer than the running one,
-    signed for this job or for every job); else VerificationError with the reason. The bytes
-    returned are the ones verification hashed and parsed (the file is not read again)."""
+    signed for this job or for every job, unless ``any_scope``); else VerificationError with the
+    reason. The bytes returned are the ones verification hashed and parsed (the file is not
+    read again)."""
     report = verify(directory, Trust(keyring=Keyring.load(keyring_file)), policies=load_policies(),
                     expected_kind="plan", newer_than=running_version, job=job)
     if not report.ok:
         f = report.failure
         raise VerificationError(f.name, f.message)
     scope, job_id = report.facts.get("scope"), job.get("id") or ""
-    if scope != EVERY_JOB and not (job_id and scope == job_id):
+    if not any_scope and scope != EVERY_JOB and not (job_id and scope == job_id):
         # another job's plan, validly signed, replayed to this one
         raise VerificationError("scope", f"the plan is signed for {scope!r}, not for this job "
                                          f"({job_id or 'no id'}) nor for every job ({EVERY_JOB})")
@@ -216,7 +217,11 @@ def plan_verifier_for_job(keyring_file: str, job):
 
     def verify(files: dict[str, bytes], running_version: int, directory: str | None = None) -> bytes:
         if directory is not None:
-            return verify_plan_directory(directory, keyring_file, job(), running_version)
+            # a bundle the user named at launch (`rtxops run --plan DIR`, a tuned plan shipped
+            # with a model): verified whole, whichever job it was tuned for. The scope guards
+            # the daemon's channel, where the job does not choose what it is sent
+            return verify_plan_directory(directory, keyring_file, job(), running_version,
+                                         any_scope=True)
         return job_verifier(keyring_file, job())(files, running_version)
 
     verify.warm = warm_up  # type: ignore[attr-defined]

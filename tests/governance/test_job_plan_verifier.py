@@ -25,6 +25,13 @@ def test_a_plan_signed_for_another_job_is_refused(good_plan, keys, job_id):
         verify(bundle_files(good_plan), 0)
 
 
+def test_a_bundle_named_at_launch_is_taken_whichever_job_it_was_tuned_for(good_plan, keys):
+    """`rtxops plan export --job J` then `rtxops run --plan DIR` in another job: the user chose
+    the bundle; it is verified whole but not refused for its scope (it always was)."""
+    verify = plan_verifier_for_job(str(keys.keyring_file), lambda: {"id": "job-2", "deterministic": False})
+    assert verify({}, -1, directory=str(good_plan)) == (good_plan / "plan.json").read_bytes()
+
+
 def test_a_plan_signed_for_every_job_is_taken_by_any(keys, tmp_path):
     from .helpers import plan_bundle
 

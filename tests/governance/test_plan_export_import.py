@@ -2,6 +2,7 @@
 home verifies it against that home's keyring first."""
 from __future__ import annotations
 
+import json
 import shutil
 
 from typer.testing import CliRunner
@@ -21,8 +22,15 @@ def test_export_then_import_verifies_first(keys, tmp_path):
     source = tmp_path / "machine-a"
     plan_bundle(source / "bundles" / "job-1" / "v5", keys.signer(), 5)
     plan_bundle(source / "bundles" / "job-1" / "v12", keys.signer(), 12)
+    exploring = source / "bundles" / "job-1" / "v13"  # an explore round: not a plan to ship
+    exploring.mkdir()
+    (exploring / "plan.json").write_text(json.dumps({"version": 13, "entries": [
+        {"op": "gelu", "bucket": "float32/cpu/n=8", "variant": "eager", "config": {},
+         "explore": [{"variant": "tanh", "config": {}, "weight": 0.1}]}]}))
     code, output = cli("plan", "export", str(tmp_path / "shipped"), "--job", "job-1", "--home", str(source))
     assert code == 0 and "plan version 12" in output, output
+    code, output = cli("plan", "export", str(tmp_path / "none"), "--home", str(source))
+    assert code == 2 and "give --job (one of job-1)" in " ".join(output.split()), output
 
     target = tmp_path / "machine-b"
     code, output = cli("plan", "import", str(tmp_path / "shipped"), "--home", str(target))
