@@ -84,6 +84,9 @@ def run(
     daemon is started in this process for the job's lifetime."""
     if plan is not None and not plan.exists():  # a plan JSON file or a signed bundle folder
         raise _fail(f"plan {plan} does not exist")
+    if json_summary is not None and (json_summary.is_dir() or not json_summary.resolve().parent.is_dir()):
+        # found out before the job runs, not after hours of training
+        raise _fail(f"--json {json_summary}: not a file in an existing folder")
     if compile_model:
         os.environ["RTXOPS_COMPILE_MODEL"] = "1"  # the job inherits it, directly or via the daemon
     if fuse_optimizer:
@@ -99,7 +102,10 @@ def run(
         err.print("rtxops: the job left no summary (it did not start Python, or was killed)")
     else:
         if json_summary:
-            json_summary.write_text(json.dumps(data, indent=2))
+            try:
+                json_summary.write_text(json.dumps(data, indent=2))
+            except OSError as e:
+                err.print(escape(f"rtxops: cannot write {json_summary}: {e.strerror or e}"))
         if summary:
             from rtxops.runtime.summary import per_op
 
@@ -115,6 +121,13 @@ def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path, te
                             readings_factory=TELEMETRY_FACTORY, plan_verifier=PLAN_VERIFIER)
     env["RTXOPS_TELEMETRY"] = "duckdb" if telemetry else "off"
     store = Path(env.get("RTXOPS_STORE") or default_path()).resolve()
+    if telemetry and store == (_home().root / "rtxops.duckdb").resolve():
+        from rtxops.daemon.client import DaemonClient
+
+        client = DaemonClient.find(_home())
+        if client is not None:  # it holds the store: every span of the job would be lost
+            raise _fail(f"a daemon serves {_home().root} at {client.url} and holds its store: "
+                        "run without --direct (the job goes to that daemon), or stop it first")
     store.parent.mkdir(parents=True, exist_ok=True)
     env["RTXOPS_STORE"] = str(store)
     try:

@@ -99,6 +99,9 @@ def test_bad_plan_file_keeps_reference_and_says_why(tmp_path):
 
 @pytest.mark.parametrize("args,code", [
     (["--plan", "/nonexistent/plan.json", "--", sys.executable, "-c", "pass"], 2),
+    # found out before the job runs (it was after, with a traceback and the job's status lost)
+    (["--json", "/nonexistent/dir/s.json", "--", sys.executable, "-c", "pass"], 2),
+    (["--json", "/tmp", "--", sys.executable, "-c", "pass"], 2),
     (["--", "/nonexistent/binary"], 127),
 ])
 def test_usage_errors(args, code):

@@ -192,3 +192,18 @@ def test_a_home_whose_daemon_died_is_not_served_by_the_daemon_now_at_its_port(da
     finally:
         stranger.send_signal(signals.SIGKILL)
         stranger.wait()
+
+
+def test_run_direct_refuses_a_home_a_daemon_serves(daemon, tmp_path):
+    """The daemon holds the home's store: a --direct job's telemetry could not be written (a
+    warning, an empty summary, exit 0). Now refused before the job starts."""
+    import subprocess
+
+    from .live import RTXOPS, clean_env
+
+    ran = tmp_path / "ran"
+    r = subprocess.run([*RTXOPS, "run", "--direct", "--", "python", "-c", f"open({str(ran)!r}, 'w')"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env=clean_env(daemon.mark, RTXOPS_HOME=str(daemon.home)))
+    assert r.returncode == 2 and "holds its store" in " ".join(r.stderr.split()), r.stderr
+    assert not ran.exists()
