@@ -42,6 +42,8 @@ SAVE_EVERY_S = 5.0
 """While a job runs, its record (log offsets, last step) is saved at most this often."""
 LOG_DRAIN_S = 120.0
 """How long an ended attempt waits for its last log lines to be stored before it moves on."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Sent on request (``rtxops run`` forwards Ctrl-C): an attempt that then fails was stopped."""
 
 
 class Supervisor:
@@ -155,6 +157,11 @@ class Supervisor:
             if attempt is None or attempt.outcome is not None:
                 return []
             sid, token = _own_session(attempt), job.token
+            runner = self._runners.get(job_id)
+            if runner is not None and signum in STOP_SIGNALS:
+                # asked to stop (Ctrl-C forwarded by `rtxops run`): if the attempt then fails,
+                # that is the stop, not a crash to restart
+                runner.stop_requested = (attempt.number, signal.Signals(signum).name)
         sent = proctree.signal_procs(proctree.members(sid, token).values(), signum)
         self._event(job_id, "signalled", signal=signal.Signals(signum).name, pids=sent)
         return sent
@@ -351,6 +358,7 @@ class _Runner:
         self.sup = sup
         self.job_id = job_id
         self.cancel_reason: str | None = None
+        self.stop_requested: tuple[int, str] | None = None  # (attempt, signal) sent on request
         self.grace_s = 0.0
         self.heartbeats: dict[int, float] = {}
         self.wake = threading.Event()
@@ -642,6 +650,10 @@ class _Runner:
             return True
         if outcome is Outcome.LOST:
             self._finish(JobState.LOST, attempt.detail)
+            return True
+        if self.stop_requested and self.stop_requested[0] == attempt.number:
+            self._finish(JobState.CANCELLED,
+                         f"stopped by {self.stop_requested[1]} sent on request: {attempt.detail}")
             return True
         hang = outcome is Outcome.HUNG
         used = job.hang_restarts if hang else job.crash_restarts

@@ -457,3 +457,36 @@ def test_the_periodic_views_copy_no_job(tmp_path, sink, monkeypatch):
         assert len(copies) == 10
     finally:
         s.shutdown(grace_s=0.5)
+
+
+def test_a_job_stopped_by_a_signal_sent_on_request_is_not_restarted(sup, tmp_path):
+    """Ctrl-C at `rtxops run` reaches the job as SIGINT through the daemon: its death from it
+    was a crash to restart (the job came back after the user stopped it)."""
+    body = script(tmp_path, "busy.py", """
+        import time
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    job = sup.submit(spec(PY, body, max_crash_restarts=2))
+    until(lambda: [ln for ln in sup.logs(job.id) if ln.text == "ready"], 30)
+    assert sup.signal(job.id, signal.SIGINT)
+    done = sup.wait(job.id, 30)
+    assert done.state is JobState.CANCELLED and done.crash_restarts == 0, (done.state, done.reason)
+    assert "stopped by SIGINT" in done.reason and len(done.attempts) == 1
+    assert done.attempts[0].signal == "SIGINT" or done.attempts[0].exit_code == 130
+
+
+def test_a_crash_after_a_harmless_signal_is_restarted(sup, tmp_path):
+    """SIGUSR1 (a stack dump) is no request to stop."""
+    body = script(tmp_path, "dumps.py", """
+        import faulthandler, signal, sys, time
+        faulthandler.register(signal.SIGUSR1)
+        print("ready", flush=True)
+        time.sleep(1.0)
+        sys.exit(3)
+    """)
+    job = sup.submit(spec(PY, body, max_crash_restarts=1))
+    until(lambda: [ln for ln in sup.logs(job.id) if ln.text == "ready"], 30)
+    sup.signal(job.id, signal.SIGUSR1)
+    done = sup.wait(job.id, 60)
+    assert done.state is JobState.FAILED and done.crash_restarts == 1, (done.state, done.reason)
