@@ -113,6 +113,8 @@ def keys_trust(public_key: Path = typer.Argument(..., help="PEM public key"),
         pem = public_key.read_bytes()
     except OSError as e:
         raise _fail(f"cannot read {public_key}: {e.strerror}") from None
+    if days is not None and days <= 0:
+        raise _fail(f"--days {days:g}: give a positive number of days")
     ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
     now = time.time()
     entry = _guard(lambda: ring.trust(pem, name=name, kinds=kinds.split(","), not_before=now,

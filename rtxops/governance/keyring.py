@@ -69,12 +69,19 @@ class Keyring:
 
     def trust(self, pem: bytes, *, name: str = "", kinds: list[str] | None = None,
               not_before: float | None = None, not_after: float | None = None) -> TrustedKey:
-        """Add (or re-trust) a public key; returns its entry."""
+        """Add (or re-trust, with new kinds or validity) a public key; returns its entry. A
+        revoked key stays revoked (UsageError): revocation means it may be in other hands."""
         key = _keys.load_public(pem)
         for k in kinds or ():
             if k not in KINDS:
                 raise UsageError(f"unknown artifact kind {k!r} (kinds: {', '.join(KINDS)})")
+        if not_after is not None and not_after <= (time.time() if not_before is None else not_before):
+            raise UsageError("the key's validity would end before it begins")
         kid = _keys.key_id(key)
+        old = self.keys.get(kid)
+        if old is not None and old.revoked_at is not None:
+            raise UsageError(f"key {kid[:16]} was revoked ({old.revoked_reason or 'no reason given'}); "
+                             "a revoked key is not trusted again: make a new key")
         entry = TrustedKey(kid, _keys.public_pem(key).decode(), name, list(kinds or KINDS),
                            time.time() if not_before is None else not_before, not_after)
         self.keys[kid] = entry

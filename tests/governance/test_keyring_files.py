@@ -53,3 +53,33 @@ def test_a_public_key_of_an_unknown_algorithm_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(app, ["keys", "trust", str(pub), "--keyring", str(tmp_path / "r.json")])
     assert result.exit_code == 2, (result.output, result.exception)
     assert "isnotaPEMpublickey" in "".join(result.output.split())
+
+
+def test_a_revoked_key_stays_revoked_and_validity_must_be_positive(tmp_path):
+    """`keys trust` of a revoked key made it valid again (and widened its kinds): whoever holds
+    a leaked key could sign again. A validity of -1 days made a key expired at birth."""
+    ring = tmp_path / "r.json"
+    home = tmp_path / "home"
+
+    def cli(*args):
+        r = CliRunner().invoke(app, list(args))
+        return r.exit_code, " ".join(r.output.split())
+
+    code, out = cli("keys", "init", "--name", "k", "--keyring", str(ring), "--home", str(home))
+    assert code == 0, out
+    kid = out.split()[1]
+    code, out = cli("keys", "revoke", kid, "--reason", "leaked", "--keyring", str(ring))
+    assert code == 0, out
+    code, out = cli("keys", "trust", str(home / "keys" / "k.pub"), "--keyring", str(ring))
+    assert code == 2 and "was revoked (leaked)" in out, out
+    assert all(k["revoked_at"] is not None for k in _entries(json.loads(ring.read_text())))
+    code, out = cli("keys", "init", "--name", "k2", "--trust", "--keyring", str(tmp_path / "r2.json"),
+                    "--home", str(home))
+    code, out = cli("keys", "trust", str(home / "keys" / "k2.pub"), "--days", "-1",
+                    "--keyring", str(tmp_path / "r3.json"))
+    assert code == 2 and "positive number of days" in out, out
+
+
+def _entries(ring: dict) -> list[dict]:
+    keys = ring["keys"]
+    return list(keys.values()) if isinstance(keys, dict) else keys
