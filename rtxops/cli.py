@@ -307,7 +307,7 @@ def _print_summary(data: dict, ops: list[dict]) -> None:
 def daemon(
     ctx: typer.Context,
     host: str = typer.Option("127.0.0.1", help="address to bind"),
-    port: int = typer.Option(8765, help="port to bind (0: any free port)"),
+    port: int = typer.Option(8765, min=0, max=65535, help="port to bind (0: any free port)"),
     home: Optional[Path] = typer.Option(None, help="RTXOPS_HOME (default ./.rtxops)"),
     detach: bool = typer.Option(False, help="run in the background (PID file in the home)"),
 ) -> None:
@@ -424,7 +424,7 @@ def submit(
 
 
 @app.command()
-def jobs(home: Optional[Path] = typer.Option(None), limit: int = typer.Option(50)) -> None:
+def jobs(home: Optional[Path] = typer.Option(None), limit: int = typer.Option(50, min=1, max=1000)) -> None:
     """List jobs, newest first."""
     table = Table()
     for col in ("id", "name", "state", "attempts", "restarts", "exit", "step", "reason"):
@@ -553,5 +553,21 @@ class _read_store:
         self.store.close()
 
 
+def main() -> None:
+    """The ``rtxops`` command: the app, with the errors a user can cause said in one line (exit 1
+    for the daemon's refusals, 2 for files and folders) rather than as a traceback."""
+    from rtxops.daemon.client import DaemonError
+
+    try:
+        app()
+    except DaemonError as e:
+        err.print(escape(f"rtxops: {e}"), style="red")
+        sys.exit(1)
+    except OSError as e:
+        where = f": {e.filename}" if e.filename else ""
+        err.print(escape(f"rtxops: {e.strerror or e}{where}"), style="red")
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    app()
+    main()

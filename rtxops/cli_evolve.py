@@ -91,6 +91,8 @@ def tune(
     params = {"op": op, "bucket": bucket, "strategy": strategy, "budget": budget, "reps": reps,
               "warmup": warmup, "variants": list(variant) if variant else None}
     sweep_out = sweep_out.resolve() if sweep_out is not None else None
+    if sweep_out is not None and (sweep_out.is_dir() or not sweep_out.parent.is_dir()):
+        raise _fail(f"--sweep-out {sweep_out}: not a file in an existing folder")  # before the trials
     client = _daemon(h)
     report = _tune_remote(client, params, as_json) if client else _tune_local(h, params, as_json, sweep_out)
     if sweep_out is not None and client:

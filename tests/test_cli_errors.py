@@ -1,0 +1,37 @@
+"""Mistakes a user makes at the command line get one clear line and exit 2, never a traceback
+(each of these printed one), and are found before any long work starts."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def rtxops(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
+    return subprocess.run([sys.executable, "-m", "rtxops.cli", *args], capture_output=True,
+                          text=True, timeout=120, env={**base, "COLUMNS": "200", **(env or {})},
+                          cwd=cwd)
+
+
+@pytest.mark.parametrize("case", ["ledger export onto a file", "home is a file", "port out of range",
+                                  "jobs limit 0", "sweep-out in a missing folder"])
+def test_a_clear_error_and_no_traceback(tmp_path, case):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    home = str(tmp_path / "home")
+    args, env, said = {
+        "ledger export onto a file": (["ledger", "export", str(afile), "--home", home], None, "File exists"),
+        "home is a file": (["run", "--", sys.executable, "-c", "pass"], {"RTXOPS_HOME": str(afile)},
+                           "File exists"),
+        "port out of range": (["daemon", "--port", "99999", "--home", home], None, "65535"),
+        "jobs limit 0": (["jobs", "--limit", "0", "--home", home], None, "--limit"),
+        "sweep-out in a missing folder": (["tune", "--op", "gelu", "--home", home, "--sweep-out",
+                                           str(tmp_path / "missing" / "s.json")], None,
+                                          "not a file in an existing folder"),
+    }[case]
+    r = rtxops(*args, env=env, cwd=tmp_path)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and said in " ".join((r.stdout + r.stderr).split()), r.stderr
