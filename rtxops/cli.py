@@ -195,7 +195,12 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
             client = DaemonClient(local.wait_started().url, local.token)
         else:
             job_id = client.submit(command=list(command), name=name, env=env, cwd=os.getcwd())["id"]
+            # a daemon of its own (not this process's) may go down and come back: follow it there
+            client = _Reconnecting(client, home, job_id)
         return _follow(client, job_id, cancel_on_interrupt=True)
+    except _DaemonGone as e:
+        err.print(escape(f"rtxops: {e}"), style="red")
+        raise typer.Exit(2) from None
     except DaemonError as e:
         err.print(f"[red]rtxops: {escape(str(e))}[/red]")
         return 2
@@ -251,6 +256,47 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
     if follow and job["state"] != "succeeded" and job.get("reason"):
         err.print(f"rtxops: job {job_id} {job['state']}: {job['reason']}", markup=False)
     return 128 + stopped if stopped is not None else _exit_status(job)
+
+
+RECONNECT_S = float(os.environ.get("RTXOPS_RECONNECT_S", "120"))
+
+
+class _DaemonGone(Exception):
+    """The daemon following a job went away and did not come back in time."""
+
+
+class _Reconnecting:
+    """A daemon client that, when the daemon stops answering, waits up to ``RECONNECT_S`` for a
+    daemon to serve the home again (a restarted daemon adopts the running job) and goes on
+    there; then :class:`_DaemonGone`. The job runs on meanwhile: it is in a session of its own."""
+
+    def __init__(self, client, home, job_id: str) -> None:
+        self.client, self.home, self.job_id = client, home, job_id
+
+    def __getattr__(self, name: str):
+        method = getattr(self.client, name)
+
+        def call(*args, **kwargs):
+            from rtxops.daemon.client import DaemonClient, DaemonUnreachable
+
+            try:
+                return method(*args, **kwargs)
+            except DaemonUnreachable as e:
+                err.print(escape(f"rtxops: {e}; job {self.job_id} runs on, waiting up to "
+                                 f"{RECONNECT_S:g} s for a daemon to serve {self.home.root} again"))
+                deadline = time.monotonic() + RECONNECT_S
+                while time.monotonic() < deadline:
+                    time.sleep(1.0)
+                    found = DaemonClient.find(self.home)
+                    if found is not None:
+                        self.client = found
+                        err.print(f"rtxops: following job {self.job_id} at {found.url}")
+                        return getattr(found, name)(*args, **kwargs)
+                raise _DaemonGone(f"no daemon came back for {self.home.root}: job {self.job_id} "
+                                  "may still be running unsupervised; start `rtxops daemon` on "
+                                  f"this home to adopt it, then `rtxops logs {self.job_id} -f`") from None
+
+        return call
 
 
 class _Stopped(KeyboardInterrupt):

@@ -12,6 +12,10 @@ class DaemonError(Exception):
     """The daemon answered with an error (message from its response) or could not be reached."""
 
 
+class DaemonUnreachable(DaemonError):
+    """Nothing answered at the daemon's address (it is down, or restarting)."""
+
+
 class DaemonClient:
     def __init__(self, url: str, token: str | None, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
@@ -49,7 +53,7 @@ class DaemonClient:
         try:
             r = self.http.request(method, path, **kw)
         except httpx.HTTPError as e:
-            raise DaemonError(f"cannot reach the daemon at {self.url}: {e}") from None
+            raise DaemonUnreachable(f"cannot reach the daemon at {self.url}: {e}") from None
         if r.status_code >= 400:
             try:
                 detail = r.json().get("detail", r.text)

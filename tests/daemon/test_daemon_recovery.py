@@ -165,3 +165,55 @@ def test_a_cancel_in_progress_is_carried_on_after_kill9(daemons, tmp_path):
     done = d2.wait(job["id"], timeout=60)
     assert done["state"] == "cancelled" and done["reason"] == "cancelled by request", done
     until(lambda: gone(pid), what="the job's process to be killed")
+
+
+JOB = """
+import sys, time
+print("one", flush=True)
+time.sleep(float(sys.argv[1]))
+print("two", flush=True)
+"""
+
+
+def _run(daemon, tmp_path, seconds: float, **env):
+    import subprocess
+
+    from .live import RTXOPS, clean_env
+
+    body = script(tmp_path, "talks.py", JOB)
+    proc = subprocess.Popen([*RTXOPS, "run", "--no-summary", "--", "python", body, str(seconds)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env=clean_env(daemon.mark, RTXOPS_HOME=str(daemon.home), **env))
+    assert proc.stdout.readline().strip() == "one"
+    return proc
+
+
+def test_rtxops_run_follows_its_job_to_a_restarted_daemon(daemons, tmp_path):
+    """A daemon killed -9 under `rtxops run`: it said the job was gone (exit 2, "left no summary")
+    while the job trained on unseen. It now waits for a daemon to serve the home again, which
+    adopts the job, and goes on showing its output."""
+    first = daemons.start()
+    proc = _run(first, tmp_path, 6)
+    first.kill9()
+    daemons.start(first.home)
+    out, errs = proc.communicate(timeout=120)
+    assert "two" in out.split(), (out, errs)
+    assert "waiting up to" in errs and "following job" in errs, errs
+    assert "left no summary" not in errs
+
+
+def test_rtxops_run_says_the_job_may_run_on_when_no_daemon_comes_back(daemons, tmp_path):
+    first = daemons.start()
+    proc = _run(first, tmp_path, 600, RTXOPS_RECONNECT_S="2")
+    first.kill9()
+    out, errs = proc.communicate(timeout=60)
+    assert proc.returncode == 2, (out, errs)
+    assert "may still be running unsupervised" in " ".join(errs.split()), errs
+    assert "left no summary" not in errs
+    from .live import marked
+
+    orphans = marked(first.mark)  # the job, in its own session, trains on: as it was told
+    assert orphans
+    for pid in orphans:
+        os.kill(pid, signal.SIGKILL)
+    until(lambda: not marked(first.mark), 10, what="the orphaned job to go")
