@@ -35,6 +35,14 @@ class LoopConfig:
     @classmethod
     def from_env(cls, **overrides) -> LoopConfig:
         """Read ``RTXOPS_EVOLVE_*``; a malformed value raises ValueError naming the variable."""
+        names = {f"RTXOPS_EVOLVE_{f.name.upper()}" for f in fields(cls)}
+        for name in sorted(k for k in os.environ if k.startswith("RTXOPS_EVOLVE_") and k not in names):
+            import difflib
+
+            near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            raise ValueError(f"{name} is not a setting of the evolve loop"
+                             + (f" (did you mean {near[0]}?)" if near else "")
+                             + f"; the settings: {', '.join(sorted(names))}")
         values = {}
         for f in fields(cls):
             name = f"RTXOPS_EVOLVE_{f.name.upper()}"

@@ -103,3 +103,15 @@ def test_the_loop_refuses_an_objective_it_would_not_honour():
     for objective in ("memory", "time+memory", "speed"):
         with pytest.raises(ValueError, match="RTXOPS_EVOLVE_OBJECTIVE"):
             LoopConfig(objective=objective).check()
+
+
+def test_a_misspelt_setting_is_refused_with_the_nearest_name(monkeypatch):
+    """`RTXOPS_EVOLVE_WINDOW=abc` (the README once said "window") was silently ignored."""
+    from rtxops.evolve.config import LoopConfig
+
+    monkeypatch.setenv("RTXOPS_EVOLVE_WINDOW", "40")
+    with pytest.raises(ValueError, match="did you mean RTXOPS_EVOLVE_WINDOW_STEPS"):
+        LoopConfig.from_env()
+    monkeypatch.delenv("RTXOPS_EVOLVE_WINDOW")
+    monkeypatch.setenv("RTXOPS_EVOLVE_WINDOW_STEPS", "40")
+    assert LoopConfig.from_env().window_steps == 40
