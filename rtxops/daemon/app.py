@@ -8,7 +8,7 @@ import os
 from fastapi import FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 
 from rtxops import __version__, dashboard
@@ -16,6 +16,7 @@ from rtxops.telemetry.receiver import make_router as receiver_router
 
 from . import api_evolve, api_jobs, api_plans, api_telemetry
 from .auth import require_token
+from .docs import api_page
 from .metrics import registry_for, render
 
 
@@ -30,7 +31,12 @@ class AsciiJSONResponse(JSONResponse):
 
 def create_app(daemon) -> FastAPI:
     app = FastAPI(title="rtxops daemon", version=__version__, default_response_class=AsciiJSONResponse,
-                  description="Supervises training jobs, ingests their telemetry, serves plans.")
+                  description="Supervises training jobs, ingests their telemetry, serves plans.",
+                  docs_url=None, redoc_url=None)  # their pages load scripts from a CDN
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> Response:
+        return HTMLResponse(api_page(app.openapi()))
 
     @app.exception_handler(HTTPException)
     def http_error(request: Request, exc: HTTPException) -> Response:

@@ -289,3 +289,14 @@ def test_the_cli_streams_a_json_export_from_the_daemon_into_a_whole_file(shared,
     with pytest.raises(DaemonError, match="404"):
         client.export("chrome-trace", "no-such-job", missing)
     assert not missing.exists() and not (tmp_path / "m.json.part").exists()
+
+
+def test_the_api_docs_page_needs_no_internet(shared):
+    """/docs was FastAPI's Swagger page, whose scripts come from cdn.jsdelivr.net: blank on a
+    machine without internet access. It is now one self-contained page."""
+    r = shared.client(token=None).get("/docs")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "<script" not in r.text and "cdn." not in r.text and "https://" not in r.text
+    for path in ("/v1/jobs", "/v1/traces", "/v1/plans", "/v1/telemetry/export", "/healthz"):
+        assert f"<code>{path}</code>" in r.text, path
+    assert shared.client(token=None).get("/openapi.json").status_code == 200
