@@ -476,9 +476,10 @@ def jobs(home: Optional[Path] = typer.Option(None), limit: int = typer.Option(50
     for col in ("id", "name", "state", "attempts", "restarts", "exit", "step", "reason"):
         table.add_column(col)
     for j in _client(home).jobs(limit):
+        shown = lambda v: "" if v is None else str(v)  # noqa: E731
         table.add_row(*map(plain, (j["id"], j["name"], j["state"], str(len(j["attempts"])),
-                                    str(j["crash_restarts"] + j["hang_restarts"]), str(j["exit_code"]),
-                                    str(j["last_step"]), j["reason"])))  # user text, not markup
+                                    str(j["crash_restarts"] + j["hang_restarts"]), shown(j["exit_code"]),
+                                    shown(j["last_step"]), shown(j["reason"]))))  # user text, not markup
     out.print(table)
 
 

@@ -56,8 +56,8 @@ class DaemonClient:
             raise DaemonUnreachable(f"cannot reach the daemon at {self.url}: {e}") from None
         if r.status_code >= 400:
             try:
-                detail = r.json().get("detail", r.text)
-            except ValueError:
+                detail = _readable(r.json().get("detail", r.text))
+            except (ValueError, AttributeError):
                 detail = r.text
             raise DaemonError(f"{r.status_code}: {detail}")
         return r.json() if r.content else {}
@@ -106,3 +106,11 @@ class DaemonClient:
         finally:
             part.unlink(missing_ok=True)
         return size
+
+
+def _readable(detail) -> str:
+    """A validation error list (``[{"loc": [...], "msg": ...}]``) as ``field: message; ...``."""
+    if isinstance(detail, list) and all(isinstance(d, dict) and "msg" in d for d in detail):
+        return "; ".join(f"{'.'.join(str(x) for x in d.get('loc', ())[1:]) or 'request'}: {d['msg']}"
+                         for d in detail)
+    return str(detail)

@@ -300,3 +300,15 @@ def test_the_api_docs_page_needs_no_internet(shared):
     for path in ("/v1/jobs", "/v1/traces", "/v1/plans", "/v1/telemetry/export", "/healthz"):
         assert f"<code>{path}</code>" in r.text, path
     assert shared.client(token=None).get("/openapi.json").status_code == 200
+
+
+def test_a_refused_request_reads_as_a_sentence_at_the_cli(shared):
+    """`rtxops submit --nproc-per-node 0` printed pydantic's raw error list."""
+    from rtxops.daemon.client import DaemonClient, DaemonError
+
+    client = DaemonClient(shared.url, shared.token)
+    with pytest.raises(DaemonError) as e:
+        client.submit(command=["python", "-c", "pass"], nproc_per_node=0)
+    message = str(e.value)
+    assert message.startswith("422: nproc_per_node: ") and "greater than or equal to 1" in message
+    assert "{" not in message and "'type'" not in message
