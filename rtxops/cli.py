@@ -182,10 +182,19 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
             from rtxops.daemon.errors import JobSpecError
             from rtxops.daemon.jobs import JobSpec
 
+            import duckdb
+
+            from rtxops.telemetry.store import StoreError
+
             try:
                 local = Daemon(home, port=0).prepare()
             except ValueError as e:  # a malformed RTXOPS_EVOLVE_* setting
                 raise DaemonError(str(e)) from None
+            except (StoreError, duckdb.IOException) as e:  # a daemon that does not answer holds it
+                stuck = _silent_daemon(home)
+                raise DaemonError(f"cannot open the store of {home.root}: "
+                                  + (f"daemon process {stuck} holds it but does not answer "
+                                     "(stopped, or hung?)" if stuck else str(e))) from None
             try:
                 job_id = local.supervisor.submit(JobSpec(command=list(command), name=name, env=env,
                                                          cwd=os.getcwd())).id
@@ -399,6 +408,22 @@ def daemon(
     raise typer.Exit(d.serve_forever())
 
 
+def _silent_daemon(h) -> Optional[int]:
+    """The pid of an `rtxops daemon` process for home ``h`` that does not answer (its pid file
+    names a live process whose command line is a daemon of this home), or None."""
+    try:
+        pid = int(h.pid_file.read_text().split()[0])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except (OSError, ValueError, IndexError):
+        return None
+    if "daemon" not in argv or "rtxops" not in " ".join(argv):
+        return None
+    homes = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--home"]
+    root = h.root.resolve()
+    return pid if any(Path(x).resolve() == root for x in homes) or not homes else None
+
+
 def _daemon_home(ctx: typer.Context, home: Optional[Path]) -> Optional[Path]:
     """The subcommand's ``--home``, else the one given to ``rtxops daemon`` before it."""
     given = (ctx.obj or {}).get("home")
@@ -415,7 +440,9 @@ def daemon_status(ctx: typer.Context, home: Optional[Path] = typer.Option(None))
     h = _home(_daemon_home(ctx, home))
     client = DaemonClient.find(h)
     if client is None:
-        out.print(f"no daemon serving {h.root}")
+        stuck = _silent_daemon(h)
+        out.print(f"no daemon serving {h.root}" + (f"; process {stuck} holds it (its store) but does "
+                                                    "not answer: stopped, or hung?" if stuck else ""))
         raise typer.Exit(1)
     out.print(f"daemon serving {client.url} (pid {client.pid}, home {h.root})")
 
@@ -429,9 +456,13 @@ def daemon_stop(ctx: typer.Context, home: Optional[Path] = typer.Option(None),
 
     h = _home(_daemon_home(ctx, home))
     client = DaemonClient.find(h)
-    if client is None or not isinstance(client.pid, int):
-        raise _fail(f"no daemon serving {h.root}", 1)
-    pid = client.pid  # the daemon's own word: a stale pid file may name another process now
+    if client is not None and isinstance(client.pid, int):
+        pid = client.pid  # the daemon's own word: a stale pid file may name another process now
+    else:
+        pid = _silent_daemon(h)  # one that does not answer (stopped, hung) but holds the home
+        if pid is None:
+            raise _fail(f"no daemon serving {h.root}", 1)
+        os.kill(pid, signal.SIGCONT)  # a stopped one cannot act on SIGTERM
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

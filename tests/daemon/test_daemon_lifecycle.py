@@ -207,3 +207,28 @@ def test_run_direct_refuses_a_home_a_daemon_serves(daemon, tmp_path):
                        env=clean_env(daemon.mark, RTXOPS_HOME=str(daemon.home)))
     assert r.returncode == 2 and "holds its store" in " ".join(r.stderr.split()), r.stderr
     assert not ran.exists()
+
+
+def test_a_daemon_that_does_not_answer_is_named_and_can_be_stopped(daemon, tmp_path):
+    """A stopped (SIGSTOP) or hung daemon: status said "no daemon", stop could not stop it, and
+    `rtxops run` died with DuckDB's lock error as a traceback."""
+    import signal
+    import subprocess
+
+    from .live import RTXOPS, clean_env
+
+    home, mark = str(daemon.home), daemon.mark
+    os.kill(daemon.pid, signal.SIGSTOP)
+    try:
+        r = cli("daemon", "status", "--home", home, mark=mark)
+        assert r.returncode == 1 and f"process {daemon.pid} holds it" in " ".join(r.stdout.split()), r.stdout
+        r = subprocess.run([*RTXOPS, "run", "--", "python", "-c", "pass"], capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path,
+                           env=clean_env(mark, RTXOPS_HOME=home))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert f"daemon process {daemon.pid} holds it but does not answer" in " ".join(r.stderr.split())
+        r = cli("daemon", "stop", "--home", home, mark=mark)
+        assert r.returncode == 0 and f"stopped daemon {daemon.pid}" in r.stdout, r.stdout + r.stderr
+    finally:
+        if daemon.running():
+            os.kill(daemon.pid, signal.SIGCONT)
