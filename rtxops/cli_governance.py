@@ -393,6 +393,9 @@ def plan_import(bundle: Path = typer.Argument(..., help="signed plan bundle fold
     trust = Trust(keyring=_guard(lambda: Keyring.load(_keyring_path(keyring, home))))
     policies = _guard(load_policies)
     imported = (_home(home).root / "imported").resolve()
+    if imported == bundle.resolve() or bundle.resolve() in imported.parents:
+        raise _fail(f"{bundle} holds this home's imported plans ({imported}): give the bundle's "
+                    "own folder")  # it would be copied into itself
     imported.mkdir(parents=True, exist_ok=True)
     # the copy is what gets verified and kept: the folder given may change after it was read
     staging = Path(tempfile.mkdtemp(prefix=".import-", dir=imported))

@@ -83,3 +83,13 @@ def test_import_keeps_exactly_the_bytes_it_verified(keys, tmp_path, monkeypatch)
     code, output = cli("plan", "import", str(bundle), "--keyring", str(keys.keyring_file), "--home", str(home))
     assert code == 1 and "symlink" in output, output
     assert list((home / "imported").iterdir()) == []
+
+
+def test_importing_a_folder_that_holds_the_home_is_refused(tmp_path):
+    """`rtxops plan import .` in a project whose home is ./.rtxops copied the folder into itself
+    (a 74 KB error of nested paths)."""
+    project = tmp_path / "project"
+    (project / ".rtxops").mkdir(parents=True)
+    code, output = cli("plan", "import", str(project), "--home", str(project / ".rtxops"))
+    assert code == 2 and "holds this home's imported plans" in " ".join(output.split()), output
+    assert len(output) < 1000 and not (project / ".rtxops" / "imported").exists()
