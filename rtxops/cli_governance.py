@@ -96,6 +96,8 @@ def keys_list(keyring: Optional[Path] = typer.Option(None), home: Optional[Path]
         out.print(json.dumps([asdict(k) for k in ring.keys.values()], indent=1))
         return
     now = time.time()
+    if not ring.keys:
+        out.print(f"no keys trusted in {_keyring_path(keyring, home)}")
     for k in ring.keys.values():
         state = k.problem(None, now) or "valid"
         out.print(f"{k.key_id[:16]}  {k.name or '-':<16} {','.join(k.kinds):<34} {state}")
@@ -224,6 +226,8 @@ def _ledger_entries(home: Optional[Path]) -> tuple[list[dict], dict | None]:
     from rtxops.telemetry.store import ReadOnlyStore, StoreError
 
     h = _home(home)
+    if not h.root.is_dir():  # a mistyped --home: no ledger to call intact
+        raise _fail(f"no rtxops home at {h.root}")
     if not h.store.exists():
         return [], gl.read_head(h.root / "ledger.head")
     try:

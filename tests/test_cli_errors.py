@@ -22,6 +22,7 @@ def test_a_clear_error_and_no_traceback(tmp_path, case):
     afile = tmp_path / "afile"
     afile.write_text("x")
     home = str(tmp_path / "home")
+    (tmp_path / "home").mkdir()
     args, env, said = {
         "ledger export onto a file": (["ledger", "export", str(afile), "--home", home], None, "File exists"),
         "home is a file": (["run", "--", sys.executable, "-c", "pass"], {"RTXOPS_HOME": str(afile)},
@@ -35,3 +36,12 @@ def test_a_clear_error_and_no_traceback(tmp_path, case):
     r = rtxops(*args, env=env, cwd=tmp_path)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and said in " ".join((r.stdout + r.stderr).split()), r.stderr
+
+
+def test_reports_on_a_mistyped_home_say_so(tmp_path):
+    """`ledger verify --home /nonexistent` said "ledger intact: 0 entries" (exit 0); `keys list`
+    on an empty keyring printed nothing."""
+    r = rtxops("ledger", "verify", "--home", str(tmp_path / "nonexistent"))
+    assert r.returncode == 2 and "no rtxops home at" in " ".join(r.stderr.split()), r.stdout + r.stderr
+    r = rtxops("keys", "list", "--home", str(tmp_path / "nonexistent"))
+    assert r.returncode == 0 and "no keys trusted in" in " ".join(r.stdout.split()), r.stdout + r.stderr
