@@ -107,11 +107,17 @@ def tune(
 
 def _tune_remote(client, params: dict, quiet: bool) -> dict:
     task = _call(client, "POST", "/v1/evolve/tune", json=params)
-    with _progress(quiet) as bar:
-        while task["state"] in ("queued", "running"):
-            time.sleep(POLL_S)
-            task = _call(client, "GET", f"/v1/evolve/tune/{task['id']}")
-            bar(task.get("progress") or {})
+    try:
+        with _progress(quiet) as bar:
+            while task["state"] in ("queued", "running"):
+                time.sleep(POLL_S)
+                task = _call(client, "GET", f"/v1/evolve/tune/{task['id']}")
+                bar(task.get("progress") or {})
+    except KeyboardInterrupt:  # the task runs in the daemon: stop it there too
+        _call(client, "POST", f"/v1/evolve/tune/{task['id']}/cancel")
+        err.print(f"rtxops: cancelled tuning task {task['id']} (it stops once the benchmark "
+                  "running now ends; its trials so far are kept)")
+        raise typer.Exit(130) from None
     if task["state"] != "done":
         raise _fail(f"tuning task {task['id']} failed: {task.get('error')}", 1)
     return task["report"]

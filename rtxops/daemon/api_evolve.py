@@ -63,6 +63,16 @@ def make_router(daemon, auth) -> APIRouter:
         except TuneError as e:
             raise HTTPException(422, str(e)) from None
 
+    @router.post("/tune/{task_id}/cancel", dependencies=[Depends(auth)],
+                 responses={404: {"description": "no such task of this daemon"}})
+    def cancel_task(task_id: str) -> dict:
+        """Cancel a tuning task: a queued one at once, the running one once the benchmark in
+        flight ends (its trials so far are kept)."""
+        found = made[0].cancel(task_id) if made else None
+        if found is None:
+            raise HTTPException(404, f"no tuning task {task_id!r} in this daemon")
+        return found
+
     @router.get("/tune/{task_id}", responses={404: {"description": "no such task"}})
     def task(task_id: str) -> dict:
         """A tuning task: state (queued, running, done, failed), progress, report or error."""

@@ -283,6 +283,7 @@ class TuneTasks:
         self._queue: list[tuple[str, dict]] = []
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
+        self._stops: dict[str, threading.Event] = {}  # the running task's
 
     def submit(self, params: dict) -> dict:
         """Validate ``params`` (``tune``'s keyword arguments; :class:`TuneError` when bad) and
@@ -298,7 +299,7 @@ class TuneTasks:
                                    "progress": {}, "report": None, "error": None,
                                    "submitted_ns": time.time_ns(), "ended_ns": None}
             for old in list(self.tasks)[: max(0, len(self.tasks) - self.keep)]:
-                if self.tasks[old]["state"] in ("done", "failed"):
+                if self.tasks[old]["state"] in ("done", "failed", "cancelled"):
                     del self.tasks[old]
             self._queue.append((task_id, params))
             saved = self._save(task_id)
@@ -320,6 +321,22 @@ class TuneTasks:
         with self._lock:
             task = self.tasks.get(task_id)
             return dict(task) if task else None
+
+    def cancel(self, task_id: str) -> dict | None:
+        """Cancel a task: a queued one at once, the running one once the benchmark in flight
+        ends (its trials so far are kept). Its state; None for an unknown task."""
+        with self._lock:
+            task = self.tasks.get(task_id)
+            if task is None:
+                return None
+            if task["state"] == "queued":
+                self._queue = [(t, p) for t, p in self._queue if t != task_id]
+                task.update(state="cancelled", ended_ns=time.time_ns())
+                self._save(task_id)
+            elif task["state"] == "running":
+                task["cancelling"] = True
+                self._stops[task_id].set()
+            return dict(task)
 
     def summary(self) -> list[dict]:
         with self._lock:
@@ -353,14 +370,19 @@ class TuneTasks:
                     self._wake.wait()
                 task_id, params = self._queue.pop(0)
                 self.tasks[task_id]["state"] = "running"
+                stop = self._stops[task_id] = threading.Event()
                 self._save(task_id)
             try:
-                report = tune(self.store, self.registry(), **params,
+                report = tune(self.store, self.registry(), **params, stop=stop,
                               on_progress=lambda p, t=task_id: self._update(t, progress=p))
-                self._update(task_id, state="done", report=report, ended_ns=time.time_ns())
+                self._update(task_id, state="cancelled" if stop.is_set() else "done", report=report,
+                             ended_ns=time.time_ns())
             except Exception as e:  # the task fails with its reason; the daemon keeps serving
                 self._update(task_id, state="failed", error=f"{type(e).__name__}: {e}",
                              ended_ns=time.time_ns())
+            finally:
+                with self._lock:
+                    self._stops.pop(task_id, None)
 
 
 def _arm_dict(arm: Arm) -> dict:

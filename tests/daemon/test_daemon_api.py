@@ -312,3 +312,9 @@ def test_a_refused_request_reads_as_a_sentence_at_the_cli(shared):
     message = str(e.value)
     assert message.startswith("422: nproc_per_node: ") and "greater than or equal to 1" in message
     assert "{" not in message and "'type'" not in message
+
+
+def test_cancelling_an_unknown_tuning_task_is_404_and_needs_the_token(shared):
+    assert shared.client(token=None).post("/v1/evolve/tune/nope/cancel").status_code == 401
+    r = shared.client().post("/v1/evolve/tune/nope/cancel")
+    assert r.status_code == 404 and "no tuning task 'nope'" in r.json()["detail"]
