@@ -249,7 +249,7 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
                     # the job runs in a session of its own, out of the terminal's reach: it gets
                     # Ctrl-C as it would have at a terminal and exits as it chooses (its
                     # handlers, a checkpoint); its own exit status is ours
-                    client.signal(job_id, "SIGINT")
+                    client.signal(job_id, "SIGINT", stop=True)
                     err.print(f"rtxops: SIGINT sent to job {job_id} (again to cancel it)")
                 else:
                     # SIGTERM/SIGHUP (kill, a scheduler's preemption): SIGTERM to the job, SIGKILL
@@ -409,19 +409,20 @@ def daemon(
 
 
 def _silent_daemon(h) -> Optional[int]:
-    """The pid of an `rtxops daemon` process for home ``h`` that does not answer (its pid file
-    names a live process whose command line is a daemon of this home), or None."""
+    """The pid of an `rtxops daemon` process for home ``h`` that does not answer: the one its pid
+    file names, if that process is a daemon and holds the home's store open (a stale pid file
+    may name a reused pid, even another home's daemon), or None."""
     try:
         pid = int(h.pid_file.read_text().split()[0])
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        if "daemon" not in argv:
+            return None
+        store = str(h.store.resolve())
+        fds = f"/proc/{pid}/fd"
+        return pid if any(os.readlink(f"{fds}/{fd}") == store for fd in os.listdir(fds)) else None
     except (OSError, ValueError, IndexError):
         return None
-    if "daemon" not in argv or "rtxops" not in " ".join(argv):
-        return None
-    homes = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--home"]
-    root = h.root.resolve()
-    return pid if any(Path(x).resolve() == root for x in homes) or not homes else None
 
 
 def _daemon_home(ctx: typer.Context, home: Optional[Path]) -> Optional[Path]:
@@ -462,7 +463,10 @@ def daemon_stop(ctx: typer.Context, home: Optional[Path] = typer.Option(None),
         pid = _silent_daemon(h)  # one that does not answer (stopped, hung) but holds the home
         if pid is None:
             raise _fail(f"no daemon serving {h.root}", 1)
-        os.kill(pid, signal.SIGCONT)  # a stopped one cannot act on SIGTERM
+        try:
+            os.kill(pid, signal.SIGCONT)  # a stopped one cannot act on SIGTERM
+        except ProcessLookupError:
+            raise _fail(f"no daemon serving {h.root}", 1) from None
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

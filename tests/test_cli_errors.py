@@ -45,3 +45,21 @@ def test_reports_on_a_mistyped_home_say_so(tmp_path):
     assert r.returncode == 2 and "no rtxops home at" in " ".join(r.stderr.split()), r.stdout + r.stderr
     r = rtxops("keys", "list", "--home", str(tmp_path / "nonexistent"))
     assert r.returncode == 0 and "no keys trusted in" in " ".join(r.stdout.split()), r.stdout + r.stderr
+
+
+def test_a_stale_pid_file_naming_another_process_is_not_taken_for_the_daemon(tmp_path):
+    """A daemon killed -9 leaves its pid file; the pid may now be another process, even another
+    home's daemon: `daemon stop` must not signal it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "rtxops", "daemon"])
+    try:
+        (home / "daemon.pid").write_text(f"{other.pid}\n")
+        r = rtxops("daemon", "status", "--home", str(home))
+        assert r.returncode == 1 and "holds it" not in r.stdout, r.stdout
+        r = rtxops("daemon", "stop", "--home", str(home))
+        assert r.returncode == 1 and "no daemon serving" in " ".join(r.stderr.split()), r.stderr
+        assert other.poll() is None, "another process was signalled"
+    finally:
+        other.kill()
+        other.wait()

@@ -38,6 +38,8 @@ class SignalRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     signal: Literal["SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"] = "SIGINT"
+    stop: bool = Field(False, description="a request to stop (Ctrl-C at `rtxops run`): if the "
+                                          "attempt then fails it is cancelled, not restarted")
 
 
 def job_view(job: Job) -> dict:
@@ -123,6 +125,6 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
         stays supervised and exits as it chooses."""
         get(job_id)
         return {"job": job_id, "signal": req.signal,
-                "pids": supervisor.signal(job_id, getattr(signal, req.signal))}
+                "pids": supervisor.signal(job_id, getattr(signal, req.signal), stop=req.stop)}
 
     return router

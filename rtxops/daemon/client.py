@@ -80,8 +80,8 @@ class DaemonClient:
     def cancel(self, job_id: str) -> dict:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
-    def signal(self, job_id: str, name: str = "SIGINT") -> dict:
-        return self._call("POST", f"/v1/jobs/{job_id}/signal", json={"signal": name})
+    def signal(self, job_id: str, name: str = "SIGINT", stop: bool = False) -> dict:
+        return self._call("POST", f"/v1/jobs/{job_id}/signal", json={"signal": name, "stop": stop})
 
     def telemetry_stats(self) -> dict:
         return self._call("GET", "/v1/telemetry/stats")

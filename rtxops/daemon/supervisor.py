@@ -147,10 +147,12 @@ class Supervisor:
         self._event(job_id, "cancel_requested")
         return self.job(job_id)
 
-    def signal(self, job_id: str, signum: int) -> list[int]:
+    def signal(self, job_id: str, signum: int, stop: bool = False) -> list[int]:
         """Send ``signum`` to every process of the job's running attempt (as Ctrl-C at a terminal
         reaches the whole foreground group); the pids signalled. The job goes on being supervised:
-        it may handle the signal (save a checkpoint) and exit as it chooses."""
+        it may handle the signal (save a checkpoint) and exit as it chooses. With ``stop`` (a
+        stop signal asked to end the job: Ctrl-C at ``rtxops run``) an attempt that then fails is
+        cancelled rather than restarted."""
         with self._lock:
             job = self._get(job_id)
             attempt = job.attempt if not job.state.terminal else None
@@ -158,7 +160,7 @@ class Supervisor:
                 return []
             sid, token = _own_session(attempt), job.token
             runner = self._runners.get(job_id)
-            if runner is not None and signum in STOP_SIGNALS:
+            if runner is not None and stop and signum in STOP_SIGNALS:
                 # asked to stop (Ctrl-C forwarded by `rtxops run`): if the attempt then fails,
                 # that is the stop, not a crash to restart
                 runner.stop_requested = (attempt.number, signal.Signals(signum).name)

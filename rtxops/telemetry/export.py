@@ -35,17 +35,19 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
-def chrome_trace_chunks(rows: Iterable[dict], origin: int) -> Iterator[str]:
+def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iterator[str]:
     """Chrome trace-event JSON, in pieces: one process per (job, rank), lanes for steps, compiles,
-    kernels, calls and trials. Times in microseconds, as the format wants, from ``origin`` (the
-    first span's start, ``otherData.origin_unix_ns``): Unix times in µs are ~1.8e15, where a
-    double keeps only 0.25 µs, and back-to-back steps would overlap (Perfetto drops overlapping
-    slices)."""
+    kernels, calls and trials. Times in microseconds, as the format wants, from ``origin``
+    (default: the first row's start, for rows oldest first; ``otherData.origin_unix_ns``): Unix
+    times in µs are ~1.8e15, where a double keeps only 0.25 µs, and back-to-back steps would
+    overlap (Perfetto drops overlapping slices)."""
     yield '{"traceEvents":['
     processes: dict[tuple, int] = {}
     items: list[str] = []
     first = True
     for row in rows:
+        if origin is None:
+            origin = row["start_ns"]
         proc = (row.get("job_id") or "?", row.get("rank") or 0)
         pid = processes.get(proc)
         if pid is None:
@@ -75,7 +77,7 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int) -> Iterator[str]:
                                  "args": {"name": name}}))
     if items:
         yield ("" if first else ",") + ",".join(items)
-    yield '],"displayTimeUnit":"ns","otherData":' + _dumps({"origin_unix_ns": origin}) + "}"
+    yield '],"displayTimeUnit":"ns","otherData":' + _dumps({"origin_unix_ns": origin or 0}) + "}"
 
 
 def otlp_json_chunks(rows: Iterable[dict], events: Iterable[dict] = ()) -> Iterator[str]:
@@ -169,9 +171,8 @@ class JsonExport:
     def __iter__(self) -> Iterator[str]:
         from . import store
 
-        if self.format == "chrome-trace":
-            rows = self._counted(store.iter_export_rows(self.q, self.job_id))
-            return chrome_trace_chunks(rows, store.export_origin(self.q, self.job_id))
+        if self.format == "chrome-trace":  # oldest first: the first row is the origin
+            return chrome_trace_chunks(self._counted(store.iter_export_rows(self.q, self.job_id)))
         rows = self._counted(store.iter_export_rows(self.q, self.job_id, order="resource"))
         return otlp_json_chunks(rows, store.export_events(self.q, self.job_id))
 

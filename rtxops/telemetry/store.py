@@ -924,7 +924,9 @@ _EXPORT_ROWS = """
     FROM spans s LEFT JOIN resources r USING (resource_id)
     WHERE ($job IS NULL OR s.job_id = $job)
     ORDER BY {order}"""
-_EXPORT_ORDER = {"time": "s.start_ns", "resource": "s.resource_id, s.scope_name, s.start_ns"}
+# an unnamed scope is exported as "rtxops" (export.otlp_json_chunks): it sorts under that name
+_EXPORT_ORDER = {"time": "s.start_ns",
+                 "resource": "s.resource_id, coalesce(s.scope_name, 'rtxops'), s.start_ns"}
 EXPORT_FETCH_ROWS = 10_000  # rows held at once while exporting: memory stays bounded
 
 
@@ -939,13 +941,6 @@ def iter_export_rows(q, job_id: str | None = None, order: str = "time") -> Itera
         while rows := result.fetchmany(EXPORT_FETCH_ROWS):
             for row in rows:
                 yield dict(zip(names, row))
-
-
-def export_origin(q, job_id: str | None = None) -> int:
-    """The start of the earliest span :func:`iter_export_rows` gives (0 when there is none)."""
-    row = q.query("SELECT min(start_ns) AS t FROM spans WHERE $job IS NULL OR job_id = $job",
-                  {"job": job_id})[0]
-    return row["t"] or 0
 
 
 def export_events(q, job_id: str | None = None) -> list[dict]:

@@ -469,24 +469,25 @@ def test_a_job_stopped_by_a_signal_sent_on_request_is_not_restarted(sup, tmp_pat
     """)
     job = sup.submit(spec(PY, body, max_crash_restarts=2))
     until(lambda: [ln for ln in sup.logs(job.id) if ln.text == "ready"], 30)
-    assert sup.signal(job.id, signal.SIGINT)
+    assert sup.signal(job.id, signal.SIGINT, stop=True)
     done = sup.wait(job.id, 30)
     assert done.state is JobState.CANCELLED and done.crash_restarts == 0, (done.state, done.reason)
     assert "stopped by SIGINT" in done.reason and len(done.attempts) == 1
     assert done.attempts[0].signal == "SIGINT" or done.attempts[0].exit_code == 130
 
 
-def test_a_crash_after_a_harmless_signal_is_restarted(sup, tmp_path):
-    """SIGUSR1 (a stack dump) is no request to stop."""
-    body = script(tmp_path, "dumps.py", """
-        import faulthandler, signal, sys, time
-        faulthandler.register(signal.SIGUSR1)
+def test_a_crash_after_a_signal_the_job_handled_is_restarted(sup, tmp_path):
+    """A signal sent without asking to stop (SIGHUP to reload, here) is no stop: the job handles
+    it and goes on, and a later crash is restarted as any crash."""
+    body = script(tmp_path, "reloads.py", """
+        import signal, sys, time
+        signal.signal(signal.SIGHUP, lambda *_: print("reloaded", flush=True))
         print("ready", flush=True)
         time.sleep(1.0)
         sys.exit(3)
     """)
     job = sup.submit(spec(PY, body, max_crash_restarts=1))
     until(lambda: [ln for ln in sup.logs(job.id) if ln.text == "ready"], 30)
-    sup.signal(job.id, signal.SIGUSR1)
+    sup.signal(job.id, signal.SIGHUP)
     done = sup.wait(job.id, 60)
     assert done.state is JobState.FAILED and done.crash_restarts == 1, (done.state, done.reason)

@@ -23,7 +23,7 @@ from rtxops.telemetry.store import Store
 from .otlp_helpers import kvs, span
 
 JOBS = ("job-a", "job-b")
-SCOPES = ("rtxops", "user")
+SCOPES = ("rtxops", "user", "")  # an unnamed scope is stored as NULL and exported as "rtxops"
 
 
 def _store(home, spans_per_scope: int) -> int:
@@ -44,7 +44,7 @@ def _store(home, spans_per_scope: int) -> int:
                     for i in range(n)])
                     for s, scope in enumerate(SCOPES)]) for j, job in enumerate(JOBS)])
             store.write(otlp.convert(req.SerializeToString(), otlp.PROTOBUF, t0), timeout=60)
-            total += 2 * 2 * n
+            total += len(JOBS) * len(SCOPES) * n
     return total
 
 
@@ -65,7 +65,8 @@ def test_every_span_is_exported_grouped_across_the_pieces(tmp_path, monkeypatch)
     groups = [(kv["value"]["stringValue"], ss["scope"]["name"], len(ss["spans"]))
               for rs in doc["resourceSpans"] for kv in rs["resource"]["attributes"]
               if kv["key"] == "rtx.job.id" for ss in rs["scopeSpans"]]
-    assert sorted(groups) == [(job, scope, 60) for job in JOBS for scope in SCOPES]
+    assert sorted(groups) == [(job, scope, n) for job in JOBS
+                              for scope, n in (("rtxops", 120), ("user", 60))]
     for rs in doc["resourceSpans"]:
         for ss in rs["scopeSpans"]:
             starts = [int(s["startTimeUnixNano"]) for s in ss["spans"]]
