@@ -87,6 +87,8 @@ def run(
     if json_summary is not None and (json_summary.is_dir() or not json_summary.resolve().parent.is_dir()):
         # found out before the job runs, not after hours of training
         raise _fail(f"--json {json_summary}: not a file in an existing folder")
+    if not direct:
+        _reconnect_s()  # a malformed RTXOPS_RECONNECT_S is said before the job is submitted
     if compile_model:
         os.environ["RTXOPS_COMPILE_MODEL"] = "1"  # the job inherits it, directly or via the daemon
     if fuse_optimizer:
@@ -267,7 +269,13 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
     return 128 + stopped if stopped is not None else _exit_status(job)
 
 
-RECONNECT_S = float(os.environ.get("RTXOPS_RECONNECT_S", "120"))
+def _reconnect_s() -> float:
+    """How long ``rtxops run`` waits for its daemon to come back (``RTXOPS_RECONNECT_S``)."""
+    raw = os.environ.get("RTXOPS_RECONNECT_S", "120")
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        raise _fail(f"RTXOPS_RECONNECT_S={raw!r} is not a number of seconds") from None
 
 
 class _DaemonGone(Exception):
@@ -275,15 +283,21 @@ class _DaemonGone(Exception):
 
 
 class _Reconnecting:
-    """A daemon client that, when the daemon stops answering, waits up to ``RECONNECT_S`` for a
-    daemon to serve the home again (a restarted daemon adopts the running job) and goes on
-    there; then :class:`_DaemonGone`. The job runs on meanwhile: it is in a session of its own."""
+    """A daemon client whose reads, when the daemon stops answering, wait up to
+    ``RTXOPS_RECONNECT_S`` (120 s) for a daemon to serve the home again (a restarted daemon
+    adopts the running job) and go on there; then :class:`_DaemonGone`. The job runs on
+    meanwhile: it is in a session of its own."""
+
+    RETRIED = ("logs", "job")  # reads: a repeated one does nothing twice (a signal would)
 
     def __init__(self, client, home, job_id: str) -> None:
         self.client, self.home, self.job_id = client, home, job_id
+        self.reconnect_s = _reconnect_s()
 
     def __getattr__(self, name: str):
         method = getattr(self.client, name)
+        if name not in self.RETRIED:
+            return method
 
         def call(*args, **kwargs):
             from rtxops.daemon.client import DaemonClient, DaemonUnreachable
@@ -292,8 +306,8 @@ class _Reconnecting:
                 return method(*args, **kwargs)
             except DaemonUnreachable as e:
                 err.print(escape(f"rtxops: {e}; job {self.job_id} runs on, waiting up to "
-                                 f"{RECONNECT_S:g} s for a daemon to serve {self.home.root} again"))
-                deadline = time.monotonic() + RECONNECT_S
+                                 f"{self.reconnect_s:g} s for a daemon to serve {self.home.root} again"))
+                deadline = time.monotonic() + self.reconnect_s
                 while time.monotonic() < deadline:
                     time.sleep(1.0)
                     found = DaemonClient.find(self.home)
@@ -635,7 +649,7 @@ class _read_store:
         self.store.close()
 
 
-def main() -> None:
+def entrypoint() -> None:
     """The ``rtxops`` command: the app, with the errors a user can cause said in one line (exit 1
     for the daemon's refusals, 2 for files and folders) rather than as a traceback."""
     from rtxops.daemon.client import DaemonError
@@ -652,4 +666,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entrypoint()

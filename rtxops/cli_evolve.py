@@ -114,10 +114,15 @@ def _tune_remote(client, params: dict, quiet: bool) -> dict:
                 task = _call(client, "GET", f"/v1/evolve/tune/{task['id']}")
                 bar(task.get("progress") or {})
     except KeyboardInterrupt:  # the task runs in the daemon: stop it there too
-        _call(client, "POST", f"/v1/evolve/tune/{task['id']}/cancel")
-        err.print(f"rtxops: cancelled tuning task {task['id']} (it stops once the benchmark "
-                  "running now ends; its trials so far are kept)")
+        state = _call(client, "POST", f"/v1/evolve/tune/{task['id']}/cancel").get("state")
+        if state in ("queued", "running", "cancelled"):
+            err.print(f"rtxops: cancelled tuning task {task['id']} (it stops once the benchmark "
+                      "running now ends; its trials so far are kept)")
+        else:
+            err.print(f"rtxops: tuning task {task['id']} had already ended ({state})")
         raise typer.Exit(130) from None
+    if task["state"] == "cancelled":
+        raise _fail(f"tuning task {task['id']} was cancelled", 1)
     if task["state"] != "done":
         raise _fail(f"tuning task {task['id']} failed: {task.get('error')}", 1)
     return task["report"]

@@ -101,7 +101,7 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
         else:  # no wait asked, or every long-poll slot taken: answer now, off the event loop
             lines = await anyio.to_thread.run_sync(
                 lambda: supervisor.logs(job_id, rank=rank, after_seq=after, limit=limit))
-            if wait_s and not lines:
+            if wait_s and not lines and not get(job_id).state.terminal:
                 # a follower past the long-poll slots polls again at once on an empty answer:
                 # pace it, or a few of them spin on the store
                 await anyio.sleep(min(wait_s, 1.0))

@@ -675,7 +675,7 @@ class Store:
 def _settled(future: Future, timeout: float | None) -> Any:
     try:
         return future.result(timeout)
-    except TimeoutError:
+    except concurrent.futures.TimeoutError:  # (not yet the builtin before Python 3.11)
         if future.cancel():  # still queued: the writer skips it
             raise
         return future.result()  # running: its outcome, whichever it is
