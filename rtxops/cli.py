@@ -524,8 +524,10 @@ def jobs(home: Optional[Path] = typer.Option(None), limit: int = typer.Option(50
     table = Table()
     for col in ("id", "name", "state", "attempts", "restarts", "exit", "step", "reason"):
         table.add_column(col)
+    def shown(v) -> str:
+        return "" if v is None else str(v)
+
     for j in _client(home).jobs(limit):
-        shown = lambda v: "" if v is None else str(v)  # noqa: E731
         table.add_row(*map(plain, (j["id"], j["name"], j["state"], str(len(j["attempts"])),
                                     str(j["crash_restarts"] + j["hang_restarts"]), shown(j["exit_code"]),
                                     shown(j["last_step"]), shown(j["reason"]))))  # user text, not markup
