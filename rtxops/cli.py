@@ -243,8 +243,8 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
             break
         except KeyboardInterrupt as e:
             signum = getattr(e, "signum", signal.SIGINT)
-            if not cancel_on_interrupt:
-                return 128 + signum
+            if not cancel_on_interrupt:  # `rtxops logs -f`: the job goes on; we end as interrupted
+                raise typer.Exit(128 + signum) from None
             if not interrupted:
                 interrupted = True
                 if signum == signal.SIGINT:

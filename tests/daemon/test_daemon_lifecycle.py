@@ -232,3 +232,25 @@ def test_a_daemon_that_does_not_answer_is_named_and_can_be_stopped(daemon, tmp_p
     finally:
         if daemon.running():
             os.kill(daemon.pid, signal.SIGCONT)
+
+
+def test_ctrl_c_at_logs_follow_exits_as_interrupted_and_leaves_the_job(daemon, tmp_path):
+    """`rtxops logs J -f` stopped with Ctrl-C exited 0, as if the job's output had ended."""
+    import signal
+    import subprocess
+    import time
+
+    from .live import RTXOPS, clean_env
+
+    r = cli("submit", "--home", str(daemon.home), "--", "python", "-c",
+            "import time; print('up', flush=True); time.sleep(600)", mark=daemon.mark)
+    job_id = r.stdout.strip()
+    until(lambda: "up" in daemon.texts(job_id), 60, what="the job's first line")
+    follower = subprocess.Popen([*RTXOPS, "logs", job_id, "-f", "--home", str(daemon.home)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=clean_env(daemon.mark))
+    assert follower.stdout.readline().strip() == "up"
+    time.sleep(0.5)
+    follower.send_signal(signal.SIGINT)
+    assert follower.wait(30) == 130
+    assert daemon.job(job_id)["state"] == "running"
