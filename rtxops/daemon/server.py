@@ -39,6 +39,9 @@ log = logging.getLogger("rtxops.daemon")
 PLAN_LEAD_S = 4.0
 
 
+SERVER_GRACE_S = 5.0  # how long requests in flight at shutdown may take to finish
+
+
 class Daemon:
     def __init__(self, home: Home, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  job_grace_s: float = 10.0) -> None:
@@ -64,6 +67,7 @@ class Daemon:
         self._shutdown_lock = threading.Lock()
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._served = threading.Event()  # the server's run() has returned (it no longer answers)
 
     # ---- parts ------------------------------------------------------------------------------
     @property
@@ -182,7 +186,8 @@ class Daemon:
         # first plan published soon after start does not wait for them
         self.authority.policies  # noqa: B018
         config = uvicorn.Config(create_app(self), host=self.host, port=self.port,
-                                log_level="warning", access_log=False, lifespan="off")
+                                log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=SERVER_GRACE_S)
         self.server = uvicorn.Server(config)
         return self.server
 
@@ -218,6 +223,7 @@ class Daemon:
         try:
             server.run()
         finally:
+            self._served.set()
             watchdog_stop.set()
             self.shutdown()
         return 0
@@ -234,9 +240,15 @@ class Daemon:
         :meth:`wait_started` before using the HTTP API."""
         server = self._server()
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  (older uvicorn)
-        self._thread = threading.Thread(target=server.run, name="rtxops-daemon", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="rtxops-daemon", daemon=True)
         self._thread.start()
         return self.wait_started(timeout) if wait else self
+
+    def _serve(self) -> None:
+        try:
+            self.server.run()
+        finally:
+            self._served.set()
 
     def wait_started(self, timeout: float = 30.0) -> Daemon:
         deadline = time.monotonic() + timeout
@@ -278,8 +290,12 @@ class Daemon:
                 self.supervisor.shutdown(self.job_grace_s)
             if self.server is not None:
                 self.server.should_exit = True
-            if self._thread is not None:
-                self._thread.join(10)
+                # the store closes after the last request is answered: uvicorn gives requests in
+                # flight SERVER_GRACE_S, then cancels them (a log follower's long poll, say)
+                if (self.server.started or self._thread is not None) \
+                        and not self._served.wait(SERVER_GRACE_S + 5):
+                    log.error(json.dumps({"event": "server_did_not_stop",
+                                          "waited_s": SERVER_GRACE_S + 5}))
             self.authority.close()  # last: the jobs and submits above must not wait for it
             self.store.close()
             for f in (self.home.pid_file, self.home.url_file):

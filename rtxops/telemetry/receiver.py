@@ -31,6 +31,9 @@ DEFAULT_MAX_DECOMPRESSED = 64 << 20   # bytes after gzip
 DEFAULT_MAX_INFLIGHT = 8              # requests read, decoded or written at once
 DEFAULT_SLOT_WAIT_S = 2.0             # how long a request waits for one of those slots
 DEFAULT_BODY_TIMEOUT_S = 30.0         # how long a request may take to send its body
+# how long a queued batch may wait for its commit: under the OTLP exporters' own 10 s timeout, so
+# a client that gives up and retries never finds its first attempt committed behind its back
+DEFAULT_COMMIT_TIMEOUT_S = 8.0
 MAX_GZIP_MEMBERS = 64                 # gzip members in one body
 
 
@@ -41,7 +44,8 @@ class _TooLarge(Exception):
 def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY,
                 max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
                 max_inflight: int = DEFAULT_MAX_INFLIGHT, slot_wait_s: float = DEFAULT_SLOT_WAIT_S,
-                body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, path: str = "/v1/traces",
+                body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+                commit_timeout_s: float = DEFAULT_COMMIT_TIMEOUT_S, path: str = "/v1/traces",
                 on_batch: Callable[[otlp.Batch], None] | None = None) -> APIRouter:
     """A router with ``POST {path}`` writing into ``store``.
 
@@ -50,7 +54,10 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
     there). At most ``max_inflight`` requests hold a body in memory at once (reading and
     decoding it); one that waits longer than ``slot_wait_s`` for a slot gets 429, so memory stays
     bounded under any flood. A body that takes longer than ``body_timeout_s`` to arrive gets 408
-    and gives its slot back (a stalled client would otherwise hold it for good)."""
+    and gives its slot back (a stalled client would otherwise hold it for good). A batch still
+    queued after ``commit_timeout_s`` (a writer held up) is withdrawn and answered 503: nothing
+    of it is written, so the client's retry stores it once; one already being committed is
+    waited for."""
     router = APIRouter()
     expected = f"Bearer {token}".encode() if token is not None else None
     slots = asyncio.Semaphore(max_inflight)
@@ -91,7 +98,7 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
             decoders.append(anyio.CapacityLimiter(max_inflight))
         return await _handle(request, store, slots, decoders[0], kind, encoding,
                              content_encoding == "gzip", max_body_bytes, max_decompressed_bytes,
-                             body_timeout_s, on_batch)
+                             body_timeout_s, commit_timeout_s, on_batch)
 
     return router
 
@@ -106,7 +113,7 @@ def make_app(store: Store, token: str | None = None, **router_options: Any) -> F
 async def _handle(request: Request, store: Store, slot: asyncio.Semaphore,
                   decoders: anyio.CapacityLimiter, kind: str, encoding: str, gzipped: bool,
                   max_body: int, max_decompressed: int, body_timeout_s: float,
-                  on_batch: Callable[[otlp.Batch], None] | None) -> Response:
+                  commit_timeout_s: float, on_batch: Callable[[otlp.Batch], None] | None) -> Response:
     """Read, decode and queue the request while holding ``slot``; wait for the commit without it
     (queued batches are bounded by the store)."""
     received_ns = time.time_ns()
@@ -138,7 +145,12 @@ async def _handle(request: Request, store: Store, slot: asyncio.Semaphore,
     finally:
         slot.release()
     try:
-        await asyncio.wrap_future(future)
+        await _committed(future, commit_timeout_s)
+    except _Withdrawn:
+        store.note_refused(batch.span_count)
+        return _status(encoding, 503, code_pb2.UNAVAILABLE,
+                       f"the store did not commit the batch within {commit_timeout_s:g} s; nothing "
+                       "of it was written", {"Retry-After": "5"})
     except StoreError as e:
         return _status(encoding, 503, code_pb2.UNAVAILABLE, str(e), {"Retry-After": "5"})
     if on_batch is not None:
@@ -147,6 +159,22 @@ async def _handle(request: Request, store: Store, slot: asyncio.Semaphore,
         except Exception:  # a listener's failure is not the client's problem
             log.exception("rtxops receiver: on_batch listener failed")
     return _success(encoding)
+
+
+class _Withdrawn(Exception):
+    pass
+
+
+async def _committed(future, timeout_s: float) -> None:
+    """Wait for ``future``'s commit; past ``timeout_s`` withdraw it if the writer has not taken
+    it yet (:class:`_Withdrawn`), else wait for the commit under way."""
+    waiting = asyncio.wrap_future(future)
+    try:
+        await asyncio.wait_for(asyncio.shield(waiting), timeout_s)
+    except asyncio.TimeoutError:
+        if future.cancel():  # still queued: the writer skips it and gives its queue place back
+            raise _Withdrawn from None
+        await waiting
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -254,3 +254,29 @@ def test_ctrl_c_at_logs_follow_exits_as_interrupted_and_leaves_the_job(daemon, t
     follower.send_signal(signal.SIGINT)
     assert follower.wait(30) == 130
     assert daemon.job(job_id)["state"] == "running"
+
+
+def test_sigterm_does_not_wait_for_a_client_that_stalls_mid_request(daemon):
+    """A client that sent a request's headers and no body holds its request open for the
+    receiver's 30 s body timeout; SIGTERM stops the daemon within its 5 s grace for requests in
+    flight, and the store closes after the server stopped answering (exit 0, file readable)."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    url = urlsplit(daemon.url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                     b"Authorization: Bearer " + daemon.token.encode() + b"\r\n"
+                     b"Content-Length: 100000\r\n\r\n" + b"\0" * 10)
+        time.sleep(0.5)  # the receiver is now waiting for the body
+        started = time.monotonic()
+        assert daemon.terminate(60) == 0, daemon.output()
+        took = time.monotonic() - started
+    assert took < 20, f"SIGTERM took {took:.1f} s with a stalled request open"
+    assert '"event": "stopped"' in daemon.output()
+    store = ReadOnlyStore(daemon.home / "rtxops.duckdb")
+    try:
+        assert store.query("SELECT count(*) AS n FROM ingest_batches") == [{"n": 0}]
+    finally:
+        store.close()

@@ -196,3 +196,29 @@ def test_large_array_attributes_are_decoded_but_not_kept(served):
     assert len(_wire._arrays) == 1  # the small one only (every large one stayed in memory before)
     rows = store.query("SELECT attributes FROM spans ORDER BY span_id")
     assert [len(json.loads(r["attributes"])["hist"]) for r in rows] == [5, 5000]
+
+
+def test_a_batch_the_writer_does_not_take_in_time_is_withdrawn_not_written_later(tmp_path):
+    """A writer held up past the commit timeout: 503 with Retry-After, and the batch never lands
+    afterwards (the client's retry must not store it twice); the retry then stores it once."""
+    import threading
+
+    store = Store(tmp_path / "w.duckdb")
+    app = make_app(store, token=TOKEN, commit_timeout_s=0.5)
+    release = threading.Event()
+    held = store.run_write(lambda cur: release.wait(30))
+    try:
+        with TestClient(app) as client:
+            r = client.post("/v1/traces", content=good_body(20), headers=PB)
+            assert r.status_code == 503 and r.headers["retry-after"] == "5"
+            assert "nothing of it was written" in status_pb2.Status.FromString(r.content).message
+            release.set()
+            held.result(10)
+            assert stored(store) == (0, 0)
+            assert store.stats()["spans_refused"] == 20
+            r = client.post("/v1/traces", content=good_body(20), headers=PB)
+            assert r.status_code == 200
+            assert stored(store) == (20, 1)
+    finally:
+        release.set()
+        store.close()
