@@ -91,7 +91,10 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
     async def logs(job_id: str, after: int = Query(0, ge=0), rank: int | None = Query(None, ge=-1),
                    limit: int = Query(1000, ge=1, le=10000),
                    wait_s: float = Query(0, ge=0, le=30, description="long-poll for new lines")) -> dict:
-        get(job_id)
+        ranks = get(job_id).spec.nproc_per_node
+        if rank is not None and rank >= ranks:  # -1: the launcher's own lines (torchrun)
+            raise HTTPException(404, f"job {job_id!r} has no rank {rank}: it runs "
+                                     + ("rank 0" if ranks == 1 else f"ranks 0-{ranks - 1}"))
         if not long_polls:  # made on the event loop (anyio's limiters need one)
             long_polls.append(anyio.CapacityLimiter(MAX_LONG_POLLS))
         if wait_s and long_polls[0].available_tokens >= 1:

@@ -92,6 +92,10 @@ def test_cli_submit_jobs_logs_cancel_and_stop(daemon, tmp_path):
     until(lambda: "ready" in daemon.texts(job_id), 60, what="the job to print ready")
     r = cli("logs", job_id, "--home", home, mark=mark)
     assert r.returncode == 0 and r.stdout.splitlines() == ["ready"], r.stdout + r.stderr
+    r = cli("logs", job_id, "--rank", "0", "--home", home, mark=mark)
+    assert r.returncode == 0 and r.stdout.splitlines() == ["ready"], r.stdout + r.stderr
+    r = cli("logs", job_id, "--rank", "7", "--home", home, mark=mark)  # not silence: a wrong rank
+    assert r.returncode == 1 and "has no rank 7: it runs rank 0" in r.stderr, r.stdout + r.stderr
     r = cli("logs", quick, "--follow", "--home", home, mark=mark)  # follows until the job ends
     assert r.returncode == 0 and r.stdout.splitlines() == ["four"], r.stdout + r.stderr
 
