@@ -304,7 +304,9 @@ def status(as_json: bool = typer.Option(False, "--json"), home: Optional[Path] =
     if not state["enabled"]:
         out.print("evolve loop: off (RTXOPS_EVOLVE=0)")
     else:
-        out.print(f"evolve loop: {'running' if state['ready'] else 'starting'}"
+        out.print("evolve loop: " + ("running" if state["ready"] else
+                                     "waiting for a job (it starts once a running job has "
+                                     f"reported {state['min_steps']} steps)")
                   + (f" (error: {state['error']})" if state.get("error") else ""))
         for job, s in state["jobs"].items():
             active = s["active"]

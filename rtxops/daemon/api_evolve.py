@@ -96,6 +96,7 @@ def make_router(daemon, auth) -> APIRouter:
             return {"enabled": False, "tune_tasks": tune}
         loop = scheduler.loop
         return {"enabled": True, "ready": loop is not None, "error": scheduler.error,
+                "min_steps": daemon.evolve_config.min_steps,
                 "config": dataclasses.asdict(loop.config) if loop is not None else None,
                 "jobs": loop.status() if loop is not None else {}, "tune_tasks": tune}
 
