@@ -42,12 +42,17 @@ class PlanBoard:
                 self.authority.reload()
 
     def _load_plans(self) -> None:
+        with self._lock:
+            before = dict(self._plans)
         plans = {}
         for path in sorted(self.directory.glob("*.json")):
             try:
                 plans[path.stem] = Plan.from_json(path.read_text())
             except (OSError, PlanError):
-                continue  # a damaged file is ignored; the next publish rewrites it
+                # a damaged file: the plan read before stays (a job runs it; versions only
+                # grow), and the next publish rewrites the file
+                if path.stem in before:
+                    plans[path.stem] = before[path.stem]
         with self._lock:
             self._plans = plans
 

@@ -13,6 +13,7 @@ decision, canary result and rollback is stored with its evidence.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -51,7 +52,8 @@ class BucketTuning:
     bucket: str
     incumbent: Arm
     strategy: Strategy | None = None
-    phase: str = "exploring"  # exploring | canary | settled | rejected | rolled_back | failed
+    # exploring | canary | rolling_back | settled | rejected | rolled_back | failed
+    phase: str = "exploring"
     round_arms: list[Arm] = field(default_factory=list)
     round_from: int | None = None  # the step the round's plan was swapped in (None: not yet)
     counted_round: tuple | None = None  # (plan version, round_from) of the round told already
@@ -158,18 +160,24 @@ class EvolveLoop:
         # from the effective step asked for: telemetry lags the job by an export interval
         swapped = store_evolve.swap_step(self.store, job, bt.plan_version)
         if swapped is None:
+            rolling_back = bt.phase == "rolling_back"
             self._check_refused(job, bt)
             waited = (time.time_ns() - bt.published_ns) / 1e9
             # silence is a refusal only once the job is past the plan's effective step (a job of
             # minute-long steps reaches it long after the timeout) and the timeout has passed
             past = last >= bt.effective_step + self.config.margin_steps
-            if bt.phase in ("exploring", "canary") and waited > self.config.swap_timeout_s and past:
+            if bt.phase in _ACTIVE and waited > self.config.swap_timeout_s and past:
                 self._decide_record(job, bt, "refused", None, None,
                                     reason=f"the job did not swap to plan {bt.plan_version} within "
                                            f"{self.config.swap_timeout_s:g} s, {last - bt.effective_step} "
                                            "steps past its effective step")
                 bt.phase = "failed"
-            if bt.phase == "failed":
+            if bt.phase == "failed" and rolling_back:
+                self._decide_record(job, bt, "rollback_failed", bt.winner, None,
+                                    reason=f"the job did not take rollback plan {bt.plan_version}: "
+                                           "the regressed kernel is still running")
+                log.error("evolve: job %s: rollback of %s %s not taken", job, bt.op, bt.bucket)
+            elif bt.phase == "failed":
                 self._put_incumbent_back(job, bt, last)
         # the swap step itself closes calls made before the swap: windows start after it
         elif bt.phase == "exploring":
@@ -189,7 +197,9 @@ class EvolveLoop:
             bt.canary_from = swapped + 1
             if last >= swapped + self.config.window_steps:
                 self._finish_canary(job, bt, last)
-        if bt.phase not in ("exploring", "canary"):
+        elif bt.phase == "rolling_back":  # the job runs the rollback plan: done
+            bt.phase = "rolled_back"
+        if bt.phase not in _ACTIVE:
             state.done[(bt.op, bt.bucket)] = bt
             state.active = None
 
@@ -207,7 +217,7 @@ class EvolveLoop:
             bt = self._open(job, hs, last)
             if bt is not None:
                 state.active = bt
-                if bt.phase != "exploring":
+                if bt.phase not in _ACTIVE:
                     state.done[(bt.op, bt.bucket)] = bt
                     state.active = None
                 return
@@ -415,9 +425,10 @@ class EvolveLoop:
             decision = {**self._decision(bt, "rollback", bt.winner, cmp), "reason": reason}
             published = self._publish(job, bt, entry, last, decision,
                                       {**self._evidence(job, bt), **evidence})
-            self.tuning.record(bt.op, bt.bucket, bt.winner, source="canary", trials=len(live),
-                               median_ns=statistics.median(live) if live else None,
-                               status="regressed", reason=reason)
+            if not unproven:  # regressed: measured slower live. Unseen is not evidence of that
+                self.tuning.record(bt.op, bt.bucket, bt.winner, source="canary", trials=len(live),
+                                   median_ns=statistics.median(live), status="regressed",
+                                   reason=reason)
             if published is None:  # refused: say so; the regressed kernel is still running
                 bt.phase = "failed"
                 self._decide_record(job, bt, "rollback_failed", bt.winner, cmp,
@@ -425,7 +436,7 @@ class EvolveLoop:
                                     extra=evidence)
                 log.error("evolve: job %s: rollback of %s %s refused", job, bt.op, bt.bucket)
                 return
-            bt.phase = "rolled_back"
+            bt.phase = "rolling_back"  # rolled back once the job swaps to it
             self._decide_record(job, bt, "rollback", bt.winner, cmp, reason=reason,
                                 plan_version=published.version if published else None,
                                 extra=evidence)
@@ -449,7 +460,7 @@ class EvolveLoop:
             since = max(0, last - self.config.window_steps)
             live = [r["total_ns"] / r["calls"] for r in store_evolve.arm_steps(
                 self.store, job, bt.op, bt.bucket, since) if Arm(r["variant"], r["config"] or "{}") == bt.winner]
-            if len(live) < self.config.window_steps // 2:
+            if not live or len(live) < self.config.window_steps // 2:
                 continue
             ratio = statistics.median(live) / bt.decision_ns
             if abs(ratio - 1) <= self.config.drift_threshold:
@@ -469,6 +480,10 @@ class EvolveLoop:
         entries = [e for e in current.entries if (e.op, e.bucket) != (entry.op, entry.bucket)]
         plan = current.derive(entries=entries + [entry],
                               effective_step=last + self.config.margin_steps)
+        if plan.version <= bt.plan_version:
+            # the board lost the plan the job runs (its file damaged, then a reload): the job
+            # would refuse anything not newer than what it runs
+            plan = dataclasses.replace(plan, version=bt.plan_version + 1)
         try:
             published = self.board.promote(plan, job, decision=decision, evidence=evidence or {})
         except PlanError as e:
@@ -527,6 +542,9 @@ class EvolveLoop:
             "evidence": {**self._evidence(job, bt), **(extra or {}),
                          "gate_failures": bt.gate_failures}, "bundle_digest": bundle,
             "at_ns": time.time_ns()})
+
+
+_ACTIVE = ("exploring", "canary", "rolling_back")  # phases a bucket is still active in
 
 
 def _cv(values: list[float]) -> float | None:

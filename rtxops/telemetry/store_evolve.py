@@ -168,12 +168,18 @@ def gate_result(q, key: dict) -> dict | None:
 
 
 def upsert_tuning(store: Store, key: dict, values: dict) -> None:
-    """Insert or replace one tuning-database row (the key is every part that invalidates it)."""
-    cols = TUNING_KEY + ("source", "trials", "median_ns", "spread", "peak_bytes", "status",
-                         "reason", "updated_ns")
+    """Insert or update one tuning-database row (the key is every part that invalidates it). A
+    row marked ``regressed`` (a canary rolled it back) stays so, with its reason, whatever is
+    measured later under the same key: only a new key (versions, source) clears it."""
+    measured = ("source", "trials", "median_ns", "spread", "peak_bytes", "updated_ns")
+    cols = TUNING_KEY + measured + ("status", "reason")
     row = {**key, **values}
-    _write(store, f"INSERT OR REPLACE INTO tuning ({', '.join(cols)}) VALUES "
-                  f"({', '.join('?' * len(cols))})", [row.get(c) for c in cols])
+    sticky = "CASE WHEN status = 'regressed' THEN {0} ELSE excluded.{0} END"
+    _write(store, f"INSERT INTO tuning ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+                  "ON CONFLICT DO UPDATE SET "
+                  + ", ".join([f"{c} = excluded.{c}" for c in measured]
+                              + [f"{c} = {sticky.format(c)}" for c in ("status", "reason")]),
+           [row.get(c) for c in cols])
 
 
 def tuning_rows(q, key: dict | None = None, *, op: str | None = None, limit: int = 1000,

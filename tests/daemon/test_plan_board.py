@@ -25,3 +25,17 @@ def test_an_unexpected_error_while_issuing_is_a_plan_error_and_leaves_no_staging
         board.publish(plan, "job-1")
     assert not list((tmp_path / "gov" / "bundles").rglob("*.staging"))
     assert board.current("job-1") is None
+
+
+def test_a_plan_file_damaged_before_a_reload_keeps_the_plan_read_before(tmp_path):
+    """Versions only grow: a reload (SIGHUP) that finds a job's plan file damaged keeps the plan
+    it had, so the next publish for the job is still refused unless newer than what it runs."""
+    (tmp_path / "plans").mkdir()
+    board = PlanBoard(tmp_path / "plans")
+    board.publish(Plan.from_dict({"version": 5, "defaults": {"gelu": "reference"}}), "job-1")
+    (tmp_path / "plans" / "job-1.json").write_text("{ damaged")
+    board.reload()
+    assert board.current("job-1").version == 5
+    with pytest.raises(PlanError, match="not newer than the published version 5"):
+        board.publish(Plan.from_dict({"version": 2, "defaults": {"gelu": "reference"}}), "job-1")
+    assert PlanBoard(tmp_path / "plans").current("job-1") is None  # a new board has only the file

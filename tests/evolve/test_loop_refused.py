@@ -54,8 +54,9 @@ def test_a_canary_without_the_winner_running_waits_then_rolls_back(monkeypatch):
     rng = np.random.default_rng(0)
     rows = [{"step": s, "variant": inc.variant, "config": "{}", "calls": 4,
              "total_ns": 4e5 * float(np.exp(rng.normal(0, .02)))} for s in range(10, 400)]
-    decisions = []
+    decisions, marks = [], []
     loop = loop_over_rows(monkeypatch, rows, last=30, decisions=decisions)
+    monkeypatch.setattr(se, "upsert_tuning", lambda store, key, values: marks.append(values))
     loop.board = _Board()
     bt = L.BucketTuning("gelu", "b", inc, phase="canary", winner=win, plan_version=7)
     bt.rounds = [({s: 1e5 for s in range(0, 9)}, {win: {s: 0.8e5 for s in range(0, 9)}})]
@@ -68,3 +69,58 @@ def test_a_canary_without_the_winner_running_waits_then_rolls_back(monkeypatch):
     assert decisions[-1]["kind"] == "rollback", decisions[-1]
     assert "nothing shows it works live" in decisions[-1]["reason"]
     assert loop.board.current("job").entry("gelu", "b").variant == "reference"
+    # unseen is not slower: the winner is not marked regressed for every later tuning
+    assert not [m for m in marks if m["status"] == "regressed"]
+
+
+def _regressing_canary(monkeypatch, swaps):
+    """A winner promoted at 0.8 of the incumbent's time runs 3x slower live: the canary rolls
+    it back. ``swaps``: plan version -> the step the job swapped to it (absent: never)."""
+    inc, win = Arm.of("reference"), Arm.of("fastish")
+    rows = [{"step": s, "variant": win.variant, "config": "{}", "calls": 4, "total_ns": 4 * 2.4e5}
+            for s in range(10, 60)]
+    decisions, marks = [], []
+    loop = loop_over_rows(monkeypatch, rows, last=40, decisions=decisions)
+    monkeypatch.setattr(se, "upsert_tuning", lambda store, key, values: marks.append(values))
+    monkeypatch.setattr(se, "swap_step", lambda q, job, v: swaps.get(v))
+    loop.board = _Board()
+    bt = L.BucketTuning("gelu", "b", inc, phase="canary", winner=win, plan_version=7)
+    bt.rounds = [({s: 1e5 for s in range(0, 9)}, {win: {s: 0.8e5 for s in range(0, 9)}})]
+    loop.jobs["job"] = L.JobEvolution(active=bt)
+    return loop, bt, decisions, marks
+
+
+def test_a_rollback_counts_once_the_job_runs_it_and_is_newer_than_what_the_job_runs(monkeypatch):
+    """The board lost the job's plan (a damaged file, then a reload): the rollback must still be
+    newer than plan 7, which the job runs; the bucket is rolled back only once the job swaps."""
+    swaps = {7: 9}
+    loop, bt, decisions, marks = _regressing_canary(monkeypatch, swaps)
+    loop.tick()
+    assert decisions[-1]["kind"] == "rollback" and [m["status"] for m in marks] == ["regressed"]
+    (rollback,) = loop.board.published
+    assert rollback.version == 8 and rollback.entry("gelu", "b").variant == "reference"
+    assert bt.phase == "rolling_back" and loop.jobs["job"].active is bt
+    swaps[8] = 46
+    loop.tick()
+    assert bt.phase == "rolled_back" and loop.jobs["job"].active is None
+
+
+def test_a_rollback_the_job_refuses_is_reported_as_failed(monkeypatch):
+    loop, bt, decisions, _ = _regressing_canary(monkeypatch, {7: 9})
+    loop.tick()
+    loop.board.reports.append({"job_id": "job", "version": 8, "reason": "bad signature"})
+    loop.tick()
+    assert [d["kind"] for d in decisions[-3:]] == ["rollback", "refused", "rollback_failed"]
+    assert "still running" in decisions[-1]["reason"] and bt.phase == "failed"
+
+
+def test_drift_checks_on_one_step_windows_skip_a_bucket_not_called(monkeypatch):
+    """RTXOPS_EVOLVE_WINDOW_STEPS=1 is allowed: a settled bucket with no calls in the last
+    window is not checked (it raised on every tick, and no other bucket was tuned)."""
+    loop = loop_over_rows(monkeypatch, [], last=30)
+    loop.config = L.LoopConfig(window_steps=1, min_steps=5)
+    bt = L.BucketTuning("gelu", "b", Arm.of("reference"), phase="settled", winner=Arm.of("fastish"))
+    bt.decision_ns = 1e5
+    state = L.JobEvolution(done={("gelu", "b"): bt})
+    loop._check_drift("job", state, 30)
+    assert bt.drift_strikes == 0 and ("gelu", "b") in state.done

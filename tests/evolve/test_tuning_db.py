@@ -45,6 +45,24 @@ def test_a_new_result_replaces_the_old_one_for_the_same_key(tmp_path, registry):
     assert rows == [{"median_ns": 900.0, "status": "regressed"}]
 
 
+def test_a_regressed_mark_outlives_later_measurements_of_the_same_key(tmp_path, registry, monkeypatch):
+    """A canary's rollback marks the arm regressed; a later `rtxops tune` or explore round of the
+    same arm updates its figures but must not make it a candidate again."""
+    with Store(tmp_path / "s.duckdb") as store:
+        db = TuningDB(store, registry)
+        db.record("gelu", BUCKET, ARM, source="canary", trials=20, median_ns=1000.0,
+                  status="regressed", reason="canary: kernel time +30%")
+        record(store, registry, 800.0)  # measured again, offline
+        row = db.lookup("gelu", BUCKET, ARM)
+        assert (row["median_ns"], row["source"], row["status"], row["reason"]) == \
+            (800.0, "offline", "regressed", "canary: kernel time +30%")
+        real = env_module.environment("cpu")  # a new torch: a new key, measured afresh
+        monkeypatch.setattr(tuning_module, "environment",
+                            lambda device: {**real, "torch_version": real["torch_version"] + "+new"})
+        record(store, registry, 700.0)
+        assert db.lookup("gelu", BUCKET, ARM)["status"] == "ok"
+
+
 def test_a_changed_torch_version_makes_the_result_stale(tmp_path, registry, monkeypatch):
     with Store(tmp_path / "s.duckdb") as store:
         record(store, registry)
