@@ -16,9 +16,12 @@ Variables: ``bundle`` (kind, version, scope, signer, builder, decision, variants
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,13 @@ from typing import Any
 import yaml
 
 from ._errors import UsageError
+
+# cel-python's compiled programs run with their activation in its module's globals: two
+# evaluations at once (the daemon issues a plan while the dashboard verifies a bundle) would read
+# each other's facts. One at a time; a rule takes microseconds.
+_EVALUATING = threading.Lock()
+# and it logs "Internal error" for every rule that fails to evaluate, which evaluate() reports
+logging.getLogger("celpy").setLevel(logging.CRITICAL)
 
 
 @dataclass(frozen=True)
@@ -69,14 +79,21 @@ class Policy:
         params = data.get("params") or {}
         if not isinstance(params, dict):
             raise UsageError(f"{where}: params must be a mapping")
+        try:  # a YAML date, say: every evaluation would fail on it, blamed on the bundle
+            json.dumps(params, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"{where}: params must hold JSON values (strings, numbers, booleans, "
+                             f"lists, mappings): {e}") from None
         return cls(str(data.get("name") or Path(where).stem), tuple(rules), params)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Policy:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise UsageError(f"cannot read policy {path}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"policy {path} is not UTF-8 text") from None
         return cls.from_yaml(text, str(path))
 
     def evaluate(self, bundle: dict, job: dict | None = None) -> Decision:
@@ -93,15 +110,29 @@ class Policy:
         reasons = []
         for rule in self.rules:
             try:
-                result = rule.program.evaluate(activation)
+                with _EVALUATING:
+                    result = rule.program.evaluate(activation)
                 ok = isinstance(result, bool) and bool(result)  # BoolType subclasses int: check value
                 ok = ok or (type(result).__name__ == "BoolType" and bool(result))
             except Exception as e:  # an error evaluating a rule denies, with the error
-                reasons.append(f"{self.name}/{rule.name}: could not be evaluated ({e})")
+                reasons.append(f"{self.name}/{rule.name}: could not be evaluated: {_cel_error(e)}")
                 continue
             if not ok:
                 reasons.append(f"{self.name}/{rule.name}: {rule.reason}")
         return Decision(not reasons, tuple(reasons))
+
+
+def _cel_error(e: Exception) -> str:
+    """cel-python's nested ``CELEvalError(message, type, args)`` as one line."""
+    args = e.args
+    while len(args) >= 3 and args[0] == "evaluation error" and isinstance(args[2], tuple) and args[2]:
+        args = args[2]
+    if not args:
+        return type(e).__name__
+    message = str(args[0])
+    detail = args[2] if len(args) >= 3 and isinstance(args[2], tuple) else ()
+    extra = ", ".join(str(d) for d in detail if str(d) not in message)
+    return f"{message} ({extra})" if extra else message
 
 
 _GRAMMAR_ATTEMPTS = 5
@@ -153,12 +184,16 @@ def _bundle_keys(rules: tuple[Rule, ...]) -> frozenset[str] | None:
 
 
 def default_policy_dir() -> Path:
-    candidates = [os.environ.get("RTXOPS_POLICIES"),
-                  Path(__file__).resolve().parents[2] / "policies",
-                  Path(sys.prefix) / "share" / "rtxops" / "policies"]
-    for c in candidates:
-        if c and Path(c).is_dir() and any(Path(c).glob("*.yaml")):
-            return Path(c)
+    named = os.environ.get("RTXOPS_POLICIES")
+    if named:  # named, it is the one: a typo must not fall back to the shipped policy
+        if not Path(named).is_dir() or not any(Path(named).glob("*.yaml")):
+            raise UsageError(f"RTXOPS_POLICIES={named} is not a folder holding policy files "
+                             "(*.yaml)")
+        return Path(named)
+    for c in (Path(__file__).resolve().parents[2] / "policies",
+              Path(sys.prefix) / "share" / "rtxops" / "policies"):
+        if c.is_dir() and any(c.glob("*.yaml")):
+            return c
     raise UsageError("no policy directory found: set RTXOPS_POLICIES to a folder of policy YAML files")
 
 
