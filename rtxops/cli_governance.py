@@ -73,6 +73,11 @@ def keys_init(name: str = typer.Option("signing", help="key file name under $RTX
     """Make an ECDSA P-256 key pair (private key mode 0600) and trust its public key."""
     from rtxops.governance import Keyring, generate_key
 
+    from rtxops.governance.keyring import KINDS
+
+    unknown = [k for k in kinds.split(",") if k not in KINDS]
+    if unknown:  # before a key pair is written under a name a rerun could not use
+        raise _fail(f"unknown artifact kind {unknown[0]!r} (kinds: {', '.join(KINDS)})")
     private = out_path or _home(home).root / "keys" / f"{name}.pem"
     kid = _guard(lambda: generate_key(private))
     public = private.with_suffix(".pub")
@@ -115,7 +120,7 @@ def keys_trust(public_key: Path = typer.Argument(..., help="PEM public key"),
         pem = public_key.read_bytes()
     except OSError as e:
         raise _fail(f"cannot read {public_key}: {e.strerror}") from None
-    if days is not None and days <= 0:
+    if days is not None and not (0 < days < 1e6):  # nan, inf: a key that never expires
         raise _fail(f"--days {days:g}: give a positive number of days")
     ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
     now = time.time()
@@ -132,9 +137,11 @@ def keys_revoke(key_id: str, reason: str = typer.Option(""), keyring: Optional[P
     from rtxops.governance import Keyring
 
     ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
+    already = _guard(lambda: ring.find(key_id)).revoked_at is not None
     entry = _guard(lambda: ring.revoke(key_id, reason))
     ring.save()
-    out.print(f"revoked {entry.key_id}")
+    out.print(f"{entry.key_id} was already revoked ({entry.revoked_reason or 'no reason given'}): "
+              "the first revocation stands" if already else f"revoked {entry.key_id}")
 
 
 # ---- sign / verify -------------------------------------------------------------------------------

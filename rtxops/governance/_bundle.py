@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _dsse, _keys, provenance, sbom
-from ._errors import UsageError
+from ._errors import UsageError, VerificationError
 from ._layout import KINDS, PLAN, PROVENANCE, SBOM, SIGNATURE, hash_files, list_files
 
 
@@ -48,9 +48,12 @@ class DirectorySigner:
             raise UsageError(f"unknown artifact kind {kind!r} (kinds: {', '.join(KINDS)})")
         if not root.is_dir() or root.is_symlink():
             raise UsageError(f"{root} is not a directory")
+        try:  # before anything is removed: a folder that cannot be a bundle keeps its signature
+            names = [n for n in list_files(root) if n not in (SBOM, PROVENANCE)]
+        except VerificationError as e:
+            raise UsageError(f"cannot sign {root}: {e.message}") from None
         for generated in (SBOM, PROVENANCE, SIGNATURE):
             (root / generated).unlink(missing_ok=True)
-        names = list_files(root)
         hashing = hash_files(root, names)  # overlaps with building the SBOM below
         sbom_bytes = sbom.build(kernels, name=f"rtxops-{kind}-bundle", kind=kind)  # not the folder name: reproducible
         (root / SBOM).write_bytes(sbom_bytes)

@@ -24,6 +24,10 @@ def key_id(key: ec.EllipticCurvePublicKey) -> str:
 def generate(private_path: Path, public_path: Path | None = None) -> str:
     """Write a new P-256 private key (mode 0600, never overwritten) and its public key; return the
     key id."""
+    public_path = public_path or private_path.with_suffix(".pub")
+    if public_path.resolve() == private_path.resolve():  # `--out k.pub`: the public key over it
+        raise UsageError(f"{private_path}: the private key needs another name than its public "
+                         f"key's ({public_path}); use a .pem name")
     key = ec.generate_private_key(ec.SECP256R1())
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
@@ -34,7 +38,6 @@ def generate(private_path: Path, public_path: Path | None = None) -> str:
         raise UsageError(f"{private_path} exists; refusing to overwrite a key") from None
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
-    public_path = public_path or private_path.with_suffix(".pub")
     public_path.write_bytes(public_pem(key.public_key()))
     return key_id(key.public_key())
 

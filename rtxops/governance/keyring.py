@@ -3,6 +3,7 @@ kinds the key may sign, and revocation. Only keys here are trusted (besides ``--
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -89,7 +90,8 @@ class Keyring:
 
     def revoke(self, key_id: str, reason: str = "", at: float | None = None) -> TrustedKey:
         entry = self.find(key_id)
-        entry.revoked_at, entry.revoked_reason = (time.time() if at is None else at), reason
+        if entry.revoked_at is None:  # revoked twice: the first record stands
+            entry.revoked_at, entry.revoked_reason = (time.time() if at is None else at), reason
         return entry
 
     def find(self, key_id: str) -> TrustedKey:
@@ -127,7 +129,8 @@ def _entry(key_id: str, value) -> TrustedKey:
     if unknown:
         raise ValueError(f"entry {key_id!r} has unknown fields {sorted(unknown)}")
     for name, kinds in _FIELD_TYPES.items():
-        if name in value and (not isinstance(value[name], kinds) or isinstance(value[name], bool)):
+        if name in value and (not isinstance(value[name], kinds) or isinstance(value[name], bool)
+                              or (isinstance(value[name], float) and not math.isfinite(value[name]))):
             raise ValueError(f"entry {key_id!r}: {name} is {value[name]!r}")
     kinds = value.get("kinds", list(KINDS))
     if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):

@@ -83,3 +83,50 @@ def test_a_revoked_key_stays_revoked_and_validity_must_be_positive(tmp_path):
 def _entries(ring: dict) -> list[dict]:
     keys = ring["keys"]
     return list(keys.values()) if isinstance(keys, dict) else keys
+
+
+def test_key_commands_lose_no_key_and_no_revocation(tmp_path, keys):
+    """`keys init --out k.pub` wrote the public key over the private one (and trusted a key no
+    one holds); bad kinds were found after the key pair was written; a second revoke replaced the
+    first one's time and reason; `--days nan` wrote a key that never expires; a keyring holding
+    Infinity broke `keys list` with a traceback; `sign` removed a bundle's signature before it
+    found the folder could not be signed."""
+    ring, home = tmp_path / "r.json", tmp_path / "home"
+
+    def cli(*args):
+        r = CliRunner().invoke(app, list(args))
+        return r.exit_code, " ".join(r.output.split())
+
+    code, out = cli("keys", "init", "--out", str(tmp_path / "k.pub"), "--keyring", str(ring))
+    assert code == 2 and "needs another name" in out and not (tmp_path / "k.pub").exists(), out
+    code, out = cli("keys", "init", "--name", "n2", "--kinds", "plan,bogus", "--home", str(home),
+                    "--keyring", str(ring))
+    assert code == 2 and "unknown artifact kind 'bogus'" in out, out
+    assert not (home / "keys" / "n2.pem").exists()
+    code, out = cli("keys", "init", "--name", "n2", "--kinds", "plan", "--home", str(home),
+                    "--keyring", str(ring))
+    assert code == 0, out
+    kid = out.split()[1]
+    assert cli("keys", "revoke", kid, "--reason", "leaked", "--keyring", str(ring))[0] == 0
+    code, out = cli("keys", "revoke", kid, "--keyring", str(ring))
+    assert code == 0 and "already revoked (leaked)" in out, out
+    assert next(iter(_entries(json.loads(ring.read_text()))))["revoked_reason"] == "leaked"
+    for days in ("nan", "inf"):
+        code, out = cli("keys", "trust", str(home / "keys" / "n2.pub"), "--days", days,
+                        "--keyring", str(tmp_path / "r4.json"))
+        assert code == 2 and "positive number of days" in out, out
+    text = ring.read_text().replace('"revoked_reason"', '"not_after": Infinity, "revoked_reason"', 1)
+    (tmp_path / "inf.json").write_text(text)
+    code, out = cli("keys", "list", "--keyring", str(tmp_path / "inf.json"))
+    assert code == 2 and "isunreadable" in out.replace(" ", ""), out
+
+    bundle = tmp_path / "ckpt"
+    bundle.mkdir()
+    (bundle / "model.bin").write_bytes(b"weights")
+    signing = home / "keys" / "n2.pem"
+    assert cli("sign", str(bundle), "--key", str(signing))[0] == 0
+    signed = sorted(p.name for p in bundle.iterdir())
+    (bundle / "link").symlink_to(bundle / "model.bin")
+    code, out = cli("sign", str(bundle), "--key", str(signing))
+    assert code == 2 and "cannot sign" in out and "symlink" in out, out
+    assert sorted(p.name for p in bundle.iterdir()) == sorted(signed + ["link"])
