@@ -239,12 +239,12 @@ def _ledger_entries(home: Optional[Path]) -> tuple[list[dict], dict | None]:
         return [], gl.read_head(h.root / "ledger.head")
     try:
         store = ReadOnlyStore(h.store)
-    except StoreError:
+    except StoreError as e:
         from rtxops.daemon.client import DaemonClient, DaemonError
 
         client = DaemonClient.find(h)
-        if client is None:
-            raise _fail(f"the store {h.store} is locked and no daemon answers") from None
+        if client is None:  # locked by a daemon that does not answer, or not a store at all
+            raise _fail(f"{e} (and no daemon answers for {h.root})") from None
         rows: list[dict] = []
         try:
             while True:  # pages of 1000 (append-only: a page never shifts); the last page's head
@@ -257,12 +257,15 @@ def _ledger_entries(home: Optional[Path]) -> tuple[list[dict], dict | None]:
             raise _fail(str(e)) from None
         return rows, head
     try:
-        from duckdb import CatalogException
+        from duckdb import CatalogException, Error
 
         try:
             rows = gl.read_entries(store)
         except CatalogException:  # an older store without the ledger table
             rows = []
+        except Error as e:  # a ledger table altered (a column dropped): not the ledger we wrote
+            raise _fail(f"ledger: the ledger in {h.store} cannot be read as rtxops writes it "
+                        f"({str(e).splitlines()[0]})", 1) from None
         return rows, gl.read_head(h.root / "ledger.head")
     finally:
         store.close()

@@ -87,6 +87,8 @@ class Plan:
             data = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise PlanError(f"plan is not valid JSON: {e}") from None
+        except RecursionError:
+            raise PlanError("plan is nested too deeply to be a plan") from None
         return cls.from_dict(data)
 
     @classmethod

@@ -61,11 +61,22 @@ def test_intact_ledger_verifies_and_exports(ledger_home, tmp_path, keys):
     ("UPDATE ledger SET seq = CASE seq WHEN 2 THEN 3 WHEN 3 THEN 2 ELSE seq END WHERE seq IN (2, 3)",
      "previous hash does not match"),
     ("DELETE FROM ledger WHERE seq = 5", "the last entry is 4, the head file says 5"),
+    ("ALTER TABLE ledger DROP COLUMN reason", "cannot be read as rtxops writes it"),
 ])
 def test_ledger_detects_tampering(ledger_home, sql, problem):
     tamper(ledger_home, sql)
     code, output = ledger_verify(ledger_home)
-    assert code == 1 and problem in output, output
+    assert code == 1 and problem in " ".join(output.split()), output
+
+
+def test_a_store_that_is_not_a_store_is_named_so_not_locked(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "rtxops.duckdb").write_bytes(b"not a database" * 100)
+    code, output = ledger_verify(home)
+    output = " ".join(output.split())
+    assert code == 2 and "cannot open" in output and "no daemon answers" in output, output
+    assert "locked" not in output
 
 
 def _facts(good_plan, keys, job=None, policies=None):

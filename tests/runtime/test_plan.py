@@ -50,6 +50,7 @@ def _with(**changes):
 @pytest.mark.parametrize("text,message", [
     ("{", "not valid JSON"),
     (b"\xff\xfe", "not valid JSON"),
+    ('{"version": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
     ("[1, 2]", "must be a JSON object"),
     (_with(version=KeyError), "plan.version is missing"),
     (_with(version="7"), "plan.version must be int"),
