@@ -110,6 +110,7 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
     signer = _signature(env, trust, report, at)
     signed = _dsse.parse_statement(env.payload)
     report.passed("statement", f"in-toto statement over {len(signed)} files, subject digest matches")
+    _same_names(names, signed)  # now, not after hashing a file that is not even signed
 
     for n in (SBOM, PROVENANCE):
         if n not in signed:
@@ -236,7 +237,7 @@ def _signature(env: _dsse.Envelope, trust: Trust, report: Report, at: float) -> 
     return {"key_id": entry.key_id, "trusted": True, "mode": "key", "name": entry.name, "entry": entry}
 
 
-def _files(names: list[str], signed: dict[str, str], digests: dict[str, str]) -> None:
+def _same_names(names: list[str], signed: dict[str, str]) -> None:
     on_disk = set(names)
     missing = sorted(set(signed) - on_disk)
     if missing:
@@ -244,6 +245,10 @@ def _files(names: list[str], signed: dict[str, str], digests: dict[str, str]) ->
     extra = sorted(on_disk - set(signed))
     if extra:
         raise VerificationError("files", f"extra file {extra[0]} (in the bundle but not signed)")
+
+
+def _files(names: list[str], signed: dict[str, str], digests: dict[str, str]) -> None:
+    _same_names(names, signed)
     for n in sorted(signed):
         if digests[n] != signed[n]:
             what = {SBOM: "the SBOM's", PROVENANCE: "the provenance's"}.get(n, f"{n}:")

@@ -400,3 +400,30 @@ def test_keyring_revocation_through_the_cli(good_plan, keys, tmp_path):
     assert r.exit_code == 0, r.output
     code, output = run(str(good_plan), "--keyring", str(ring), "--no-ledger")
     assert code == 1 and "revoked" in output and "lost laptop" in output
+
+
+def test_a_failed_check_does_not_wait_for_a_huge_file_to_hash(good_plan, keys, tmp_path):
+    """A terabyte (sparse) file beside the signed ones: `rtxops verify` names it and exits at
+    once, as it does for a bundle whose signature is unreadable (it went on hashing the file
+    before it could exit)."""
+    import subprocess
+    import sys
+    import time
+
+    extra, unsigned = copy(good_plan, tmp_path / "extra"), copy(good_plan, tmp_path / "unsigned")
+    (unsigned / "bundle.sigstore.json").write_text("{}")
+    for bundle in (extra, unsigned):  # made in place: a copy would not be sparse
+        with open(bundle / "zz_huge.bin", "wb") as f:
+            f.truncate(1 << 40)
+    try:
+        for bundle, message in ((extra, "extra file zz_huge.bin"), (unsigned, "FAIL bundle")):
+            started = time.monotonic()
+            r = subprocess.run([sys.executable, "-m", "rtxops.cli", "verify", str(bundle),
+                                "--keyring", str(keys.keyring_file), "--no-ledger"],
+                               capture_output=True, text=True, timeout=60)
+            took = time.monotonic() - started
+            assert r.returncode == 1 and message in " ".join(r.stdout.split()), r.stdout + r.stderr
+            assert took < 30, f"{bundle.name}: exited after {took:.0f} s"
+    finally:  # nothing that copies the test's folder later may meet a terabyte
+        for bundle in (extra, unsigned):
+            (bundle / "zz_huge.bin").unlink()
