@@ -213,7 +213,7 @@ def verify(path: Path = typer.Argument(..., help="bundle directory"),
     report = _guard(lambda: run_verify(path, trust, policies=policies, expected_kind=kind,
                                        min_version=min_version))
     if report.ok and ledger and report.facts.get("kind") == "plan":
-        problem = _ledger_problem(home, report.facts)
+        problem = _ledger_problem(home, report.facts, keyring)
         if problem:
             from rtxops.governance import Check
 
@@ -271,14 +271,12 @@ def _ledger_entries(home: Optional[Path]) -> tuple[list[dict], dict | None]:
         store.close()
 
 
-def _ledger_problem(home: Optional[Path], facts: dict) -> str | None:
+def _ledger_problem(home: Optional[Path], facts: dict, keyring: Optional[Path]) -> str | None:
     """Why the ledger says this plan bundle must not be taken (a replay of an older version, or
     another bundle under a version the ledger accepted), or None. A ledger that is not intact
     cannot say: that fails too."""
-    from rtxops.governance import ledger as gl
-
     rows, head = _ledger_entries(home)
-    problems = gl.check_chain(rows, head)
+    problems = _chain_problems(rows, head, keyring, home)
     if problems:
         return (f"the ledger is not intact ({problems[0]}"
                 + (f"; {len(problems) - 1} more" if len(problems) > 1 else "")
@@ -322,17 +320,34 @@ def policy_check(path: Path = typer.Argument(..., help="bundle directory"),
 
 # ---- ledger --------------------------------------------------------------------------------------
 @ledger_app.command("verify")
-def ledger_verify(home: Optional[Path] = HomeOpt) -> None:
-    """Check the hash chain: an edited, deleted or reordered entry fails (exit 1)."""
-    from rtxops.governance import ledger as gl
-
+def ledger_verify(keyring: Optional[Path] = typer.Option(None, help="keyring that vouches for "
+                                                                   "the head's signer"),
+                  home: Optional[Path] = HomeOpt) -> None:
+    """Check the hash chain and the head's signature: an edited, deleted or reordered entry, or
+    a chain rewritten whole, fails (exit 1)."""
     rows, head = _ledger_entries(home)
-    problems = gl.check_chain(rows, head)
+    problems = _chain_problems(rows, head, keyring, home)
     for p in problems:
         out.print(f"FAIL {p}")
     if problems:
         raise typer.Exit(1)
-    out.print(f"ledger intact: {len(rows)} entries")
+    signed = (f", head signed by {head['key_id'][:16]} at "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(head['signed_at']))} UTC"
+              if head and "signature" in head else "")
+    out.print(f"ledger intact: {len(rows)} entries{signed}")
+
+
+def _chain_problems(rows: list[dict], head: dict | None, keyring: Optional[Path],
+                    home: Optional[Path]) -> list[str]:
+    from rtxops.governance import Keyring
+    from rtxops.governance import ledger as gl
+
+    problems = gl.check_chain(rows, head)
+    if not problems and head:
+        ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
+        problem = gl.head_signature_problem(head, ring)
+        problems += [problem] if problem else []
+    return problems
 
 
 @ledger_app.command("export")

@@ -126,7 +126,7 @@ class Authority:
         if self.store is not None:
             from . import ledger  # the store (DuckDB, Arrow): only the daemon needs it
 
-            ledger.append(self.store, self.head_file, **entry)
+            ledger.append(self.store, self.head_file, head_key=self.signer.key, **entry)
 
 
 def bundle_files(directory: Path) -> dict[str, bytes]:

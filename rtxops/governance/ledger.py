@@ -1,26 +1,73 @@
 """The ledger: every promotion, rollback, manual publish and denial, hash-chained in the store.
-A head file next to the store (last seq and hash) catches a deleted tail."""
+A head file next to the store (last seq and hash, signed by the daemon's key) catches a deleted
+tail, and a chain rewritten whole (every hash recomputed): only the key can sign its new head."""
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import threading
+import time
 from pathlib import Path
 
-import threading
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from rtxops.telemetry.store_ledger import (GENESIS, append_entry, count_entries, entry_hash,
                                           newest_version, read_entries)
 
+from . import _keys
+from ._errors import UsageError, VerificationError
+
 __all__ = ["ChainCheck", "append", "check_chain", "count_entries", "export_jsonl",
-           "newest_version", "read_entries"]
+           "head_signature_problem", "newest_version", "read_entries"]
+
+_HEAD_DOMAIN = b"rtxops ledger head v1\n"
 
 
-def append(store, head_file: Path | None, **entry) -> dict:
+def append(store, head_file: Path | None, head_key: ec.EllipticCurvePrivateKey | None = None,
+           **entry) -> dict:
+    """Append ``entry``; rewrite the head file (signed with ``head_key`` when given)."""
     row = append_entry(store, **entry)
     if head_file is not None:
+        head = {"seq": row["seq"], "entry_hash": row["entry_hash"]}
+        if head_key is not None:
+            head["signed_at"] = time.time()
+            signature = head_key.sign(_head_payload(head), ec.ECDSA(hashes.SHA256()))
+            head.update(key_id=_keys.key_id(head_key.public_key()),
+                        signature=base64.b64encode(signature).decode())
         tmp = head_file.with_name(head_file.name + ".tmp")
-        tmp.write_text(json.dumps({"seq": row["seq"], "entry_hash": row["entry_hash"]}) + "\n")
+        tmp.write_text(json.dumps(head) + "\n")
         tmp.replace(head_file)
     return row
+
+
+def _head_payload(head: dict) -> bytes:
+    fields = {k: head[k] for k in ("seq", "entry_hash", "signed_at")}
+    return _HEAD_DOMAIN + json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+
+
+def head_signature_problem(head: dict | None, keyring) -> str | None:
+    """Why the head file's signature does not vouch for it (unsigned, an untrusted or revoked
+    key, a signature over another seq or hash), or None. An empty or unreadable head is
+    :func:`check_chain`'s to report."""
+    if not head or "invalid" in head:
+        return None
+    if "signature" not in head:
+        return ("the head file is not signed (replaced, or written by an rtxops before signed "
+                "heads; the next ledger entry signs it): the ledger's end cannot be trusted")
+    try:
+        entry = keyring.check(head["key_id"], "ledger")
+        key = _keys.load_public(entry.pem.encode(), "the head signer's key")
+        key.verify(base64.b64decode(head["signature"], validate=True), _head_payload(head),
+                   ec.ECDSA(hashes.SHA256()))
+    except VerificationError as e:
+        return f"the head file's signer: {e.message}"
+    except (InvalidSignature, binascii.Error, ValueError, UsageError):
+        return ("the head file's signature does not match its sequence number and hash (the "
+                "ledger rewritten, or the head replaced)")
+    return None
 
 
 def check_chain(rows: list[dict], head: dict | None = None, *,
@@ -90,7 +137,13 @@ def read_head(head_file: Path) -> dict:
     if (not isinstance(head, dict) or type(head.get("seq")) is not int
             or not isinstance(head.get("entry_hash"), str)):
         return {"invalid": "not an object with an integer seq and a string entry_hash"}
-    return {"seq": head["seq"], "entry_hash": head["entry_hash"]}
+    out = {"seq": head["seq"], "entry_hash": head["entry_hash"]}
+    if "signature" in head:
+        if (not isinstance(head.get("signature"), str) or not isinstance(head.get("key_id"), str)
+                or type(head.get("signed_at")) not in (int, float)):
+            return {"invalid": "a signature without a string key_id and a numeric signed_at"}
+        out.update({k: head[k] for k in ("signed_at", "key_id", "signature")})
+    return out
 
 
 def export_jsonl(rows: list[dict]) -> str:

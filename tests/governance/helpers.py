@@ -42,6 +42,16 @@ class Keys:
         return Signer.from_key_file(self.root / f"{name}.pem", builder="rtxops-daemon")
 
 
+def home_ledger_key(home: Path):
+    """The private key a daemon on ``home`` signs the ledger head with, made and trusted in the
+    home's keyring as a daemon's first start does."""
+    from rtxops.governance.authority import Authority
+
+    authority = Authority(home)
+    authority.close()
+    return authority.signer.key
+
+
 def registry():
     from rtxops.runtime.registry import default_registry
 

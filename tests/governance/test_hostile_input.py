@@ -80,11 +80,14 @@ def test_a_removed_or_broken_ledger_head_never_turns_the_tail_check_off(tmp_path
     home.mkdir()
     head = home / "ledger.head"
     store = Store(home / "rtxops.duckdb")
+    authority = Authority(home, store)  # the daemon's key, trusted in the home's keyring
     try:
         for v in (1, 2, 3):
-            ledger.append(store, head, kind="promote", scope="job-1", version=v,
-                          subject_digest="sha256:" + "0" * 64, decision={}, signer="k")
+            ledger.append(store, head, head_key=authority.signer.key, kind="promote",
+                          scope="job-1", version=v, subject_digest="sha256:" + "0" * 64,
+                          decision={}, signer="k")
     finally:
+        authority.close()
         store.close()
     assert cli("ledger", "verify", "--home", str(home))[0] == 0
     con = duckdb.connect(str(home / "rtxops.duckdb"))

@@ -12,7 +12,7 @@ from rtxops.governance import Keyring, Trust, load_policies, verify
 from rtxops.governance import ledger as gl
 from rtxops.telemetry.store import Store
 
-from .helpers import PROMOTE, copy, plan_bundle
+from .helpers import PROMOTE, copy, home_ledger_key, plan_bundle
 
 
 @pytest.fixture
@@ -20,8 +20,9 @@ def ledger_home(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     store = Store(home / "rtxops.duckdb")
+    key = home_ledger_key(home)
     for v, kind in [(1, "manual"), (2, "promote"), (3, "deny"), (3, "promote"), (4, "rollback")]:
-        gl.append(store, home / "ledger.head", kind=kind, scope="job-1", version=v,
+        gl.append(store, home / "ledger.head", head_key=key, kind=kind, scope="job-1", version=v,
                   subject_digest=f"sha256:{v:064x}", decision={"kind": kind}, signer="k")
     store.close()
     return home
@@ -195,3 +196,28 @@ def test_keyless_bundle_against_a_foreign_trusted_root(good_plan, keys, tmp_path
     # against keyring-only trust a keyless bundle fails verification (exit 1), no usage error
     r = CliRunner().invoke(app, ["verify", str(b), "--keyring", str(keys.keyring_file), "--no-ledger"])
     assert r.exit_code == 1 and "keyless bundle but no identity/issuer trusted" in r.output, r.output
+
+
+def test_a_ledger_rewritten_to_match_its_head_fails_on_the_heads_signature(ledger_home):
+    """Whoever can write the store and the head file, but does not hold the daemon's key, can
+    make a consistent shorter chain: the head's signature is what catches it."""
+    from rtxops.telemetry.store import ReadOnlyStore
+
+    code, output = ledger_verify(ledger_home)
+    assert code == 0 and "head signed by" in output, output
+    tamper(ledger_home, "DELETE FROM ledger WHERE seq >= 4")
+    store = ReadOnlyStore(ledger_home / "rtxops.duckdb")
+    try:
+        (third,) = store.query("SELECT entry_hash FROM ledger WHERE seq = 3")
+    finally:
+        store.close()
+    head_file = ledger_home / "ledger.head"
+    head = {**json.loads(head_file.read_text()), "seq": 3, "entry_hash": third["entry_hash"]}
+    head_file.write_text(json.dumps(head))
+    code, output = ledger_verify(ledger_home)
+    assert code == 1 and "signature does not match its sequence number and hash" in " ".join(output.split()), output
+    for field in ("signature", "key_id", "signed_at"):
+        del head[field]
+    head_file.write_text(json.dumps(head))
+    code, output = ledger_verify(ledger_home)
+    assert code == 1 and "the head file is not signed" in " ".join(output.split()), output

@@ -321,7 +321,7 @@ def test_replay_of_an_older_plan_is_refused_by_the_ledger(keys, tmp_path):
     bundle = plan_bundle(tmp_path / "v5", keys.signer(), 5, scope="job-1")
     store = Store(home / "rtxops.duckdb")
     try:
-        ledger.append(store, home / "ledger.head", kind="promote", scope="job-1", version=7,
+        ledger.append(store, home / "ledger.head", head_key=keys.signer().key, kind="promote", scope="job-1", version=7,
                       subject_digest="sha256:" + "0" * 64, decision={}, signer="k")
     finally:
         store.close()
@@ -347,15 +347,26 @@ def test_the_ledger_check_trusts_no_tampered_ledger_and_no_second_bundle_of_a_ve
                        decision={**PROMOTE, "gain": 0.09})
     store = Store(home / "rtxops.duckdb")
     try:
-        ledger.append(store, home / "ledger.head", kind="promote", scope="job-1", version=5,
+        ledger.append(store, home / "ledger.head", head_key=keys.signer().key, kind="promote", scope="job-1", version=5,
                       subject_digest=_root_digest(bundle), decision={}, signer="k")
-        ledger.append(store, home / "ledger.head", kind="promote", scope="job-1", version=7,
+        ledger.append(store, home / "ledger.head", head_key=keys.signer().key, kind="promote", scope="job-1", version=7,
                       subject_digest="sha256:" + "0" * 64, decision={}, signer="k")
     finally:
         store.close()
     args = ("--keyring", str(keys.keyring_file), "--home", str(home))
     code, output = run(str(bundle), *args)
     assert code == 1 and "replay of an older plan" in output, output
+    one = tmp_path / "one"  # a ledger whose newest is version 5, of the other bundle
+    one.mkdir()
+    store = Store(one / "rtxops.duckdb")
+    try:
+        ledger.append(store, one / "ledger.head", head_key=keys.signer().key, kind="promote",
+                      scope="job-1", version=5, subject_digest=_root_digest(bundle), decision={},
+                      signer="k")
+    finally:
+        store.close()
+    code, output = run(str(twin), "--keyring", str(keys.keyring_file), "--home", str(one))
+    assert code == 1 and "the ledger accepted another bundle as version 5" in output, output
     con = duckdb.connect(str(home / "rtxops.duckdb"))
     con.execute("UPDATE ledger SET version = 1 WHERE seq = 2")  # hide the newer version
     con.close()
@@ -365,11 +376,9 @@ def test_the_ledger_check_trusts_no_tampered_ledger_and_no_second_bundle_of_a_ve
     con.execute("DELETE FROM ledger WHERE seq = 2")
     con.close()
     (home / "ledger.head").write_text(json.dumps(
-        {"seq": 1, "entry_hash": _entry_hash(home, 1)}))  # the head put back to match
-    code, output = run(str(bundle), *args)
-    assert code == 0, output
-    code, output = run(str(twin), *args)
-    assert code == 1 and "the ledger accepted another bundle as version 5" in output, output
+        {"seq": 1, "entry_hash": _entry_hash(home, 1)}))  # the head put back to match...
+    code, output = run(str(bundle), *args)  # ...but without the daemon's key to sign it
+    assert code == 1 and "the head file is not signed" in output, output
 
 
 def _root_digest(bundle: Path) -> str:
