@@ -4,6 +4,7 @@ unreadable input."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -213,11 +214,17 @@ def verify(path: Path = typer.Argument(..., help="bundle directory"),
     report = _guard(lambda: run_verify(path, trust, policies=policies, expected_kind=kind,
                                        min_version=min_version))
     if report.ok and ledger and report.facts.get("kind") == "plan":
-        problem = _ledger_problem(home, report.facts, keyring)
-        if problem:
-            from rtxops.governance import Check
+        from rtxops.governance import Check
 
-            report.checks.append(Check("ledger", False, problem))
+        root = _home(home).root
+        if home is None and not os.environ.get("RTXOPS_HOME") and not root.is_dir():
+            # a bundle checked offline, on a machine with no rtxops home: no ledger to ask
+            report.checks.append(Check("ledger", True, f"not checked: no rtxops home at {root} "
+                                                       "(--home H checks against its ledger)"))
+        else:
+            problem = _ledger_problem(home, report.facts, keyring)
+            if problem:
+                report.checks.append(Check("ledger", False, problem))
     if as_json:
         out.print(json.dumps(report.to_dict(), indent=1, default=str))
     else:
@@ -360,11 +367,12 @@ def ledger_export(out_dir: Path = typer.Argument(..., help="folder to write ledg
     from rtxops.governance import ledger as gl
 
     rows, _ = _ledger_entries(home)
+    if sign_it:  # the key first: a bad one must not leave an unsigned export behind
+        key = key or _home(home).root / "keys" / "daemon.pem"
+        signer = _guard(lambda: Signer.from_key_file(key))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ledger.jsonl").write_text(gl.export_jsonl(rows))
     if sign_it:
-        key = key or _home(home).root / "keys" / "daemon.pem"
-        signer = _guard(lambda: Signer.from_key_file(key))
         last = rows[-1]["seq"] if rows else 0
         _guard(lambda: signer.sign_directory(out_dir, kind="ledger", version=last))
     out.print(f"{len(rows)} entries → {out_dir / 'ledger.jsonl'}" + (" (signed)" if sign_it else ""))

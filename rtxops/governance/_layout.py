@@ -30,8 +30,10 @@ def check_name(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise VerificationError("manifest", f"file name {name!r} is not a non-empty string")
     p = PurePosixPath(name)
-    if p.is_absolute() or name.startswith("/") or "\\" in name or (len(name) > 1 and name[1] == ":"):
+    if p.is_absolute() or name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise VerificationError("manifest", f"file name {name!r} is an absolute path")
+    if "\\" in name:  # a Windows separator: the name would mean another path there
+        raise VerificationError("manifest", f"file name {name!r} holds a backslash")
     if any(part in ("..", ".", "") for part in name.split("/")):
         raise VerificationError("manifest", f"file name {name!r} has '..', '.' or an empty part")
     if any(ord(c) < 32 for c in name):

@@ -46,6 +46,9 @@ def test_intact_ledger_verifies_and_exports(ledger_home, tmp_path, keys):
     assert code == 0 and "5 entries" in output, output
     out = tmp_path / "export"
     r = CliRunner().invoke(app, ["ledger", "export", str(out), "--home", str(ledger_home), "--sign",
+                                 "--key", str(tmp_path / "missing.pem")])
+    assert r.exit_code == 2 and not out.exists(), r.output  # nothing unsigned left behind
+    r = CliRunner().invoke(app, ["ledger", "export", str(out), "--home", str(ledger_home), "--sign",
                                  "--key", str(keys.root / "daemon.pem")])
     assert r.exit_code == 0, r.output
     lines = (out / "ledger.jsonl").read_text().splitlines()

@@ -92,6 +92,10 @@ def case_absolute(b, keys):
     resign(b, keys.signer(), digests={**_digests(b), "/etc/passwd": "0" * 64})
 
 
+def case_backslash(b, keys):
+    resign(b, keys.signer(), digests={**_digests(b), "kernels\\evil.py": "0" * 64})
+
+
 def case_signature_flipped(b, keys):
     def f(d):
         raw = bytearray(base64.b64decode(_sig(d)["sig"]))
@@ -245,6 +249,7 @@ CASES = {
     "symlink": (case_symlink, "layout", "kernels/link.py is a symlink"),
     "dotdot in manifest": (case_dotdot, "manifest", "'../outside.py' has '..'"),
     "absolute in manifest": (case_absolute, "manifest", "'/etc/passwd' is an absolute path"),
+    "backslash in manifest": (case_backslash, "manifest", "'kernels\\\\evil.py' holds a backslash"),
     "signature flipped": (case_signature_flipped, "signature", "the signature does not verify"),
     "signature empty": (case_signature_empty, "signature", "the signature is empty"),
     "signature not base64": (case_signature_not_base64, "signature", "the signature is not base64"),
@@ -436,3 +441,14 @@ def test_a_failed_check_does_not_wait_for_a_huge_file_to_hash(good_plan, keys, t
     finally:  # nothing that copies the test's folder later may meet a terabyte
         for bundle in (extra, unsigned):
             (bundle / "zz_huge.bin").unlink()
+
+
+def test_a_plan_bundle_verified_where_there_is_no_home_says_the_ledger_was_not_checked(
+        good_plan, keys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RTXOPS_HOME", raising=False)
+    code, output = run(str(good_plan), "--keyring", str(keys.keyring_file))
+    assert code == 0 and "ledger" in output and "not checked: no rtxops home" in output, output
+    code, output = run(str(good_plan), "--keyring", str(keys.keyring_file),  # named: it must exist
+                       "--home", str(tmp_path / "nope"))
+    assert code == 2 and "no rtxops home at" in " ".join(output.split()), output
