@@ -404,6 +404,17 @@ def plan_export(out_dir: Path = typer.Argument(..., help="folder to copy the sig
         raise _fail(f"{out_dir} exists; give a new folder")
     version, path = settled[-1]
     shutil.copytree(path, out_dir, symlinks=True)
+    # what leaves the home is checked first: a bundle altered on disk is not shipped
+    from rtxops.governance import Keyring, Trust
+    from rtxops.governance import verify as run_verify
+
+    trust = Trust(keyring=_guard(lambda: Keyring.load(_keyring_path(None, home))))
+    report = _guard(lambda: run_verify(out_dir, trust, expected_kind="plan"))
+    if not report.ok:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        failed = next(c for c in report.checks if not c.ok)
+        raise _fail(f"plan version {version} for {scope} does not verify ({failed.name}: "
+                    f"{failed.message}): not exported", 1)
     out.print(f"plan version {version} for {scope} → {out_dir}")
 
 

@@ -27,6 +27,14 @@ def test_export_then_import_verifies_first(keys, tmp_path):
     (exploring / "plan.json").write_text(json.dumps({"version": 13, "entries": [
         {"op": "gelu", "bucket": "float32/cpu/n=8", "variant": "eager", "config": {},
          "explore": [{"variant": "tanh", "config": {}, "weight": 0.1}]}]}))
+    ring = Keyring(source / "keyring.json")  # the daemon's key, as its first start trusts it
+    ring.trust(keys.pub("daemon"))
+    ring.save()
+    v12 = source / "bundles" / "job-1" / "v12" / "plan.json"
+    v12.write_bytes(v12.read_bytes() + b" ")  # altered on disk: not shipped
+    code, output = cli("plan", "export", str(tmp_path / "shipped"), "--job", "job-1", "--home", str(source))
+    assert code == 1 and "does not verify" in output and not (tmp_path / "shipped").exists(), output
+    v12.write_bytes(v12.read_bytes()[:-1])
     code, output = cli("plan", "export", str(tmp_path / "shipped"), "--job", "job-1", "--home", str(source))
     assert code == 0 and "plan version 12" in output, output
     code, output = cli("plan", "export", str(tmp_path / "none"), "--home", str(source))
