@@ -54,8 +54,8 @@ def priors_from_rows(rows: Iterable[dict], arms: Sequence[Any], *, transfer_sd: 
 
 
 def tuning_priors(store, registry, op: str, bucket: str, arms: Sequence[Any]) -> Prior:
-    """Priors for tuning ``op`` on ``bucket`` from the tuning database: the op's current results
-    (same device model, torch and triton versions, kernel source) on every other bucket."""
+    """Priors for tuning ``op`` on ``bucket`` from the tuning database: the op's current offline
+    results (same device model, torch and triton versions, kernel source) on every other bucket."""
     from rtxops.runtime.bucket import Bucket
     from rtxops.telemetry import store_evolve
 
@@ -71,7 +71,10 @@ def tuning_priors(store, registry, op: str, bucket: str, arms: Sequence[Any]) ->
                 hashes[v] = registry.variant(op, v).source_hash
             except Exception:  # a variant no longer registered: its rows say nothing now
                 hashes[v] = None
+        # offline results only: an online figure times the forward calls alone, and one bucket
+        # mixing both would rank arms by what was measured rather than by speed
         return (row["bucket"] != bucket and row.get("status") == "ok" and hashes[v] is not None
+                and row.get("source") == "offline"
                 and row.get("source_hash") == hashes[v]
                 and all(row.get(k) == env[k] for k in ("device", "torch_version", "triton_version")))
 

@@ -170,7 +170,9 @@ def gate_result(q, key: dict) -> dict | None:
 def upsert_tuning(store: Store, key: dict, values: dict) -> None:
     """Insert or update one tuning-database row (the key is every part that invalidates it). A
     row marked ``regressed`` (a canary rolled it back) stays so, with its reason, whatever is
-    measured later under the same key: only a new key (versions, source) clears it."""
+    measured later under the same key: only a new key (versions, source) clears it. An online
+    figure (forward calls inside a job's steps) never replaces an offline one (forward and
+    backward, benchmarked): they measure different things."""
     measured = ("source", "trials", "median_ns", "spread", "peak_bytes", "updated_ns")
     cols = TUNING_KEY + measured + ("status", "reason")
     row = {**key, **values}
@@ -178,7 +180,8 @@ def upsert_tuning(store: Store, key: dict, values: dict) -> None:
     _write(store, f"INSERT INTO tuning ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
                   "ON CONFLICT DO UPDATE SET "
                   + ", ".join([f"{c} = excluded.{c}" for c in measured]
-                              + [f"{c} = {sticky.format(c)}" for c in ("status", "reason")]),
+                              + [f"{c} = {sticky.format(c)}" for c in ("status", "reason")])
+                  + " WHERE NOT (source = 'offline' AND excluded.source = 'online')",
            [row.get(c) for c in cols])
 
 

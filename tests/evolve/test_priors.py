@@ -174,5 +174,9 @@ def test_offline_priors_come_from_other_buckets_of_the_same_versions(tmp_path):
         p = tuning_priors(store, registry, "gelu", large, [eager, algebraic])
         assert p[eager][0] == pytest.approx(0.0) and p[algebraic][0] == pytest.approx(math.log(4))
         assert tuning_priors(store, registry, "softmax", large, [eager]) == {}
+        # an online figure (forward calls only) of a third arm says nothing about it
+        tanh = Arm.of("chunked")
+        db.record("gelu", small, tanh, source="online", trials=20, median_ns=50.0)
+        assert tanh not in tuning_priors(store, registry, "gelu", large, [eager, tanh])
     finally:
         store.close()

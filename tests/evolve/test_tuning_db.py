@@ -98,3 +98,16 @@ def test_gate_verdicts_are_keyed_like_results(tmp_path, registry, monkeypatch):
         monkeypatch.setattr(tuning_module, "environment",
                             lambda device: {**real, "triton_version": "9.9"})
         assert db.gate("gelu", BUCKET, ARM) is None  # a new triton: the verdict is re-checked
+
+
+def test_an_online_figure_does_not_replace_an_offline_one(tmp_path, registry):
+    """Online trials time forward calls inside a job's steps, offline ones forward and backward:
+    one window of the first must not overwrite a benchmark of the second."""
+    with Store(tmp_path / "s.duckdb") as store:
+        db = TuningDB(store, registry)
+        record(store, registry, 1000.0)  # offline
+        db.record("gelu", BUCKET, ARM, source="online", trials=20, median_ns=300.0)
+        row = db.lookup("gelu", BUCKET, ARM)
+        assert (row["source"], row["median_ns"]) == ("offline", 1000.0)
+        record(store, registry, 900.0)  # a newer offline figure does
+        assert db.lookup("gelu", BUCKET, ARM)["median_ns"] == 900.0
