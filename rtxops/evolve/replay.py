@@ -10,6 +10,7 @@ on other buckets (leave-one-out: a sweep's own values never inform its prior).
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -62,11 +63,15 @@ def load_sweep_data(data: Any, source: Any = "sweep") -> Sweep:
     sweep = Sweep({})
     try:
         for i, a in enumerate(data["arms"]):
+            if not isinstance(a["values"], list):
+                raise SweepError(f"arms[{i}].values must be a list of numbers")
             values = [float(v) for v in a["values"]]
-            if not values or any(v <= 0 for v in values):
-                raise SweepError(f"arms[{i}] needs positive values")
+            if not values or not all(math.isfinite(v) and v > 0 for v in values):
+                raise SweepError(f"arms[{i}] needs positive, finite values")
             config = a.get("config", {})
             label = f'{a["variant"]} {json.dumps(config, sort_keys=True)}'
+            if label in sweep.arms:
+                raise SweepError(f"arms[{i}] repeats the arm {label}")
             sweep.arms[label] = values
             sweep.keys[label] = Arm.of(a["variant"], config)
         sweep.op, sweep.bucket = data.get("op"), data.get("bucket")

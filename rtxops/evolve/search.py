@@ -47,11 +47,14 @@ class Strategy(ABC):
         return arms
 
     def tell(self, arm: Arm, value: float) -> None:
-        self.values[arm].append(float(value))
+        """``arm`` measured ``value``; NaN, zero or less (a failed measurement) counts as inf,
+        which ranks last and never makes an arm the best."""
+        value = float(value)
+        self.values[arm].append(value if value > 0 and not math.isnan(value) else math.inf)
 
     def best(self) -> Arm | None:
-        """The arm with the lowest median of what was told so far."""
-        measured = {a: _median(v) for a, v in self.values.items() if v}
+        """The arm with the lowest median of what was told so far (None: nothing measured)."""
+        measured = {a: m for a, v in self.values.items() if v and math.isfinite(m := _median(v))}
         return min(measured, key=measured.get) if measured else None
 
     @abstractmethod
@@ -110,7 +113,8 @@ class SuccessiveHalving(Strategy):
         return out
 
     def best(self) -> Arm | None:
-        alive = [a for a in self.survivors if self.values.get(a)]
+        alive = [a for a in self.survivors
+                 if self.values.get(a) and math.isfinite(_median(self.values[a]))]
         if alive:
             return min(alive, key=lambda a: _median(self.values[a]))
         return super().best()
@@ -244,7 +248,7 @@ class ThompsonSampling(Strategy):
     def best(self) -> Arm | None:
         """The lowest median among the most-measured arms (at least half as many trials as the
         most-measured one): one lucky trial of a barely-tried arm does not win."""
-        measured = {a: v for a, v in self.values.items() if v}
+        measured = {a: v for a, v in self.values.items() if v and math.isfinite(_median(v))}
         if not measured:
             return None
         most = max(len(v) for v in measured.values())

@@ -68,7 +68,11 @@ def test_replay_counts_trials_to_within_five_percent(tmp_path):
 
 
 @pytest.mark.parametrize("text", ["not json", '{"arms": []}', '{"arms": [{"variant": "a", "values": []}]}',
-                                  '{"arms": [{"values": [1]}]}'])
+                                  '{"arms": [{"values": [1]}]}',
+                                  '{"arms": [{"variant": "a", "values": [1, NaN]}]}',
+                                  '{"arms": [{"variant": "a", "values": [1, Infinity]}]}',
+                                  '{"arms": [{"variant": "a", "values": "123"}]}',
+                                  '{"arms": [{"variant": "a", "values": [1]}, {"variant": "a", "values": [2]}]}'])
 def test_replay_rejects_malformed_sweeps(tmp_path, text):
     path = tmp_path / "bad.json"
     path.write_text(text)
@@ -117,3 +121,18 @@ def test_thompson_is_not_locked_onto_an_arm_whose_round_measured_nothing():
             s.tell(a, measure(a))
     assert s.best() == "c"
     assert len(s.values["c"]) >= 3
+
+
+@pytest.mark.parametrize("name", list(search.STRATEGIES))
+def test_a_failed_measurement_never_makes_an_arm_the_best(name):
+    """NaN, zero or a negative time (a broken benchmark) ranks last in every strategy."""
+    for bad in (float("nan"), 0.0, -5.0):
+        s = search.make_strategy(name, ["broken", "slow", "fast"], budget=12, seed=0, batch=1)
+        while arms := s.ask():
+            for arm in arms:
+                s.tell(arm, {"broken": bad, "slow": 200.0, "fast": 100.0}[arm])
+        assert s.best() == "fast", (bad, dict(s.values))
+    only = search.make_strategy(name, ["broken"], budget=2, seed=0)
+    for arm in only.ask():
+        only.tell(arm, float("nan"))
+    assert only.best() is None
