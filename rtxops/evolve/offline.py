@@ -245,8 +245,10 @@ class _Tuner:
     def _decide(self, op, bucket, best: Arm | None, values, trials, failed) -> dict:
         base = values.get(BASELINE, [])
         if best is None or best == BASELINE:
-            cmp, reason = None, ("the reference is the fastest arm measured" if best
-                                 else "nothing was measured")
+            others = any(v for a, v in values.items() if a != BASELINE)
+            cmp, reason = None, ("nothing was measured" if best is None else
+                                 "the reference is the fastest arm measured" if others else
+                                 "only the reference was measured (the budget held no candidate)")
         else:
             cmp = stats.compare_independent(base, values[best], seed=self.seed)
             reason = cmp.reason

@@ -187,3 +187,17 @@ def test_bad_input_is_refused_before_any_work(tmp_path, registry):
         assert store_evolve.trials(store) == [] and store_evolve.tuning_rows(store) == []
     finally:
         store.close()
+
+
+def test_a_budget_of_one_says_only_the_reference_was_measured(tmp_path, registry):
+    """The baseline takes the whole budget: the decision must not claim the reference beat
+    candidates that never ran."""
+    store = Store(tmp_path / "rtxops.duckdb")
+    try:
+        report = tune(store, registry, op="gelu", bucket=GELU, budget=1, **FAST, variants=["eager"])
+        (b,) = report["buckets"]
+        assert b["trials"] == 1
+        (decision,) = store_evolve.decisions(store)
+        assert decision["reason"] == "only the reference was measured (the budget held no candidate)"
+    finally:
+        store.close()
