@@ -68,9 +68,11 @@ def check_launchable(spec: JobSpec) -> None:
 
 
 def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
-                base: Mapping[str, str], extra_env: Mapping[str, str]) -> dict[str, str]:
+                base: Mapping[str, str], extra_env: Mapping[str, str],
+                step_base: int | None = None) -> dict[str, str]:
     """``base`` (the daemon's environment), then ``extra_env``, then the job's own ``env``; with the
-    runtime enabled as ``rtxops run`` enables it, and the job's identity set last."""
+    runtime enabled as ``rtxops run`` enables it, and the job's identity set last. ``step_base``:
+    the last step an earlier attempt reported, from which a restarted job counts on."""
     env = {**base, **extra_env, **spec.env}
     if spec.runtime:
         from rtxops.runtime.bootstrap import child_environment
@@ -81,6 +83,9 @@ def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
     env.setdefault("PYTHONUNBUFFERED", "1")
     env["RTXOPS_JOB_ID"] = job_id
     env["RTXOPS_JOB_ATTEMPT"] = str(attempt)
+    env.pop("RTXOPS_STEP_BASE", None)
+    if step_base:
+        env["RTXOPS_STEP_BASE"] = str(step_base)
     env[TOKEN_VARIABLE] = token
     if spec.nproc_per_node > 1:
         env["RTXOPS_LAUNCHER"] = "torchrun"

@@ -174,10 +174,14 @@ class Supervisor:
         with self._lock:
             job = self._jobs.get(job_id)
             runner = self._runners.get(job_id)
-            if job is None or runner is None or job.state is not JobState.RUNNING:
+            if job is None or runner is None or job.state.terminal:
+                return False
+            # the last spans of an attempt may commit after it exited: the step still counts
+            # (a restart goes on from it), but only a running attempt has a heartbeat
+            job.last_step = step if job.last_step is None else max(job.last_step, step)
+            if job.state is not JobState.RUNNING:
                 return False
             runner.heartbeats[rank] = time.monotonic()
-            job.last_step = step if job.last_step is None else max(job.last_step, step)
             job.last_heartbeat_ns = time.time_ns()
             return True
 
@@ -442,8 +446,11 @@ class _Runner:
         job_dir.mkdir(parents=True, exist_ok=True)
         paths = {s: job_dir / f"attempt-{number}.{s}" for s in STREAMS}
         argv = launch.command_line(spec, job_dir / f"torchrun-{number}")
+        # a restart counts steps on from the last one heard of: the evolve loop's windows, plan
+        # effective steps and the telemetry name steps by (job, step)
         env = launch.environment(spec, job_id=job.id, token=job.token, attempt=number,
-                                 base=os.environ, extra_env=sup.extra_env)
+                                 base=os.environ, extra_env=sup.extra_env,
+                                 step_base=job.last_step if number > 1 else None)
         self._oom_before = self._probe("oom_counters", OomCounters.read, None)
         attempt = Attempt(number=number, started_at_ns=time.time_ns())
         try:

@@ -437,6 +437,9 @@ class Dispatcher:
         self.plan: Plan = default_plan()
         self.pending: Plan | None = None
         self.step = 0
+        # steps an earlier attempt of this job ran (RTXOPS_STEP_BASE): counting goes on from
+        # there, so a job's (job id, step) names one step across restarts
+        self.steps_before = 0
         self.sites: list[FunctionSite] = []
         self.slots: list[Slot] = []
         self._slot_ids: dict[tuple, int] = {}

@@ -21,7 +21,7 @@ def summarize(dispatcher: Dispatcher) -> dict:
                     "total_ns": stats.total_ns[slot.id], "builds": stats.build_misses[slot.id],
                 })
     return {
-        "steps": dispatcher.step,
+        "steps": dispatcher.step - dispatcher.steps_before,
         "plan_version": dispatcher.plan.version,
         "plan_digest": dispatcher.plan.digest,
         "peak_rss_bytes": stats.peak_rss if stats else 0,

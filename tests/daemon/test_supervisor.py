@@ -491,3 +491,33 @@ def test_a_crash_after_a_signal_the_job_handled_is_restarted(sup, tmp_path):
     sup.signal(job.id, signal.SIGHUP)
     done = sup.wait(job.id, 60)
     assert done.state is JobState.FAILED and done.crash_restarts == 1, (done.state, done.reason)
+
+
+def test_a_restarted_job_counts_steps_on_from_the_last_one_reported(sup, tmp_path):
+    """Steps are named (job, step) in the telemetry, the evolve loop's windows and plans'
+    effective steps: a restart must not count from 0 again over the steps before it."""
+    body = script(tmp_path, "steps.py", """
+        import os, sys, time, torch
+        from rtxops.runtime import patching
+        lin = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(lin.parameters(), 0.1)
+        print("first step", patching.active().step + 1, flush=True)
+        for _ in range(3):
+            lin(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        print("last step", patching.active().step, flush=True)
+        if os.environ["RTXOPS_JOB_ATTEMPT"] == "1":
+            while not os.path.exists(sys.argv[1]):  # its telemetry arrives while it runs
+                time.sleep(0.02)
+            sys.exit(3)
+    """)
+    crash = tmp_path / "crash-now"
+    job = sup.submit(spec(PY, body, str(crash), runtime=True, max_crash_restarts=1, backoff_s=0.1,
+                          env={"RTXOPS_TELEMETRY": "off"}))
+    until(lambda: "last step 3" in [ln.text for ln in sup.logs(job.id)], 60)
+    assert sup.heartbeat(job.id, 3)  # what the telemetry of its steps tells the daemon
+    crash.touch()
+    job = sup.wait(job.id, 60)
+    assert job.state is JobState.SUCCEEDED and len(job.attempts) == 2, sup.logs(job.id)
+    texts = [(ln.attempt, ln.text) for ln in sup.logs(job.id)]
+    assert texts == [(1, "first step 1"), (1, "last step 3"), (2, "first step 4"), (2, "last step 6")]

@@ -22,6 +22,8 @@
                    keeps it when faster (regions.py); its calls are then recorded under op ``region``
 ``RTXOPS_FUSE_OPTIMIZER``  ``1`` tries torch's fused optimizer (optimizer_region.py); every
                    ``optimizer.step()`` is recorded under op ``region``
+``RTXOPS_STEP_BASE``  the last step an earlier attempt of this job reported: steps count on from
+                   it (the supervisor sets it on a restart)
 """
 from __future__ import annotations
 
@@ -49,6 +51,9 @@ def start() -> None:
     from ..plan import Plan
 
     dispatcher: Dispatcher = enable(verify_first_call=os.environ.get("RTXOPS_VERIFY_FIRST_CALL", "1") != "0")
+    base = os.environ.get("RTXOPS_STEP_BASE", "")
+    if base.isdigit() and dispatcher.step == 0:
+        dispatcher.step = dispatcher.steps_before = int(base)
     plan_path = os.environ.get("RTXOPS_PLAN")
     if plan_path:
         try:
