@@ -94,7 +94,7 @@ class Daemon:
         from rtxops.runtime.registry import default_registry
 
         return EvolveLoop(self.store, self.board, default_registry(), self.running_jobs,
-                          self.evolve_config)
+                          self.evolve_config, unfinished_jobs=self.unfinished_jobs)
 
     def _a_job_is_warm(self) -> bool:
         """Whether a running job has reported the loop's ``min_steps`` (before that the loop has
@@ -103,6 +103,11 @@ class Daemon:
             return False
         return any(last is not None and last >= self.evolve_config.min_steps
                    for last in self.supervisor.running().values())
+
+    def unfinished_jobs(self) -> set[str]:
+        if self.supervisor is None:
+            return set()
+        return self.supervisor.unfinished()
 
     def running_jobs(self) -> list[str]:
         if self.supervisor is None or self._stopping.is_set():

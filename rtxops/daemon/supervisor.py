@@ -113,6 +113,11 @@ class Supervisor:
         with self._lock:
             return {j.id: j.last_step for j in self._jobs.values() if j.state is JobState.RUNNING}
 
+    def unfinished(self) -> set[str]:
+        """The ids of jobs not in a terminal state (running, restarting, hung, ...)."""
+        with self._lock:
+            return {j.id for j in self._jobs.values() if not j.state.terminal}
+
     def page(self, offset: int, limit: int) -> tuple[int, list[Job]]:
         """How many jobs there are, and copies of ``limit`` of them from ``offset``, newest first."""
         with self._lock:

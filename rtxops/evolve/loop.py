@@ -113,9 +113,12 @@ class EvolveLoop:
     ``running_jobs`` returns the ids of the jobs to tune."""
 
     def __init__(self, store: Store, board, registry: Registry, running_jobs: Callable[[], list[str]],
-                 config: LoopConfig | None = None) -> None:
+                 config: LoopConfig | None = None,
+                 unfinished_jobs: Callable[[], set[str]] | None = None) -> None:
         self.store, self.board, self.registry = store, board, registry
         self.running_jobs = running_jobs
+        # jobs whose tuning state is kept while they do not run (a restart's backoff)
+        self.unfinished_jobs = unfinished_jobs
         self.config = config or LoopConfig()
         self.tuning = TuningDB(store, registry)
         self.trial_spans = TrialSpans(store)
@@ -127,8 +130,9 @@ class EvolveLoop:
     def tick(self) -> None:
         with self._lock:
             running = set(self.running_jobs())
+            keep = running | (self.unfinished_jobs() if self.unfinished_jobs else set())
             for job in list(self.jobs):
-                if job not in running:
+                if job not in keep:  # ended: a canary between two attempts goes on after it
                     del self.jobs[job]
             for job in sorted(running):
                 try:

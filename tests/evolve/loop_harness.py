@@ -40,6 +40,7 @@ def loop_over_rows(monkeypatch, rows: list[dict], *, last: int, swapped: int = 9
     loop = object.__new__(L.EvolveLoop)
     loop.store, loop.board, loop.registry = None, _Board(), _Registry()
     loop.running_jobs = lambda: ["job"]
+    loop.unfinished_jobs = None
     loop.config = LoopConfig(window_steps=20, min_steps=5)
     loop.tuning = L.TuningDB(None, _Registry())
     loop.tuning.key = lambda *a: {}

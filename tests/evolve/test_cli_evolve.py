@@ -63,7 +63,7 @@ def test_replay_finds_the_known_best_with_every_strategy(tmp_path, daemons):
     ("{not json", [], "cannot read sweep"),
     ('{"arms": 3}', [], "cannot read sweep"),
     ('{"arms": []}', [], "has no arms"),
-    ('{"arms": [{"variant": "a", "values": [1.0, -2.0]}]}', [], "needs positive values"),
+    ('{"arms": [{"variant": "a", "values": [1.0, -2.0]}]}', [], "needs positive, finite values"),
     ('{"arms": [{"variant": "a", "values": [1.0]}]}', ["--strategy", "annealing"], "unknown strategy"),
     ('{"arms": [{"variant": "a", "values": [1.0]}]}', ["--budget", "0"], "at least 1"),
     (None, [], "cannot read sweep"),

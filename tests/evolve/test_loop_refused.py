@@ -124,3 +124,16 @@ def test_drift_checks_on_one_step_windows_skip_a_bucket_not_called(monkeypatch):
     state = L.JobEvolution(done={("gelu", "b"): bt})
     loop._check_drift("job", state, 30)
     assert bt.drift_strikes == 0 and ("gelu", "b") in state.done
+
+
+def test_a_job_between_two_attempts_keeps_its_canary(monkeypatch):
+    """A crash restart's backoff takes the job off the running list for a tick or two: its
+    tuning state (a canary under way) stays; a job that ended loses it."""
+    loop, bt, decisions, _ = _regressing_canary(monkeypatch, {7: 9})
+    unfinished = {"job"}
+    loop.running_jobs, loop.unfinished_jobs = (lambda: []), (lambda: set(unfinished))
+    loop.tick()
+    assert loop.jobs["job"].active is bt and bt.phase == "canary" and not decisions
+    unfinished.clear()
+    loop.tick()
+    assert "job" not in loop.jobs
