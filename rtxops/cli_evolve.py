@@ -81,7 +81,7 @@ def tune(
 
     h = _home(home)
     if show:
-        rows = _tuning_rows(h, op)
+        rows = _with_staleness(_tuning_rows(h, op))
         out.print_json(data=rows) if as_json else out.print(_tuning_table(rows))
         return
     if strategy not in STRATEGIES:
@@ -232,17 +232,42 @@ def _tuning_rows(h, op: Optional[str]) -> list[dict]:
         store.close()
 
 
+def _with_staleness(rows: list[dict]) -> list[dict]:
+    """``rows``, each with ``stale``: why it no longer applies here (another torch or triton
+    version, device model or kernel source: what the loop and the tuner no longer read), or ""
+    for a current one; current rows first."""
+    from rtxops.evolve.environment import environment
+    from rtxops.runtime.bucket import Bucket
+    from rtxops.runtime.registry import default_registry
+
+    registry = default_registry()
+    for r in rows:
+        try:
+            env = environment(Bucket.parse(r["op"], r["bucket"]).device)
+            source = registry.variant(r["op"], r["variant"]).source_hash
+        except Exception:  # an op, bucket or variant this rtxops does not know
+            r["stale"] = "unknown here"
+            continue
+        why = [name for key, name in (("torch_version", "torch"), ("triton_version", "triton"),
+                                      ("device", "device")) if r.get(key) != env[key]]
+        why += ["kernel source"] if r.get("source_hash") != source else []
+        r["stale"] = ", ".join(why)
+    return sorted(rows, key=lambda r: r["stale"] != "")
+
+
 def _tuning_table(rows: list[dict]) -> Table:
-    table = Table(title=f"rtxops tuning database ({len(rows)} rows)")
+    stale = sum(1 for r in rows if r["stale"])
+    table = Table(title=f"rtxops tuning database ({len(rows)} rows"
+                        + (f", {stale} stale: not used here" if stale else "") + ")")
     for col in ("op", "bucket", "variant", "config", "median µs", "spread", "trials", "source",
-                "status", "device", "torch"):
+                "status", "stale", "device", "torch"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(*map(plain, (r["op"], r["bucket"], r["variant"], r["config"] if r["config"] != "{}" else "",
                       f"{r['median_ns'] / 1e3:.1f}" if r["median_ns"] is not None else "-",
                       f"{r['spread']:.1%}" if r["spread"] is not None else "-", str(r["trials"]),
                       r["source"], r["status"] + (f": {r['reason']}" if r["reason"] else ""),
-                      r["device"], r["torch_version"])))
+                      r["stale"] or "-", r["device"], r["torch_version"])))
     return table
 
 

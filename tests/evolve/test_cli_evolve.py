@@ -102,11 +102,21 @@ def test_tune_in_process_tunes_the_recorded_buckets_and_show_lists_them(tmp_path
     rows = json.loads(r.stdout)
     assert {(x["op"], x["bucket"], x["variant"]) for x in rows} == {
         ("gelu", GELU, "reference"), ("gelu", GELU, "eager")}
-    assert all(x["source"] == "offline" and x["trials"] == 1 for x in rows)
+    assert all(x["source"] == "offline" and x["trials"] == 1 and x["stale"] == "" for x in rows)
+    import duckdb  # a row measured under another torch: listed, and said to be stale
+
+    con = duckdb.connect(str(tmp_path / ".rtxops" / "rtxops.duckdb"))
+    con.execute("UPDATE tuning SET torch_version = '1.0' WHERE variant = 'reference'")
+    con.close()
+    r = cli("tune", "--show", "--json", mark=daemons.mark, cwd=tmp_path)
+    assert [(x["variant"], x["stale"]) for x in json.loads(r.stdout)] == [("eager", ""),
+                                                                          ("reference", "torch")]
+    r = cli("tune", "--show", mark=daemons.mark, cwd=tmp_path)
+    assert r.returncode == 0 and "1 stale: not used here" in " ".join(r.stdout.split()), r.stdout
     r = cli("tune", "--show", "--op", "rms_norm", mark=daemons.mark, cwd=tmp_path)
     assert r.returncode == 0 and "tuning database (0 rows)" in r.stdout
     r = cli("tune", "--show", mark=daemons.mark, cwd=tmp_path)
-    assert r.returncode == 0 and "tuning database (2 rows)" in r.stdout and "offline" in r.stdout
+    assert r.returncode == 0 and "tuning database (2 rows, 1 stale" in r.stdout and "offline" in r.stdout
 
     for args, code, message in [
         (["tune", "--op", "nope"], 2, "unknown op 'nope'"),
