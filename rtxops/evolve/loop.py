@@ -151,7 +151,9 @@ class EvolveLoop:
         last = store_evolve.last_step(self.store, job)
         if last is None:
             return
-        state = self.jobs.setdefault(job, JobEvolution())
+        state = self.jobs.get(job)
+        if state is None:
+            state = self.jobs[job] = JobEvolution(active=self._interrupted_canary(job))
         if state.active is not None:
             self._advance(job, state, state.active, last)
         elif last >= self.config.min_steps:
@@ -206,6 +208,47 @@ class EvolveLoop:
         if bt.phase not in _ACTIVE:
             state.done[(bt.op, bt.bucket)] = bt
             state.active = None
+
+    def _interrupted_canary(self, job: str) -> BucketTuning | None:
+        """A promotion of ``job``'s whose canary had no outcome yet (the daemon restarted during
+        it): watched again, with the evidence its decision names (the rounds' windows, read back
+        from the telemetry). None when there is none, or it cannot be rebuilt."""
+        try:
+            newest: dict[tuple[str, str], dict] = {}
+            for d in store_evolve.decisions(self.store, job, limit=1000):  # newest first
+                newest.setdefault((d["op"], d["bucket"]), d)
+            promoted = [d for d in newest.values()
+                        if d["kind"] == "promote" and d["plan_version"] is not None]
+            if not promoted:
+                return None
+            d = max(promoted, key=lambda d: d["at_ns"])
+            evidence = d["evidence"] if isinstance(d["evidence"], dict) else json.loads(d["evidence"] or "{}")
+            windows = [list(w) for w in evidence.get("windows") or ()
+                       if isinstance(w, (list, tuple)) and len(w) == 2]
+            incumbent = Arm(d["incumbent_variant"], d["incumbent_config"] or "{}")
+            winner = Arm(d["candidate_variant"], d["candidate_config"] or "{}")
+            bt = BucketTuning(d["op"], d["bucket"], incumbent, phase="canary", winner=winner,
+                              plan_version=d["plan_version"], published_ns=d["at_ns"],
+                              windows=windows, trial_ids=list(evidence.get("trial_ids") or ()))
+            if windows:
+                base: dict[int, float] = {}
+                mine: dict[int, float] = {}
+                for r in store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, windows[0][0]):
+                    if any(a <= r["step"] <= b for a, b in windows):
+                        arm = Arm(r["variant"], r["config"] or "{}")
+                        if arm in (incumbent, winner):
+                            (base if arm == incumbent else mine)[r["step"]] = r["total_ns"] / r["calls"]
+                bt.rounds = [(base, {winner: mine})]
+                bt.decision_ns = statistics.median(mine.values()) if mine else None
+                first = windows[0][0]
+                bt.step_before = [r["duration_ns"] for r in store_evolve.step_durations(
+                    self.store, job, max(0, first - self.config.window_steps), first)]
+        except Exception:  # the loop goes on without it, as before the restart it would not
+            log.exception("evolve: job %s: the interrupted canary could not be rebuilt", job)
+            return None
+        log.info("evolve: job %s: watching the canary of %s %s again (plan %d)", job, bt.op,
+                 bt.bucket, bt.plan_version)
+        return bt
 
     # ---- opening a bucket ----------------------------------------------------------------------
     def _open_hot_bucket(self, job: str, state: JobEvolution, last: int) -> None:

@@ -37,6 +37,7 @@ def loop_over_rows(monkeypatch, rows: list[dict], *, last: int, swapped: int = 9
     sink = decisions if decisions is not None else []
     monkeypatch.setattr(se, "save_decision", lambda store, row: sink.append(row))
     monkeypatch.setattr(se, "upsert_tuning", lambda store, key, values: None)
+    monkeypatch.setattr(se, "decisions", lambda q, job, limit=200, offset=0: [])
     loop = object.__new__(L.EvolveLoop)
     loop.store, loop.board, loop.registry = None, _Board(), _Registry()
     loop.running_jobs = lambda: ["job"]

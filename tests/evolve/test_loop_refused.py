@@ -137,3 +137,33 @@ def test_a_job_between_two_attempts_keeps_its_canary(monkeypatch):
     unfinished.clear()
     loop.tick()
     assert "job" not in loop.jobs
+
+
+def test_a_canary_the_daemon_restarted_in_is_watched_again(monkeypatch):
+    """The daemon restarted after a promotion and before its canary ended: a new loop rebuilds
+    the canary from the decision's windows and rolls back a winner that runs slow live."""
+    inc, win = Arm.of("reference"), Arm.of("fastish")
+    rows = [{"step": s, "variant": v, "config": "{}", "calls": 4, "total_ns": 4 * ns}
+            for s in range(10, 30) for v, ns in ((inc.variant, 1e5), (win.variant, 0.8e5))]
+    rows += [{"step": s, "variant": win.variant, "config": "{}", "calls": 4, "total_ns": 4 * 2.4e5}
+             for s in range(36, 80)]
+    decisions = []
+    loop = loop_over_rows(monkeypatch, rows, last=70, swapped=35, decisions=decisions)
+    promote = {"op": "gelu", "bucket": "b", "kind": "promote", "plan_version": 7, "at_ns": 5,
+               "incumbent_variant": "reference", "incumbent_config": "{}",
+               "candidate_variant": "fastish", "candidate_config": "{}",
+               "evidence": '{"windows": [[10, 29]], "trial_ids": ["t1"]}'}
+    older = {**promote, "kind": "explore", "at_ns": 1}
+    monkeypatch.setattr(se, "decisions", lambda q, job, limit=200, offset=0: [promote, older])
+    loop.board = _Board()
+    loop.tick()
+    assert decisions and decisions[-1]["kind"] == "rollback", decisions
+    assert loop.board.published[-1].entry("gelu", "b").variant == "reference"
+
+
+def test_a_settled_canary_is_not_watched_again(monkeypatch):
+    loop = loop_over_rows(monkeypatch, [], last=70)
+    row = {"op": "gelu", "bucket": "b", "kind": "canary_pass", "plan_version": None, "at_ns": 9}
+    monkeypatch.setattr(se, "decisions", lambda q, job, limit=200, offset=0: [row])
+    loop.tick()
+    assert loop.jobs["job"].active is None
