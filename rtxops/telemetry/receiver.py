@@ -144,8 +144,8 @@ async def _handle(request: Request, store: Store, slot: asyncio.Semaphore,
         return _status(encoding, 503, code_pb2.UNAVAILABLE, str(e), {"Retry-After": "5"})
     finally:
         slot.release()
-    try:
-        await _committed(future, commit_timeout_s)
+    try:  # the deadline counts from the request's arrival, as the client's own timeout does
+        await _committed(future, commit_timeout_s - (time.time_ns() - received_ns) / 1e9)
     except _Withdrawn:
         store.note_refused(batch.span_count)
         return _status(encoding, 503, code_pb2.UNAVAILABLE,
@@ -167,14 +167,18 @@ class _Withdrawn(Exception):
 
 async def _committed(future, timeout_s: float) -> None:
     """Wait for ``future``'s commit; past ``timeout_s`` withdraw it if the writer has not taken
-    it yet (:class:`_Withdrawn`), else wait for the commit under way."""
+    it yet (:class:`_Withdrawn`), else wait for the commit under way. A request cancelled
+    meanwhile (the server stopping) withdraws it too: its client saw no answer and will retry."""
     waiting = asyncio.wrap_future(future)
     try:
-        await asyncio.wait_for(asyncio.shield(waiting), timeout_s)
+        await asyncio.wait_for(asyncio.shield(waiting), max(timeout_s, 0.0))
     except asyncio.TimeoutError:
         if future.cancel():  # still queued: the writer skips it and gives its queue place back
             raise _Withdrawn from None
         await waiting
+    except asyncio.CancelledError:
+        future.cancel()
+        raise
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

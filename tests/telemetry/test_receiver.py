@@ -222,3 +222,35 @@ def test_a_batch_the_writer_does_not_take_in_time_is_withdrawn_not_written_later
     finally:
         release.set()
         store.close()
+
+
+def test_a_request_cancelled_while_its_batch_waits_withdraws_the_batch(tmp_path):
+    """uvicorn cancels requests still running at the end of its shutdown grace: their clients
+    see no answer and retry, so a batch still queued must not be committed afterwards."""
+    import asyncio
+    import threading
+
+    from rtxops.telemetry.otlp import convert
+    from rtxops.telemetry.receiver import _committed
+
+    store = Store(tmp_path / "c.duckdb")
+    release = threading.Event()
+    held = store.run_write(lambda cur: release.wait(30))
+    try:
+        batch = store.submit(convert(good_body(5), PROTOBUF, 0))
+
+        async def cancelled_wait():
+            task = asyncio.ensure_future(_committed(batch, 30))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cancelled_wait())
+        assert batch.cancelled()
+        release.set()
+        held.result(10)
+        assert stored(store) == (0, 0)
+    finally:
+        release.set()
+        store.close()
