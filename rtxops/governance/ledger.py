@@ -31,16 +31,35 @@ def append(store, head_file: Path | None, head_key: ec.EllipticCurvePrivateKey |
     """Append ``entry``; rewrite the head file (signed with ``head_key`` when given)."""
     row = append_entry(store, **entry)
     if head_file is not None:
-        head = {"seq": row["seq"], "entry_hash": row["entry_hash"]}
-        if head_key is not None:
-            head["signed_at"] = time.time()
-            signature = head_key.sign(_head_payload(head), ec.ECDSA(hashes.SHA256()))
-            head.update(key_id=_keys.key_id(head_key.public_key()),
-                        signature=base64.b64encode(signature).decode())
-        tmp = head_file.with_name(head_file.name + ".tmp")
-        tmp.write_text(json.dumps(head) + "\n")
-        tmp.replace(head_file)
+        write_head(head_file, row["seq"], row["entry_hash"], head_key)
     return row
+
+
+def write_head(head_file: Path, seq: int, entry_hash: str,
+               key: ec.EllipticCurvePrivateKey | None = None) -> None:
+    """Replace the head file (atomically), signed with ``key`` when given."""
+    head: dict = {"seq": seq, "entry_hash": entry_hash}
+    if key is not None:
+        head["signed_at"] = time.time()
+        signature = key.sign(_head_payload(head), ec.ECDSA(hashes.SHA256()))
+        head.update(key_id=_keys.key_id(key.public_key()),
+                    signature=base64.b64encode(signature).decode())
+    tmp = head_file.with_name(head_file.name + ".tmp")
+    tmp.write_text(json.dumps(head) + "\n")
+    tmp.replace(head_file)
+
+
+def sign_unsigned_head(store, head_file: Path, key: ec.EllipticCurvePrivateKey) -> str | None:
+    """A head written before heads were signed: sign it when the chain it closes is intact
+    (trust on first use, as the daemon that holds the store starts). What was done, or None."""
+    head = read_head(head_file)
+    if not head or "invalid" in head or "signature" in head:
+        return None
+    problems = check_chain(read_entries(store), head)
+    if problems:
+        return f"the ledger's unsigned head was left unsigned: {problems[0]}"
+    write_head(head_file, head["seq"], head["entry_hash"], key)
+    return f"signed the ledger's head (entry {head['seq']}), written before heads were signed"
 
 
 def _head_payload(head: dict) -> bytes:

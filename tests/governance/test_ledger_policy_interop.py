@@ -224,3 +224,28 @@ def test_a_ledger_rewritten_to_match_its_head_fails_on_the_heads_signature(ledge
     head_file.write_text(json.dumps(head))
     code, output = ledger_verify(ledger_home)
     assert code == 1 and "the head file is not signed" in " ".join(output.split()), output
+
+
+def test_a_head_written_before_heads_were_signed_is_signed_by_the_daemon_that_finds_it_intact(tmp_path):
+    """An existing home, upgraded: the daemon's first start signs its unsigned head when the
+    chain checks intact (trust on first use), and leaves a broken one unsigned, to fail."""
+    from rtxops.governance.authority import Authority
+
+    for broken in (False, True):
+        home = tmp_path / f"home-{broken}"
+        home.mkdir()
+        store = Store(home / "rtxops.duckdb")
+        for v in (1, 2):  # as an rtxops before signed heads wrote them
+            gl.append(store, home / "ledger.head", kind="manual", scope="job-1", version=v,
+                      subject_digest=f"sha256:{v:064x}", decision={"kind": "manual"}, signer="k")
+        if broken:
+            store.run_write(lambda cur: cur.execute("UPDATE ledger SET version = 9 WHERE seq = 1")).result(30)
+        Authority(home, store).close()  # what the daemon's start does
+        store.close()
+        code, output = ledger_verify(home)
+        output = " ".join(output.split())
+        if broken:
+            assert code == 1 and "edited entry" in output, output
+            assert "signature" not in (home / "ledger.head").read_text()
+        else:
+            assert code == 0 and "2 entries, head signed by" in output, output

@@ -323,6 +323,7 @@ def test_replay_of_an_older_plan_is_refused_by_the_ledger(keys, tmp_path):
 
     home = tmp_path / "home"
     home.mkdir()
+    (home / "keyring.json").write_bytes(keys.keyring_file.read_bytes())  # its daemon's key
     bundle = plan_bundle(tmp_path / "v5", keys.signer(), 5, scope="job-1")
     store = Store(home / "rtxops.duckdb")
     try:
@@ -347,6 +348,7 @@ def test_the_ledger_check_trusts_no_tampered_ledger_and_no_second_bundle_of_a_ve
 
     home = tmp_path / "home"
     home.mkdir()
+    (home / "keyring.json").write_bytes(keys.keyring_file.read_bytes())  # its daemon's key
     bundle = plan_bundle(tmp_path / "v5", keys.signer(), 5, scope="job-1")
     twin = plan_bundle(tmp_path / "twin", keys.signer(), 5, scope="job-1",
                        decision={**PROMOTE, "gain": 0.09})
@@ -363,6 +365,7 @@ def test_the_ledger_check_trusts_no_tampered_ledger_and_no_second_bundle_of_a_ve
     assert code == 1 and "replay of an older plan" in output, output
     one = tmp_path / "one"  # a ledger whose newest is version 5, of the other bundle
     one.mkdir()
+    (one / "keyring.json").write_bytes(keys.keyring_file.read_bytes())
     store = Store(one / "rtxops.duckdb")
     try:
         ledger.append(store, one / "ledger.head", head_key=keys.signer().key, kind="promote",
