@@ -178,6 +178,7 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
     # SIGTERM/SIGHUP (kill, timeout, a scheduler's preemption) stop the job as Ctrl-C does: the
     # job runs in its own session, so it would outlive this process otherwise
     stops = {s: signal.signal(s, _stop_by_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    job_id = None
     try:
         if client is None:
             # no daemon: one in this process; the job starts while its HTTP server comes up
@@ -214,6 +215,8 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
         raise typer.Exit(2) from None
     except DaemonError as e:
         err.print(f"[red]rtxops: {escape(str(e))}[/red]")
+        if job_id is None:  # refused before a job existed: there is no summary to miss
+            raise typer.Exit(2) from None
         return 2
     finally:
         try:

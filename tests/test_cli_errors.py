@@ -17,7 +17,9 @@ def rtxops(*args: str, env: dict | None = None, cwd=None) -> subprocess.Complete
 
 
 @pytest.mark.parametrize("case", ["ledger export onto a file", "home is a file", "port out of range",
-                                  "jobs limit 0", "sweep-out in a missing folder"])
+                                  "jobs limit 0", "sweep-out in a missing folder",
+                                  "run with a misspelt policies folder",
+                                  "daemon with a misspelt policies folder"])
 def test_a_clear_error_and_no_traceback(tmp_path, case):
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -32,10 +34,19 @@ def test_a_clear_error_and_no_traceback(tmp_path, case):
         "sweep-out in a missing folder": (["tune", "--op", "gelu", "--home", home, "--sweep-out",
                                            str(tmp_path / "missing" / "s.json")], None,
                                           "not a file in an existing folder"),
+        # before any job starts (it ran, and was killed when the first plan needed the policies)
+        "run with a misspelt policies folder": (
+            ["run", "--", sys.executable, "-c", "print('the job ran')"],
+            {"RTXOPS_HOME": home, "RTXOPS_POLICIES": str(tmp_path / "polcies")},
+            "is not a folder holding policy files"),
+        "daemon with a misspelt policies folder": (
+            ["daemon", "--port", "0", "--home", home], {"RTXOPS_POLICIES": str(tmp_path / "polcies")},
+            "is not a folder holding policy files"),
     }[case]
     r = rtxops(*args, env=env, cwd=tmp_path)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and said in " ".join((r.stdout + r.stderr).split()), r.stderr
+    assert "the job ran" not in r.stdout and "left no summary" not in r.stderr, r.stdout + r.stderr
 
 
 def test_reports_on_a_mistyped_home_say_so(tmp_path):

@@ -47,6 +47,7 @@ class Daemon:
                  job_grace_s: float = 10.0) -> None:
         # a malformed RTXOPS_EVOLVE_* setting stops the daemon here, before it touches anything
         self.evolve_config = LoopConfig.from_env() if evolve_enabled() else None
+        _check_policies()  # and so does a misspelt RTXOPS_POLICIES (it would at the first plan)
         self.home = home.ensure()
         self.host, self.port = host, port or _free_port(host)
         self.job_grace_s = job_grace_s
@@ -311,6 +312,17 @@ class Daemon:
                     pass
             self._stopped = True
             log.info(json.dumps({"event": "stopped"}))
+
+
+def _check_policies() -> None:
+    """ValueError when the policy folder cannot be found (RTXOPS_POLICIES names none)."""
+    from rtxops.governance import UsageError
+    from rtxops.governance.policy import default_policy_dir
+
+    try:
+        default_policy_dir()
+    except UsageError as e:
+        raise ValueError(str(e)) from None
 
 
 def _free_port(host: str) -> int:
