@@ -331,7 +331,7 @@ def status(as_json: bool = typer.Option(False, "--json"), home: Optional[Path] =
     else:
         out.print("evolve loop: " + ("running" if state["ready"] else
                                      "waiting for a job (it starts once a running job has "
-                                     f"reported {state['min_steps']} steps)")
+                                     f"reported {state.get('min_steps', 'its first')} steps)")
                   + (f" (error: {state['error']})" if state.get("error") else ""))
         for job, s in state["jobs"].items():
             active = s["active"]

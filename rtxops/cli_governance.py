@@ -403,13 +403,17 @@ def plan_export(out_dir: Path = typer.Argument(..., help="folder to copy the sig
     if out_dir.exists():
         raise _fail(f"{out_dir} exists; give a new folder")
     version, path = settled[-1]
-    shutil.copytree(path, out_dir, symlinks=True)
-    # what leaves the home is checked first: a bundle altered on disk is not shipped
+    # what leaves the home is checked first (the copy, as it lands): an altered bundle stays
     from rtxops.governance import Keyring, Trust
     from rtxops.governance import verify as run_verify
 
     trust = Trust(keyring=_guard(lambda: Keyring.load(_keyring_path(None, home))))
-    report = _guard(lambda: run_verify(out_dir, trust, expected_kind="plan"))
+    shutil.copytree(path, out_dir, symlinks=True)
+    try:
+        report = _guard(lambda: run_verify(out_dir, trust, expected_kind="plan"))
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     if not report.ok:
         shutil.rmtree(out_dir, ignore_errors=True)
         failed = next(c for c in report.checks if not c.ok)

@@ -227,9 +227,12 @@ class EvolveLoop:
                        if isinstance(w, (list, tuple)) and len(w) == 2]
             incumbent = Arm(d["incumbent_variant"], d["incumbent_config"] or "{}")
             winner = Arm(d["candidate_variant"], d["candidate_config"] or "{}")
+            # a fresh swap timeout: the job may not have swapped before the daemon went away
+            last = store_evolve.last_step(self.store, job) or 0
             bt = BucketTuning(d["op"], d["bucket"], incumbent, phase="canary", winner=winner,
-                              plan_version=d["plan_version"], published_ns=d["at_ns"],
-                              windows=windows, trial_ids=list(evidence.get("trial_ids") or ()))
+                              plan_version=d["plan_version"], published_ns=time.time_ns(),
+                              effective_step=last, windows=windows,
+                              trial_ids=list(evidence.get("trial_ids") or ()))
             if windows:
                 base: dict[int, float] = {}
                 mine: dict[int, float] = {}

@@ -75,7 +75,7 @@ class PlanPoller:
                 log.debug("rtxops: plan poll failed: %s", e)
             # load the verifier's code ahead of the next plan, once the job's first steps ran
             # (so they do not share the CPU with it)
-            if warm is not None and self.dispatcher.step >= 2:
+            if warm is not None and self.dispatcher.step - self.dispatcher.steps_before >= 2:
                 try:
                     warm()
                 except Exception as e:

@@ -170,18 +170,22 @@ def gate_result(q, key: dict) -> dict | None:
 def upsert_tuning(store: Store, key: dict, values: dict) -> None:
     """Insert or update one tuning-database row (the key is every part that invalidates it). A
     row marked ``regressed`` (a canary rolled it back) stays so, with its reason, whatever is
-    measured later under the same key: only a new key (versions, source) clears it. An online
-    figure (forward calls inside a job's steps) never replaces an offline one (forward and
-    backward, benchmarked): they measure different things."""
+    measured later under the same key: only a new key (versions, source) clears it. A live figure
+    (online or canary: forward calls inside a job's steps) never replaces an offline one
+    (forward and backward, benchmarked): they measure different things; a canary's verdict
+    still marks the row."""
     measured = ("source", "trials", "median_ns", "spread", "peak_bytes", "updated_ns")
     cols = TUNING_KEY + measured + ("status", "reason")
     row = {**key, **values}
-    sticky = "CASE WHEN status = 'regressed' THEN {0} ELSE excluded.{0} END"
+    # (every SET expression reads the row as it was)
+    keep = "source = 'offline' AND excluded.source IN ('online', 'canary')"
+    figure = f"CASE WHEN {keep} THEN {{0}} ELSE excluded.{{0}} END"
+    verdict = ("CASE WHEN status = 'regressed' OR (source = 'offline' AND excluded.source = "
+               "'online') THEN {0} ELSE excluded.{0} END")
     _write(store, f"INSERT INTO tuning ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
                   "ON CONFLICT DO UPDATE SET "
-                  + ", ".join([f"{c} = excluded.{c}" for c in measured]
-                              + [f"{c} = {sticky.format(c)}" for c in ("status", "reason")])
-                  + " WHERE NOT (source = 'offline' AND excluded.source = 'online')",
+                  + ", ".join([f"{c} = {figure.format(c)}" for c in measured]
+                              + [f"{c} = {verdict.format(c)}" for c in ("status", "reason")]),
            [row.get(c) for c in cols])
 
 

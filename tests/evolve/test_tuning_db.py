@@ -111,3 +111,14 @@ def test_an_online_figure_does_not_replace_an_offline_one(tmp_path, registry):
         assert (row["source"], row["median_ns"]) == ("offline", 1000.0)
         record(store, registry, 900.0)  # a newer offline figure does
         assert db.lookup("gelu", BUCKET, ARM)["median_ns"] == 900.0
+
+
+def test_a_canary_marks_an_offline_row_without_replacing_its_figure(tmp_path, registry):
+    with Store(tmp_path / "s.duckdb") as store:
+        db = TuningDB(store, registry)
+        record(store, registry, 1000.0)  # offline
+        db.record("gelu", BUCKET, ARM, source="canary", trials=20, median_ns=3000.0,
+                  status="regressed", reason="canary: kernel time +200%")
+        row = db.lookup("gelu", BUCKET, ARM)
+        assert (row["source"], row["median_ns"], row["status"]) == ("offline", 1000.0, "regressed")
+        assert row["reason"] == "canary: kernel time +200%"

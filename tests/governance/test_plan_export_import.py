@@ -35,6 +35,10 @@ def test_export_then_import_verifies_first(keys, tmp_path):
     code, output = cli("plan", "export", str(tmp_path / "shipped"), "--job", "job-1", "--home", str(source))
     assert code == 1 and "does not verify" in output and not (tmp_path / "shipped").exists(), output
     v12.write_bytes(v12.read_bytes()[:-1])
+    (source / "keyring.json").write_text("{ broken")  # the check cannot run: nothing left behind
+    code, output = cli("plan", "export", str(tmp_path / "shipped"), "--job", "job-1", "--home", str(source))
+    assert code == 2 and "unreadable" in output and not (tmp_path / "shipped").exists(), output
+    ring.save()
     code, output = cli("plan", "export", str(tmp_path / "shipped"), "--job", "job-1", "--home", str(source))
     assert code == 0 and "plan version 12" in output, output
     code, output = cli("plan", "export", str(tmp_path / "none"), "--home", str(source))
