@@ -36,5 +36,11 @@ class DuckDBJobSink:
     def last_log_seq(self, job_id: str) -> int:
         return store_jobs.last_log_seq(self.store, job_id)
 
+    def last_step(self, job_id: str) -> int | None:
+        """The job's last step in the telemetry, once every batch received before this call is
+        committed (it runs on the store's writer, after them)."""
+        return self.store.call(lambda cur: cur.execute(
+            "SELECT max(step) FROM step_times WHERE job_id = ?", [job_id]).fetchone()[0], 10.0)
+
     def saved_jobs(self) -> list[Job]:
         return [Job.from_dict(json.loads(r)) for r in store_jobs.saved_job_records(self.store)]

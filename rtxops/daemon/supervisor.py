@@ -452,10 +452,15 @@ class _Runner:
         paths = {s: job_dir / f"attempt-{number}.{s}" for s in STREAMS}
         argv = launch.command_line(spec, job_dir / f"torchrun-{number}")
         # a restart counts steps on from the last one heard of: the evolve loop's windows, plan
-        # effective steps and the telemetry name steps by (job, step)
+        # effective steps and the telemetry name steps by (job, step). The store's figure counts
+        # the batches still queued when the attempt ended
+        step_base = None
+        if number > 1:
+            stored = self._probe("last_step", getattr(sup.sink, "last_step", lambda _: None),
+                                 None, job.id)
+            step_base = max(job.last_step or 0, stored or 0) or None
         env = launch.environment(spec, job_id=job.id, token=job.token, attempt=number,
-                                 base=os.environ, extra_env=sup.extra_env,
-                                 step_base=job.last_step if number > 1 else None)
+                                 base=os.environ, extra_env=sup.extra_env, step_base=step_base)
         self._oom_before = self._probe("oom_counters", OomCounters.read, None)
         attempt = Attempt(number=number, started_at_ns=time.time_ns())
         try:

@@ -521,3 +521,38 @@ def test_a_restarted_job_counts_steps_on_from_the_last_one_reported(sup, tmp_pat
     assert job.state is JobState.SUCCEEDED and len(job.attempts) == 2, sup.logs(job.id)
     texts = [(ln.attempt, ln.text) for ln in sup.logs(job.id)]
     assert texts == [(1, "first step 1"), (1, "last step 3"), (2, "first step 4"), (2, "last step 6")]
+
+
+def test_a_restart_counts_on_from_steps_whose_telemetry_was_still_queued(tmp_path, mark):
+    """The attempt's last steps were received but not yet committed when it ended (no heartbeat
+    from them yet): the restart reads the store, behind those batches, and counts on from them."""
+    from rtxops.daemon.job_sink import DuckDBJobSink
+    from rtxops.telemetry import synthetic
+    from rtxops.telemetry.otlp import PROTOBUF, convert
+    from rtxops.telemetry.store import Store, prepared
+
+    store = Store(tmp_path / "rtxops.duckdb")
+    s = Supervisor(DuckDBJobSink(store), tmp_path / "work", extra_env={MARK: mark}, tick_s=0.02,
+                   log_poll_s=0.02)
+    try:
+        body = script(tmp_path, "steps.py", """
+            import os, sys, time
+            from rtxops.runtime import patching
+            print("first step", patching.active().step + 1, flush=True)
+            if os.environ["RTXOPS_JOB_ATTEMPT"] == "1":
+                while not os.path.exists(sys.argv[1]):
+                    time.sleep(0.02)
+                sys.exit(3)
+        """)
+        crash = tmp_path / "crash-now"
+        job = s.submit(spec(PY, body, str(crash), runtime=True, max_crash_restarts=1, backoff_s=0.1,
+                            env={"RTXOPS_TELEMETRY": "off"}))
+        until(lambda: "first step 1" in [ln.text for ln in s.logs(job.id)], 60)
+        request = synthetic.otlp_request(200, job_id=job.id)  # steps 0-4 of the job
+        store.submit(prepared(convert(request.SerializeToString(), PROTOBUF, time.time_ns())))
+        crash.touch()
+        job = s.wait(job.id, 60)
+        assert [ln.text for ln in s.logs(job.id)] == ["first step 1", "first step 5"]
+    finally:
+        s.shutdown(grace_s=0.5)
+        store.close()
