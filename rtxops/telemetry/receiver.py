@@ -34,6 +34,7 @@ DEFAULT_BODY_TIMEOUT_S = 30.0         # how long a request may take to send its 
 # how long a queued batch may wait for its commit: under the OTLP exporters' own 10 s timeout, so
 # a client that gives up and retries never finds its first attempt committed behind its back
 DEFAULT_COMMIT_TIMEOUT_S = 8.0
+MIN_COMMIT_WAIT_S = 1.0
 MAX_GZIP_MEMBERS = 64                 # gzip members in one body
 
 
@@ -67,6 +68,7 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
 
     @router.post(path, include_in_schema=False)
     async def export_traces(request: Request) -> Response:
+        received_ns = time.time_ns()  # before any wait: the client's own timeout runs from here
         encoding = _response_encoding(request.headers.get("content-type"))
         if expected is not None and not hmac.compare_digest(
                 request.headers.get("authorization", "").encode(), expected):
@@ -98,7 +100,7 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
             decoders.append(anyio.CapacityLimiter(max_inflight))
         return await _handle(request, store, slots, decoders[0], kind, encoding,
                              content_encoding == "gzip", max_body_bytes, max_decompressed_bytes,
-                             body_timeout_s, commit_timeout_s, on_batch)
+                             body_timeout_s, commit_timeout_s, on_batch, received_ns)
 
     return router
 
@@ -113,10 +115,10 @@ def make_app(store: Store, token: str | None = None, **router_options: Any) -> F
 async def _handle(request: Request, store: Store, slot: asyncio.Semaphore,
                   decoders: anyio.CapacityLimiter, kind: str, encoding: str, gzipped: bool,
                   max_body: int, max_decompressed: int, body_timeout_s: float,
-                  commit_timeout_s: float, on_batch: Callable[[otlp.Batch], None] | None) -> Response:
+                  commit_timeout_s: float, on_batch: Callable[[otlp.Batch], None] | None,
+                  received_ns: int) -> Response:
     """Read, decode and queue the request while holding ``slot``; wait for the commit without it
     (queued batches are bounded by the store)."""
-    received_ns = time.time_ns()
     try:
         try:
             with anyio.fail_after(body_timeout_s):
@@ -144,8 +146,11 @@ async def _handle(request: Request, store: Store, slot: asyncio.Semaphore,
         return _status(encoding, 503, code_pb2.UNAVAILABLE, str(e), {"Retry-After": "5"})
     finally:
         slot.release()
-    try:  # the deadline counts from the request's arrival, as the client's own timeout does
-        await _committed(future, commit_timeout_s - (time.time_ns() - received_ns) / 1e9)
+    # the deadline counts from the request's arrival, as the client's own timeout does; at least
+    # a second is left for the commit (a slow upload to an idle store is not refused for it)
+    left = commit_timeout_s - (time.time_ns() - received_ns) / 1e9
+    try:
+        await _committed(future, max(left, MIN_COMMIT_WAIT_S))
     except _Withdrawn:
         store.note_refused(batch.span_count)
         return _status(encoding, 503, code_pb2.UNAVAILABLE,
