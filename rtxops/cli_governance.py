@@ -357,6 +357,29 @@ def _chain_problems(rows: list[dict], head: dict | None, keyring: Optional[Path]
     return problems
 
 
+@ledger_app.command("sign-head")
+def ledger_sign_head(key: Optional[Path] = typer.Option(None, help="the daemon's key (default: "
+                                                                  "$RTXOPS_HOME/keys/daemon.pem)"),
+                     home: Optional[Path] = HomeOpt) -> None:
+    """Sign the head of a ledger written before heads were signed, once its chain checks intact
+    (exit 1 when it does not: then nothing is signed)."""
+    from rtxops.governance import Signer
+    from rtxops.governance import ledger as gl
+
+    h = _home(home)
+    signer = _guard(lambda: Signer.from_key_file(key or h.root / "keys" / "daemon.pem"))
+    rows, head = _ledger_entries(home)
+    if head and "signature" in head:
+        out.print(f"the head (entry {head['seq']}) is signed already")
+        return
+    problems = gl.sign_head(rows, head, h.root / "ledger.head", signer.key)
+    for p in problems:
+        out.print(f"FAIL {p}")
+    if problems:
+        raise typer.Exit(1)
+    out.print(f"signed the head of the ledger ({len(rows)} entries) with key {signer.key_id[:16]}")
+
+
 @ledger_app.command("export")
 def ledger_export(out_dir: Path = typer.Argument(..., help="folder to write ledger.jsonl into"),
                   sign_it: bool = typer.Option(False, "--sign", help="sign the folder (kind ledger)"),
@@ -408,9 +431,12 @@ def plan_export(out_dir: Path = typer.Argument(..., help="folder to copy the sig
     from rtxops.governance import verify as run_verify
 
     trust = Trust(keyring=_guard(lambda: Keyring.load(_keyring_path(None, home))))
-    shutil.copytree(path, out_dir, symlinks=True)
     try:
+        shutil.copytree(path, out_dir, symlinks=True)
         report = _guard(lambda: run_verify(out_dir, trust, expected_kind="plan"))
+    except (OSError, shutil.Error) as e:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise _fail(f"cannot copy {path} to {out_dir}: {e}") from None
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)
         raise

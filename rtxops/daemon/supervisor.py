@@ -459,6 +459,9 @@ class _Runner:
             stored = self._probe("last_step", getattr(sup.sink, "last_step", lambda _: None),
                                  None, job.id)
             step_base = max(job.last_step or 0, stored or 0) or None
+            if self.cancel_reason:  # cancelled (or the daemon stopping) while the store answered
+                self._finish(JobState.CANCELLED, self.cancel_reason)
+                return None
         env = launch.environment(spec, job_id=job.id, token=job.token, attempt=number,
                                  base=os.environ, extra_env=sup.extra_env, step_base=step_base)
         self._oom_before = self._probe("oom_counters", OomCounters.read, None)

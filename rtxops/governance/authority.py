@@ -6,7 +6,6 @@ DSSE), verifying it as a job would (signature, trusted key, digests, policy), an
 outcome in the ledger: the decision, or the denial with the policy's reason."""
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import threading
@@ -27,8 +26,6 @@ EVERY_JOB = "_default"  # the scope of a plan issued for every job (a job's own 
 # (their ledger entries stay forever); promotions, rollbacks and manual plans are all kept
 EXPLORE_BUNDLES_KEPT = 20
 
-log = logging.getLogger("rtxops.governance")
-
 
 class Authority:
     def __init__(self, root: Path, store=None) -> None:
@@ -46,8 +43,6 @@ class Authority:
             keyring.trust(self.key_file.with_suffix(".pub").read_bytes(), name="rtxops daemon",
                           kinds=DAEMON_KINDS)
             keyring.save()
-        if store is not None:
-            self._sign_unsigned_head()
         # loaded on first use: building the CEL parser takes ~0.3 s, which `rtxops run` would
         # otherwise spend before its job starts
         self._policies: list | None = None
@@ -58,19 +53,6 @@ class Authority:
         self._warm = threading.Thread(target=_warm_signing, args=(self,),
                                       name="rtxops-governance-warm", daemon=True)
         self._warm.start()
-
-    def _sign_unsigned_head(self) -> None:
-        try:
-            text = self.head_file.read_text()
-        except OSError:
-            return  # none yet (the first entry writes it), or unreadable: ledger verify says so
-        if '"signature"' in text:
-            return
-        from . import ledger  # the store (DuckDB): only when there is a head to look at
-
-        done = ledger.sign_unsigned_head(self.store, self.head_file, self.signer.key)
-        if done:
-            log.warning(done)
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the warm-up between its stages and wait for it: an interpreter that finalizes

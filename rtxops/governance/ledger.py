@@ -21,7 +21,7 @@ from . import _keys
 from ._errors import UsageError, VerificationError
 
 __all__ = ["ChainCheck", "append", "check_chain", "count_entries", "export_jsonl",
-           "head_signature_problem", "newest_version", "read_entries"]
+           "head_signature_problem", "newest_version", "read_entries", "sign_head", "write_head"]
 
 _HEAD_DOMAIN = b"rtxops ledger head v1\n"
 
@@ -49,17 +49,17 @@ def write_head(head_file: Path, seq: int, entry_hash: str,
     tmp.replace(head_file)
 
 
-def sign_unsigned_head(store, head_file: Path, key: ec.EllipticCurvePrivateKey) -> str | None:
-    """A head written before heads were signed: sign it when the chain it closes is intact
-    (trust on first use, as the daemon that holds the store starts). What was done, or None."""
-    head = read_head(head_file)
-    if not head or "invalid" in head or "signature" in head:
-        return None
-    problems = check_chain(read_entries(store), head)
-    if problems:
-        return f"the ledger's unsigned head was left unsigned: {problems[0]}"
-    write_head(head_file, head["seq"], head["entry_hash"], key)
-    return f"signed the ledger's head (entry {head['seq']}), written before heads were signed"
+def sign_head(rows: list[dict], head: dict, head_file: Path,
+              key: ec.EllipticCurvePrivateKey) -> list[str]:
+    """Sign ``head`` (a head written before heads were signed) after checking that the chain
+    ``rows`` it closes is intact; the problems that kept it unsigned, else []. Someone's explicit
+    act (``rtxops ledger sign-head``): a daemon never signs a head it did not write."""
+    problems = check_chain(rows, head)
+    if not problems and (not head or "invalid" in head):
+        problems = ["there is no head to sign"]
+    if not problems:
+        write_head(head_file, head["seq"], head["entry_hash"], key)
+    return problems
 
 
 def _head_payload(head: dict) -> bytes:
@@ -75,7 +75,8 @@ def head_signature_problem(head: dict | None, keyring) -> str | None:
         return None
     if "signature" not in head:
         return ("the head file is not signed (replaced, or written by an rtxops before signed "
-                "heads; the next ledger entry signs it): the ledger's end cannot be trusted")
+                "heads: `rtxops ledger sign-head` signs it once the chain checks intact, as does "
+                "the next ledger entry): the ledger's end cannot be trusted")
     try:
         entry = keyring.check(head["key_id"], "ledger")
         key = _keys.load_public(entry.pem.encode(), "the head signer's key")

@@ -556,3 +556,27 @@ def test_a_restart_counts_on_from_steps_whose_telemetry_was_still_queued(tmp_pat
     finally:
         s.shutdown(grace_s=0.5)
         store.close()
+
+
+def test_a_cancel_while_a_restart_reads_the_store_starts_no_new_attempt(tmp_path, mark):
+    import threading
+
+    reading = threading.Event()
+
+    class SlowStore(InMemoryJobSink):
+        def last_step(self, job_id):
+            reading.set()
+            time.sleep(1.0)  # a store busy with queued batches
+            return 7
+
+    s = Supervisor(SlowStore(), tmp_path / "work", extra_env={MARK: mark}, tick_s=0.02,
+                   log_poll_s=0.02)
+    try:
+        body = script(tmp_path, "crash.py", "import sys; sys.exit(3)")
+        job = s.submit(spec(PY, body, max_crash_restarts=3, backoff_s=0.1))
+        assert reading.wait(30)
+        s.cancel(job.id)
+        job = s.wait(job.id, 30)
+        assert job.state is JobState.CANCELLED and len(job.attempts) == 1, job.attempts
+    finally:
+        s.shutdown(grace_s=0.5)

@@ -226,9 +226,10 @@ def test_a_ledger_rewritten_to_match_its_head_fails_on_the_heads_signature(ledge
     assert code == 1 and "the head file is not signed" in " ".join(output.split()), output
 
 
-def test_a_head_written_before_heads_were_signed_is_signed_by_the_daemon_that_finds_it_intact(tmp_path):
-    """An existing home, upgraded: the daemon's first start signs its unsigned head when the
-    chain checks intact (trust on first use), and leaves a broken one unsigned, to fail."""
+def test_a_head_written_before_heads_were_signed_is_signed_on_request_once_the_chain_checks(tmp_path):
+    """An existing home, upgraded: its unsigned head fails `ledger verify`, and a daemon starting
+    on it does not sign it (whoever wrote an unsigned head over a rewritten chain would get it
+    blessed); `rtxops ledger sign-head` does, after checking the chain, and not over a broken one."""
     from rtxops.governance.authority import Authority
 
     for broken in (False, True):
@@ -240,12 +241,16 @@ def test_a_head_written_before_heads_were_signed_is_signed_by_the_daemon_that_fi
                       subject_digest=f"sha256:{v:064x}", decision={"kind": "manual"}, signer="k")
         if broken:
             store.run_write(lambda cur: cur.execute("UPDATE ledger SET version = 9 WHERE seq = 1")).result(30)
-        Authority(home, store).close()  # what the daemon's start does
+        Authority(home, store).close()  # a daemon's start: makes its key, signs nothing
         store.close()
         code, output = ledger_verify(home)
-        output = " ".join(output.split())
+        assert code == 1, output
+        r = CliRunner().invoke(app, ["ledger", "sign-head", "--home", str(home)])
+        output = " ".join(r.output.split())
         if broken:
-            assert code == 1 and "edited entry" in output, output
+            assert r.exit_code == 1 and "edited entry" in output, output
             assert "signature" not in (home / "ledger.head").read_text()
         else:
-            assert code == 0 and "2 entries, head signed by" in output, output
+            assert r.exit_code == 0 and "signed the head of the ledger (2 entries)" in output, output
+            code, output = ledger_verify(home)
+            assert code == 0 and "head signed by" in output, output
