@@ -28,7 +28,13 @@ _HEAD_DOMAIN = b"rtxops ledger head v1\n"
 
 def append(store, head_file: Path | None, head_key: ec.EllipticCurvePrivateKey | None = None,
            **entry) -> dict:
-    """Append ``entry``; rewrite the head file (signed with ``head_key`` when given)."""
+    """Append ``entry``; rewrite the head file (signed with ``head_key`` when given). With a key,
+    a head it signed that no longer matches the stored chain (rewritten under it) is refused
+    (VerificationError) instead of chained onto and signed again."""
+    if head_file is not None and head_key is not None:
+        problem = _chain_left_its_head(store, read_head(head_file), head_key)
+        if problem:
+            raise VerificationError("ledger", problem + ": `rtxops ledger verify` says more")
     row = append_entry(store, **entry)
     if head_file is not None:
         write_head(head_file, row["seq"], row["entry_hash"], head_key)
@@ -60,6 +66,26 @@ def sign_head(rows: list[dict], head: dict, head_file: Path,
     if not problems:
         write_head(head_file, head["seq"], head["entry_hash"], key)
     return problems
+
+
+def _chain_left_its_head(store, head: dict, key: ec.EllipticCurvePrivateKey) -> str | None:
+    """Why the stored chain no longer holds what ``key``'s signed ``head`` names, or None (also
+    for a head it did not sign: ``ledger verify`` judges those). An entry after the head's is
+    fine: a daemon killed between committing an entry and writing the head leaves that."""
+    if not head or "signature" not in head or "invalid" in head:
+        return None
+    if head["key_id"] != _keys.key_id(key.public_key()):
+        return None
+    try:
+        key.public_key().verify(base64.b64decode(head["signature"], validate=True),
+                                _head_payload(head), ec.ECDSA(hashes.SHA256()))
+    except (InvalidSignature, binascii.Error, ValueError):
+        return "the ledger's head file carries this daemon's key id but not its signature"
+    rows = store.query("SELECT entry_hash FROM ledger WHERE seq = ?", [head["seq"]])
+    if not rows or rows[0]["entry_hash"] != head["entry_hash"]:
+        return (f"the ledger's entry {head['seq']} is not the one its signed head names (the "
+                "chain was rewritten)")
+    return None
 
 
 def _head_payload(head: dict) -> bytes:

@@ -254,3 +254,27 @@ def test_a_head_written_before_heads_were_signed_is_signed_on_request_once_the_c
             assert r.exit_code == 0 and "signed the head of the ledger (2 entries)" in output, output
             code, output = ledger_verify(home)
             assert code == 0 and "head signed by" in output, output
+
+
+def test_the_daemon_does_not_chain_onto_a_ledger_rewritten_under_its_signed_head(ledger_home):
+    """An entry the signed head names was rewritten (hashes recomputed or not): the next append
+    refuses instead of signing the rewritten chain; an entry past the head (a daemon killed
+    between its commit and the head's write) is fine."""
+    from rtxops.governance import VerificationError
+
+    key = home_ledger_key(ledger_home)
+    store = Store(ledger_home / "rtxops.duckdb")
+    try:
+        gl.append(store, None, kind="manual", scope="job-1", version=5,  # past the head: fine
+                  subject_digest="sha256:" + "5" * 64, decision={}, signer="k")
+        gl.append(store, ledger_home / "ledger.head", head_key=key, kind="manual", scope="job-1",
+                  version=6, subject_digest="sha256:" + "6" * 64, decision={}, signer="k")
+        store.run_write(lambda cur: cur.execute(
+            "UPDATE ledger SET entry_hash = 'sha256:rewritten' WHERE seq = 7")).result(30)
+        with pytest.raises(VerificationError, match="entry 7 is not the one its signed head names"):
+            gl.append(store, ledger_home / "ledger.head", head_key=key, kind="manual",
+                      scope="job-1", version=7, subject_digest="sha256:" + "7" * 64, decision={},
+                      signer="k")
+        assert store.query("SELECT max(seq) AS n FROM ledger") == [{"n": 7}]
+    finally:
+        store.close()
