@@ -236,22 +236,20 @@ def _with_staleness(rows: list[dict]) -> list[dict]:
     """``rows``, each with ``stale``: why it no longer applies here (another torch or triton
     version, device model or kernel source: what the loop and the tuner no longer read), or ""
     for a current one; current rows first."""
-    from rtxops.evolve.environment import environment
-    from rtxops.runtime.bucket import Bucket
+    from rtxops.evolve.candidates import Arm
+    from rtxops.evolve.tuning import TuningDB
     from rtxops.runtime.registry import default_registry
 
-    registry = default_registry()
+    db = TuningDB(None, default_registry())
     for r in rows:
-        try:
-            env = environment(Bucket.parse(r["op"], r["bucket"]).device)
-            source = registry.variant(r["op"], r["variant"]).source_hash
+        try:  # the key a result for this arm would have here, now
+            now = db.key(r["op"], r["bucket"], Arm(r["variant"], r["config"] or "{}"))
         except Exception:  # an op, bucket or variant this rtxops does not know
             r["stale"] = "unknown here"
             continue
-        why = [name for key, name in (("torch_version", "torch"), ("triton_version", "triton"),
-                                      ("device", "device")) if r.get(key) != env[key]]
-        why += ["kernel source"] if r.get("source_hash") != source else []
-        r["stale"] = ", ".join(why)
+        r["stale"] = ", ".join(name for key, name in (
+            ("torch_version", "torch"), ("triton_version", "triton"), ("device", "device"),
+            ("source_hash", "kernel source")) if r.get(key) != now[key])
     return sorted(rows, key=lambda r: r["stale"] != "")
 
 

@@ -76,16 +76,23 @@ def _chain_left_its_head(store, head: dict, key: ec.EllipticCurvePrivateKey) -> 
         return None
     if head["key_id"] != _keys.key_id(key.public_key()):
         return None
-    try:
-        key.public_key().verify(base64.b64decode(head["signature"], validate=True),
-                                _head_payload(head), ec.ECDSA(hashes.SHA256()))
-    except (InvalidSignature, binascii.Error, ValueError):
+    if not _signed_by(head, key.public_key()):
         return "the ledger's head file carries this daemon's key id but not its signature"
     rows = store.query("SELECT entry_hash FROM ledger WHERE seq = ?", [head["seq"]])
     if not rows or rows[0]["entry_hash"] != head["entry_hash"]:
         return (f"the ledger's entry {head['seq']} is not the one its signed head names (the "
                 "chain was rewritten)")
     return None
+
+
+def _signed_by(head: dict, key: ec.EllipticCurvePublicKey) -> bool:
+    """Whether ``head``'s signature is ``key``'s, over its seq, entry hash and signing time."""
+    try:
+        key.verify(base64.b64decode(head["signature"], validate=True), _head_payload(head),
+                   ec.ECDSA(hashes.SHA256()))
+    except (InvalidSignature, binascii.Error, ValueError):
+        return False
+    return True
 
 
 def _head_payload(head: dict) -> bytes:
@@ -106,11 +113,11 @@ def head_signature_problem(head: dict | None, keyring) -> str | None:
     try:
         entry = keyring.check(head["key_id"], "ledger")
         key = _keys.load_public(entry.pem.encode(), "the head signer's key")
-        key.verify(base64.b64decode(head["signature"], validate=True), _head_payload(head),
-                   ec.ECDSA(hashes.SHA256()))
     except VerificationError as e:
         return f"the head file's signer: {e.message}"
-    except (InvalidSignature, binascii.Error, ValueError, UsageError):
+    except UsageError:  # a keyring entry that holds no usable key
+        key = None
+    if key is None or not _signed_by(head, key):
         return ("the head file's signature does not match its sequence number and hash (the "
                 "ledger rewritten, or the head replaced)")
     return None
