@@ -18,6 +18,8 @@ class _Collector:
         for name, key, doc in (
             ("rtxops_ingest_spans", "spans_written", "spans committed to the store"),
             ("rtxops_ingest_batches", "batches_written", "OTLP batches committed"),
+            ("rtxops_ingest_batches_repeated", "batches_repeated",
+             "retried OTLP batches acknowledged without storing them again"),
             ("rtxops_ingest_spans_refused", "spans_refused", "spans refused for capacity (429)"),
             ("rtxops_ingest_requests_rejected", "requests_rejected", "malformed or refused requests"),
             ("rtxops_store_write_errors", "write_errors", "store write failures"),

@@ -95,6 +95,9 @@ class Batch:
     cache_counts: tuple[pa.Array, pa.Array] | None = None
     rollup: pa.Table | None = None                      # this batch's kernel_minutes rows
     narrow: tuple[pa.Table, pa.Table] | None = None     # its span_rows and span_keys (narrow.py)
+    # a hash of the request body: a client's retry of a request already committed (its answer
+    # was lost or late) is acknowledged and not stored again (see Store)
+    digest: bytes | None = None
 
     @classmethod
     def empty(cls, received_ns: int = 0) -> Batch:

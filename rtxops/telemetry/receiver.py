@@ -3,11 +3,14 @@
 Follows the OTLP/HTTP spec: the response body is an ``ExportTraceServiceResponse`` on success and a
 ``google.rpc.Status`` on failure, in the request's encoding; 400/401/413/415 are final (the client
 must not retry), 429/503 carry ``Retry-After``. A request is stored whole or not at all, and a 200
-is sent only after its rows are committed.
+is sent only after its rows are committed. A retry of a request already committed (the client
+did not get the answer in time) gets a 200 and stores nothing again.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import hmac
 import logging
 import math
@@ -198,6 +201,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def _decode(body: bytes, kind: str, gzipped: bool, max_decompressed: int, received_ns: int) -> otlp.Batch:
+    digest = hashlib.blake2b(kind.encode() + b"\0", digest_size=16)
+    digest.update(body)
     if gzipped:
         body = _gunzip(body, max_decompressed)
     elif len(body) > max_decompressed:
@@ -205,7 +210,8 @@ def _decode(body: bytes, kind: str, gzipped: bool, max_decompressed: int, receiv
     try:
         batch = otlp.convert(body, kind, received_ns)
         rollup.check_figures(batch.spans)
-        return prepared(batch)    # here, beside the store's writer thread rather than in it
+        # prepared here, beside the store's writer thread rather than in it
+        return dataclasses.replace(prepared(batch), digest=digest.digest())
     except TelemetryInputError:
         raise
     except Exception as e:  # decoding is a function of the body alone: a case no check foresaw

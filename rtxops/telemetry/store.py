@@ -3,7 +3,9 @@
 One :class:`Store` per database file and process. Batches (Arrow tables from :mod:`.otlp`) go
 through a bounded queue to one writer thread that inserts them with Arrow, several queued batches
 in one transaction, and resolves each batch's future only after that transaction committed (the
-DuckDB WAL makes a commit durable). Readers get their own cursors. This module is the only place
+DuckDB WAL makes a commit durable). A batch whose request body was committed in the last
+:data:`RETRY_WINDOW_S` (a client's retry after an answer it did not get) is acknowledged and
+not stored again. Readers get their own cursors. This module is the only place
 in rtxops that writes SQL; the evolve loop and the dashboard call its query methods.
 """
 from __future__ import annotations
@@ -35,6 +37,8 @@ log = logging.getLogger("rtxops.telemetry.store")
 
 Future = concurrent.futures.Future
 HOUR_NS = 3600 * 10**9
+RETRY_WINDOW_S = 15 * 60       # how long a committed request body is remembered (see Store)
+MAX_REMEMBERED = 100_000       # request digests remembered at most
 
 
 class StoreError(TelemetryError):
@@ -255,6 +259,7 @@ _V8 = (
         r.attributes
     FROM span_rows r JOIN span_keys k USING (key_id)""",
 )
+_V9 = ("ALTER TABLE ingest_batches ADD COLUMN digest BLOB",)
 
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "resources, spans, span events, ingest log; kernel/step/memory/swap views", _V1),
@@ -265,6 +270,7 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (6, "governance: ledger (append-only, hash-chained)", _V6),
     (7, "offline tuning tasks (they outlive the daemon)", _V7),
     (8, "span rows narrow: integer ids, strings once per key (span_keys); spans a view", _V8),
+    (9, "ingest_batches.digest: a retried request is stored once", _V9),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -346,7 +352,10 @@ class Store:
         self.requests_rejected = 0
         self.spans_rejected = 0
         self.write_errors = 0
+        self.batches_repeated = 0
+        self.spans_repeated = 0
         self._rate = 200_000.0                       # spans/s, for Retry-After hints
+        self._digests = _recent_digests(self._con)   # writer thread only
         self._resources_stored: set[int] = set()     # writer thread only
         self._keys_stored: set[int] = set()          # span key ids committed (writer thread only)
         self._writer = threading.Thread(target=self._run, args=(self._con.cursor(),),
@@ -508,6 +517,13 @@ class Store:
             log.exception("rtxops store: compacting kernel_minutes failed")
 
     def _commit_group(self, cur: duckdb.DuckDBPyConnection, group: list[_Pending]) -> None:
+        fresh, again = self._without_repeats(group)
+        if fresh:
+            self._commit_fresh(cur, fresh)
+        if again:   # repeats of a batch in this group: stored or not as that one was
+            self._commit_group(cur, again)
+
+    def _commit_fresh(self, cur: duckdb.DuckDBPyConnection, group: list[_Pending]) -> None:
         started = time.perf_counter()
         try:
             keys = _insert(cur, self._without_stored_resources([p.batch for p in group]),
@@ -529,6 +545,7 @@ class Store:
         if len(self._keys_stored) > 100_000:
             self._keys_stored.clear()
         self._keys_stored.update(keys)
+        self._remember([p.batch.digest for p in group if p.batch.digest is not None])
         spans = sum(p.batch.span_count for p in group)
         elapsed = time.perf_counter() - started
         with self._lock:
@@ -541,6 +558,39 @@ class Store:
                 self._rate = 0.8 * self._rate + 0.2 * spans / elapsed
         for pending in group:
             pending.future.set_result(None)
+
+    def _without_repeats(self, group: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
+        """(the batches of ``group`` to store, those that repeat an earlier one of the group).
+        Batches whose request body was committed before are acknowledged as they are (their
+        spans are stored already)."""
+        fresh: list[_Pending] = []
+        again: list[_Pending] = []
+        seen: set[bytes] = set()
+        for pending in group:
+            digest = pending.batch.digest
+            if digest is not None and digest in seen:
+                again.append(pending)
+                continue
+            if digest is None or digest not in self._digests:
+                fresh.append(pending)
+                if digest is not None:
+                    seen.add(digest)
+                continue
+            self._dequeued(pending.batch)
+            with self._lock:
+                self.batches_repeated += 1
+                self.spans_repeated += pending.batch.span_count
+            pending.future.set_result(None)
+        return fresh, again
+
+    def _remember(self, digests: list[bytes]) -> None:
+        now = time.time_ns()
+        for digest in digests:
+            self._digests[digest] = now
+        oldest = now - RETRY_WINDOW_S * 10**9
+        while self._digests and (len(self._digests) > MAX_REMEMBERED
+                                 or next(iter(self._digests.values())) < oldest):
+            del self._digests[next(iter(self._digests))]
 
     def _without_stored_resources(self, batches: list[Batch]) -> list[Batch]:
         """Batches less the resource rows already committed (their INSERT OR IGNORE costs a
@@ -585,7 +635,8 @@ class Store:
                 "commits": self.commits, "spans_refused": self.spans_refused,
                 "requests_refused": self.requests_refused,
                 "requests_rejected": self.requests_rejected, "spans_rejected": self.spans_rejected,
-                "write_errors": self.write_errors, "queue_batches": self.queue_batches,
+                "write_errors": self.write_errors, "batches_repeated": self.batches_repeated,
+                "spans_repeated": self.spans_repeated, "queue_batches": self.queue_batches,
                 "queue_spans": self.queue_spans,
             }
 
@@ -743,7 +794,8 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch],
     log_rows = pa.table({"received_ns": [b.received_ns for b in batches],
                          "committed_ns": [now] * len(batches),
                          "spans": [b.span_count for b in batches],
-                         "events": [b.events.num_rows for b in batches]})
+                         "events": [b.events.num_rows for b in batches],
+                         "digest": pa.array([b.digest for b in batches], pa.binary())})
     cur.execute("BEGIN")
     try:
         for name, table in tables.items():
@@ -767,6 +819,16 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch],
             cur.unregister("_rtx_batch")
         raise
     return keys["key_id"].to_pylist()
+
+
+def _recent_digests(con: duckdb.DuckDBPyConnection) -> dict[bytes, int]:
+    """The request digests committed in the last :data:`RETRY_WINDOW_S`, oldest first (a
+    client's retry can outlive a daemon restart)."""
+    rows = con.execute(
+        "SELECT digest, committed_ns FROM ingest_batches WHERE digest IS NOT NULL "
+        "AND committed_ns >= ? ORDER BY committed_ns DESC LIMIT ?",
+        [time.time_ns() - RETRY_WINDOW_S * 10**9, MAX_REMEMBERED]).fetchall()
+    return {bytes(digest): ns for digest, ns in reversed(rows)}
 
 
 def _unknown_keys(cur: duckdb.DuckDBPyConnection, keys: pa.Table) -> pa.Table:

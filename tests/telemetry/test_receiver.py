@@ -284,3 +284,60 @@ def test_a_slow_upload_to_an_idle_store_is_committed_not_refused(tmp_path):
         assert stored(store) == (20, 1)
     finally:
         store.close()
+
+
+def test_a_retried_request_is_acknowledged_and_stored_once(tmp_path):
+    """A client that did not get its answer in time sends the same body again: it was committed
+    the first time, so the retry gets a 200 and stores nothing, also after a restart; another
+    body, or the same spans sent otherwise encoded, are not taken for a retry."""
+    path = tmp_path / "retry.duckdb"
+    body = good_body(20)
+    store = Store(path)
+    try:
+        with TestClient(make_app(store, token=TOKEN)) as client:
+            for _ in range(2):
+                assert client.post("/v1/traces", content=body, headers=PB).status_code == 200
+            assert stored(store) == (20, 1)
+            assert store.stats()["batches_repeated"] == 1 and store.stats()["spans_repeated"] == 20
+            assert client.post("/v1/traces", content=good_body(21), headers=PB).status_code == 200
+            assert stored(store) == (41, 2)
+    finally:
+        store.close()
+    store = Store(path)                      # the daemon restarted while the client waited
+    try:
+        with TestClient(make_app(store, token=TOKEN)) as client:
+            assert client.post("/v1/traces", content=body, headers=PB).status_code == 200
+            assert stored(store) == (41, 2) and store.stats()["batches_repeated"] == 1
+            r = client.post("/v1/traces", content=gzip.compress(body),
+                            headers={**PB, "Content-Encoding": "gzip"})
+            assert r.status_code == 200 and stored(store) == (61, 3)
+    finally:
+        store.close()
+
+
+def test_repeats_queued_together_are_stored_once_and_all_acknowledged(tmp_path):
+    """A retry queued behind its first attempt (both in one commit group): one is stored, both
+    futures resolve once the first is committed."""
+    import dataclasses
+    import threading
+
+    from rtxops.telemetry.otlp import convert
+
+    store = Store(tmp_path / "g.duckdb")
+    release, busy = threading.Event(), threading.Event()
+    held = store.run_write(lambda cur: (busy.set(), release.wait(30)))
+    try:
+        assert busy.wait(10)
+        batch = dataclasses.replace(convert(good_body(7), PROTOBUF, 0), digest=b"d" * 16)
+        futures = [store.submit(batch) for _ in range(3)]
+        other = store.submit(dataclasses.replace(batch, digest=b"e" * 16))
+        release.set()
+        held.result(10)
+        for f in (*futures, other):
+            assert f.result(10) is None
+        assert stored(store) == (14, 2)
+        assert store.stats()["batches_repeated"] == 2
+        assert store.stats()["queue_batches"] == 0 and store.stats()["queue_spans"] == 0
+    finally:
+        release.set()
+        store.close()
