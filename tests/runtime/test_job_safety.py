@@ -253,3 +253,32 @@ def test_ranks_started_by_torch_multiprocessing_spawn_get_the_runtime(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(summary.read_text())["steps"] == 3  # the rank's, routed and counted
+
+
+def test_torch_compile_worker_processes_do_not_get_the_runtime(tmp_path):
+    """Inductor's compile workers inherit the job's environment and PYTHONPATH; they train
+    nothing, and a runtime there would poll the daemon and export under the job's rank."""
+    (tmp_path / "marker.py").write_text(textwrap.dedent("""
+        import os, pathlib
+        def attach(dispatcher):
+            pathlib.Path(os.environ["MARKS"], str(os.getpid())).touch()
+    """))
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        from torch._inductor.async_compile import AsyncCompile
+        if __name__ == "__main__":
+            pool = AsyncCompile.process_pool()
+            pool.submit(os.getpid).result(timeout=240)   # the worker is up and ran a task
+            print(os.getpid())
+    """))
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
+    env.update(RTXOPS_ENABLE="1", RTXOPS_READINGS_FACTORY="marker:attach", MARKS=str(marks),
+               TORCHINDUCTOR_COMPILE_THREADS="2", RTXOPS_PLAN_POLL_S="0",
+               PYTHONPATH=os.pathsep.join([str(BOOTSTRAP), str(BOOTSTRAP.parents[2]), str(tmp_path)]))
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in marks.iterdir()) == [r.stdout.strip()]   # the job's alone

@@ -26,22 +26,26 @@ _chain_next_sitecustomize()
 _is_launcher = os.environ.get("RTXOPS_LAUNCHER") == "torchrun" and "LOCAL_RANK" not in os.environ
 
 
-def _is_multiprocessing_helper() -> bool:
-    """The forkserver or the resource tracker that the job's multiprocessing starts (``python -c
-    'from multiprocessing.forkserver import main; …'``): they inherit the environment and never
-    train. Spawned workers (``from multiprocessing.spawn import spawn_main``) may train, as with
-    torch.multiprocessing.spawn: they get the runtime."""
+def _is_helper_process() -> bool:
+    """A process that inherits the job's environment and never trains: the forkserver or the
+    resource tracker that the job's multiprocessing starts (``python -c 'from
+    multiprocessing.forkserver import main; …'``), or an Inductor compile worker (``python
+    …/torch/_inductor/compile_worker/__main__.py``; a runtime there would poll the daemon and
+    export under the job's rank). Spawned workers (``from multiprocessing.spawn import
+    spawn_main``) may train, as with torch.multiprocessing.spawn: they get the runtime."""
     try:
         with open("/proc/self/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
     except OSError:
         argv = [a.encode() for a in sys.argv]
     return any(a.startswith((b"from multiprocessing.forkserver", b"from multiprocessing.resource_tracker"))
+               or a.replace(b"\\", b"/").endswith(b"torch/_inductor/compile_worker/__main__.py")
+               or a == b"torch._inductor.compile_worker"
                for a in argv)
 
 
 # a Python without torch (a tool the job runs with another interpreter) has nothing to route
-if os.environ.get("RTXOPS_ENABLE") == "1" and not _is_launcher and not _is_multiprocessing_helper() \
+if os.environ.get("RTXOPS_ENABLE") == "1" and not _is_launcher and not _is_helper_process() \
         and importlib.util.find_spec("torch") is not None:
     try:
         from rtxops.runtime.bootstrap import start
