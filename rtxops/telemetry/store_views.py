@@ -155,7 +155,8 @@ def swap_markers(q, *, job_id: str | None, since_ns: int, until_ns: int, limit: 
 
 def speedups(q, *, job_id: str | None, since_ns: int, until_ns: int) -> list[Row]:
     """Per job that swapped in the window: median step time in the window before its first swap
-    and since its last one (steps 0-2 left out as warm-up), and the speed-up ``before / after``."""
+    and since its last one, and the speed-up ``before / after``. Each process's first three
+    steps are left out as warm-up (a restarted attempt's too: its steps count on)."""
     swapped = [r["job_id"] for r in q.query(
         "SELECT DISTINCT job_id FROM swaps WHERE ($job IS NULL OR job_id = $job) "
         "AND at_ns >= $since AND at_ns < $until", {"job": job_id, "since": since_ns, "until": until_ns})]
@@ -167,12 +168,16 @@ def speedups(q, *, job_id: str | None, since_ns: int, until_ns: int) -> list[Row
                    count(DISTINCT step) AS swaps
             FROM swaps WHERE ($job IS NULL OR job_id = $job) AND at_ns >= $since AND at_ns < $until
             GROUP BY job_id
+        ), steps AS (
+            SELECT job_id, duration_ns, start_ns,
+                   row_number() OVER (PARTITION BY job_id, resource_id ORDER BY step) AS nth
+            FROM spans WHERE name = 'rtx.step' AND job_id IN (SELECT job_id FROM sw)
         ), med AS (
             SELECT s.job_id, any_value(sw.swaps) AS swaps,
                    median(s.duration_ns) FILTER (WHERE s.start_ns < sw.first_ns) AS before_ns,
                    median(s.duration_ns) FILTER (WHERE s.start_ns >= sw.last_ns) AS after_ns
-            FROM step_times s JOIN sw USING (job_id)
-            WHERE s.step >= 3 AND s.start_ns >= $since AND s.start_ns < $until GROUP BY s.job_id
+            FROM steps s JOIN sw USING (job_id)
+            WHERE s.nth > 3 AND s.start_ns >= $since AND s.start_ns < $until GROUP BY s.job_id
         )
         SELECT *, before_ns / nullif(after_ns, 0) AS speedup FROM med ORDER BY job_id""",
                    {"job": job_id, "since": since_ns, "until": until_ns})

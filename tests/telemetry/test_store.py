@@ -315,3 +315,24 @@ def test_a_batch_larger_than_the_queue_goes_in_when_the_queue_is_empty(tmp_path,
     s.close()
     with Store(tmp_path / "big.duckdb") as again:
         assert again.query("SELECT count(*) AS n FROM spans")[0]["n"] == 25
+
+
+def test_speedups_leave_out_each_attempts_warm_up_steps(store):
+    """A job restarted by its supervisor counts steps on from the attempt before
+    (RTXOPS_STEP_BASE): the new process's first steps are warm-up too, whatever their number."""
+    from rtxops.telemetry import store_views
+    from .otlp_helpers import RESOURCE
+
+    t = time.time_ns() - 10**9
+
+    def step(i: int, duration: int):
+        return span("rtx.step", {S.STEP_NUMBER: i}, start=t + i * 10**6, duration=duration)
+
+    first = [step(i, 9000 if i < 3 else 1000 if i < 9 else 500) for i in range(10)]
+    swap = span("rtx.swap", {S.STEP_NUMBER: 9, S.PLAN_FROM: 1, S.PLAN_TO: 2},
+                start=t + 9 * 10**6, duration=0)
+    again = [step(i, 50_000 if i < 13 else 500) for i in range(10, 15)]
+    store.write(batch_of(first + [swap]))
+    store.write(batch_of(again, {**RESOURCE, "process.pid": 78}))
+    (row,) = store_views.speedups(store, job_id="job-a", since_ns=t - 10**9, until_ns=t + 10**9)
+    assert (row["before_ns"], row["after_ns"], row["speedup"]) == (1000, 500, 2.0)
