@@ -355,6 +355,21 @@ def _exit_status(job: dict) -> int:
 
 
 def _print_summary(data: dict, ops: list[dict]) -> None:
+    if ops:
+        _print_ops(data, ops)
+    else:   # a script that never called a routed op: no table of nothing
+        err.print(f"rtxops: {data['steps']} optimizer steps, plan v{data['plan_version']}; "
+                  "no routed op was called")
+    for d in data["disabled"]:
+        err.print(escape(f"disabled {d['op']}/{d['variant']} on {d['bucket']}: {d['reason']}"),
+                  style="yellow")
+    for m in data["modules_on_own_forward"]:
+        err.print(escape(f"{m['site']} kept its own forward: {m['reason']}"), style="yellow")
+    for r in data["plan_rejections"]:
+        err.print(escape(f"plan rejected: {r}"), style="yellow")
+
+
+def _print_ops(data: dict, ops: list[dict]) -> None:
     table = Table(title=f"rtxops: {data['steps']} optimizer steps, plan v{data['plan_version']}")
     for col in ("op", "calls", "time ms", "share", "bucket", "variant (calls)"):
         table.add_column(col, justify="right" if col in ("calls", "time ms", "share") else "left",
@@ -365,13 +380,6 @@ def _print_summary(data: dict, ops: list[dict]) -> None:
             head = (o["op"], str(o["calls"]), f"{o['total_ns'] / 1e6:.1f}", f"{o['share']:.1%}")
             table.add_row(*(head if i == 0 else ("",) * 4), escape(bucket), escape(used))
     err.print(table)
-    for d in data["disabled"]:
-        err.print(escape(f"disabled {d['op']}/{d['variant']} on {d['bucket']}: {d['reason']}"),
-                  style="yellow")
-    for m in data["modules_on_own_forward"]:
-        err.print(escape(f"{m['site']} kept its own forward: {m['reason']}"), style="yellow")
-    for r in data["plan_rejections"]:
-        err.print(escape(f"plan rejected: {r}"), style="yellow")
 
 
 # ---- daemon --------------------------------------------------------------------------------------

@@ -57,6 +57,16 @@ def test_exit_code_and_stderr_pass_through(tmp_path):
     assert "err line" in r.stderr
 
 
+def test_a_script_that_calls_no_routed_op_gets_a_line_not_an_empty_table(tmp_path):
+    script = tmp_path / "infer.py"
+    script.write_text("import torch\nprint(torch.ones(2).sum().item())\n")
+    r = rtxops_run("--direct", "--", sys.executable, str(script))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "2.0"
+    assert "rtxops: 0 optimizer steps, plan v0; no routed op was called" in r.stderr
+    assert "┃" not in r.stderr
+
+
 def test_script_that_raises_shows_its_traceback(tmp_path):
     script = tmp_path / "raises.py"
     script.write_text("def boom():\n    raise ValueError('broken on purpose')\nboom()\n")
