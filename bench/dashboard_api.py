@@ -77,7 +77,7 @@ class Ingest(threading.Thread):
             i, next_at = 0, time.monotonic()
             while not self.stop.is_set():
                 try:
-                    r = c.post("/v1/traces", content=self.bodies[i % len(self.bodies)])
+                    r = c.post("/v1/traces", content=synthetic.numbered(self.bodies[i % len(self.bodies)], i))
                     if r.status_code == 200:
                         self.sent += self.batch
                     else:

@@ -74,7 +74,7 @@ def end_to_end(workdir: Path, requests: list[bytes], spans_per_request: int, cli
         headers = {"Content-Type": otlp.PROTOBUF, "Authorization": "Bearer bench"}
         k = i
         while time.perf_counter() < deadline:
-            conn.request("POST", "/v1/traces", requests[k % len(requests)], headers)
+            conn.request("POST", "/v1/traces", synthetic.numbered(requests[k % len(requests)], k), headers)
             resp = conn.getresponse()
             resp.read()
             with lock:

@@ -22,7 +22,7 @@ import psutil
 from _daemon import start_daemon
 from _report import report
 
-from rtxops.telemetry.synthetic import otlp_request
+from rtxops.telemetry.synthetic import numbered, otlp_request
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def run(a, home: Path, proc: subprocess.Popen, url: str, token: str) -> None:
         next_at = time.monotonic()
         while not stop.is_set():
             try:
-                r = client.post("/v1/traces", content=bodies[i % len(bodies)], timeout=30)
+                r = client.post("/v1/traces", content=numbered(bodies[i % len(bodies)], i), timeout=30)
                 key = "acked" if r.status_code == 200 else "refused"
                 sent[key] += a.batch if key == "acked" else 1
             except httpx.HTTPError:

@@ -24,12 +24,12 @@ HIST_BINS_PER_OCTAVE = 16
 CACHE_COUNTS_SQL = """
 SELECT TRY_CAST(attributes->>'rtx.cache.hits' AS BIGINT) AS cache_hits,
        TRY_CAST(attributes->>'rtx.cache.misses' AS BIGINT) AS cache_misses
-FROM _rtx_spans WHERE name = 'rtx.kernel'"""     # rows in the order of rollup.kernels()
+FROM _rtx_rows WHERE name = 'rtx.kernel'"""     # rows in the order of rollup.kernels()
 
-# _rtx_rollup (from :func:`tables`) → kernel_minutes rows
+# _rtx_rows (from :func:`tables`) → kernel_minutes rows
 INSERT_SQL = f"""
 INSERT INTO kernel_minutes BY NAME
-SELECT hash({', '.join(KEYS)}) AS key_id, * FROM _rtx_rollup
+SELECT hash({', '.join(KEYS)}) AS key_id, * FROM _rtx_rows
 """
 BIN_SPAN = 1 << 12   # bins lie in 0 .. 16 * 63 (a mean of 1 ns to 2^63 ns)
 

@@ -803,22 +803,23 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch],
                 table = _unknown_keys(cur, table)    # the cache forgets; a restart starts it empty
             if table.num_rows:
                 verb = "INSERT OR IGNORE" if name == "resources" else "INSERT"
-                cur.register("_rtx_batch", table)
-                cur.execute(f"{verb} INTO {name} BY NAME SELECT * FROM _rtx_batch")
-                cur.unregister("_rtx_batch")
+                execute_on(cur, f"{verb} INTO {name} BY NAME SELECT * FROM _rtx_rows", table)
         if rows.num_rows:
             _rollup(cur, batches)
-        cur.register("_rtx_batch", log_rows)
-        cur.execute("INSERT INTO ingest_batches BY NAME SELECT * FROM _rtx_batch")
-        cur.unregister("_rtx_batch")
+        execute_on(cur, "INSERT INTO ingest_batches BY NAME SELECT * FROM _rtx_rows", log_rows)
         cur.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(duckdb.Error):
             cur.execute("ROLLBACK")
-        with contextlib.suppress(duckdb.Error):
-            cur.unregister("_rtx_batch")
         raise
     return keys["key_id"].to_pylist()
+
+
+def execute_on(cur: duckdb.DuckDBPyConnection, sql: str, _rtx_rows: pa.Table) -> duckdb.DuckDBPyConnection:
+    """``cur.execute(sql)`` where ``sql`` reads the Arrow table ``_rtx_rows``. DuckDB finds the
+    table among this function's locals (a replacement scan): registering it as a view and
+    dropping that again cost more than the insert itself (a third of a small commit)."""
+    return cur.execute(sql)
 
 
 def _recent_digests(con: duckdb.DuckDBPyConnection) -> dict[bytes, int]:
@@ -834,11 +835,8 @@ def _recent_digests(con: duckdb.DuckDBPyConnection) -> dict[bytes, int]:
 def _unknown_keys(cur: duckdb.DuckDBPyConnection, keys: pa.Table) -> pa.Table:
     """The rows of ``keys`` whose key_id span_keys does not hold (the join is built on the few
     keys of the batch and probed with the stored ones)."""
-    cur.register("_rtx_keys", keys)
-    try:
-        known = cur.execute("SELECT DISTINCT key_id FROM span_keys SEMI JOIN _rtx_keys USING (key_id)").fetchall()
-    finally:
-        cur.unregister("_rtx_keys")
+    known = execute_on(cur, "SELECT DISTINCT key_id FROM span_keys SEMI JOIN _rtx_rows USING (key_id)",
+                       keys).fetchall()
     if not known:
         return keys
     return keys.filter(pc.invert(pc.is_in(keys["key_id"], pa.array([k for (k,) in known], pa.uint64()))))
@@ -856,21 +854,13 @@ def _rollup(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
             hits, misses = (pa.chunked_array([b.cache_counts[i] for b in rest], pa.int64()).filter(mask)
                             for i in (0, 1))
         else:
-            cur.register("_rtx_spans", spans)
-            try:
-                counts = cur.sql(rollup.CACHE_COUNTS_SQL).to_arrow_table()
-            finally:
-                cur.unregister("_rtx_spans")
+            counts = execute_on(cur, rollup.CACHE_COUNTS_SQL, spans).to_arrow_table()
             hits, misses = counts["cache_hits"], counts["cache_misses"]
         parts.append(rollup.tables(kernel, hits, misses))
     rows = rollup.merge(parts)
     if not rows.num_rows:
         return
-    cur.register("_rtx_rollup", rows)
-    try:
-        cur.execute(rollup.INSERT_SQL)
-    finally:
-        cur.unregister("_rtx_rollup")
+    execute_on(cur, rollup.INSERT_SQL, rows)
 
 
 # Merges the rows of a (key, minute) that separate commits wrote, in minutes before $before.

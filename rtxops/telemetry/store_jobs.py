@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from .store import Store
+from .store import Store, execute_on
 
 
 def save_job(store: Store, job_id: str, name: str, state: str, created_ns: int, updated_ns: int,
@@ -28,14 +28,8 @@ def append_logs(store: Store, job_id: str, attempt: int, rank: int, stream: str,
         "text": [text for _, _, text in lines],
     })
 
-    def insert(cur):
-        cur.register("_job_log_rows", table)
-        try:
-            cur.execute("INSERT INTO job_logs SELECT * FROM _job_log_rows")
-        finally:
-            cur.unregister("_job_log_rows")
-
-    store.call(insert, timeout_s)
+    store.call(lambda cur: execute_on(cur, "INSERT INTO job_logs SELECT * FROM _rtx_rows", table),
+               timeout_s)
 
 
 def append_event(store: Store, job_id: str, ts_ns: int, kind: str, detail_json: str,

@@ -6,8 +6,10 @@ any size directly with numpy and Arrow (millions of rows in seconds).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -102,6 +104,21 @@ def otlp_request(n_spans: int, *, seed: int = 0, job_id: str = "job-0", rank: in
     return ExportTraceServiceRequest(resource_spans=[ResourceSpans(
         resource=resource,
         scope_spans=[ScopeSpans(scope=InstrumentationScope(name="rtxops"), spans=spans)])])
+
+
+_FIRST_SPAN_ID = re.compile(rb"\x0a\x10.{16}\x12\x08(.{8})", re.DOTALL)  # trace_id, span_id fields
+
+
+def numbered(body: bytes, n: int) -> bytes:
+    """``body`` (a serialized :func:`otlp_request`) made distinct by ``n``, at the same size: its
+    first span's id (and that id as its children's parent) replaced. The receiver stores a
+    repeated body once (it is a client's retry), so load generators cycling through a few
+    bodies send numbered copies."""
+    found = _FIRST_SPAN_ID.search(body)
+    if found is None:
+        raise ValueError("no span id found in the body")
+    old = found.group(1)
+    return body.replace(old, hashlib.blake2b(old + n.to_bytes(8, "big"), digest_size=8).digest())
 
 
 def _span(trace_id: bytes, span_id: bytes, parent: bytes, name: str, start: int, end: int,

@@ -146,7 +146,11 @@ def test_overload_flood_gets_429s_with_bounded_memory_and_exact_counts(tmp_path,
     store = Store(tmp_path / "flood.duckdb", max_queue_batches=8, max_queue_spans=max_spans)
     server = Server(store, max_inflight=4, slot_wait_s=30)   # refusals here: the queue only
     per_request = 500
-    bodies = [synthetic.otlp_request(per_request, seed=i).SerializeToString() for i in range(4)]
+    base = synthetic.otlp_request(per_request, seed=0).SerializeToString()
+
+    first, second = 60, 150                           # 105,000 spans: 26x what the queue holds
+    # each request a body of its own: a repeated one is a retry, stored once
+    bodies = [synthetic.numbered(base, i) for i in range(first + second)]
     process = psutil.Process()
     rss_before = process.memory_info().rss
     peak = {"queue": 0, "rss": rss_before}
@@ -159,7 +163,7 @@ def test_overload_flood_gets_429s_with_bounded_memory_and_exact_counts(tmp_path,
             time.sleep(0.005)
 
     def send(i: int) -> tuple[int, str | None]:
-        r = client.post(server.url, content=bodies[i % len(bodies)],
+        r = client.post(server.url, content=bodies[i],
                         headers={"Content-Type": PROTOBUF, "Authorization": f"Bearer {TOKEN}"})
         return r.status_code, r.headers.get("retry-after")
 
@@ -172,7 +176,6 @@ def test_overload_flood_gets_429s_with_bounded_memory_and_exact_counts(tmp_path,
     watcher = threading.Thread(target=watch)
     watcher.start()
     queued = min(8, max_spans // per_request)         # what the queue can hold while blocked
-    first, second = 60, 150                           # 105,000 spans: 26x what the queue holds
     try:
         with httpx.Client(timeout=60) as client, concurrent.futures.ThreadPoolExecutor(16) as pool:
             phase1 = [pool.submit(send, i) for i in range(first)]
@@ -199,7 +202,7 @@ def test_overload_flood_gets_429s_with_bounded_memory_and_exact_counts(tmp_path,
     assert stats["spans_written"] == statuses.count(200) * per_request
     assert peak["queue"] <= max_spans
     assert [s for s, _ in results[first:]] == [429] * second
-    second_bytes = sum(len(bodies[i % len(bodies)]) for i in range(first, n_requests))
+    second_bytes = sum(len(bodies[i]) for i in range(first, n_requests))
     assert rss_after_second - rss_after_first < second_bytes / 4, (
         rss_before, rss_after_first, rss_after_second, second_bytes)
     store.close()
@@ -275,3 +278,18 @@ def test_stalled_uploads_time_out_and_give_their_slots_back(store):
         for s in stalled:
             s.close()
         server.stop()
+
+
+def test_numbered_copies_of_a_body_are_distinct_requests_of_the_same_spans():
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = synthetic.otlp_request(100, seed=5)
+    body = request.SerializeToString()
+    copies = [synthetic.numbered(body, i) for i in range(20)]
+    assert len(set(copies)) == 20 and {len(c) for c in copies} == {len(body)}
+    again = ExportTraceServiceRequest.FromString(copies[3]).resource_spans[0].scope_spans[0].spans
+    spans = request.resource_spans[0].scope_spans[0].spans
+    assert again[0].span_id != spans[0].span_id and again[0].name == spans[0].name
+    children = [s for s in again if s.parent_span_id == again[0].span_id]
+    assert len(children) == len([s for s in spans if s.parent_span_id == spans[0].span_id]) > 0
+    assert [s.attributes for s in again] == [s.attributes for s in spans]
