@@ -17,6 +17,7 @@ from time import perf_counter_ns
 from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
+import torch.utils.checkpoint
 
 from .bucket import Bucket
 from .errors import PlanError
@@ -37,6 +38,11 @@ _has_torch_function = torch._C._has_torch_function
 _function_mode_enabled = torch._C._is_torch_function_mode_enabled
 _disabled_torch_function = torch._C._disabled_torch_function_impl
 _background_compiles: set[int] = set()  # threads running a background torch.compile (regions.py)
+
+# Raised through a variant by the code around the call, not by the variant: a non-reentrant
+# activation checkpoint stops its recomputation by raising from inside the last op it needs
+_NOT_A_FAILURE: tuple[type[BaseException], ...] = tuple(
+    cls for cls in (getattr(torch.utils.checkpoint, "_StopRecomputationError", None),) if cls)
 
 EXPLORE_PERIOD = 1000  # explore shares are laid out over this many calls, deterministically
 REGION_OP = "region"   # the op of the slots regions record (see Dispatcher.region_clock)
@@ -154,6 +160,8 @@ class FunctionSite:
             t0 = perf_counter_ns()
             try:
                 out = fn(*args, **kwargs)
+            except _NOT_A_FAILURE:
+                raise
             except Exception as e:
                 if on_error is None:
                     raise
@@ -208,6 +216,8 @@ class FunctionSite:
             t0 = perf_counter_ns()
             try:
                 out = fn(*args, **kwargs)
+            except _NOT_A_FAILURE:
+                raise
             except Exception as e:
                 if on_error is None:
                     raise
@@ -382,6 +392,8 @@ class ModuleSite(FunctionSite):
             t0 = perf_counter_ns()
             try:
                 out = fn(*canonical)
+            except _NOT_A_FAILURE:
+                raise
             except Exception as e:
                 if on_error is None:
                     raise
@@ -735,6 +747,8 @@ class Dispatcher:
             with torch.no_grad():
                 try:
                     got, _ = site.run_variant(fn, args, kwargs)
+                except _NOT_A_FAILURE:
+                    raise
                 except Exception as e:
                     problem = f"raised {_describe(e)}"
                 else:
@@ -751,6 +765,8 @@ class Dispatcher:
                 t0 = perf_counter_ns()
                 try:
                     got, elapsed = site.run_variant(fn, args, kwargs)
+                except _NOT_A_FAILURE:
+                    raise
                 except Exception as e:
                     problem = f"raised {_describe(e)}"
                     rng.restore()

@@ -13,6 +13,7 @@ import textwrap
 import types
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -213,6 +214,46 @@ def test_a_first_call_inside_activation_checkpointing_saves_what_its_recomputati
         m.train()                               # a bucket and mode not seen yet: a first call
         checkpoint(m, x, use_reentrant=False).sum().backward()
         torch.testing.assert_close(x.grad, want)
+    finally:
+        patching.disable()
+
+
+@pytest.mark.parametrize("plan", ["defaults", "explore"])
+def test_routed_variants_inside_non_reentrant_checkpointing_train_as_without_rtxops(plan):
+    """A non-reentrant checkpoint stops its recomputation early by raising from inside the
+    last op it needs: that is the checkpoint's control flow, not a variant failing."""
+    from torch.utils.checkpoint import checkpoint
+
+    from rtxops.runtime.plan import ExploreArm
+
+    from .helpers import TinyRMSNorm, bucket_id, plan_for
+
+    torch.manual_seed(0)
+    norm, lin, w = TinyRMSNorm(16), nn.Linear(16, 16), torch.randn(16, 16)
+    xs = [torch.randn(8, 16, requires_grad=True) for _ in range(4)]
+
+    def block(x):
+        return F.gelu(norm(lin(x)) @ w)
+
+    def grads() -> list[torch.Tensor]:
+        out = []
+        for x in xs:
+            x.grad = None
+            checkpoint(block, x, use_reentrant=False).sum().backward()
+            out.append(x.grad.clone())
+        return out
+
+    want = grads()
+    if plan == "defaults":
+        routed = plan_for(1, defaults={"gelu": "eager", "rms_norm": "eager"})
+    else:
+        routed = plan_for(1, ("gelu", bucket_id("gelu", torch.randn(8, 16)), "reference", {},
+                              [ExploreArm("eager", {}, 0.5)]))
+    dispatcher = patching.enable(routed)
+    try:
+        for got, expected in zip(grads(), want):
+            torch.testing.assert_close(got, expected)
+        assert not dispatcher.disabled
     finally:
         patching.disable()
 
