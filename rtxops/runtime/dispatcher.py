@@ -49,6 +49,12 @@ REGION_OP = "region"   # the op of the slots regions record (see Dispatcher.regi
 COMPILED_FAMILY = "compiled"  # variants built with torch.compile (ops/_compiled.py)
 
 
+def _strided(args: tuple, kwargs: dict) -> bool:
+    """Whether a call's first argument is a tensor that is not contiguous."""
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    return isinstance(first, torch.Tensor) and not first.is_contiguous()
+
+
 def _traced_here() -> bool:
     """Whether a call that sees torch's ``is_compiling()`` flag is traced on this thread. The flag
     is process-wide: a background compile (regions.py) sets it for the job's thread too, whose
@@ -187,6 +193,10 @@ class FunctionSite:
             # gets torch's own ops, and no route is kept
             return self.unrouted()
         scope = key.scope if isinstance(key, Scoped) else None
+        if _strided(args, kwargs):
+            # a view of another layout (ops whose key tells layouts apart): routed as its bucket,
+            # and checked on its own first call (a variant may answer in another layout)
+            scope = (scope, "strided")
         try:
             bucket_key = self.op.bucket(*args, **kwargs)
         except Exception:  # values the bucket cannot read (FX proxies, nested tensors): as written

@@ -80,6 +80,27 @@ def test_broken_variant_is_disabled_and_training_matches_reference(broken):
     assert _calls(d, "gelu").get("reference", 0) >= 3
 
 
+def _contiguous_gelu(input, approximate="none"):
+    return torch.ops.aten.gelu(input.contiguous())
+
+
+def test_a_strided_input_is_checked_on_its_own_first_call():
+    """A route checked on a contiguous input is not trusted with a view of another layout of
+    the same shape: that call is checked too, and a variant answering in another layout than
+    torch's is disabled (torch's answer is returned)."""
+    d = patching.enable(registry=_registry_with(
+        Variant("gelu", "contiguous", "eager", lambda c, b: _contiguous_gelu)))
+    d.install_plan(plan_for(1, ("gelu", GELU_BUCKET, "contiguous")))
+    d.apply_pending()
+    F.gelu(torch.randn(16, 64))
+    assert not d.disabled and _calls(d, "gelu") == {"contiguous": 1}
+    x = torch.randn(64, 16).t()
+    got = F.gelu(x)
+    assert got.stride() == torch.ops.aten.gelu(x).stride() == x.stride()
+    (key, reason), = d.disabled.items()
+    assert key[1] == "contiguous" and "stride" in reason
+
+
 def test_plan_routes_bucket_to_variant_and_other_buckets_to_reference():
     d = patching.enable()
     d.install_plan(plan_for(1, ("gelu", GELU_BUCKET, "algebraic")))

@@ -258,6 +258,29 @@ def test_routed_variants_inside_non_reentrant_checkpointing_train_as_without_rtx
         patching.disable()
 
 
+@pytest.mark.parametrize("op, extra", [("softmax", (-1,)), ("gelu", ()), ("silu", ()),
+                                       ("layer_norm", ([8],)), ("rms_norm", ([8],))])
+def test_a_non_contiguous_input_gets_the_layout_torch_gives_after_a_contiguous_one(op, extra):
+    """A route is checked against torch on its first call; a view of another layout with the
+    same shape is checked on its own (eager math keeps the input's layout, torch may not)."""
+    from .helpers import plan_for
+
+    original = getattr(F, op)
+    plan = plan_for(1, defaults={op: "eager"})
+    dispatcher = patching.enable(plan)
+    try:
+        routed = getattr(F, op)
+        routed(torch.randn(16, 8), *extra)
+        x = torch.randn(8, 16).t()                     # (16, 8), not contiguous
+        got, want = routed(x, *extra), original(x, *extra)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+        routed(torch.randn(16, 8), *extra)
+        assert not dispatcher.disabled
+    finally:
+        patching.disable()
+
+
 def test_the_jobs_pythonpath_keeps_its_entries_in_order_before_rtxops_root():
     from rtxops.runtime.bootstrap import DIRECTORY, child_environment
 

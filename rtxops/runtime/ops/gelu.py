@@ -24,7 +24,7 @@ def reference(input, approximate="none"):
 
 def key(input, approximate="none"):
     try:
-        return (input.shape, input.dtype, input.device, approximate)
+        return (input.shape, input.dtype, input.device, approximate, input.is_contiguous())
     except AttributeError:
         return None
 

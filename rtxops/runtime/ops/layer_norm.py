@@ -22,7 +22,8 @@ def key(input, normalized_shape, weight=None, bias=None, eps=1e-05):
     try:
         ns = normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape)
         return (input.shape, input.dtype, input.device, ns,
-                None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+                None if weight is None else weight.dtype, None if bias is None else bias.dtype,
+                input.is_contiguous())
     except (AttributeError, TypeError):
         return None
 
@@ -56,7 +57,7 @@ def example_inputs(b: Bucket, seed: int = 0):
 
 
 def _norm(input, weight, bias, eps):
-    x = input.float()
+    x = input.float().contiguous()   # torch's layer_norm answers a strided input contiguous
     mean = x.mean(-1, keepdim=True)
     xc = x - mean
     y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)

@@ -20,7 +20,8 @@ def reference(input, normalized_shape, weight=None, eps=None):
 def key(input, normalized_shape, weight=None, eps=None):
     try:
         ns = normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape)
-        return (input.shape, input.dtype, input.device, ns, None if weight is None else weight.dtype)
+        return (input.shape, input.dtype, input.device, ns, None if weight is None else weight.dtype,
+                input.is_contiguous())
     except (AttributeError, TypeError):
         return None
 
@@ -53,7 +54,7 @@ def _eps(x, eps):
 
 def eager(input, normalized_shape, weight=None, eps=None):
     """Hand-written math with fp32 accumulation (what Llama-style modules do)."""
-    x = input.float()
+    x = input.float().contiguous()   # torch's rms_norm answers a strided input contiguous
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _eps(input, eps))
     y = y.to(input.dtype)
     return y * weight if weight is not None else y

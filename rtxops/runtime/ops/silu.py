@@ -18,7 +18,7 @@ def reference(input, inplace=False):
 
 def key(input, inplace=False):
     try:
-        return (input.shape, input.dtype, input.device, inplace)
+        return (input.shape, input.dtype, input.device, inplace, input.is_contiguous())
     except AttributeError:
         return None
 

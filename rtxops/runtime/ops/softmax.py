@@ -19,7 +19,7 @@ def reference(input, dim=None, _stacklevel=3, dtype=None):
 
 def key(input, dim=None, _stacklevel=3, dtype=None):
     try:
-        return (input.shape, input.dtype, input.device, dim, dtype)
+        return (input.shape, input.dtype, input.device, dim, dtype, input.is_contiguous())
     except AttributeError:
         return None
 
@@ -48,7 +48,7 @@ def example_inputs(b: Bucket, seed: int = 0):
 
 def eager(input, dim=None, _stacklevel=3, dtype=None):
     """Max-subtracted exp over the sum, in fp32."""
-    x = input.float()
+    x = input.float().contiguous()   # torch's softmax answers a strided input contiguous
     e = (x - x.amax(-1, keepdim=True)).exp()
     return (e / e.sum(-1, keepdim=True)).to(input.dtype)
 
@@ -60,7 +60,7 @@ def aten(input, dim=None, _stacklevel=3, dtype=None):
 
 def logsumexp(input, dim=None, _stacklevel=3, dtype=None):
     """``exp(x - logsumexp(x))`` in fp32: no division."""
-    x = input.float()
+    x = input.float().contiguous()
     return (x - torch.logsumexp(x, -1, keepdim=True)).exp().to(input.dtype)
 
 
