@@ -206,7 +206,9 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
             local.start_in_thread(wait=False)  # the job starts while the server comes up
             client = DaemonClient(local.wait_started().url, local.token)
         else:
-            job_id = client.submit(command=list(command), name=name, env=env, cwd=os.getcwd())["id"]
+            # the job starts from this environment, as it does with a daemon in this process
+            job_id = client.submit(command=list(command), name=name, env=env, cwd=os.getcwd(),
+                                   base_env=dict(os.environ))["id"]
             # a daemon of its own (not this process's) may go down and come back: follow it there
             client = _Reconnecting(client, home, job_id)
         return _follow(client, job_id, cancel_on_interrupt=True)
@@ -514,7 +516,12 @@ def submit(
     restarts: int = typer.Option(0, help="restarts allowed after a crash"),
     hang_restarts: int = typer.Option(0, help="restarts allowed after a hang"),
     hang_timeout: Optional[float] = typer.Option(None, help="seconds without a step = hung"),
+    first_step_timeout: Optional[float] = typer.Option(
+        None, help="seconds an attempt may take to its first step (imports, data, compile); "
+                   "default: --hang-timeout"),
     nproc_per_node: int = typer.Option(1, help="ranks, launched through torchrun (gloo on CPU)"),
+    inherit_env: bool = typer.Option(False, help="start the job from this shell's environment "
+                                                 "rather than the daemon's"),
     home: Optional[Path] = typer.Option(None),
 ) -> None:
     """Submit a job to the daemon; prints its id."""
@@ -523,7 +530,9 @@ def submit(
     try:
         job = _client(home).submit(command=list(command), name=name, restarts=restarts,
                                    hang_restarts=hang_restarts, hang_timeout_s=hang_timeout,
-                                   nproc_per_node=nproc_per_node, cwd=os.getcwd())
+                                   first_step_timeout_s=first_step_timeout,
+                                   nproc_per_node=nproc_per_node, cwd=os.getcwd(),
+                                   base_env=dict(os.environ) if inherit_env else None)
     except DaemonError as e:
         raise _fail(str(e)) from None
     out.print(job["id"])

@@ -24,10 +24,16 @@ class SubmitRequest(BaseModel):
     command: list[str] = Field(min_length=1, description="argv, e.g. ['python', 'train.py']")
     name: str = Field("", max_length=200)
     env: dict[str, str] = {}
+    base_env: dict[str, str] | None = Field(
+        None, description="the environment to start from instead of the daemon's (`rtxops run` "
+                          "sends its caller's); `env` still goes on top")
     cwd: str | None = None
     restarts: int = Field(0, ge=0, le=1000, description="crash restart budget")
     hang_restarts: int = Field(0, ge=0, le=1000)
     hang_timeout_s: float | None = Field(None, gt=0, le=86400)
+    first_step_timeout_s: float | None = Field(
+        None, gt=0, le=86400, description="how long an attempt may take to its first step "
+                                          "(default: hang_timeout_s)")
     backoff_s: float = Field(1.0, ge=0, le=3600)
     nproc_per_node: int = Field(1, ge=1, le=64)
     grace_s: float = Field(10.0, ge=0, le=3600)
@@ -47,8 +53,9 @@ def job_view(job: Job) -> dict:
     values of its environment hidden (reads need no token; a job's env may hold credentials)."""
     d = job.to_dict()
     d.pop("token", None)
-    if isinstance(d.get("spec"), dict) and d["spec"].get("env"):
-        d["spec"]["env"] = {k: "***" for k in d["spec"]["env"]}
+    for hidden in ("env", "base_env"):
+        if isinstance(d.get("spec"), dict) and d["spec"].get(hidden):
+            d["spec"][hidden] = {k: "***" for k in d["spec"][hidden]}
     d["name"] = job.name
     d["exit_code"] = job.exit_code
     return d
@@ -68,8 +75,10 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
         try:
             spec = JobSpec(command=req.command, name=req.name, env=req.env, cwd=req.cwd,
                            max_crash_restarts=req.restarts, max_hang_restarts=req.hang_restarts,
-                           hang_timeout_s=req.hang_timeout_s, backoff_s=req.backoff_s,
-                           nproc_per_node=req.nproc_per_node, grace_s=req.grace_s)
+                           hang_timeout_s=req.hang_timeout_s,
+                           first_step_timeout_s=req.first_step_timeout_s, backoff_s=req.backoff_s,
+                           nproc_per_node=req.nproc_per_node, grace_s=req.grace_s,
+                           base_env=req.base_env)
             return job_view(supervisor.submit(spec))
         except JobSpecError as e:
             raise HTTPException(422, str(e)) from None

@@ -3,7 +3,9 @@ the dashboard, each a thin router over the daemon's parts."""
 from __future__ import annotations
 
 import json
+import math
 import os
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
@@ -29,6 +31,18 @@ class AsciiJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with non-finite floats as text: a validation error echoes the input it refused
+    (``1e400``, ``NaN``), which JSON cannot carry."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def create_app(daemon) -> FastAPI:
     app = FastAPI(title="rtxops daemon", version=__version__, default_response_class=AsciiJSONResponse,
                   description="Supervises training jobs, ingests their telemetry, serves plans.",
@@ -45,7 +59,7 @@ def create_app(daemon) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     def invalid_request(request: Request, exc: RequestValidationError) -> Response:
-        return AsciiJSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+        return AsciiJSONResponse({"detail": _finite(jsonable_encoder(exc.errors()))}, status_code=422)
 
     auth = require_token(daemon.token)
     app.include_router(receiver_router(daemon.store, token=daemon.token, on_batch=daemon.on_batch))

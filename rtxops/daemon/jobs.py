@@ -63,7 +63,9 @@ class JobSpec:
     ``backoff_max_s``) is the wait before restart n+1. ``hang_timeout_s``: the job is hung when a rank
     that has stepped sends no step heartbeat for that long, or when no step arrives within
     ``first_step_timeout_s`` (default: ``hang_timeout_s``) of an attempt's start. ``runtime=False``
-    runs the command without the rtxops runtime (a plain supervised process).
+    runs the command without the rtxops runtime (a plain supervised process). ``base_env``: the
+    environment the job starts from instead of the daemon's (``rtxops run`` sends its caller's,
+    so a job sees the same variables whether a daemon was running or not).
     """
 
     command: tuple[str, ...]
@@ -80,16 +82,21 @@ class JobSpec:
     grace_s: float = 10.0
     plan: str | None = None
     runtime: bool = True
+    base_env: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))
         object.__setattr__(self, "env", dict(self.env))
+        if self.base_env is not None:
+            object.__setattr__(self, "base_env", dict(self.base_env))
         if not self.command or not all(isinstance(a, str) and a for a in self.command[:1]):
             raise JobSpecError("command: expected a non-empty list of strings")
         if not all(isinstance(a, str) for a in self.command):
             raise JobSpecError("command: every argument must be a string")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
-            raise JobSpecError("env: keys and values must be strings")
+        for name in ("env", "base_env"):
+            values = getattr(self, name) or {}
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in values.items()):
+                raise JobSpecError(f"{name}: keys and values must be strings")
         for name in ("max_crash_restarts", "max_hang_restarts"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise JobSpecError(f"{name}: expected an integer >= 0, got {getattr(self, name)!r}")

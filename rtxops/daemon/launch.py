@@ -49,7 +49,9 @@ def check_launchable(spec: JobSpec) -> None:
     """Raise :class:`JobSpecError` for strings ``exec`` cannot take (they would otherwise fail only
     at launch, as a supervisor error): NUL characters, environment names that are empty or hold
     ``=``, and text that is not UTF-8 (a lone surrogate from a JSON escape such as ``\\ud800``)."""
+    base_env = spec.base_env or {}
     for what, text in (("command", spec.command), ("env", [*spec.env, *spec.env.values()]),
+                       ("base_env", [*base_env, *base_env.values()]),
                        ("cwd", [spec.cwd or ""]), ("name", [spec.name or ""])):
         for t in text:
             try:
@@ -59,21 +61,25 @@ def check_launchable(spec: JobSpec) -> None:
                                    "is not valid Unicode text (a lone surrogate)") from None
     if any("\0" in a for a in spec.command):
         raise JobSpecError("command: an argument contains a NUL character")
-    for k, v in spec.env.items():
-        if not k or "=" in k or "\0" in k or "\0" in v:
-            raise JobSpecError(f"env: {k!r} cannot be passed to a process (an empty name, '=' or "
-                               f"NUL in the name, or NUL in the value)")
+    for what, values in (("env", spec.env), ("base_env", base_env)):
+        for k, v in values.items():
+            if not k or "=" in k or "\0" in k or "\0" in v:
+                raise JobSpecError(f"{what}: {k!r} cannot be passed to a process (an empty name, "
+                                   "'=' or NUL in the name, or NUL in the value)")
     if spec.cwd is not None and "\0" in spec.cwd:
         raise JobSpecError("cwd: contains a NUL character")
+    if spec.cwd is not None and not os.path.isdir(spec.cwd):
+        raise JobSpecError(f"cwd: {spec.cwd!r} is not a directory")
 
 
 def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
                 base: Mapping[str, str], extra_env: Mapping[str, str],
                 step_base: int | None = None) -> dict[str, str]:
-    """``base`` (the daemon's environment), then ``extra_env``, then the job's own ``env``; with the
-    runtime enabled as ``rtxops run`` enables it, and the job's identity set last. ``step_base``:
-    the last step an earlier attempt reported, from which a restarted job counts on."""
-    env = {**base, **extra_env, **spec.env}
+    """``base`` (the daemon's environment; the job's ``base_env`` instead when it has one), then
+    ``extra_env``, then the job's own ``env``; with the runtime enabled as ``rtxops run`` enables
+    it, and the job's identity set last. ``step_base``: the last step an earlier attempt
+    reported, from which a restarted job counts on."""
+    env = {**(base if spec.base_env is None else spec.base_env), **extra_env, **spec.env}
     if spec.runtime:
         from rtxops.runtime.bootstrap import child_environment
 

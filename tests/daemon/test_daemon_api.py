@@ -318,3 +318,43 @@ def test_cancelling_an_unknown_tuning_task_is_404_and_needs_the_token(shared):
     assert shared.client(token=None).post("/v1/evolve/tune/nope/cancel").status_code == 401
     r = shared.client().post("/v1/evolve/tune/nope/cancel")
     assert r.status_code == 404 and "no tuning task 'nope'" in r.json()["detail"]
+
+
+def test_rtxops_run_gives_the_job_its_callers_environment_with_a_daemon_running(shared, tmp_path):
+    """A job sees the variables of the shell that ran `rtxops run` whether a daemon was up or
+    not (CUDA_VISIBLE_DEVICES, credentials); the daemon's own settings still apply on top."""
+    import subprocess
+
+    from .live import RTXOPS, clean_env
+
+    r = subprocess.run([*RTXOPS, "run", "--no-summary", "--", "sh", "-c",
+                        'echo "[$MY_SETTING][$CUDA_VISIBLE_DEVICES][${RTXOPS_DAEMON:+daemon}]"'],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env=clean_env(shared.mark, RTXOPS_HOME=str(shared.home), MY_SETTING="hello",
+                                     CUDA_VISIBLE_DEVICES="1"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[hello][1][daemon]"
+    job = shared.client().get("/v1/jobs", params={"limit": 1}).json()["jobs"][0]
+    assert job["spec"]["base_env"]["MY_SETTING"] == "***"
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/jobs", b'{"command": ["sh"], "grace_s": 1e400}'),
+    ("/v1/jobs", b'{"command": ["sh"], "hang_timeout_s": NaN}'),
+    ("/v1/plans/report", b'{"job": "x", "version": 1e400, "reason": "r"}'),
+])
+def test_a_refused_non_finite_number_is_a_422_not_a_server_error(shared, path, body):
+    r = shared.client().post(path, content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"]
+
+
+def test_submit_takes_a_first_step_timeout_and_refuses_a_missing_cwd(shared, tmp_path):
+    c = shared.client()
+    job = c.post("/v1/jobs", json={"command": ["python", "-c", "pass"], "hang_timeout_s": 5,
+                                   "first_step_timeout_s": 120}).json()
+    assert job["spec"]["first_step_timeout_s"] == 120
+    r = c.post("/v1/jobs", json={"command": ["python", "-c", "pass"], "first_step_timeout_s": 5})
+    assert r.status_code == 422 and "needs hang_timeout_s" in r.text
+    r = c.post("/v1/jobs", json={"command": ["python"], "cwd": str(tmp_path / "nowhere")})
+    assert r.status_code == 422 and "is not a directory" in r.text
