@@ -223,10 +223,27 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
     finally:
         try:
             if local is not None:
+                _serve_other_jobs(local, job_id)
                 local.shutdown()
         finally:
             for s, handler in stops.items():
                 signal.signal(s, handler)
+
+
+def _serve_other_jobs(local, own_job: str | None) -> None:
+    """Keep this process's daemon up while jobs that other ``rtxops run``/``submit`` commands
+    gave it (it announced itself in the home) are unfinished: stopping it would cancel them.
+    Ctrl-C (or SIGTERM) stops waiting; the daemon's shutdown then stops them."""
+    others = local.supervisor.unfinished() - {own_job}
+    if not others:
+        return
+    err.print(f"rtxops: {len(others)} other job(s) run on the daemon this command started; it "
+              "stops once they end (Ctrl-C stops them now)")
+    try:
+        while local.supervisor.unfinished() - {own_job}:
+            time.sleep(0.5)
+    except (KeyboardInterrupt, _Stopped):
+        pass
 
 
 def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt: bool = False,

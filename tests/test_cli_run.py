@@ -193,6 +193,41 @@ def test_ctrl_c_reaches_the_job_which_exits_as_it_chooses(tmp_path):
     assert "SIGINT sent to job" in err
 
 
+def test_a_second_run_on_the_daemon_a_first_run_started_outlives_the_first(tmp_path):
+    """`rtxops run` with no daemon starts one in its process and announces it in the home; a
+    second `rtxops run` there submits to it. The first one ending must not cancel the second's
+    job: its daemon stays up until that job ends."""
+    import os
+    import time
+
+    home = Path(os.environ["RTXOPS_HOME"])
+    ticks = tmp_path / "ticks.py"
+    ticks.write_text("import sys, time\nfor i in range(int(sys.argv[1])):\n"
+                     "    print(i, flush=True)\n    time.sleep(0.2)\n")
+
+    def run(n: int) -> subprocess.Popen:
+        return subprocess.Popen([*RTXOPS, "run", "--no-summary", "--", sys.executable, str(ticks),
+                                 str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**_env(), "COLUMNS": "200"})
+
+    first = run(10)
+    second = None
+    try:
+        assert first.stdout.readline().strip() == "0"     # its daemon is up and announced
+        assert (home / "daemon.url").exists()
+        second = run(40)
+        out, err = second.communicate(timeout=240)
+        assert second.returncode == 0, err
+        assert out.split() == [str(i) for i in range(40)]
+        rest, first_err = first.communicate(timeout=60)
+        assert first.returncode == 0, first_err
+        assert "1 other job(s) run on the daemon this command started" in " ".join(first_err.split())
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+
+
 def test_pythons_the_job_starts_under_direct_leave_the_store_to_it(tmp_path):
     """--direct: the job's process owns the store file; a Python it starts (with torch) records
     nothing instead of warning that it cannot lock the file."""
