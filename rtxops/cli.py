@@ -101,7 +101,8 @@ def run(
             code = _run_supervised(command, plan, summary_file, name, telemetry)
         data = json.loads(summary_file.read_text()) if summary_file.is_file() else None
     if data is None:
-        err.print("rtxops: the job left no summary (it did not start Python, or was killed)")
+        if summary or json_summary:
+            err.print("rtxops: the job left no summary (it did not start Python, or was killed)")
     else:
         if json_summary:
             try:

@@ -156,6 +156,9 @@ def test_a_python_without_torch_started_by_the_job_hears_nothing_from_rtxops(tmp
     r = rtxops_run("--direct", "--no-summary", "--", str(bare / "bin" / "python"), str(script))
     assert r.returncode == 0, r.stderr
     assert "tool ok" in r.stdout and "runtime not enabled" not in r.stderr, r.stderr
+    assert "left no summary" not in r.stderr      # --no-summary: none was asked for
+    r = rtxops_run("--direct", "--", str(bare / "bin" / "python"), str(script))
+    assert "the job left no summary" in r.stderr
 
 
 def test_ctrl_c_reaches_the_job_which_exits_as_it_chooses(tmp_path):

@@ -100,7 +100,11 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
     async def logs(job_id: str, after: int = Query(0, ge=0), rank: int | None = Query(None, ge=-1),
                    limit: int = Query(1000, ge=1, le=10000),
                    wait_s: float = Query(0, ge=0, le=30, description="long-poll for new lines")) -> dict:
-        ranks = get(job_id).spec.nproc_per_node
+        before = get(job_id)
+        # "done" is the state from before the lines were read: a job that ended meanwhile may
+        # have stored its last lines after the read, and a follower stops at done with no lines
+        ended = before.state.terminal
+        ranks = before.spec.nproc_per_node
         if rank is not None and rank >= ranks:  # -1: the launcher's own lines (torchrun)
             raise HTTPException(404, f"job {job_id!r} has no rank {rank}: it runs "
                                      + ("rank 0" if ranks == 1 else f"ranks 0-{ranks - 1}"))
@@ -117,8 +121,8 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
                 # a follower past the long-poll slots polls again at once on an empty answer:
                 # pace it, or a few of them spin on the store
                 await anyio.sleep(min(wait_s, 1.0))
-        job = get(job_id)
-        return {"job": job_id, "state": job.state.value, "done": job.state.terminal,
+        state = before.state if ended else get(job_id).state
+        return {"job": job_id, "state": state.value, "done": ended,
                 "lines": [line._asdict() for line in lines]}
 
     @router.get("/{job_id}/events")

@@ -17,6 +17,7 @@ States (:class:`~rtxops.daemon.jobs.JobState`)::
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -476,6 +477,9 @@ class _Runner:
             attempt.exit_code = 127 if isinstance(e, FileNotFoundError) else 126
             missing = f" ({e.filename})" if getattr(e, "filename", None) else ""
             attempt.detail = f"cannot start {argv[0]!r}: {e.strerror or e}{missing}"
+            for path in (paths["stdout"], paths["stderr"]):   # empty: nothing ran to write them
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
             with sup._lock:
                 job.attempts.append(attempt)
             sup._event(job.id, "exited", attempt=number, outcome=attempt.outcome.value, detail=attempt.detail)
@@ -643,7 +647,9 @@ class _Runner:
         if rc is None:
             decoded = None
         elif killed_by is not None:
-            decoded = classify_exit(rc)
+            # rtxops signalled it: its SIGKILL is not the one classify_exit suspects
+            decoded = ExitInfo(Outcome.CRASHED, None, None, f"killed by {signal_name(-rc)}") \
+                if rc < 0 else classify_exit(rc)
         else:
             after = self._probe("oom_counters", OomCounters.read, None)
             evidence = after.moved_since(self._oom_before) if after and self._oom_before else []

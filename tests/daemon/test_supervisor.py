@@ -298,6 +298,8 @@ def test_shutdown_stops_every_job_and_leaves_no_process(tmp_path, mark):
     assert time.monotonic() - t0 < 5, "shutdown's grace wins over the jobs' longer ones"
     assert marked(mark) == []
     assert all(s.job(j.id).state is JobState.CANCELLED for j in jobs)
+    detail = s.job(jobs[0].id).attempt.detail
+    assert "killed by SIGKILL" in detail and "not sent by rtxops" not in detail, detail
     assert s.job(jobs[0].id).reason == "daemon shut down"
     with pytest.raises(SupervisorClosed):
         s.submit(spec(PY, stubborn))
@@ -329,6 +331,7 @@ def test_unknown_jobs_and_bad_specs(sup):
     failed = sup.wait(sup.submit(spec("/nonexistent/binary")).id, 5)
     assert failed.state is JobState.FAILED and failed.attempt.outcome is Outcome.START_FAILED
     assert failed.attempt.exit_code == 127 and "/nonexistent/binary" in failed.reason
+    assert not Path(failed.log_dir).exists(), "a job that never started leaves no folder behind"
 
 
 def test_recovered_jobs_are_readopted_or_lost(tmp_path, sink, mark):
