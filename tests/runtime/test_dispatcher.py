@@ -80,6 +80,43 @@ def test_broken_variant_is_disabled_and_training_matches_reference(broken):
     assert _calls(d, "gelu").get("reference", 0) >= 3
 
 
+def test_a_call_that_is_wrong_itself_does_not_disable_the_variant_it_first_met():
+    """A bad batch (a target out of range) makes the variant and torch both raise on the
+    route's first call: torch's error reaches the job, and the variant stays in use."""
+    d = patching.enable(plan=Plan.from_dict({"version": 1,
+                                             "defaults": {"cross_entropy": "logsoftmax_nll"}}))
+    x = torch.randn(4, 8)
+    with pytest.raises((IndexError, RuntimeError)) as raised:
+        F.cross_entropy(x, torch.tensor([1, 2, 3, 99]))
+    assert "out of bounds" in str(raised.value)
+    want = torch.nn.functional.cross_entropy.__wrapped__(x, torch.tensor([1, 2, 3, 4]))
+    torch.testing.assert_close(F.cross_entropy(x, torch.tensor([1, 2, 3, 4])), want)
+    assert not d.disabled
+    assert _calls(d, "cross_entropy").get("logsoftmax_nll") == 1
+
+
+def test_a_class_rewritten_as_an_op_is_checked_even_with_first_call_checks_off():
+    """RTXOPS_VERIFY_FIRST_CALL=0 skips the numeric check of routed ops, not the check that a
+    class found by its layers' names (w1/w2/w3) really is a gated MLP."""
+    from torch import nn
+
+    class FeedForward(nn.Module):      # three layers named as a gated MLP's, no gate
+        def __init__(self, h=16):
+            super().__init__()
+            self.w1, self.w2, self.w3 = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
+
+        def forward(self, x):
+            return self.w3(F.relu(self.w2(F.relu(self.w1(x)))))
+
+    torch.manual_seed(0)
+    m, x = FeedForward(), torch.randn(4, 16)
+    want = m(x)
+    patching.enable(Plan.from_dict({"version": 1, "defaults": {"swiglu": "eager"}}),
+                    verify_first_call=False)
+    for _ in range(2):
+        torch.testing.assert_close(m(x), want)
+
+
 def _contiguous_gelu(input, approximate="none"):
     return torch.ops.aten.gelu(input.contiguous())
 
