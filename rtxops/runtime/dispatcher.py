@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import traceback
+import weakref
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any, Callable, Iterable, NamedTuple
@@ -47,6 +48,31 @@ _NOT_A_FAILURE: tuple[type[BaseException], ...] = tuple(
 EXPLORE_PERIOD = 1000  # explore shares are laid out over this many calls, deterministically
 REGION_OP = "region"   # the op of the slots regions record (see Dispatcher.region_clock)
 COMPILED_FAMILY = "compiled"  # variants built with torch.compile (ops/_compiled.py)
+
+
+class _LeadOptimizer:
+    """Which optimizer's ``step()`` ends a training step. A job may step several (a GAN's
+    generator and discriminator, one per parameter group kind): the first one seen leads, and
+    another one takes over when it steps twice while the lead does not (the lead was replaced,
+    or steps less often), so steps are neither counted twice nor stop being counted."""
+
+    def __init__(self) -> None:
+        self._ref: weakref.ref | None = None
+        self._others: dict[int, int] = {}   # id -> steps since the lead's last
+
+    def leads(self, optimizer: Any) -> bool:
+        lead = self._ref() if self._ref is not None else None
+        if lead is not None and lead is not optimizer:
+            n = self._others[id(optimizer)] = self._others.get(id(optimizer), 0) + 1
+            if n < 2:
+                return False
+        if lead is not optimizer:
+            try:
+                self._ref = weakref.ref(optimizer)
+            except TypeError:          # an optimizer-like object without weak references
+                self._ref = lambda: optimizer
+        self._others.clear()
+        return True
 
 
 def _strided(args: tuple, kwargs: dict) -> bool:
@@ -462,6 +488,7 @@ class Dispatcher:
         # steps an earlier attempt of this job ran (RTXOPS_STEP_BASE): counting goes on from
         # there, so a job's (job id, step) names one step across restarts
         self.steps_before = 0
+        self._lead = _LeadOptimizer()
         self.sites: list[FunctionSite] = []
         self.slots: list[Slot] = []
         self._slot_ids: dict[tuple, int] = {}
@@ -525,11 +552,17 @@ class Dispatcher:
 
     def on_step(self, optimizer=None) -> None:
         """Optimizer-step boundary (after ``optimizer`` stepped): count the step, apply a queued
-        plan, let the regions act, report the step."""
-        self.step += 1
+        plan, let the regions act, report the step. With several optimizers one of them marks
+        the steps (see :class:`_LeadOptimizer`)."""
+        leads = optimizer is None or self._lead.leads(optimizer)
+        if leads:
+            self.step += 1
         if self.optimizer_region is not None and optimizer is not None:
-            # first: its clock on the optimizer's step stops before the bookkeeping below
+            # first: its clock on the optimizer's step stops before the bookkeeping below; it
+            # sees every optimizer (it leaves a job stepping several alone)
             self.optimizer_region.on_step(self.step, optimizer)
+        if not leads:
+            return
         swapped = self.pending is not None and self.apply_pending()
         compiling = bool(_background_compiles)
         if compiling != self._compiling_elsewhere:

@@ -117,6 +117,27 @@ def test_a_class_rewritten_as_an_op_is_checked_even_with_first_call_checks_off()
         torch.testing.assert_close(m(x), want)
 
 
+def test_a_training_step_with_two_optimizers_is_one_step():
+    """A GAN steps two optimizers per iteration: one step each iteration, not two; an optimizer
+    replaced mid-run (the old one kept alive) hands the count over to the new one."""
+    from torch import nn
+
+    d = patching.enable()
+    g, critic = nn.Linear(8, 8), nn.Linear(8, 1)
+    opt_g, opt_c = torch.optim.SGD(g.parameters(), 0.01), torch.optim.SGD(critic.parameters(), 0.01)
+    for _ in range(10):
+        critic(F.gelu(g(torch.randn(4, 8)))).mean().backward()
+        opt_c.step()
+        opt_g.step()
+    assert d.step == 10
+    kept, opt_c = opt_c, torch.optim.SGD(critic.parameters(), 0.001)
+    for _ in range(5):
+        critic(F.gelu(g(torch.randn(4, 8)))).mean().backward()
+        opt_c.step()
+    assert d.step == 14        # the new optimizer's second step on: it leads
+    assert kept is not None
+
+
 def _contiguous_gelu(input, approximate="none"):
     return torch.ops.aten.gelu(input.contiguous())
 
