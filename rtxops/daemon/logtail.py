@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .jobs import LAUNCHER_RANK
 
-MAX_LINE_BYTES = 16384
+MAX_LINE_BYTES = 1 << 20     # a longer line is stored (and shown) in pieces of at most this
 READ_CHUNK_BYTES = 4 << 20
 MAX_STORED_BYTES = 256 << 20  # per stream of an attempt (RTXOPS_JOB_LOG_MAX_BYTES)
 _RANK_PREFIX = re.compile(rb"^\[rank(\d+)\]:")
@@ -30,6 +30,14 @@ def split_rank(line: bytes, torchrun: bool) -> tuple[int, bytes]:
         return 0, line
     m = _RANK_PREFIX.match(line)
     return (int(m.group(1)), line[m.end():]) if m else (LAUNCHER_RANK, line)
+
+
+def _char_boundary(data: bytes, limit: int) -> int:
+    """The largest cut at or below ``limit`` that does not split a UTF-8 character."""
+    cut = limit
+    while cut > limit - 3 and cut > 0 and (data[cut] & 0xC0) == 0x80:
+        cut -= 1
+    return cut if cut > 0 else limit
 
 
 class LogTail:
@@ -58,6 +66,9 @@ class LogTail:
         self.max_bytes = max_bytes
         self._past_budget: set[str] = set()  # streams whose "not stored" line was handed over
         self._partial = {s: b"" for s in paths}
+        # per stream, the rank of a line cut at MAX_LINE_BYTES whose start was handed over: its
+        # next piece is that line's (torchrun prefixes only a line's start)
+        self._continued: dict[str, int | None] = {s: None for s in paths}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rtxops-logtail", daemon=True)
@@ -120,6 +131,7 @@ class LogTail:
             seq = self._on_lines(stream, [(time.time_ns(), 0, note)])
             with self._lock:
                 self._partial[stream] = b""  # a line cut at the budget is not stored either
+                self._continued[stream] = None
                 if seq is not None:
                     self.seqs[stream] = seq
         with self._lock:
@@ -128,21 +140,30 @@ class LogTail:
     def _take(self, stream: str, data: bytes, final: bool) -> None:
         if not data and not (final and self._partial[stream]):
             return
-        buf = self._partial[stream] + data
-        pieces = buf.split(b"\n")
-        rest = pieces.pop()
-        while len(rest) > MAX_LINE_BYTES:
-            pieces.append(rest[:MAX_LINE_BYTES])
-            rest = rest[MAX_LINE_BYTES:]
-        if final and rest:
-            pieces.append(rest)
-            rest = b""
+        *complete, rest = (self._partial[stream] + data).split(b"\n")
         now = time.time_ns()
         lines: Lines = []
-        for raw in pieces:
-            for i in range(0, max(len(raw), 1), MAX_LINE_BYTES):
-                rank, text = split_rank(raw[i:i + MAX_LINE_BYTES], self._torchrun)
-                lines.append((now, rank, text.decode("utf-8", "replace").rstrip("\r")))
+        continued = self._continued[stream]
+
+        def piece(raw: bytes, continued: int | None) -> int:
+            rank, text = split_rank(raw, self._torchrun) if continued is None else (continued, raw)
+            lines.append((now, rank, text.decode("utf-8", "replace").rstrip("\r")))
+            return rank
+
+        for raw in complete:
+            while len(raw) > MAX_LINE_BYTES:
+                cut = _char_boundary(raw, MAX_LINE_BYTES)
+                continued = piece(raw[:cut], continued)
+                raw = raw[cut:]
+            piece(raw, continued)
+            continued = None
+        while len(rest) > MAX_LINE_BYTES:
+            cut = _char_boundary(rest, MAX_LINE_BYTES)
+            continued = piece(rest[:cut], continued)
+            rest = rest[cut:]
+        if final and rest:
+            piece(rest, continued)
+            rest, continued = b"", None
         seq = None
         left, last_skipped = self._skip[stream]
         if left:
@@ -156,5 +177,6 @@ class LogTail:
         with self._lock:
             self.offsets[stream] += len(data)
             self._partial[stream] = rest
+            self._continued[stream] = continued
             if seq is not None:
                 self.seqs[stream] = seq

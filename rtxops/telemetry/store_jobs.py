@@ -38,13 +38,28 @@ def append_event(store: Store, job_id: str, ts_ns: int, kind: str, detail_json: 
         "INSERT INTO job_events VALUES (?, ?, ?, ?)", [job_id, ts_ns, kind, detail_json]), timeout_s)
 
 
+MAX_PAGE_BYTES = 8 << 20   # text one read returns at most (and at least its first line)
+
+
 def read_logs(store: Store, job_id: str, *, rank: int | None = None, after_seq: int = 0,
               limit: int = 1000, search: str | None = None) -> list[dict]:
+    """Up to ``limit`` lines after ``after_seq``, fewer where their text passes
+    :data:`MAX_PAGE_BYTES` (a line may be a mebibyte): the sizes are summed before any text is
+    read out."""
     return store.query(
-        "SELECT job_id, seq, ts_ns, attempt, rank, stream, text FROM job_logs "
-        "WHERE job_id = $job AND seq > $after AND ($rank IS NULL OR rank = $rank) "
-        "AND ($search IS NULL OR contains(text, $search)) ORDER BY seq LIMIT $limit",
-        {"job": job_id, "after": after_seq, "rank": rank, "limit": limit, "search": search})
+        """WITH page AS (
+               SELECT seq, strlen(text) AS size FROM job_logs
+               WHERE job_id = $job AND seq > $after AND ($rank IS NULL OR rank = $rank)
+                 AND ($search IS NULL OR contains(text, $search))
+               ORDER BY seq LIMIT $limit
+           ), kept AS (
+               SELECT seq FROM (SELECT seq, sum(size) OVER (ORDER BY seq) - size AS before FROM page)
+               WHERE before < $bytes
+           )
+           SELECT job_id, seq, ts_ns, attempt, rank, stream, text FROM job_logs
+           WHERE job_id = $job AND seq IN (SELECT seq FROM kept) ORDER BY seq""",
+        {"job": job_id, "after": after_seq, "rank": rank, "limit": limit, "search": search,
+         "bytes": MAX_PAGE_BYTES})
 
 
 def read_events(store: Store, job_id: str) -> list[dict]:

@@ -118,3 +118,29 @@ def test_a_flood_of_output_is_stored_up_to_the_budget_then_followed_by_size_only
     assert tail.stop(10)
     assert len(got) == 1 + got.index(next(t for t in got if "past 1000 bytes" in t))  # the note is last
     assert got[0] == "line 000000" and len(got) <= 1 + (1000 + 1024) // 12 + 1
+
+
+def test_long_lines_are_whole_up_to_a_mebibyte_and_cut_on_characters_with_their_rank(tmp_path,
+                                                                                    monkeypatch):
+    """A 100 kB line (a tensor printed whole) is one line; past the limit a line is cut between
+    UTF-8 characters, and under torchrun every piece keeps the rank its first piece named."""
+    path = tmp_path / "out"
+    got: list[tuple[int, str]] = []
+    path.write_bytes(("x" * 100_000 + "\n" + "€" * 40_000 + "\n").encode())
+    tail = logtail.LogTail({"stdout": path}, lambda s, lines: got.extend((r, t) for _, r, t in lines),
+                           poll_s=0.01).start()
+    assert tail.stop(10)
+    assert got == [(0, "x" * 100_000), (0, "€" * 40_000)]
+
+    monkeypatch.setattr(logtail, "MAX_LINE_BYTES", 16)
+    monkeypatch.setattr(logtail, "READ_CHUNK_BYTES", 7)
+    got.clear()
+    path.write_bytes(b"[rank1]:" + ("€" * 20).encode() + b"\n[rank0]:short\n"
+                     + b"[rank1]:" + b"y" * 12 + b"\n")
+    tail = logtail.LogTail({"stdout": path}, lambda s, lines: got.extend((r, t) for _, r, t in lines),
+                           poll_s=0.01, torchrun=True).start()
+    assert tail.stop(10)
+    assert "\ufffd" not in "".join(t for _, t in got)
+    assert {r for r, t in got if "€" in t} == {1}
+    assert "".join(t for _, t in got if "€" in t) == "€" * 20
+    assert [(r, t) for r, t in got if "€" not in t] == [(0, "short"), (1, "y" * 8), (1, "y" * 4)]

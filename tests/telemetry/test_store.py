@@ -336,3 +336,17 @@ def test_speedups_leave_out_each_attempts_warm_up_steps(store):
     store.write(batch_of(again, {**RESOURCE, "process.pid": 78}))
     (row,) = store_views.speedups(store, job_id="job-a", since_ns=t - 10**9, until_ns=t + 10**9)
     assert (row["before_ns"], row["after_ns"], row["speedup"]) == (1000, 500, 2.0)
+
+
+def test_a_page_of_job_log_lines_stops_at_its_byte_budget_but_holds_at_least_one(store, monkeypatch):
+    from rtxops.telemetry import store_jobs
+
+    monkeypatch.setattr(store_jobs, "MAX_PAGE_BYTES", 100)
+    store_jobs.append_logs(store, "j-1", 1, 0, "stdout",
+                           [(i, i, f"{i:02d}" + "x" * 38) for i in range(1, 11)])
+    store_jobs.append_logs(store, "j-1", 1, 0, "stdout", [(11, 11, "y" * 500)])
+    page = store_jobs.read_logs(store, "j-1")
+    assert [r["seq"] for r in page] == [1, 2, 3]        # 0, 40, 80 bytes before each: < 100
+    assert [r["seq"] for r in store_jobs.read_logs(store, "j-1", after_seq=3, limit=2)] == [4, 5]
+    assert [r["seq"] for r in store_jobs.read_logs(store, "j-1", after_seq=10)] == [11]
+    assert [r["text"] for r in store_jobs.read_logs(store, "j-1", after_seq=10)] == ["y" * 500]
