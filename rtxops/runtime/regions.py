@@ -180,7 +180,7 @@ class RegionCompiler:
                 return
             self._before = list(self._step_ns[self._baseline_from:])
             self._step_ns.clear()
-            model.forward = self._guarded(model)  # an instance attribute: undone by del
+            model.forward = _CompiledForward(model, self._guarded(model))  # undone by del
             self._swap_step, self.state = step, TRIAL
             self.report(step, "compiled")
         elif self.state == TRIAL and len(self._step_ns) >= self.trial_steps + 2:
@@ -282,3 +282,29 @@ def _shadow(model: nn.Module) -> nn.Module | None:
         return copy.deepcopy(model, memo)
     except Exception:  # noqa: BLE001 - locks, handles…: fall back to the live model
         return None
+
+
+class _CompiledForward:
+    """The compiled forward, set on the model instance. A copy of the model (``deepcopy``: an
+    EMA or teacher model) gets its class's own forward: the compiled code runs the live model's
+    parameters. So does a pickle of it (``torch.save(model)``), which then loads without rtxops."""
+
+    def __init__(self, model: nn.Module, forward: Callable) -> None:
+        self._model = weakref.ref(model)
+        self._forward = forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        model = self._model()
+        twin = memo.get(id(model)) if model is not None else None
+        if twin is None:            # the forward copied on its own: it stays the live model's
+            return self
+        return functools.partial(type(twin).forward, twin)
+
+    def __reduce__(self) -> tuple:
+        model = self._model()
+        if model is None:
+            raise TypeError("the compiled forward of a model that is gone cannot be pickled")
+        return functools.partial, (type(model).forward, model)

@@ -11,7 +11,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from rtxops.runtime import dispatcher, patching
-from rtxops.runtime.regions import COMPILED, EAGER, FAILED, RegionCompiler, forward_timer
+from rtxops.runtime.regions import COMPILED, EAGER, FAILED, TRIAL, RegionCompiler, forward_timer
 
 
 class Head(nn.Module):
@@ -82,6 +82,37 @@ def test_the_model_compiles_in_the_background_and_swaps_in_at_a_step_boundary():
         assert regions.forward_at_end  # the instance's forward was the compiled one
     plain, _, _ = train(len(losses))
     torch.testing.assert_close(losses, plain, rtol=1e-4, atol=1e-5)  # same training
+
+
+def test_a_copy_or_a_pickle_of_the_compiled_model_runs_its_own_parameters():
+    """An EMA or teacher copy made with deepcopy after the swap, and torch.save(model), get the
+    class's own forward: the compiled code would run the live model's parameters."""
+    import copy
+    import io
+
+    d = patching.enable()
+    regions = d.regions = RegionCompiler(lambda step, outcome: None, trial_steps=50,
+                                         compile_fn=aot_eager)
+    try:
+        _, net, _ = train(5, more=lambda: regions.state != TRIAL)
+        assert regions.state == TRIAL and "forward" in net.__dict__
+        x = torch.randn(4, 16)
+        twin = copy.deepcopy(net)
+        with torch.no_grad():
+            for p in twin.parameters():
+                p.zero_()
+        assert twin(x).abs().sum().item() == 0 and net(x).abs().sum().item() > 0
+        buf = io.BytesIO()
+        torch.save(net, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        with torch.no_grad():
+            for p in loaded.parameters():
+                p.zero_()
+        assert loaded(x).abs().sum().item() == 0
+    finally:
+        patching.disable()
+        regions.close()
 
 
 def test_the_compiled_models_calls_are_recorded_as_a_region_slot():
