@@ -20,6 +20,7 @@ optimizer's time shows in telemetry, before and after the switch.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import statistics
@@ -58,6 +59,7 @@ class FusedOptimizer:
         self.reason: str | None = None
         self._optimizer: weakref.ReferenceType | None = None
         self._saved: list[tuple[bool | None, bool | None]] = []
+        self._saving = None   # the state_dict hook that writes the job's own settings
         self._steps = 0
         self._last_ns: int | None = None
         self._before: list[int] = []
@@ -132,6 +134,8 @@ class FusedOptimizer:
             self._before.append(elapsed)
             if len(self._before) >= self.trial_steps:
                 self._saved = _switch_to_fused(optimizer)
+                self._saving = optimizer.register_state_dict_post_hook(
+                    functools.partial(_as_saved, saved=self._saved))
                 self.state = TRIAL
                 self.report(step, FUSED)
         elif self.state == TRIAL and elapsed is not None:
@@ -153,6 +157,9 @@ class FusedOptimizer:
         if opt is not None and self._saved:
             _switch_back(opt, self._saved)
         self._saved = []
+        if self._saving is not None:
+            self._saving.remove()
+            self._saving = None
 
     def _stop(self, reason: str) -> None:
         self.state, self.reason = UNSUPPORTED, reason
@@ -207,6 +214,14 @@ def _switch_to_fused(optimizer) -> list[tuple[bool | None, bool | None]]:
         for p in g["params"]:
             _move_step(optimizer.state.get(p), p.device, torch.float32)
     return saved
+
+
+def _as_saved(optimizer, state_dict: dict, saved: list[tuple[bool | None, bool | None]]) -> dict:
+    """``optimizer.state_dict()`` with the job's own ``fused``/``foreach``: a checkpoint taken
+    while rtxops runs the fused kernel loads into a plain optimizer as the job set it up."""
+    for group, (fused, foreach) in zip(state_dict["param_groups"], saved):
+        group["fused"], group["foreach"] = fused, foreach
+    return state_dict
 
 
 def _switch_back(optimizer, saved: list[tuple[bool | None, bool | None]]) -> None:

@@ -247,3 +247,24 @@ def test_rtxops_run_fuse_optimizer_reports_the_swap_in_telemetry(tmp_path, daemo
     numel = 32 * 64 + 64 + 64 * 8 + 8
     buckets = store.query("SELECT DISTINCT bucket FROM kernel_spans WHERE op = 'region'")
     assert buckets == [{"bucket": f"float32/cpu/numel={numel}"}]
+
+
+def test_a_checkpoint_taken_while_fused_keeps_the_jobs_own_settings():
+    """A checkpoint saved during the trial (or after fused was kept) loads into a plain
+    optimizer as the job set it up, not fused."""
+    net = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(net.parameters())
+    region = FusedOptimizer(lambda s, o: None, trial_steps=2, warmup_steps=0)
+    for step in range(1, 6):
+        net(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        region.on_step(step, opt)
+    assert region.state == TRIAL and opt.param_groups[0]["fused"] is True
+    saved = opt.state_dict()
+    assert saved["param_groups"][0]["fused"] is None and saved["param_groups"][0]["foreach"] is None
+    fresh = torch.optim.AdamW(net.parameters())
+    fresh.load_state_dict(saved)
+    assert not fresh.param_groups[0]["fused"]
+    region.close()
+    assert opt.state_dict()["param_groups"][0]["fused"] is None and not opt.param_groups[0]["fused"]
