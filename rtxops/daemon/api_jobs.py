@@ -53,9 +53,12 @@ def job_view(job: Job) -> dict:
     values of its environment hidden (reads need no token; a job's env may hold credentials)."""
     d = job.to_dict()
     d.pop("token", None)
-    for hidden in ("env", "base_env"):
-        if isinstance(d.get("spec"), dict) and d["spec"].get(hidden):
-            d["spec"][hidden] = {k: "***" for k in d["spec"][hidden]}
+    spec = d.get("spec")
+    if isinstance(spec, dict):
+        if spec.get("env"):
+            spec["env"] = {k: "***" for k in spec["env"]}
+        if spec.get("base_env") is not None:   # not even the names of a shell's variables
+            spec["base_env"] = f"{len(spec['base_env'])} variables of the submitting shell"
     d["name"] = job.name
     d["exit_code"] = job.exit_code
     return d

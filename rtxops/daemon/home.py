@@ -44,6 +44,10 @@ class Home:
         return self.root / "jobs"
 
     def ensure(self) -> Home:
+        """Create the home's folders; a new home is private to its user (0700): its store holds
+        the jobs' environments and output."""
+        if not self.root.exists():
+            self.root.mkdir(parents=True, mode=0o700)
         for d in (self.root, self.plans, self.jobs):
             d.mkdir(parents=True, exist_ok=True)
         return self

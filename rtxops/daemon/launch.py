@@ -68,8 +68,6 @@ def check_launchable(spec: JobSpec) -> None:
                                    "'=' or NUL in the name, or NUL in the value)")
     if spec.cwd is not None and "\0" in spec.cwd:
         raise JobSpecError("cwd: contains a NUL character")
-    if spec.cwd is not None and not os.path.isdir(spec.cwd):
-        raise JobSpecError(f"cwd: {spec.cwd!r} is not a directory")
 
 
 def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,

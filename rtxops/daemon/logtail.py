@@ -147,7 +147,9 @@ class LogTail:
 
         def piece(raw: bytes, continued: int | None) -> int:
             rank, text = split_rank(raw, self._torchrun) if continued is None else (continued, raw)
-            lines.append((now, rank, text.decode("utf-8", "replace").rstrip("\r")))
+            text = text.decode("utf-8", "replace").rstrip("\r")
+            if text or continued is None:   # a CRLF's "\r" cut off its line is not a line
+                lines.append((now, rank, text))
             return rank
 
         for raw in complete:

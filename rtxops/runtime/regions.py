@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .dispatcher import background_compile
+from .dispatcher import _NOT_A_FAILURE, background_compile
 
 log = logging.getLogger("rtxops.runtime")
 
@@ -210,6 +210,8 @@ class RegionCompiler:
         def forward(*args, **kwargs):
             try:
                 return compiled(*args, **kwargs)
+            except _NOT_A_FAILURE:         # a checkpoint's early stop, not the compiled model's
+                raise
             except Exception as e:
                 if "forward" in model.__dict__:
                     del model.forward
@@ -301,10 +303,29 @@ class _CompiledForward:
         twin = memo.get(id(model)) if model is not None else None
         if twin is None:            # the forward copied on its own: it stays the live model's
             return self
-        return functools.partial(type(twin).forward, twin)
+        return _ClassForward(twin)
 
     def __reduce__(self) -> tuple:
+        return _class_forward_reduce(self._model())
+
+
+class _ClassForward:
+    """A model copy's forward: its class's own, holding the copy weakly (a strong reference from
+    its own ``__dict__`` would keep a deleted copy's parameters until a garbage collection)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._model = weakref.ref(model)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         model = self._model()
-        if model is None:
-            raise TypeError("the compiled forward of a model that is gone cannot be pickled")
-        return functools.partial, (type(model).forward, model)
+        return type(model).forward(model, *args, **kwargs)
+
+    def __reduce__(self) -> tuple:
+        return _class_forward_reduce(self._model())
+
+
+def _class_forward_reduce(model: nn.Module | None) -> tuple:
+    # a pickle loads without rtxops: the class's forward bound by functools.partial
+    if model is None:
+        raise TypeError("the forward of a model that is gone cannot be pickled")
+    return functools.partial, (type(model).forward, model)

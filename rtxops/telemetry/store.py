@@ -10,6 +10,7 @@ in rtxops that writes SQL; the evolve loop and the dashboard call its query meth
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -338,7 +339,14 @@ class Store:
         self.compact_every_s = compact_every_s
         self._compacted = time.monotonic()
         self._con = duckdb.connect(str(self.path), config=connection_config())
+        with contextlib.suppress(OSError):   # jobs' environments and output: the user's alone
+            os.chmod(self.path, 0o600)
         self.migrated_from = migrate(self._con)
+        if self._con.execute("SELECT count(*) FROM information_schema.tables "
+                             "WHERE table_name = '_rtx_rows'").fetchone()[0]:
+            self._con.close()   # it would stand in for the rows every write hands DuckDB
+            raise StoreError(f"the store at {self.path} holds a table or view named _rtx_rows; "
+                             "rename or drop it with the DuckDB CLI")
         self._lock = threading.Lock()               # counters, queue bounds, cursor creation
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closing = False
@@ -588,9 +596,10 @@ class Store:
         for digest in digests:
             self._digests[digest] = now
         oldest = now - RETRY_WINDOW_S * 10**9
+        # an OrderedDict: a plain dict skips every deleted slot at its front on each iteration
         while self._digests and (len(self._digests) > MAX_REMEMBERED
                                  or next(iter(self._digests.values())) < oldest):
-            del self._digests[next(iter(self._digests))]
+            self._digests.popitem(last=False)
 
     def _without_stored_resources(self, batches: list[Batch]) -> list[Batch]:
         """Batches less the resource rows already committed (their INSERT OR IGNORE costs a
@@ -822,14 +831,14 @@ def execute_on(cur: duckdb.DuckDBPyConnection, sql: str, _rtx_rows: pa.Table) ->
     return cur.execute(sql)
 
 
-def _recent_digests(con: duckdb.DuckDBPyConnection) -> dict[bytes, int]:
+def _recent_digests(con: duckdb.DuckDBPyConnection) -> collections.OrderedDict[bytes, int]:
     """The request digests committed in the last :data:`RETRY_WINDOW_S`, oldest first (a
     client's retry can outlive a daemon restart)."""
     rows = con.execute(
         "SELECT digest, committed_ns FROM ingest_batches WHERE digest IS NOT NULL "
         "AND committed_ns >= ? ORDER BY committed_ns DESC LIMIT ?",
         [time.time_ns() - RETRY_WINDOW_S * 10**9, MAX_REMEMBERED]).fetchall()
-    return {bytes(digest): ns for digest, ns in reversed(rows)}
+    return collections.OrderedDict((bytes(digest), ns) for digest, ns in reversed(rows))
 
 
 def _unknown_keys(cur: duckdb.DuckDBPyConnection, keys: pa.Table) -> pa.Table:

@@ -57,7 +57,7 @@ def read_logs(store: Store, job_id: str, *, rank: int | None = None, after_seq: 
                WHERE before < $bytes
            )
            SELECT job_id, seq, ts_ns, attempt, rank, stream, text FROM job_logs
-           WHERE job_id = $job AND seq IN (SELECT seq FROM kept) ORDER BY seq""",
+           WHERE job_id = $job AND seq > $after AND seq IN (SELECT seq FROM kept) ORDER BY seq""",
         {"job": job_id, "after": after_seq, "rank": rank, "limit": limit, "search": search,
          "bytes": MAX_PAGE_BYTES})
 

@@ -583,3 +583,24 @@ def test_a_cancel_while_a_restart_reads_the_store_starts_no_new_attempt(tmp_path
         assert job.state is JobState.CANCELLED and len(job.attempts) == 1, job.attempts
     finally:
         s.shutdown(grace_s=0.5)
+
+
+def test_a_working_folder_gone_before_a_restart_is_a_start_failure(sup, tmp_path):
+    """The folder is checked at submit; one removed while the job ran makes its restart fail to
+    start (exit 127, said so), not a supervisor error."""
+    import shutil
+
+    work = tmp_path / "cwd"
+    work.mkdir()
+    body = script(tmp_path, "leave.py", f"""
+        import shutil, sys
+        shutil.rmtree({str(work)!r})
+        sys.exit(1)
+    """)
+    with pytest.raises(JobSpecError, match="is not a directory"):
+        sup.submit(spec(PY, body, cwd=str(tmp_path / "nowhere")))
+    job = sup.wait(sup.submit(spec(PY, body, cwd=str(work), max_crash_restarts=1,
+                                   backoff_s=0.1)).id, 20)
+    assert job.state is JobState.FAILED and "supervisor error" not in job.reason, job.reason
+    assert [a.outcome for a in job.attempts] == [Outcome.CRASHED, Outcome.START_FAILED]
+    assert shutil.which(PY)

@@ -144,3 +144,10 @@ def test_long_lines_are_whole_up_to_a_mebibyte_and_cut_on_characters_with_their_
     assert {r for r, t in got if "€" in t} == {1}
     assert "".join(t for _, t in got if "€" in t) == "€" * 20
     assert [(r, t) for r, t in got if "€" not in t] == [(0, "short"), (1, "y" * 8), (1, "y" * 4)]
+
+    got.clear()                                 # a CRLF whose "\r" falls past the cut
+    path.write_bytes(b"a" * 16 + b"\r\nnext\n")
+    tail = logtail.LogTail({"stdout": path}, lambda s, lines: got.extend((r, t) for _, r, t in lines),
+                           poll_s=0.01).start()
+    assert tail.stop(10)
+    assert got == [(0, "a" * 16), (0, "next")]

@@ -110,6 +110,33 @@ def test_a_copy_or_a_pickle_of_the_compiled_model_runs_its_own_parameters():
             for p in loaded.parameters():
                 p.zero_()
         assert loaded(x).abs().sum().item() == 0
+        import gc
+        import weakref
+        gc.disable()                           # a deleted copy goes at once, not at a collection
+        try:
+            gone = weakref.ref(twin)
+            del twin
+            assert gone() is None
+        finally:
+            gc.enable()
+    finally:
+        patching.disable()
+        regions.close()
+
+
+def test_a_compiled_model_inside_a_non_reentrant_checkpoint_stays_compiled():
+    """The checkpoint stops its recomputation by raising from inside the model: not the
+    compiled model failing."""
+    from torch.utils.checkpoint import checkpoint
+
+    d = patching.enable()
+    regions = d.regions = RegionCompiler(lambda step, outcome: None, trial_steps=50,
+                                         compile_fn=aot_eager)
+    try:
+        _, net, _ = train(5, more=lambda: regions.state != TRIAL)
+        x = torch.randn(4, 16, requires_grad=True)
+        checkpoint(net, x, use_reentrant=False).sum().backward()
+        assert x.grad is not None and regions.state == TRIAL and regions.error is None
     finally:
         patching.disable()
         regions.close()

@@ -350,3 +350,15 @@ def test_a_page_of_job_log_lines_stops_at_its_byte_budget_but_holds_at_least_one
     assert [r["seq"] for r in store_jobs.read_logs(store, "j-1", after_seq=3, limit=2)] == [4, 5]
     assert [r["seq"] for r in store_jobs.read_logs(store, "j-1", after_seq=10)] == [11]
     assert [r["text"] for r in store_jobs.read_logs(store, "j-1", after_seq=10)] == ["y" * 500]
+
+
+def test_a_store_holding_a_table_named_like_the_writers_rows_is_refused(tmp_path):
+    """DuckDB reads a catalog table before a Python variable of the same name: the writer's rows
+    would silently be that table's."""
+    path = tmp_path / "odd.duckdb"
+    Store(path).close()
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE _rtx_rows (x INTEGER)")
+    con.close()
+    with pytest.raises(StoreError, match="named _rtx_rows"):
+        Store(path)
