@@ -827,7 +827,8 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch],
 def execute_on(cur: duckdb.DuckDBPyConnection, sql: str, _rtx_rows: pa.Table) -> duckdb.DuckDBPyConnection:
     """``cur.execute(sql)`` where ``sql`` reads the Arrow table ``_rtx_rows``. DuckDB finds the
     table among this function's locals (a replacement scan): registering it as a view and
-    dropping that again cost more than the insert itself (a third of a small commit)."""
+    dropping that again took longer than a small insert itself (a micro-benchmark; in the
+    daemon the difference is within its noise)."""
     return cur.execute(sql)
 
 
