@@ -270,15 +270,15 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
                 raise typer.Exit(128 + signum) from None
             if not interrupted:
                 interrupted = True
-                if signum == signal.SIGINT:
+                if signum == signal.SIGINT and client.signal(job_id, "SIGINT", stop=True)["pids"]:
                     # the job runs in a session of its own, out of the terminal's reach: it gets
                     # Ctrl-C as it would have at a terminal and exits as it chooses (its
                     # handlers, a checkpoint); its own exit status is ours
-                    client.signal(job_id, "SIGINT", stop=True)
                     err.print(f"rtxops: SIGINT sent to job {job_id} (again to cancel it)")
                 else:
-                    # SIGTERM/SIGHUP (kill, a scheduler's preemption): SIGTERM to the job, SIGKILL
-                    # after its grace; its last output is still shown
+                    # SIGINT with no process to take it (the job waits to start or to restart)
+                    # cancels it, as SIGTERM/SIGHUP do (kill, a scheduler's preemption): SIGTERM
+                    # to the job, SIGKILL after its grace; its last output is still shown
                     client.cancel(job_id)
                     err.print(f"rtxops: cancelled job {job_id}")
                     stopped = signum

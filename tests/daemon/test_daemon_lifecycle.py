@@ -284,3 +284,31 @@ def test_sigterm_does_not_wait_for_a_client_that_stalls_mid_request(daemon):
         assert store.query("SELECT count(*) AS n FROM ingest_batches") == [{"n": 0}]
     finally:
         store.close()
+
+
+def test_ctrl_c_while_a_followed_job_waits_to_restart_cancels_it(daemon, tmp_path):
+    """Ctrl-C at `rtxops run` is sent to the job's processes; when the job has none (it waits
+    out a restart's backoff, or to start), the Ctrl-C cancels it rather than going nowhere."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from .live import clean_env
+
+    job = daemon.submit(["python", "-c", "import sys; sys.exit(3)"], restarts=3, backoff_s=600)
+    until(lambda: daemon.job(job["id"])["state"] == "restarting", 60, what="the restart's backoff")
+    follower = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import os, signal, threading
+            from rtxops.cli import _follow
+            from rtxops.daemon.client import DaemonClient
+            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+            print("exit", _follow(DaemonClient({daemon.url!r}, {daemon.token!r}), {job["id"]!r},
+                                  cancel_on_interrupt=True), flush=True)
+        """)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=clean_env(daemon.mark))
+    out, err = follower.communicate(timeout=60)
+    assert "cancelled job" in err and "SIGINT sent" not in err, err
+    assert daemon.wait(job["id"], 30)["state"] == "cancelled"
+    assert out.strip() == f"exit {128 + signal.SIGINT}"
