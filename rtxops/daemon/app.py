@@ -31,6 +31,9 @@ class AsciiJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
+API_MAX_BODY = 4 << 20   # bytes of a JSON request (a job with its shell's environment: ~10 kB)
+
+
 def _finite(value: Any) -> Any:
     """``value`` with non-finite floats as text: a validation error echoes the input it refused
     (``1e400``, ``NaN``), which JSON cannot carry."""
@@ -63,13 +66,15 @@ def create_app(daemon) -> FastAPI:
 
     auth = require_token(daemon.token)
     app.include_router(receiver_router(daemon.store, token=daemon.token, on_batch=daemon.on_batch))
-    app.include_router(api_jobs.make_router(daemon.supervisor, auth))
-    app.include_router(api_plans.make_router(daemon.board, auth, daemon.last_step))
-    app.include_router(api_telemetry.make_router(daemon.store))
-    app.include_router(api_evolve.make_router(daemon, auth))
+    # FastAPI reads and parses a body before the token is checked: the JSON API takes at most
+    # API_MAX_BODY (the receiver has its own limit and answers in OTLP's terms)
+    for router in (api_jobs.make_router(daemon.supervisor, auth),
+                   api_plans.make_router(daemon.board, auth, daemon.last_step),
+                   api_telemetry.make_router(daemon.store), api_evolve.make_router(daemon, auth),
+                   dashboard.make_router(daemon.store, problems=daemon.readiness_problems,
+                                         governance=_GovernanceReports(daemon))):
+        app.include_router(router, max_body_size=API_MAX_BODY)
     metrics = registry_for(daemon)
-    app.include_router(dashboard.make_router(daemon.store, problems=daemon.readiness_problems,
-                                             governance=_GovernanceReports(daemon)))
 
     home, pid = str(daemon.home.root.resolve()), os.getpid()
 

@@ -360,3 +360,15 @@ def test_submit_takes_a_first_step_timeout_and_refuses_a_missing_cwd(shared, tmp
     assert r.status_code == 422 and "needs hang_timeout_s" in r.text
     r = c.post("/v1/jobs", json={"command": ["python"], "cwd": str(tmp_path / "nowhere")})
     assert r.status_code == 422 and "is not a directory" in r.text
+
+
+def test_a_json_body_past_the_limit_is_refused_before_it_is_parsed(shared):
+    """FastAPI parses a body before the token check: an unauthenticated 5 MB body is a 413, not
+    parsed; ingest keeps its own larger limit."""
+    body = b'{"command": ["python"], "name": "' + b"x" * (5 << 20) + b'"}'
+    r = shared.client(token=None).post("/v1/jobs", content=body,
+                                       headers={"Content-Type": "application/json"})
+    assert r.status_code == 413, r.text[:200]
+    request, _ = otlp_batch(12_000, seed=9, job_id="big-ingest")
+    assert len(request.SerializeToString()) > 4 << 20
+    assert shared.ingest(request).status_code == 200
