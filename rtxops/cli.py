@@ -410,6 +410,9 @@ def daemon(
     port: int = typer.Option(8765, min=0, max=65535, help="port to bind (0: any free port)"),
     home: Optional[Path] = typer.Option(None, help="RTXOPS_HOME (default ./.rtxops)"),
     detach: bool = typer.Option(False, help="run in the background (PID file in the home)"),
+    retention: Optional[str] = typer.Option(
+        None, help="delete telemetry older than this, hourly: 30d, 12h, off "
+                   "(default $RTXOPS_RETENTION or 30d)"),
 ) -> None:
     """Run the daemon in the foreground (``--detach`` for the background)."""
     if ctx.invoked_subcommand is not None:
@@ -419,15 +422,21 @@ def daemon(
     from rtxops.daemon.client import DaemonClient
     from rtxops.daemon.server import Daemon, configure_logging
 
+    from rtxops.daemon.retention import retention_from
+
     h = _home(home)
     running = DaemonClient.find(h)
     if running is not None:
         raise _fail(f"a daemon already serves {h.root} at {running.url}", 1)
+    try:
+        retention_from(retention)
+    except ValueError as e:
+        raise _fail(str(e)) from None
     if detach:
         h.ensure()
         log = open(h.root / "daemon.log", "ab")
         args = [sys.executable, "-m", "rtxops.cli", "daemon", "--host", host, "--port", str(port),
-                "--home", str(h.root)]
+                "--home", str(h.root), *(["--retention", retention] if retention else [])]
         child = subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
         deadline = time.monotonic() + 60
@@ -444,8 +453,8 @@ def daemon(
     from rtxops.telemetry.store import StoreError
 
     try:
-        d = Daemon(h, host=host, port=port)
-    except ValueError as e:  # a malformed RTXOPS_EVOLVE_* setting
+        d = Daemon(h, host=host, port=port, retention=retention)
+    except ValueError as e:  # a malformed RTXOPS_EVOLVE_* setting or retention
         raise _fail(str(e)) from None
     except (StoreError, duckdb.IOException) as e:  # another daemon on this home holds the store
         raise _fail(f"cannot open the store of {h.root} (another daemon starting or serving it?): "
@@ -666,6 +675,56 @@ def telemetry_stats(home: Optional[Path] = typer.Option(None),
     for k, v in stats.items():
         table.add_row(*map(plain, (k, str(v))))  # span names any client sent: not markup
     out.print(table)
+
+
+@telemetry_app.command("prune")
+def telemetry_prune(
+    older_than: str = typer.Option(..., "--older-than", help="an age: 30d, 12h, 2w (1h at least)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="count what would go, delete nothing"),
+    home: Optional[Path] = typer.Option(None),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Delete telemetry older than an age: spans, span events, kernel rollups, the ingest log and
+    job log lines. Job records, evolve decisions and the ledger stay. A running daemon prunes by
+    itself (``rtxops daemon --retention``, default 30d)."""
+    from rtxops.daemon.client import DaemonClient
+    from rtxops.telemetry import store_retention
+
+    try:
+        seconds = store_retention.check_age(store_retention.parse_age(older_than))
+    except ValueError as e:
+        raise _fail(f"--older-than: {e}") from None
+    h = _home(home)
+    client = DaemonClient.find(h)
+    if client is not None:
+        report = client.prune(older_than, dry_run)
+    else:
+        report = _prune_file(Path(os.environ.get("RTXOPS_STORE") or h.store), seconds, dry_run)
+    if as_json:
+        out.print_json(data=report)
+        return
+    table = Table(title=f"rtxops telemetry prune{' (dry run)' if dry_run else ''}")
+    table.add_column("rows")
+    table.add_column("would go" if dry_run else "deleted", justify="right")
+    for k, v in report["rows"].items():
+        table.add_row(k, str(v))
+    out.print(table)
+
+
+def _prune_file(path: Path, seconds: float, dry_run: bool) -> dict:
+    import duckdb
+
+    from rtxops.telemetry import store_retention
+    from rtxops.telemetry.store import Store, StoreError
+
+    if not path.exists():
+        raise _fail(f"no store at {path}", 2)
+    try:
+        store = Store(path)
+    except (StoreError, duckdb.IOException) as e:
+        raise _fail(f"cannot open {path} for writing (a job writing to it?): {e}", 1) from None
+    with store:
+        return store_retention.prune(store, seconds, dry_run=dry_run).as_dict()
 
 
 class _read_store:

@@ -1,28 +1,58 @@
-"""``/v1/telemetry``: read-only stats and exports of the store the daemon owns."""
+"""``/v1/telemetry``: stats and exports of the store the daemon owns, and pruning it."""
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from pathlib import Path
 
 import anyio
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import FileResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
-from rtxops.telemetry import export, store as store_mod, store_views
+from rtxops.telemetry import export, store as store_mod, store_retention, store_views
 from rtxops.telemetry.store import Store
 
 FORMATS = ("chrome-trace", "otlp-json", "parquet")
 
 
-def make_router(store: Store) -> APIRouter:
+class PruneRequest(BaseModel):
+    """Delete telemetry older than an age (see ``rtxops telemetry prune``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    older_than: str = Field(max_length=32, description="an age: 30d, 12h, 2w (1h at least)")
+    dry_run: bool = Field(False, description="count what would go, delete nothing")
+
+
+def make_router(store: Store, auth, retention=None) -> APIRouter:
     router = APIRouter(prefix="/v1/telemetry", tags=["telemetry"])
 
     @router.get("/stats")
     def stats() -> dict:
-        """Spans by kind, ingest batches, and the drops jobs reported."""
-        return {**store_mod.telemetry_summary(store), **{f"daemon {k}": v for k, v in store.stats().items()}}
+        """Spans by kind, ingest batches, the drops jobs reported, and what retention deleted."""
+        daemon = {**store.stats()}
+        if retention is not None:
+            daemon["rows_pruned"] = retention.rows_pruned
+        return {**store_mod.telemetry_summary(store), **{f"daemon {k}": v for k, v in daemon.items()}}
+
+    @router.post("/prune", dependencies=[Depends(auth)],
+                 responses={422: {"description": "not an age, or under 1h"},
+                            503: {"description": "the store is closing"}})
+    async def prune(request: PruneRequest) -> dict:
+        """Delete spans, span events, kernel rollups, the ingest log and job log lines older
+        than ``older_than`` (job records, evolve decisions and the ledger stay)."""
+        try:
+            seconds = store_retention.check_age(store_retention.parse_age(request.older_than))
+        except ValueError as e:
+            raise HTTPException(422, str(e)) from None
+        try:
+            report = await anyio.to_thread.run_sync(functools.partial(
+                store_retention.prune, store, seconds, dry_run=request.dry_run))
+        except store_mod.StoreClosed as e:
+            raise HTTPException(503, str(e)) from None
+        return report.as_dict()
 
     @router.get("/export", responses={200: {"description": "the export file"}})
     async def export_spans(format: str = Query(..., pattern="^(chrome-trace|otlp-json|parquet)$"),

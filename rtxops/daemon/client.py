@@ -86,6 +86,11 @@ class DaemonClient:
     def telemetry_stats(self) -> dict:
         return self._call("GET", "/v1/telemetry/stats")
 
+    def prune(self, older_than: str, dry_run: bool = False) -> dict:
+        return self._call("POST", "/v1/telemetry/prune", json={"older_than": older_than,
+                                                               "dry_run": dry_run},
+                          timeout=httpx.Timeout(660, connect=10))
+
     def export(self, format: str, job: str | None, path: Path) -> int:
         """Stream the export into ``path`` (written whole or not at all); returns its bytes."""
         params = {"format": format, **({"job": job} if job else {})}

@@ -39,6 +39,8 @@ class _Collector:
         yield restarts
         yield CounterMetricFamily("rtxops_plan_swaps", "plan swaps reported by jobs",
                                   value=d.swap_count())
+        yield CounterMetricFamily("rtxops_store_rows_pruned", "rows deleted by the retention",
+                                  value=d.retention.rows_pruned if d.retention else 0)
         yield CounterMetricFamily("rtxops_plans_refused", "plans jobs refused",
                                   value=len(d.board.reports))
 

@@ -30,6 +30,7 @@ from . import systemd
 from .home import DEFAULT_HOST, DEFAULT_PORT, Home
 from .job_sink import DuckDBJobSink
 from .plans import PlanBoard
+from .retention import RetentionThread, retention_from
 from .supervisor import Supervisor
 
 log = logging.getLogger("rtxops.daemon")
@@ -44,9 +45,10 @@ SERVER_GRACE_S = 5.0  # how long requests in flight at shutdown may take to fini
 
 class Daemon:
     def __init__(self, home: Home, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                 job_grace_s: float = 10.0) -> None:
+                 job_grace_s: float = 10.0, retention: str | None = None) -> None:
         # a malformed RTXOPS_EVOLVE_* setting stops the daemon here, before it touches anything
         self.evolve_config = LoopConfig.from_env() if evolve_enabled() else None
+        self.retention_s = retention_from(retention)   # and so does a malformed retention
         _check_policies()  # and so does a misspelt RTXOPS_POLICIES (it would at the first plan)
         self.home = home.ensure()
         self.host, self.port = host, port or _free_port(host)
@@ -60,6 +62,7 @@ class Daemon:
         self.jobs_sink = DuckDBJobSink(self.store)
         self.supervisor: Supervisor | None = None
         self.evolve: EvolveScheduler | None = None
+        self.retention: RetentionThread | None = None
         self._step_marks: dict[str, tuple[int, int]] = {}
         self._step_rates: dict[str, float] = {}
         self._rate_settled: set[str] = set()
@@ -182,6 +185,8 @@ class Daemon:
         if self.evolve_config is not None and self.evolve is None:
             self.evolve = EvolveScheduler(self._make_evolve_loop, self.evolve_config.interval_s,
                                           wait_for=self._a_job_is_warm).start()
+        if self.retention_s is not None and self.retention is None:
+            self.retention = RetentionThread(self.store, self.retention_s).start()
         return self
 
     def _server(self) -> uvicorn.Server:
@@ -292,6 +297,8 @@ class Daemon:
             systemd.notify("STOPPING=1")
             if self.evolve is not None:
                 self.evolve.stop()
+            if self.retention is not None:
+                self.retention.stop()
             if self.supervisor is not None:
                 self.supervisor.shutdown(self.job_grace_s)
             if self.server is not None:

@@ -314,6 +314,7 @@ class _Pending:
 class _Task:
     fn: Callable[[duckdb.DuckDBPyConnection], Any]
     future: Future
+    transaction: bool = True
 
 
 _STOP = object()
@@ -395,21 +396,31 @@ class Store:
         """Submit ``batch`` and wait until it is committed (on timeout, see :meth:`call`)."""
         _settled(self.submit(batch), timeout)
 
-    def call(self, fn: Callable[[duckdb.DuckDBPyConnection], Any], timeout: float | None = 30.0) -> Any:
+    def call(self, fn: Callable[[duckdb.DuckDBPyConnection], Any], timeout: float | None = 30.0,
+             *, transaction: bool = True) -> Any:
         """:meth:`run_write` and wait for its result. A write still queued after ``timeout`` is
         withdrawn (TimeoutError: nothing was written); one already running is waited for, so a
         caller never gives up on a write that then commits behind its back."""
-        return _settled(self.run_write(fn), timeout)
+        return _settled(self.run_write(fn, transaction=transaction), timeout)
 
-    def run_write(self, fn: Callable[[duckdb.DuckDBPyConnection], Any]) -> Future:
+    def run_write(self, fn: Callable[[duckdb.DuckDBPyConnection], Any], *,
+                  transaction: bool = True) -> Future:
         """Run ``fn(cursor)`` on the writer thread in a transaction of its own (the other tables
-        of the store use this: jobs, logs); the future resolves to its result once committed."""
+        of the store use this: jobs, logs); the future resolves to its result once committed.
+        ``transaction=False`` runs it bare (a CHECKPOINT cannot run inside a transaction)."""
         future: Future = Future()
         with self._lock:
             if self._closing:
                 raise StoreClosed(f"the store at {self.path} is closed")
-            self._queue.put(_Task(fn, future))
+            self._queue.put(_Task(fn, future, transaction))
         return future
+
+    def forget_stored_ids(self) -> None:
+        """Forget which span keys and resources the writer has committed (call it on the writer
+        thread, from a :meth:`run_write` function that deleted such rows: later batches then
+        write them again)."""
+        self._keys_stored.clear()
+        self._resources_stored.clear()
 
     def note_refused(self, spans: int = 0) -> None:
         """Count a request refused before it reached the queue (the receiver was saturated; its
@@ -745,9 +756,12 @@ def _run_task(cur: duckdb.DuckDBPyConnection, task: _Task) -> None:
     if not task.future.set_running_or_notify_cancel():
         return
     try:
-        cur.execute("BEGIN")
-        result = task.fn(cur)
-        cur.execute("COMMIT")
+        if not task.transaction:
+            result = task.fn(cur)
+        else:
+            cur.execute("BEGIN")
+            result = task.fn(cur)
+            cur.execute("COMMIT")
     except BaseException as e:
         with contextlib.suppress(duckdb.Error):
             cur.execute("ROLLBACK")

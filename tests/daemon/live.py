@@ -78,8 +78,8 @@ def gone(pid: int) -> bool:
 class LiveDaemon:
     """One ``rtxops daemon`` process serving ``home``."""
 
-    def __init__(self, home: Path, mark: str, log: Path) -> None:
-        self.home, self.mark, self.log_path = home, mark, log
+    def __init__(self, home: Path, mark: str, log: Path, args: tuple[str, ...] = ()) -> None:
+        self.home, self.mark, self.log_path, self.args = home, mark, log, args
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.token = ""
@@ -89,7 +89,7 @@ class LiveDaemon:
     def start(self, timeout: float = 60.0) -> LiveDaemon:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [*RTXOPS, "daemon", "--port", "0", "--home", str(self.home)], stdin=subprocess.DEVNULL,
+                [*RTXOPS, "daemon", "--port", "0", "--home", str(self.home), *self.args], stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, env=clean_env(self.mark),
                 cwd=self.home.parent, start_new_session=True)
         pid_file, url_file = self.home / "daemon.pid", self.home / "daemon.url"
@@ -214,9 +214,9 @@ class Daemons:
         self.mark = uuid.uuid4().hex
         self.started: list[LiveDaemon] = []
 
-    def start(self, home: Path | None = None) -> LiveDaemon:
+    def start(self, home: Path | None = None, args: tuple[str, ...] = ()) -> LiveDaemon:
         home = home or self.tmp_path / "home"
-        d = LiveDaemon(home, self.mark, self.tmp_path / f"daemon-{len(self.started)}.log")
+        d = LiveDaemon(home, self.mark, self.tmp_path / f"daemon-{len(self.started)}.log", args)
         self.started.append(d)
         return d.start()
 

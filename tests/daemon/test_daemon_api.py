@@ -38,6 +38,7 @@ def test_mutating_endpoints_and_ingest_refuse_a_missing_or_wrong_token(shared):
                    {"json": {"job": "auth-check", "version": 1, "reason": "refused in a test"}}, 204),
         "ingest": ("POST", "/v1/traces", {"content": request.SerializeToString(),
                                           "headers": {"Content-Type": "application/x-protobuf"}}, 200),
+        "prune": ("POST", "/v1/telemetry/prune", {"json": {"older_than": "30d", "dry_run": True}}, 200),
     }
     jobs_before = shared.client().get("/v1/jobs").json()["total"]
     spans_before = shared.client().get("/v1/telemetry/stats").json().get("ingest spans", 0)

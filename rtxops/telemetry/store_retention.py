@@ -1,0 +1,122 @@
+"""Retention: delete telemetry older than an age, so a long-running daemon's store stops growing.
+
+What goes: span rows, span events, the per-minute kernel rollups, the ingest log (never the last
+:data:`~.store.RETRY_WINDOW_S`: a client's retry is recognised by it) and job log lines, each by
+its own timestamp; then span keys and resources no span refers to. What stays: job records and
+events, the evolve loop's tables (tuning, trials, gate results, decisions) and the governance
+ledger — the evidence behind signed decisions is never pruned. DuckDB reuses the freed space for
+new rows; the file itself does not shrink.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+import duckdb
+
+from .store import MINUTE_NS, RETRY_WINDOW_S, Store
+
+MIN_AGE_S = 3600                     # younger data feeds the evolve loop's windows and canaries
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*")
+
+# (table, what its rows are called in a report, the timestamp column in ns)
+_BY_TIME = (("span_rows", "spans", "start_ns"), ("span_events", "span events", "time_ns"),
+            ("job_logs", "job log lines", "ts_ns"))
+
+
+def parse_age(text: str) -> float:
+    """Seconds in an age like ``30d``, ``12h``, ``90m``, ``2w`` (ValueError otherwise)."""
+    match = _AGE.fullmatch(text or "")
+    if not match:
+        raise ValueError(f"not an age: {text!r} (a number and a unit, s m h d or w: 30d, 12h)")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def check_age(seconds: float) -> float:
+    """``seconds`` if it is a retention this store allows (at least :data:`MIN_AGE_S`)."""
+    if not seconds >= MIN_AGE_S:
+        raise ValueError(f"a retention under {MIN_AGE_S // 3600} hour would delete what the "
+                         "evolve loop is still reading; give 1h or more")
+    return seconds
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What a prune deleted (or, for a dry run, would delete), per kind of row."""
+
+    before_ns: int
+    dry_run: bool
+    rows: dict[str, int]
+    seconds: float
+
+    @property
+    def total(self) -> int:
+        return sum(self.rows.values())
+
+    def as_dict(self) -> dict:
+        return {"before_ns": self.before_ns, "dry_run": self.dry_run, "rows": self.rows,
+                "total": self.total, "seconds": round(self.seconds, 3)}
+
+
+def prune(store: Store, older_than_s: float, *, dry_run: bool = False,
+          timeout_s: float | None = 600.0) -> PruneReport:
+    """Delete the store's telemetry older than ``older_than_s`` seconds in one transaction on
+    the writer thread (ingest waits meanwhile; a failure leaves everything in place)."""
+    check_age(older_than_s)
+    before_ns = time.time_ns() - int(older_than_s * 1e9)
+    started = time.perf_counter()
+
+    def run(cur: duckdb.DuckDBPyConnection) -> dict[str, int]:
+        counted = _count(cur, before_ns) if dry_run else _delete(cur, before_ns)
+        if not dry_run:
+            store.forget_stored_ids()   # keys and resources it deleted must be written again
+        return counted
+
+    rows = store.call(run, timeout_s)
+    if not dry_run and any(rows.values()):
+        # after the commit: DuckDB marks the deleted rows' blocks free at a checkpoint
+        store.call(lambda cur: cur.execute("CHECKPOINT"), timeout_s, transaction=False)
+    return PruneReport(before_ns, dry_run, rows, time.perf_counter() - started)
+
+
+def _ingest_cutoff(before_ns: int) -> int:
+    return min(before_ns, time.time_ns() - RETRY_WINDOW_S * 10**9)
+
+
+def _count(cur: duckdb.DuckDBPyConnection, before_ns: int) -> dict[str, int]:
+    rows = {label: _scalar(cur, f"SELECT count(*) FROM {table} WHERE {column} < ?", before_ns)
+            for table, label, column in _BY_TIME}
+    rows["kernel minutes"] = _scalar(cur, "SELECT count(*) FROM kernel_minutes WHERE minute < ?",
+                                     before_ns // MINUTE_NS)
+    rows["ingest batches"] = _scalar(cur, "SELECT count(*) FROM ingest_batches WHERE received_ns < ?",
+                                     _ingest_cutoff(before_ns))
+    rows["span keys"] = rows["resources"] = 0
+    if rows["spans"]:
+        rows["span keys"] = _scalar(cur, """SELECT count(*) FROM span_keys k WHERE NOT EXISTS (
+            SELECT 1 FROM span_rows r WHERE r.key_id = k.key_id AND r.start_ns >= ?)""", before_ns)
+        rows["resources"] = _scalar(cur, """SELECT count(*) FROM resources s WHERE NOT EXISTS (
+            SELECT 1 FROM span_rows r WHERE r.resource_id = s.resource_id AND r.start_ns >= ?)""",
+                                    before_ns)
+    return rows
+
+
+def _delete(cur: duckdb.DuckDBPyConnection, before_ns: int) -> dict[str, int]:
+    rows = {label: _scalar(cur, f"DELETE FROM {table} WHERE {column} < ?", before_ns)
+            for table, label, column in _BY_TIME}
+    rows["kernel minutes"] = _scalar(cur, "DELETE FROM kernel_minutes WHERE minute < ?",
+                                     before_ns // MINUTE_NS)
+    rows["ingest batches"] = _scalar(cur, "DELETE FROM ingest_batches WHERE received_ns < ?",
+                                     _ingest_cutoff(before_ns))
+    rows["span keys"] = rows["resources"] = 0
+    if rows["spans"]:   # (each scans every span row left)
+        rows["span keys"] = _scalar(cur, """DELETE FROM span_keys k WHERE NOT EXISTS (
+            SELECT 1 FROM span_rows r WHERE r.key_id = k.key_id)""")
+        rows["resources"] = _scalar(cur, """DELETE FROM resources s WHERE NOT EXISTS (
+            SELECT 1 FROM span_rows r WHERE r.resource_id = s.resource_id)""")
+    return rows
+
+
+def _scalar(cur: duckdb.DuckDBPyConnection, sql: str, *params: int) -> int:
+    return int(cur.execute(sql, list(params)).fetchone()[0])
