@@ -1,11 +1,15 @@
-"""The command line and environment of one attempt of a job."""
+"""The command line and environment of one attempt of a job, and starting it under its waiter."""
 from __future__ import annotations
 
+import errno
+import json
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 
 from .errors import JobSpecError
 from .jobs import JobSpec
@@ -94,3 +98,63 @@ def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
     if spec.nproc_per_node > 1:
         env["RTXOPS_LAUNCHER"] = "torchrun"
     return env
+
+
+WAITER = Path(__file__).with_name("_waiter.py")
+CARRIED_TOKEN = "RTXOPS_WAITER_JOB_TOKEN"   # (the name _waiter.py gives the token back under TOKEN)
+
+
+class StartFailed(Exception):
+    """The attempt's command could not be started; ``exit_code`` as a shell would say it."""
+
+    def __init__(self, detail: str, exit_code: int) -> None:
+        super().__init__(detail)
+        self.detail, self.exit_code = detail, exit_code
+
+
+def spawn(argv: list[str], *, env: Mapping[str, str], cwd: str | None, stdout: IO, stderr: IO,
+          status_file: Path) -> tuple[subprocess.Popen, int]:
+    """Start ``argv`` under a waiter (see ``_waiter.py``): the job leads a session of its own and
+    its exit status lands in ``status_file`` even if this process is gone by then. Returns the
+    waiter's Popen and the job's pid; raises :class:`StartFailed`."""
+    waiter_env = dict(env)
+    token = waiter_env.pop(TOKEN_VARIABLE, None)
+    if token is not None:
+        waiter_env[CARRIED_TOKEN] = token
+    fd = stdout.fileno()
+    try:
+        waiter = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(WAITER), str(status_file), str(fd), "--", *argv],
+            cwd=cwd, env=waiter_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=stderr, pass_fds=(fd,), start_new_session=True)
+    except (OSError, ValueError) as e:   # the cwd is gone; ValueError: what exec cannot take
+        raise StartFailed(_cannot_start(argv[0], getattr(e, "strerror", None) or str(e),
+                                        getattr(e, "filename", None)),
+                          127 if isinstance(e, FileNotFoundError) else 126) from None
+    with waiter.stdout:
+        line = waiter.stdout.readline()
+    try:
+        report = json.loads(line)
+    except ValueError:
+        report = {}
+    if isinstance(report, dict) and isinstance(report.get("pid"), int):
+        return waiter, report["pid"]
+    waiter.wait()
+    if isinstance(report, dict) and "error" in report:
+        raise StartFailed(_cannot_start(argv[0], str(report["error"]), report.get("filename")),
+                          127 if report.get("errno") == errno.ENOENT else 126)
+    raise StartFailed(f"the rtxops waiter ended (exit {waiter.returncode}) before it started "
+                      f"{argv[0]!r}; see the attempt's stderr", 126)
+
+
+def read_status(status_file: Path) -> int | None:
+    """The exit status the waiter wrote (negative: killed by that signal), or None."""
+    try:
+        value = json.loads(status_file.read_text()).get("returncode")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def _cannot_start(program: str, why: str, filename: str | None) -> str:
+    return f"cannot start {program!r}: {why}" + (f" ({filename})" if filename else "")

@@ -13,7 +13,10 @@ States (:class:`~rtxops.daemon.jobs.JobState`)::
     running → failed                                      crashed or OOM-killed, crash budget spent
     running → hung → restarting | failed                  no step within the hang timeout (hang budget)
     any non-terminal → cancelling → cancelled             cancel() or shutdown()
-    recovered non-terminal → running (adopted) | lost     processes still alive, or not
+    recovered non-terminal → running (adopted)            processes still alive, or ended meanwhile
+                                                          (the waiter kept the exit status)
+    recovered pending | restarting → running              the next attempt starts
+    recovered non-terminal → lost                         ended, exit status unknown
 """
 from __future__ import annotations
 
@@ -45,6 +48,8 @@ LOG_DRAIN_S = 120.0
 """How long an ended attempt waits for its last log lines to be stored before it moves on."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Sent on request (``rtxops run`` forwards Ctrl-C): an attempt that then fails was stopped."""
+STATUS_WAIT_S = 5.0
+"""How long an adopted attempt that ended waits for its waiter to write the exit status."""
 
 
 class Supervisor:
@@ -274,7 +279,11 @@ class Supervisor:
             except Exception as e:  # a failing probe never ends a job; the runner probes again
                 self._event(job.id, "probe_error", probe="recover", error=f"{type(e).__name__}: {e}")
         cancelling = job.state is JobState.CANCELLING  # a cancel the previous daemon began
-        if alive:
+        # ended while no daemon watched: its waiter left the exit status; the runner takes it
+        # from there (its last log lines, then a restart if the job has budget left)
+        ended_unseen = (not alive and attempt is not None and attempt.outcome is None
+                        and launch.read_status(_status_file(job, attempt.number)) is not None)
+        if alive or ended_unseen:
             job.adopted = True
             self._runners[job.id] = runner = _Runner(self, job.id)
             with self._lock:
@@ -286,10 +295,14 @@ class Supervisor:
             self._event(job.id, "adopted", pid=attempt.pid, attempt=attempt.number)
             runner.start(adopt=True)
             return
-        reason = ("the daemon restarted while the job ran; its exit status is unknown"
-                  if attempt is not None and attempt.outcome is None
-                  else "the daemon restarted before the job's next attempt started")
         self._stop_strays(job)
+        if not cancelling and (attempt is None or attempt.outcome is not None):
+            # pending, or waiting to restart: the next attempt starts now
+            self._runners[job.id] = runner = _Runner(self, job.id)
+            self._event(job.id, "resumed", after="a daemon restart")
+            runner.start(adopt=False)
+            return
+        reason = "the daemon restarted while the job ran; its exit status is unknown"
         if attempt is not None and attempt.outcome is None:
             attempt.outcome, attempt.ended_at_ns, attempt.detail = Outcome.LOST, time.time_ns(), reason
         if cancelling:  # it ended while no daemon watched, as asked
@@ -469,26 +482,26 @@ class _Runner:
                                  base=os.environ, extra_env=sup.extra_env, step_base=step_base)
         self._oom_before = self._probe("oom_counters", OomCounters.read, None)
         attempt = Attempt(number=number, started_at_ns=time.time_ns())
+        status_file = _status_file(job, number)
+        status_file.unlink(missing_ok=True)
         try:
             with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
-                self._proc = subprocess.Popen(argv, cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
-                                              stdout=out, stderr=err, start_new_session=True)
-        except (OSError, ValueError) as e:  # ValueError: what exec cannot take (checked at submit)
+                self._proc, attempt.pid = launch.spawn(argv, env=env, cwd=spec.cwd, stdout=out,
+                                                       stderr=err, status_file=status_file)
+        except launch.StartFailed as e:
             attempt.ended_at_ns = time.time_ns()
             attempt.outcome = Outcome.START_FAILED
-            attempt.exit_code = 127 if isinstance(e, FileNotFoundError) else 126
-            missing = f" ({e.filename})" if getattr(e, "filename", None) else ""
-            attempt.detail = f"cannot start {argv[0]!r}: {e.strerror or e}{missing}"
-            for path in (paths["stdout"], paths["stderr"]):   # empty: nothing ran to write them
+            attempt.exit_code, attempt.detail = e.exit_code, e.detail
+            for path in (paths["stdout"], paths["stderr"]):   # empty unless the waiter failed
                 with contextlib.suppress(OSError):
-                    os.unlink(path)
+                    if not os.path.getsize(path):
+                        os.unlink(path)
             with sup._lock:
                 job.attempts.append(attempt)
             sup._event(job.id, "exited", attempt=number, outcome=attempt.outcome.value, detail=attempt.detail)
             self._finish(JobState.FAILED, attempt.detail)
             return None
-        attempt.pid = self._proc.pid
-        proc = self._probe("start_ticks", proctree.read_proc, None, self._proc.pid)
+        proc = self._probe("start_ticks", proctree.read_proc, None, attempt.pid)
         attempt.start_ticks = proc.start_ticks if proc else None
         self._started_mono = time.monotonic()
         with sup._lock:
@@ -552,14 +565,27 @@ class _Runner:
             self.wake.wait(self.sup.tick_s)
 
     def _ended(self, attempt: Attempt) -> tuple[bool, int | None]:
-        if self._proc is not None:
+        if self._proc is not None:    # the waiter: it ends just after the job
             rc = self._proc.poll()
-            return rc is not None, rc
+            return rc is not None, None if rc is None else self._exit_status(attempt, rc)
         try:
-            return not _attempt_alive(attempt, self.job.token), None
+            ended = not _attempt_alive(attempt, self.job.token)
         except Exception as e:  # a failing probe never counts as the job ending
             self._probe_error("alive", e)
             return False, None
+        return ended, self._exit_status(attempt, None) if ended else None
+
+    def _exit_status(self, attempt: Attempt, waiter_rc: int | None) -> int | None:
+        """The job's exit status from its waiter's file; an adopted attempt's waiter writes it
+        just after the job ended. Without the file: the waiter's own status (it was killed
+        along with the job), or None (a waiter of an older rtxops, or none left)."""
+        status_file = _status_file(self.job, attempt.number)
+        deadline = time.monotonic() + (0.0 if waiter_rc is not None else STATUS_WAIT_S)
+        while True:
+            rc = launch.read_status(status_file)
+            if rc is not None or time.monotonic() >= deadline:
+                return rc if rc is not None else waiter_rc
+            time.sleep(0.05)
 
     def _hung_for(self, spec: JobSpec) -> float | None:
         if spec.hang_timeout_s is None:
@@ -592,17 +618,17 @@ class _Runner:
         if report.survivors:
             self.sup._event(self.job_id, "probe_error", probe="kill",
                             error=f"processes survived SIGKILL: {report.survivors}")
-        return self._wait_leader()
+        return self._wait_leader(attempt)
 
     def _reap(self) -> None:
         if self._proc is not None:
             self._proc.poll()
 
-    def _wait_leader(self) -> int | None:
+    def _wait_leader(self, attempt: Attempt) -> int | None:
         if self._proc is None:
-            return None
+            return self._exit_status(attempt, None)
         try:
-            return self._proc.wait(timeout=5.0)
+            return self._exit_status(attempt, self._proc.wait(timeout=5.0))
         except subprocess.TimeoutExpired:
             return None
 
@@ -640,6 +666,7 @@ class _Runner:
         self._proc = None
         sup._event(job.id, "exited", attempt=attempt.number, outcome=info.outcome.value,
                    exit_code=info.exit_code, signal=info.signal, detail=info.detail)
+        _status_file(job, attempt.number).unlink(missing_ok=True)
         if drained and not sup.keep_log_files and not sup.sink_errors:
             for s in STREAMS:
                 Path(job.log_dir, f"attempt-{attempt.number}.{s}").unlink(missing_ok=True)
@@ -755,6 +782,11 @@ def _attempt_alive(attempt: Attempt, token: str) -> bool:
         if p is not None and p.alive and (attempt.start_ticks is None or p.start_ticks == attempt.start_ticks):
             return True
     return bool(proctree.members(_own_session(attempt), token))
+
+
+def _status_file(job: Job, attempt: int) -> Path:
+    """Where the attempt's waiter writes its exit status."""
+    return Path(job.log_dir, f"attempt-{attempt}.exit")
 
 
 def _own_session(attempt: Attempt) -> int | None:

@@ -1,6 +1,7 @@
 """kill -9 of the daemon while clients ingest and jobs run, then a restart on the same home: every
 acknowledged span is in the store, jobs and logs are intact, a job whose processes still live is
-re-adopted (and can be cancelled), one that ended meanwhile is marked lost."""
+re-adopted (and can be cancelled), one that ended meanwhile ends as its waiter saw it, and jobs
+that were pending or waiting to restart go on."""
 from __future__ import annotations
 
 import json
@@ -95,9 +96,10 @@ def test_kill9_mid_ingest_then_restart_keeps_acked_spans_jobs_and_logs(daemons, 
     d2 = daemons.start(home)
     jobs = {j["id"]: j for j in d2.client().get("/v1/jobs").json()["jobs"]}
     assert set(jobs) == {survivor["id"], victim["id"], late["id"]}
-    lost = jobs[victim["id"]]
-    assert lost["state"] == "lost" and "daemon restarted while the job ran" in lost["reason"]
-    assert lost["attempts"][0]["outcome"] == "lost"
+    # its waiter kept its exit status for the next daemon
+    dead = d2.wait(victim["id"], 30)
+    assert dead["state"] == "failed" and dead["adopted"], dead
+    assert dead["attempts"][0]["outcome"] == "crashed" and dead["attempts"][0]["signal"] == "SIGKILL"
     for job in (survivor, late):
         adopted = jobs[job["id"]]
         assert adopted["state"] == "running" and adopted["adopted"], adopted
@@ -133,7 +135,7 @@ def test_kill9_mid_ingest_then_restart_keeps_acked_spans_jobs_and_logs(daemons, 
         rows = {r["job_id"]: (r["state"], json.loads(r["record"])) for r in store.query(
             "SELECT job_id, state, record FROM jobs")}
         assert {k: v[0] for k, v in rows.items()} == {
-            survivor["id"]: "cancelled", late["id"]: "cancelled", victim["id"]: "lost"}
+            survivor["id"]: "cancelled", late["id"]: "cancelled", victim["id"]: "failed"}
         assert rows[survivor["id"]][1]["adopted"] is True
         logs = store.query("SELECT job_id, seq, text FROM job_logs ORDER BY job_id, seq")
         assert [(r["seq"], r["text"]) for r in logs if r["job_id"] == victim["id"]] == [
@@ -186,6 +188,49 @@ def _run(daemon, tmp_path, seconds: float, **env):
                             env=clean_env(daemon.mark, RTXOPS_HOME=str(daemon.home), **env))
     assert proc.stdout.readline().strip() == "one"
     return proc
+
+
+QUITS = """
+    import os, sys, time
+    print("up", flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.02)
+    print("bye", flush=True)
+    sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_jobs_that_end_or_wait_to_restart_while_no_daemon_runs_are_taken_up_by_the_next(daemons, tmp_path):
+    """Before waiters, a job that ended while the daemon was down was "lost" (exit status
+    unknown), and one waiting to restart was lost with its restart budget unspent."""
+    home, go = tmp_path / "home", str(tmp_path / "go")
+    d1 = daemons.start(home)
+    quits = script(tmp_path, "quits.py", QUITS)
+    ok = d1.submit(["python", quits, go, "0"], name="ok")
+    bad = d1.submit(["python", quits, go, "3"], name="bad", restarts=1, backoff_s=0)
+    later = d1.submit(["python", "-c", "import sys; sys.exit(5)"], name="later", restarts=1,
+                      backoff_s=600)
+    for job in (ok, bad):
+        until(lambda: d1.texts(job["id"]) == ["up"], 60, what=f"{job['name']} to start")
+    until(lambda: d1.job(later["id"])["state"] == "restarting", 60, what="a restart to wait")
+    pids = [d1.job(job["id"])["attempts"][0]["pid"] for job in (ok, bad)]
+    d1.kill9()
+    open(go, "w").close()     # both end while no daemon runs
+    until(lambda: all(gone(pid) for pid in pids), 30, what="the jobs to end")
+
+    d2 = daemons.start(home)
+    done = d2.wait(ok["id"], 60)
+    assert done["state"] == "succeeded", done
+    assert done["attempts"][0]["exit_code"] == 0 and done["adopted"]
+    assert d2.texts(ok["id"]) == ["up", "bye"]      # its last line, written while no daemon ran
+    failed = d2.wait(bad["id"], 60)
+    assert failed["state"] == "failed" and "restart budget (1) spent" in failed["reason"], failed
+    assert [a["exit_code"] for a in failed["attempts"]] == [3, 3]  # restarted by the new daemon
+    resumed = d2.wait(later["id"], 60)
+    assert [a["exit_code"] for a in resumed["attempts"]] == [5, 5], resumed
+    kinds = [e["kind"] for e in d2.client().get(f"/v1/jobs/{later['id']}/events").json()["events"]]
+    assert "resumed" in kinds
+    assert d2.terminate() == 0, d2.output()
 
 
 def test_rtxops_run_follows_its_job_to_a_restarted_daemon(daemons, tmp_path):

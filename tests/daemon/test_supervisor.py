@@ -292,7 +292,7 @@ def test_shutdown_stops_every_job_and_leaves_no_process(tmp_path, mark):
     """)
     s = Supervisor(InMemoryJobSink(), tmp_path / "work", extra_env={MARK: mark}, tick_s=0.02)
     jobs = [s.submit(spec(PY, stubborn, grace_s=30)) for _ in range(2)]
-    until(lambda: len(marked(mark)) == 4)
+    until(lambda: len(marked(mark)) == 6)  # per job: its waiter, itself, its child
     t0 = time.monotonic()
     s.shutdown(grace_s=0.5)
     assert time.monotonic() - t0 < 5, "shutdown's grace wins over the jobs' longer ones"
@@ -419,7 +419,8 @@ def test_two_rank_torchrun_job_stores_each_ranks_lines_and_cancels_every_rank(su
 
 def test_a_process_no_saved_attempt_owns_is_killed_on_recovery(tmp_path, sink, mark):
     """The previous daemon died between starting an attempt and saving it: the process carries
-    the job's token, and the recovered job (no attempt) must not leave it running unowned."""
+    the job's token, and the recovered job (no attempt) must not leave it running unowned. The
+    job itself starts afresh."""
     token = "j-0000lost.feedfacefeedface"
     body = script(tmp_path, "unsaved.py", "import time\ntime.sleep(600)\n")
     proc = subprocess.Popen([PY, body], start_new_session=True,
@@ -430,9 +431,11 @@ def test_a_process_no_saved_attempt_owns_is_killed_on_recovery(tmp_path, sink, m
                   updated_at_ns=now, token=token, log_dir=str(tmp_path / "logs"))
     s = Supervisor(sink, tmp_path / "work", recovered_jobs=[pending], tick_s=0.02, log_poll_s=0.02)
     try:
-        assert s.job("j-0000lost").state is JobState.LOST
         until(lambda: proc.poll() is not None, 10)
         assert proc.returncode == -signal.SIGKILL or proc.returncode == -signal.SIGTERM
+        started = until(lambda: s.job("j-0000lost").attempt, 10)
+        assert started.number == 1 and started.pid != proc.pid
+        assert s.job("j-0000lost").state is JobState.RUNNING
     finally:
         s.shutdown(grace_s=0.5)
         if proc.poll() is None:

@@ -1,0 +1,79 @@
+"""The waiter each attempt runs under: it stays out of the job's session and token (the job's
+signals never reach it), starts no rtxops runtime, leaves the exit status in a file and exits
+as the job did."""
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from rtxops.daemon import launch, proctree
+from rtxops.daemon.jobs import JobState
+
+from .test_supervisor import PY, mark, script, sink, spec, sup, until  # noqa: F401 (fixtures)
+
+
+def test_the_waiter_is_outside_the_jobs_tree_and_gets_none_of_its_signals(sup, tmp_path):
+    body = script(tmp_path, "waits.py", """
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    job = sup.submit(spec(PY, body))
+    until(lambda: [ln.text for ln in sup.logs(job.id)] == ["ready"])
+    attempt = sup.job(job.id).attempt
+    waiter = proctree.read_proc(attempt.pid).ppid
+    assert proctree.read_proc(waiter).sid != attempt.pid
+    assert waiter not in proctree.members(attempt.pid, sup.job(job.id).token)
+    sent = sup.signal(job.id, signal.SIGTERM)
+    assert sent == [attempt.pid]
+    done = sup.wait(job.id, 20)
+    assert done.attempt.exit_code == 7 and done.state is JobState.FAILED
+    until(lambda: proctree.read_proc(waiter) is None or not proctree.read_proc(waiter).alive)
+
+
+def test_the_waiter_starts_no_rtxops_runtime(sup, tmp_path):
+    """The job's environment enables the runtime through a sitecustomize: the waiter, a Python
+    process with that environment, must not import it (nor torch)."""
+    body = script(tmp_path, "idle.py", "import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    job = sup.submit(spec(PY, body, runtime=True))
+    until(lambda: [ln.text for ln in sup.logs(job.id)] == ["ready"], 60)
+    waiter = proctree.read_proc(sup.job(job.id).attempt.pid).ppid
+    job_maps = Path(f"/proc/{sup.job(job.id).attempt.pid}/maps").read_text()
+    assert "libtorch" in job_maps    # the runtime started in the job
+    assert "libtorch" not in Path(f"/proc/{waiter}/maps").read_text()
+    sup.cancel(job.id)
+    assert sup.wait(job.id, 20).state is JobState.CANCELLED
+
+
+def test_the_waiter_writes_the_status_and_exits_as_the_job_did(tmp_path):
+    for code, expect in (("0", 0), ("3", 3), ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -15)):
+        status = tmp_path / f"status-{expect}"
+        program = f"import sys; sys.exit({code})" if code.isdigit() else code
+        with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
+            waiter, pid = launch.spawn([PY, "-c", program], env={"PATH": "/usr/bin:/bin"}, cwd=None,
+                                       stdout=out, stderr=err, status_file=status)
+        assert waiter.wait(20) == expect
+        assert json.loads(status.read_text()) == {"returncode": expect}
+        assert launch.read_status(status) == expect
+
+
+def test_a_command_that_cannot_start_is_reported_by_the_waiter(tmp_path):
+    with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
+        try:
+            launch.spawn([str(tmp_path / "no-such-program")], env={}, cwd=None, stdout=out,
+                         stderr=err, status_file=tmp_path / "status")
+        except launch.StartFailed as e:
+            assert e.exit_code == 127 and "No such file or directory" in e.detail, e.detail
+        else:
+            raise AssertionError("started a program that does not exist")
+        (tmp_path / "script").write_text("not a program")
+        try:
+            launch.spawn([str(tmp_path / "script")], env={}, cwd=None, stdout=out, stderr=err,
+                         status_file=tmp_path / "status")
+        except launch.StartFailed as e:
+            assert e.exit_code == 126 and "Permission denied" in e.detail, e.detail
+        else:
+            raise AssertionError("started a file that is not executable")
+    assert not (tmp_path / "status").exists()
