@@ -265,3 +265,31 @@ def test_tables_show_user_text_that_looks_like_markup_as_it_is(tmp_path):
     result = CliRunner().invoke(app, ["telemetry", "stats", "--home", str(home)])
     assert result.exit_code == 0, (result.output, result.exception)
     assert "GET [/bold] items" in result.output
+
+
+def test_proxy_settings_of_the_callers_shell_do_not_reach_the_daemon(tmp_path):
+    """HTTP(S)_PROXY set to reach the internet sent rtxops' own requests to the local daemon to
+    the proxy: `rtxops run` could not follow its job and the job's spans never arrived."""
+    script = tmp_path / "steps.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            torch.nn.functional.silu(model(torch.randn(4, 8))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        print("trained")
+    """))
+    dead = "http://127.0.0.1:9"   # nothing listens there
+    proxies = {name: dead for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy",
+                                       "ALL_PROXY", "all_proxy")}
+    env = {k: v for k, v in _env().items() if k.lower() != "no_proxy"}
+    r = subprocess.run([*RTXOPS, "run", "--", sys.executable, str(script)], capture_output=True,
+                       text=True, timeout=300, env={**env, **proxies, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    assert "trained" in r.stdout and "cannot reach" not in r.stderr
+    stats = subprocess.run([*RTXOPS, "telemetry", "stats", "--json"], capture_output=True,
+                           text=True, timeout=60, env={**env, **proxies})
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["spans rtx.step"] == 4

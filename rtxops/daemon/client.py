@@ -21,7 +21,8 @@ class DaemonClient:
         self.url = url.rstrip("/")
         self.pid: int | None = None  # the daemon's process, once find() has asked it
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        # trust_env=False: the daemon is local; HTTP(S)_PROXY set for the internet must not apply
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, trust_env=False)
 
     @classmethod
     def find(cls, home: Home) -> DaemonClient | None:

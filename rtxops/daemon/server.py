@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 
+import httpx
 import uvicorn
 
 from rtxops.evolve.config import LoopConfig
@@ -230,7 +231,7 @@ class Daemon:
 
         announcer = threading.Thread(target=self._announce_when_started, daemon=True)
         announcer.start()
-        systemd.start_watchdog(watchdog_stop)
+        systemd.start_watchdog(watchdog_stop, self.answers)
         try:
             server.run()
         finally:
@@ -238,6 +239,14 @@ class Daemon:
             watchdog_stop.set()
             self.shutdown()
         return 0
+
+    def answers(self, timeout: float = 5.0) -> bool:
+        """Whether the server answers ``/healthz`` within ``timeout`` (its event loop and worker
+        threads are not stuck): the systemd watchdog pings only then."""
+        try:
+            return httpx.get(self.url + "/healthz", timeout=timeout, trust_env=False).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def _announce_when_started(self) -> None:
         while not self.server.started and not self.server.should_exit:

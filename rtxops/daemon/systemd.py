@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from typing import Callable
 
 
 def notify(message: str) -> bool:
@@ -22,8 +23,11 @@ def notify(message: str) -> bool:
         return False
 
 
-def start_watchdog(stop: threading.Event) -> threading.Thread | None:
-    """Ping WATCHDOG=1 at half the interval systemd asks for (``WATCHDOG_USEC``)."""
+def start_watchdog(stop: threading.Event,
+                   healthy: Callable[[float], bool] = lambda timeout: True) -> threading.Thread | None:
+    """Ping WATCHDOG=1 at half the interval systemd asks for (``WATCHDOG_USEC``), each time
+    ``healthy(timeout)`` says the process does its work: a ping from this thread alone would keep
+    systemd satisfied while the rest of the process hangs."""
     usec = os.environ.get("WATCHDOG_USEC")
     if not usec or not os.environ.get("NOTIFY_SOCKET"):
         return None
@@ -31,7 +35,8 @@ def start_watchdog(stop: threading.Event) -> threading.Thread | None:
 
     def run() -> None:
         while not stop.wait(interval):
-            notify("WATCHDOG=1")
+            if healthy(interval):
+                notify("WATCHDOG=1")
 
     thread = threading.Thread(target=run, name="rtxops-watchdog", daemon=True)
     thread.start()

@@ -31,6 +31,10 @@ log = logging.getLogger("rtxops.runtime")
 
 MISSING_BUNDLE_POLLS = 5  # a plan served with no bundle this many polls in a row has none
 
+# the daemon is on this machine: a job's HTTP(S)_PROXY (set to reach the internet) must not
+# route the plan requests away from it
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
 
 class _Retry(Exception):
     """The signed bundle could not be fetched this time (network, timeout, not staged yet)."""
@@ -94,7 +98,7 @@ class PlanPoller:
         if self.etag:
             req.add_header("If-None-Match", self.etag)
         try:
-            with urllib.request.urlopen(req, timeout=5) as resp:
+            with _DIRECT.open(req, timeout=5) as resp:
                 body, etag = resp.read(), resp.headers.get("ETag")
         except urllib.error.HTTPError as e:
             if e.code == 304:
@@ -147,7 +151,7 @@ class PlanPoller:
             raise PlanError(f"plan version {served.version} refused: this job has no plan verifier")
         query = urllib.parse.urlencode({"job": self.job_id})
         try:
-            with urllib.request.urlopen(f"{self.base}/v1/plans/bundle?{query}", timeout=10) as resp:
+            with _DIRECT.open(f"{self.base}/v1/plans/bundle?{query}", timeout=10) as resp:
                 data = json.loads(resp.read())
         except urllib.error.HTTPError as e:
             if e.code == 404 or e.code >= 500:  # not staged yet, or the daemon's trouble: retry
@@ -172,7 +176,7 @@ class PlanPoller:
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            urllib.request.urlopen(req, timeout=5).close()
+            _DIRECT.open(req, timeout=5).close()
         except OSError as e:
             log.warning("rtxops: could not report refused plan %s: %s", version, e)
 

@@ -205,8 +205,13 @@ def otlp_http_exporter(daemon_url: str | None, token: str | None) -> SpanExporte
     cls = _fast_otlp_exporter_class()
     if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return cls()
+    import requests
+
     headers = {"Authorization": f"Bearer {token}"} if token else None
-    return cls(endpoint=daemon_url.rstrip("/") + "/v1/traces", headers=headers, timeout=10)
+    session = requests.Session()
+    session.trust_env = False   # the daemon is local: a job's HTTP(S)_PROXY must not apply to it
+    return cls(endpoint=daemon_url.rstrip("/") + "/v1/traces", headers=headers, timeout=10,
+               session=session)
 
 
 class _OncePerInterval(logging.Filter):

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from rtxops.daemon import systemd
@@ -53,3 +54,32 @@ def test_daemon_notifies_ready_watchdog_and_stopping(tmp_path):
 def test_outside_systemd_nothing_is_sent(monkeypatch):
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     assert systemd.notify("READY=1") is False
+
+
+def test_the_watchdog_goes_quiet_while_the_event_loop_hangs(tmp_path, monkeypatch):
+    """The pings came from a thread of their own: a daemon whose event loop hung kept systemd's
+    watchdog satisfied. They now follow a /healthz the server answers."""
+    from rtxops.daemon.home import Home
+    from rtxops.daemon.server import Daemon
+
+    address = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(address)
+    monkeypatch.setenv("NOTIFY_SOCKET", address)
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")   # a ping every 0.1 s
+    monkeypatch.setenv("RTXOPS_EVOLVE", "0")
+    d = Daemon(Home.resolve(tmp_path / "home"), port=0, job_grace_s=1).start_in_thread()
+    stop = threading.Event()
+    try:
+        systemd.start_watchdog(stop, d.answers)
+        assert "WATCHDOG=1" in _receive_until(sock, "WATCHDOG=1", 5)
+        loop = d.server.servers[0].get_loop()
+        loop.call_soon_threadsafe(time.sleep, 2.0)        # the event loop hangs for 2 s
+        time.sleep(0.3)
+        _receive_until(sock, "nothing", 0.3)              # what was sent before it hung
+        assert _receive_until(sock, "WATCHDOG=1", 1.0) == []
+        assert "WATCHDOG=1" in _receive_until(sock, "WATCHDOG=1", 5)   # and again after
+    finally:
+        stop.set()
+        d.shutdown()
+        sock.close()

@@ -140,3 +140,22 @@ def test_a_plan_met_while_the_job_exits_gets_no_verdict(endpoint, monkeypatch):
     assert poller.refused == [] and endpoint.reports == [] and poller.etag is None
     monkeypatch.undo()
     assert poller.poll_once() == "refused"       # the same failure in a running job is one
+
+
+def test_a_jobs_proxy_settings_do_not_reach_the_daemon(endpoint, monkeypatch):
+    """A job often has HTTP(S)_PROXY set to reach the internet: the plan polls to the local
+    daemon went to the proxy instead (and never arrived)."""
+    import urllib.request
+
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")      # nothing listens there
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(urllib.request, "_opener", None)    # urlopen's opener reads them anew
+
+    def refuse(files, running):
+        raise PlanError("refused in a test")
+
+    poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", None, verifier=refuse)
+    assert poller.poll_once() == "refused"
+    assert [r["reason"] for r in endpoint.reports] == ["refused in a test"]
