@@ -411,7 +411,7 @@ def daemon(
     home: Optional[Path] = typer.Option(None, help="RTXOPS_HOME (default ./.rtxops)"),
     detach: bool = typer.Option(False, help="run in the background (PID file in the home)"),
     retention: Optional[str] = typer.Option(
-        None, help="delete telemetry older than this, hourly: 30d, 12h, off "
+        None, help="delete telemetry older than this, hourly: 30d, 36h, off "
                    "(default $RTXOPS_RETENTION or 30d)"),
 ) -> None:
     """Run the daemon in the foreground (``--detach`` for the background)."""
@@ -679,7 +679,7 @@ def telemetry_stats(home: Optional[Path] = typer.Option(None),
 
 @telemetry_app.command("prune")
 def telemetry_prune(
-    older_than: str = typer.Option(..., "--older-than", help="an age: 30d, 12h, 2w (1h at least)"),
+    older_than: str = typer.Option(..., "--older-than", help="an age: 30d, 36h, 2w (1d at least)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="count what would go, delete nothing"),
     home: Optional[Path] = typer.Option(None),
     as_json: bool = typer.Option(False, "--json"),

@@ -36,11 +36,14 @@ def _report(line: dict) -> None:
 
 def _write_status(path: str, returncode: int) -> None:
     part = path + ".part"
-    with open(part, "w") as f:
-        json.dump({"returncode": returncode}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(part, path)
+    try:
+        with open(part, "w") as f:
+            json.dump({"returncode": returncode}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(part, path)
+    except OSError as e:   # a full disk, a folder removed: the exit status below still tells
+        sys.stderr.write(f"rtxops waiter: cannot write the exit status to {path}: {e}\n")
 
 
 def _exit_like(returncode: int) -> None:
@@ -49,7 +52,8 @@ def _exit_like(returncode: int) -> None:
     sig = -returncode
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))   # the job dumped core, if anyone
-        signal.signal(sig, signal.SIG_DFL)
+        if sig != signal.SIGKILL:                            # (its handler cannot be set)
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     except (OSError, ValueError):
         pass

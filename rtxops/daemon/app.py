@@ -70,8 +70,7 @@ def create_app(daemon) -> FastAPI:
     # API_MAX_BODY (the receiver has its own limit and answers in OTLP's terms)
     for router in (api_jobs.make_router(daemon.supervisor, auth),
                    api_plans.make_router(daemon.board, auth, daemon.last_step),
-                   api_telemetry.make_router(daemon.store, auth, daemon.retention),
-                   api_evolve.make_router(daemon, auth),
+                   api_telemetry.make_router(daemon.store, auth), api_evolve.make_router(daemon, auth),
                    dashboard.make_router(daemon.store, problems=daemon.readiness_problems,
                                          governance=_GovernanceReports(daemon))):
         app.include_router(router, max_body_size=API_MAX_BODY)

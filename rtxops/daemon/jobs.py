@@ -142,6 +142,7 @@ class Attempt:
     detail: str = ""
     log_offsets: dict[str, int] = field(default_factory=dict)
     log_seqs: dict[str, int] = field(default_factory=dict)  # seq of the last line stored at log_offsets
+    stop_signal: str | None = None  # a stop signal sent on request (Ctrl-C at `rtxops run`)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

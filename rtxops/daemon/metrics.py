@@ -23,6 +23,7 @@ class _Collector:
             ("rtxops_ingest_spans_refused", "spans_refused", "spans refused for capacity (429)"),
             ("rtxops_ingest_requests_rejected", "requests_rejected", "malformed or refused requests"),
             ("rtxops_store_write_errors", "write_errors", "store write failures"),
+            ("rtxops_store_rows_pruned", "rows_pruned", "rows deleted by retention prunes"),
         ):
             yield CounterMetricFamily(name, doc, value=s.get(key, 0))
         for name, key in (("rtxops_store_queue_batches", "queue_batches"),
@@ -39,8 +40,6 @@ class _Collector:
         yield restarts
         yield CounterMetricFamily("rtxops_plan_swaps", "plan swaps reported by jobs",
                                   value=d.swap_count())
-        yield CounterMetricFamily("rtxops_store_rows_pruned", "rows deleted by the retention",
-                                  value=d.retention.rows_pruned if d.retention else 0)
         yield CounterMetricFamily("rtxops_plans_refused", "plans jobs refused",
                                   value=len(d.board.reports))
 

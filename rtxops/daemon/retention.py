@@ -33,7 +33,6 @@ class RetentionThread:
 
     def __init__(self, store: Store, retention_s: float, every_s: float = EVERY_S) -> None:
         self.store, self.retention_s, self.every_s = store, retention_s, every_s
-        self.rows_pruned = 0
         self.prunes = 0
         self.last: dict | None = None
         self._stop = threading.Event()
@@ -57,7 +56,6 @@ class RetentionThread:
                 log.error(json.dumps({"event": "prune_failed", "error": f"{type(e).__name__}: {e}"}))
             else:
                 self.prunes += 1
-                self.rows_pruned += report.total
                 self.last = report.as_dict()
                 if report.total:
                     log.info(json.dumps({"event": "pruned", **self.last}))

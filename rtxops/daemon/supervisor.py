@@ -173,10 +173,15 @@ class Supervisor:
                 return []
             sid, token = _own_session(attempt), job.token
             runner = self._runners.get(job_id)
-            if runner is not None and stop and signum in STOP_SIGNALS:
+            stopping = runner is not None and stop and signum in STOP_SIGNALS
+            if stopping:
                 # asked to stop (Ctrl-C forwarded by `rtxops run`): if the attempt then fails,
-                # that is the stop, not a crash to restart
+                # that is the stop, not a crash to restart (saved: a daemon restarted meanwhile
+                # must know it too)
                 runner.stop_requested = (attempt.number, signal.Signals(signum).name)
+                attempt.stop_signal = signal.Signals(signum).name
+        if stopping:
+            self._save(job_id)
         sent = proctree.signal_procs(proctree.members(sid, token).values(), signum)
         self._event(job_id, "signalled", signal=signal.Signals(signum).name, pids=sent)
         return sent
@@ -286,9 +291,13 @@ class Supervisor:
         if alive or ended_unseen:
             job.adopted = True
             self._runners[job.id] = runner = _Runner(self, job.id)
+            if attempt.stop_signal:
+                runner.stop_requested = (attempt.number, attempt.stop_signal)
             with self._lock:
                 if cancelling:  # carried on: the tree gets SIGTERM, then SIGKILL after the grace
                     runner.request_cancel(job.reason or "cancelled by request", job.spec.grace_s)
+                elif job.state is JobState.HUNG:  # so is a hang kill (and its restart budget)
+                    runner.hang_kill = True
                 else:
                     self._set(job, JobState.RUNNING, reason="re-adopted after a daemon restart")
             self._save(job.id)
@@ -297,10 +306,10 @@ class Supervisor:
             return
         self._stop_strays(job)
         if not cancelling and (attempt is None or attempt.outcome is not None):
-            # pending, or waiting to restart: the next attempt starts now
+            # pending, or waiting to restart: the next attempt starts when it was due
             self._runners[job.id] = runner = _Runner(self, job.id)
             self._event(job.id, "resumed", after="a daemon restart")
-            runner.start(adopt=False)
+            runner.start(adopt=False, resume=True)
             return
         reason = "the daemon restarted while the job ran; its exit status is unknown"
         if attempt is not None and attempt.outcome is None:
@@ -390,6 +399,7 @@ class _Runner:
         self.heartbeats: dict[int, float] = {}
         self.wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self.hang_kill = False  # (set before start: an adopted attempt a hang kill was ending)
         self._proc: subprocess.Popen | None = None
         self._tail: LogTail | None = None
         self._started_mono = 0.0
@@ -397,8 +407,8 @@ class _Runner:
         self._probe_errors: set[str] = set()
         self._delay = 0.0
 
-    def start(self, adopt: bool) -> None:
-        target = self._run_adopted if adopt else self._run
+    def start(self, adopt: bool, resume: bool = False) -> None:
+        target = self._run_adopted if adopt else self._run_resumed if resume else self._run
         self._thread = threading.Thread(target=self._guard, args=(target,), daemon=True,
                                         name=f"rtxops-job-{self.job_id}")
         self._thread.start()
@@ -454,10 +464,20 @@ class _Runner:
             self._started_mono = time.monotonic()
         self._tail = self._new_tail(attempt, attempt.log_offsets, attempt.log_seqs,
                                     self._stored_after_checkpoint(attempt))
-        self._follow(attempt, self._watch(attempt))
+        if self.hang_kill:   # the previous daemon was killing it for a hang: carry that on
+            self._follow(attempt, (Outcome.HUNG, self._kill(attempt, self.job.spec.grace_s)))
+        else:
+            self._follow(attempt, self._watch(attempt))
         if self._decide(attempt) or self._backoff():
             return
         self._run()
+
+    def _run_resumed(self) -> None:
+        """A job a previous daemon left pending or waiting out a restart's backoff."""
+        due = self.job.next_attempt_at_ns
+        self._delay = max(0.0, (due - time.time_ns()) / 1e9) if due else 0.0
+        if not self._backoff():
+            self._run()
 
     def _launch(self) -> Attempt | None:
         sup, job = self.sup, self.job
@@ -567,7 +587,16 @@ class _Runner:
     def _ended(self, attempt: Attempt) -> tuple[bool, int | None]:
         if self._proc is not None:    # the waiter: it ends just after the job
             rc = self._proc.poll()
-            return rc is not None, None if rc is None else self._exit_status(attempt, rc)
+            if rc is None:
+                return False, None
+            status = launch.read_status(_status_file(self.job, attempt.number))
+            if status is not None:
+                return True, status
+            if not self._probe("alive", _attempt_alive, False, attempt, self.job.token):
+                return True, rc   # (the waiter died with the job, or could not write the file)
+            self._proc = None     # someone killed the waiter alone: watch the job as adopted
+            self.sup._event(self.job_id, "waiter_lost", attempt=attempt.number, exit=rc)
+            return False, None
         try:
             ended = not _attempt_alive(attempt, self.job.token)
         except Exception as e:  # a failing probe never counts as the job ending
@@ -666,6 +695,7 @@ class _Runner:
         self._proc = None
         sup._event(job.id, "exited", attempt=attempt.number, outcome=info.outcome.value,
                    exit_code=info.exit_code, signal=info.signal, detail=info.detail)
+        sup._save(job.id)     # the exit status is saved: its file can go
         _status_file(job, attempt.number).unlink(missing_ok=True)
         if drained and not sup.keep_log_files and not sup.sink_errors:
             for s in STREAMS:

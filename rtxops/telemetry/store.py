@@ -363,6 +363,7 @@ class Store:
         self.write_errors = 0
         self.batches_repeated = 0
         self.spans_repeated = 0
+        self.rows_pruned = 0
         self._rate = 200_000.0                       # spans/s, for Retry-After hints
         self._digests = _recent_digests(self._con)   # writer thread only
         self._resources_stored: set[int] = set()     # writer thread only
@@ -428,6 +429,11 @@ class Store:
         with self._lock:
             self.requests_refused += 1
             self.spans_refused += spans
+
+    def note_pruned(self, rows: int) -> None:
+        """Count rows a retention prune deleted (for :meth:`stats`)."""
+        with self._lock:
+            self.rows_pruned += rows
 
     def note_rejected(self, requests: int = 1, spans: int = 0) -> None:
         """Count input the receiver turned away as malformed (for :meth:`stats`)."""
@@ -656,7 +662,8 @@ class Store:
                 "requests_refused": self.requests_refused,
                 "requests_rejected": self.requests_rejected, "spans_rejected": self.spans_rejected,
                 "write_errors": self.write_errors, "batches_repeated": self.batches_repeated,
-                "spans_repeated": self.spans_repeated, "queue_batches": self.queue_batches,
+                "spans_repeated": self.spans_repeated, "rows_pruned": self.rows_pruned,
+                "queue_batches": self.queue_batches,
                 "queue_spans": self.queue_spans,
             }
 

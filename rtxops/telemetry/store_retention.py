@@ -1,11 +1,12 @@
 """Retention: delete telemetry older than an age, so a long-running daemon's store stops growing.
 
-What goes: span rows, span events, the per-minute kernel rollups, the ingest log (never the last
-:data:`~.store.RETRY_WINDOW_S`: a client's retry is recognised by it) and job log lines, each by
-its own timestamp; then span keys and resources no span refers to. What stays: job records and
+What goes: span rows (but plan swaps: the evolve loop finds a swap's step by them, and they are
+few), span events, the per-minute kernel rollups, the ingest log (its last 15 minutes recognise
+a client's retry: far younger than any cutoff) and job log lines, each by its own timestamp; then span keys and resources no span refers to. What stays: job records and
 events, the evolve loop's tables (tuning, trials, gate results, decisions) and the governance
-ledger — the evidence behind signed decisions is never pruned. DuckDB reuses the freed space for
-new rows; the file itself does not shrink.
+ledger — the evidence behind signed decisions is never pruned. The shortest age is a day: the
+loop's windows count steps, which can be minutes each. DuckDB reuses the freed space for new
+rows; the file itself does not shrink.
 """
 from __future__ import annotations
 
@@ -15,15 +16,19 @@ from dataclasses import dataclass
 
 import duckdb
 
-from .store import MINUTE_NS, RETRY_WINDOW_S, Store
+from .store import MINUTE_NS, Store
 
-MIN_AGE_S = 3600                     # younger data feeds the evolve loop's windows and canaries
+MIN_AGE_S = 86400                    # younger data may feed the evolve loop's windows and canaries
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*")
 
-# (table, what its rows are called in a report, the timestamp column in ns)
-_BY_TIME = (("span_rows", "spans", "start_ns"), ("span_events", "span events", "time_ns"),
-            ("job_logs", "job log lines", "ts_ns"))
+_SPANS_GONE = "start_ns < $1 AND key_id NOT IN (SELECT key_id FROM span_keys WHERE name = 'rtx.swap')"
+# (table, what its rows are called in a report, which rows go: older than the cutoff ($1))
+_BY_TIME = (
+    ("span_rows", "spans", _SPANS_GONE),
+    ("span_events", "span events", "time_ns < $1"),
+    ("job_logs", "job log lines", "ts_ns < $1"),
+)
 
 
 def parse_age(text: str) -> float:
@@ -37,8 +42,8 @@ def parse_age(text: str) -> float:
 def check_age(seconds: float) -> float:
     """``seconds`` if it is a retention this store allows (at least :data:`MIN_AGE_S`)."""
     if not seconds >= MIN_AGE_S:
-        raise ValueError(f"a retention under {MIN_AGE_S // 3600} hour would delete what the "
-                         "evolve loop is still reading; give 1h or more")
+        raise ValueError("a retention under a day may delete what the evolve loop is still "
+                         "reading; give 1d or more")
     return seconds
 
 
@@ -75,40 +80,38 @@ def prune(store: Store, older_than_s: float, *, dry_run: bool = False,
         return counted
 
     rows = store.call(run, timeout_s)
+    if not dry_run:
+        store.note_pruned(sum(rows.values()))
     if not dry_run and any(rows.values()):
         # after the commit: DuckDB marks the deleted rows' blocks free at a checkpoint
         store.call(lambda cur: cur.execute("CHECKPOINT"), timeout_s, transaction=False)
     return PruneReport(before_ns, dry_run, rows, time.perf_counter() - started)
 
 
-def _ingest_cutoff(before_ns: int) -> int:
-    return min(before_ns, time.time_ns() - RETRY_WINDOW_S * 10**9)
-
-
 def _count(cur: duckdb.DuckDBPyConnection, before_ns: int) -> dict[str, int]:
-    rows = {label: _scalar(cur, f"SELECT count(*) FROM {table} WHERE {column} < ?", before_ns)
-            for table, label, column in _BY_TIME}
+    rows = {label: _scalar(cur, f"SELECT count(*) FROM {table} WHERE {which}", before_ns)
+            for table, label, which in _BY_TIME}
     rows["kernel minutes"] = _scalar(cur, "SELECT count(*) FROM kernel_minutes WHERE minute < ?",
                                      before_ns // MINUTE_NS)
     rows["ingest batches"] = _scalar(cur, "SELECT count(*) FROM ingest_batches WHERE received_ns < ?",
-                                     _ingest_cutoff(before_ns))
+                                     before_ns)
     rows["span keys"] = rows["resources"] = 0
     if rows["spans"]:
-        rows["span keys"] = _scalar(cur, """SELECT count(*) FROM span_keys k WHERE NOT EXISTS (
-            SELECT 1 FROM span_rows r WHERE r.key_id = k.key_id AND r.start_ns >= ?)""", before_ns)
-        rows["resources"] = _scalar(cur, """SELECT count(*) FROM resources s WHERE NOT EXISTS (
-            SELECT 1 FROM span_rows r WHERE r.resource_id = s.resource_id AND r.start_ns >= ?)""",
+        rows["span keys"] = _scalar(cur, f"""SELECT count(*) FROM span_keys k WHERE NOT EXISTS (
+            SELECT 1 FROM span_rows r WHERE r.key_id = k.key_id AND NOT ({_SPANS_GONE}))""", before_ns)
+        rows["resources"] = _scalar(cur, f"""SELECT count(*) FROM resources s WHERE NOT EXISTS (
+            SELECT 1 FROM span_rows r WHERE r.resource_id = s.resource_id AND NOT ({_SPANS_GONE}))""",
                                     before_ns)
     return rows
 
 
 def _delete(cur: duckdb.DuckDBPyConnection, before_ns: int) -> dict[str, int]:
-    rows = {label: _scalar(cur, f"DELETE FROM {table} WHERE {column} < ?", before_ns)
-            for table, label, column in _BY_TIME}
+    rows = {label: _scalar(cur, f"DELETE FROM {table} WHERE {which}", before_ns)
+            for table, label, which in _BY_TIME}
     rows["kernel minutes"] = _scalar(cur, "DELETE FROM kernel_minutes WHERE minute < ?",
                                      before_ns // MINUTE_NS)
     rows["ingest batches"] = _scalar(cur, "DELETE FROM ingest_batches WHERE received_ns < ?",
-                                     _ingest_cutoff(before_ns))
+                                     before_ns)
     rows["span keys"] = rows["resources"] = 0
     if rows["spans"]:   # (each scans every span row left)
         rows["span keys"] = _scalar(cur, """DELETE FROM span_keys k WHERE NOT EXISTS (

@@ -209,11 +209,12 @@ def test_jobs_that_end_or_wait_to_restart_while_no_daemon_runs_are_taken_up_by_t
     ok = d1.submit(["python", quits, go, "0"], name="ok")
     bad = d1.submit(["python", quits, go, "3"], name="bad", restarts=1, backoff_s=0)
     later = d1.submit(["python", "-c", "import sys; sys.exit(5)"], name="later", restarts=1,
-                      backoff_s=600)
+                      backoff_s=20)
     for job in (ok, bad):
         until(lambda: d1.texts(job["id"]) == ["up"], 60, what=f"{job['name']} to start")
     until(lambda: d1.job(later["id"])["state"] == "restarting", 60, what="a restart to wait")
     pids = [d1.job(job["id"])["attempts"][0]["pid"] for job in (ok, bad)]
+    due = d1.job(later["id"])["next_attempt_at_ns"]
     d1.kill9()
     open(go, "w").close()     # both end while no daemon runs
     until(lambda: all(gone(pid) for pid in pids), 30, what="the jobs to end")
@@ -228,8 +229,59 @@ def test_jobs_that_end_or_wait_to_restart_while_no_daemon_runs_are_taken_up_by_t
     assert [a["exit_code"] for a in failed["attempts"]] == [3, 3]  # restarted by the new daemon
     resumed = d2.wait(later["id"], 60)
     assert [a["exit_code"] for a in resumed["attempts"]] == [5, 5], resumed
+    assert resumed["attempts"][1]["started_at_ns"] >= due     # its backoff was waited out
     kinds = [e["kind"] for e in d2.client().get(f"/v1/jobs/{later['id']}/events").json()["events"]]
     assert "resumed" in kinds
+    assert d2.terminate() == 0, d2.output()
+
+
+# Ends with 130 on SIGINT and 143 on SIGTERM, but only once the file GO appears.
+SLOW_TO_STOP = """
+    import os, signal, sys, time
+    def stop(code):
+        def handler(*_):
+            print(f"stopping {code}", flush=True)
+            while not os.path.exists(sys.argv[1]):
+                time.sleep(0.02)
+            sys.exit(code)
+        return handler
+    signal.signal(signal.SIGINT, stop(130))
+    signal.signal(signal.SIGTERM, stop(143))
+    print("up", flush=True)
+    while True:
+        time.sleep(0.05)
+"""
+
+
+def test_a_stop_or_hang_kill_under_way_at_a_daemon_kill_ends_as_such(daemons, tmp_path):
+    """A stop asked for (Ctrl-C forwarded by `rtxops run`) and a kill for a hang lived only in
+    the daemon's memory: after a restart the attempt they ended read as a crash, and the job
+    restarted (on its crash budget) instead of ending cancelled or on its hang budget."""
+    home, go = tmp_path / "home", str(tmp_path / "go")
+    d1 = daemons.start(home)
+    slow = script(tmp_path, "slow.py", SLOW_TO_STOP)
+    stopped = d1.submit(["python", slow, go], name="stopped", restarts=3)
+    # (a hang after its handlers are in: the runtime's start takes seconds on a busy machine)
+    hung = d1.submit(["python", slow, go], name="hung", restarts=3, hang_timeout_s=15, grace_s=600)
+    until(lambda: d1.texts(stopped["id"]) == ["up"], 60, what="the job to start")
+    r = d1.client().post(f"/v1/jobs/{stopped['id']}/signal", json={"signal": "SIGINT", "stop": True})
+    assert r.status_code == 200 and r.json()["pids"], r.text
+    until(lambda: d1.texts(stopped["id"]) == ["up", "stopping 130"], 60, what="the stop")
+    until(lambda: d1.texts(hung["id"]) == ["up", "stopping 143"], 60, what="the hang's SIGTERM")
+    assert d1.job(hung["id"])["state"] == "hung"
+    pids = [d1.job(job["id"])["attempts"][0]["pid"] for job in (stopped, hung)]
+    d1.kill9()
+    open(go, "w").close()     # both end while no daemon runs
+    until(lambda: all(gone(pid) for pid in pids), 30, what="the jobs to end")
+
+    d2 = daemons.start(home)
+    cancelled = d2.wait(stopped["id"], 60)
+    assert cancelled["state"] == "cancelled", cancelled
+    assert "stopped by SIGINT sent on request" in cancelled["reason"]
+    assert len(cancelled["attempts"]) == 1
+    failed = d2.wait(hung["id"], 60)
+    assert failed["state"] == "failed" and "hang restart budget (0) spent" in failed["reason"], failed
+    assert [a["outcome"] for a in failed["attempts"]] == ["hung"]
     assert d2.terminate() == 0, d2.output()
 
 

@@ -45,40 +45,40 @@ def test_the_daemon_prunes_by_itself_and_the_cli_prunes_through_it_or_the_file(d
     now = time.time_ns()
     with Store(home / "rtxops.duckdb") as s:
         write(s, 300, now - 20 * DAY_NS, "twenty-days")
-        write(s, 300, now - 3 * 3600 * 10**9, "three-hours")
+        write(s, 300, now - 3 * DAY_NS, "three-days")
         write(s, 300, now - 60 * 10**9, "a-minute")
 
     d = daemons.start(home, args=("--retention", "10d"))
     until(lambda: pruned(d) > 0, what="the daemon's first prune")
     # through the daemon: a dry run counts, a prune deletes; both need the token
-    r = d.client(token=None).post("/v1/telemetry/prune", json={"older_than": "2h"})
+    r = d.client(token=None).post("/v1/telemetry/prune", json={"older_than": "2d"})
     assert r.status_code == 401
-    dry = cli("telemetry", "prune", "--older-than", "2h", "--dry-run", "--json", "--home", str(home),
+    dry = cli("telemetry", "prune", "--older-than", "2d", "--dry-run", "--json", "--home", str(home),
               mark=daemons.mark)
     assert dry.returncode == 0, dry.stderr
     assert json.loads(dry.stdout)["rows"]["spans"] == 300
-    shown = cli("telemetry", "prune", "--older-than", "2h", "--home", str(home), mark=daemons.mark)
+    shown = cli("telemetry", "prune", "--older-than", "2d", "--home", str(home), mark=daemons.mark)
     assert shown.returncode == 0, shown.stderr
     assert "deleted" in shown.stdout and "300" in shown.stdout
     bad = cli("telemetry", "prune", "--older-than", "10 minutes", "--home", str(home), mark=daemons.mark)
     assert bad.returncode == 2 and "not an age" in bad.stderr
-    r = d.client().post("/v1/telemetry/prune", json={"older_than": "5m"})
-    assert r.status_code == 422 and "1h or more" in r.json()["detail"]
+    r = d.client().post("/v1/telemetry/prune", json={"older_than": "23h"})
+    assert r.status_code == 422 and "1d or more" in r.json()["detail"]
     assert d.terminate() == 0
 
     store_path = home / "rtxops.duckdb"
     assert spans_of(store_path, "twenty-days") == 0     # the daemon's own prune (10d)
-    assert spans_of(store_path, "three-hours") == 0     # the CLI's, through the daemon (2h)
+    assert spans_of(store_path, "three-days") == 0      # the CLI's, through the daemon (2d)
     assert spans_of(store_path, "a-minute") == 300
 
     # no daemon: the CLI prunes the file itself
     with Store(store_path) as s:
-        write(s, 200, now - 5 * 3600 * 10**9, "five-hours")
-    direct = cli("telemetry", "prune", "--older-than", "4h", "--json", "--home", str(home),
+        write(s, 200, now - 5 * DAY_NS, "five-days")
+    direct = cli("telemetry", "prune", "--older-than", "4d", "--json", "--home", str(home),
                  mark=daemons.mark)
     assert direct.returncode == 0, direct.stderr
     assert json.loads(direct.stdout)["rows"]["spans"] == 200
-    assert spans_of(store_path, "five-hours") == 0 and spans_of(store_path, "a-minute") == 300
+    assert spans_of(store_path, "five-days") == 0 and spans_of(store_path, "a-minute") == 300
 
 
 def test_a_malformed_retention_stops_the_daemon_before_it_starts(daemons, tmp_path):

@@ -4,6 +4,7 @@ as the job did."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -77,3 +78,38 @@ def test_a_command_that_cannot_start_is_reported_by_the_waiter(tmp_path):
         else:
             raise AssertionError("started a file that is not executable")
     assert not (tmp_path / "status").exists()
+
+
+def test_a_status_the_waiter_cannot_write_is_still_its_exit_status(tmp_path):
+    """A full disk or a removed folder: the waiter died with a traceback (exit 1) and the job,
+    which had exited 0, was taken for a crash and run again."""
+    for code in (0, 3):
+        with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
+            waiter, _ = launch.spawn([PY, "-c", f"import sys; sys.exit({code})"], env={}, cwd=None,
+                                     stdout=out, stderr=err, status_file=tmp_path / "gone" / "status")
+        assert waiter.wait(20) == code
+        assert "cannot write the exit status" in (tmp_path / "err").read_text()
+
+
+def test_a_job_whose_waiter_is_killed_alone_runs_on(sup, tmp_path):
+    """Killing the waiter (pkill, an admin) was taken for the job ending: its leftovers - the
+    job itself - were killed. The job runs on, watched as an adopted one."""
+    go = tmp_path / "go"
+    body = script(tmp_path, "runs_on.py", f"""
+        import os, time
+        print("up", flush=True)
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.02)
+        print("done", flush=True)
+    """)
+    job = sup.submit(spec(PY, body))
+    until(lambda: [ln.text for ln in sup.logs(job.id)] == ["up"])
+    attempt = sup.job(job.id).attempt
+    waiter = proctree.read_proc(attempt.pid).ppid
+    os.kill(waiter, signal.SIGTERM)
+    until(lambda: any(e.kind == "waiter_lost" for e in sup.events(job.id)))
+    assert proctree.read_proc(attempt.pid).alive and sup.job(job.id).state is JobState.RUNNING
+    go.touch()
+    done = sup.wait(job.id, 30)
+    assert [ln.text for ln in sup.logs(job.id)] == ["up", "done"]
+    assert done.state is JobState.LOST and "exit status unknown" in done.reason

@@ -10,6 +10,8 @@ import pytest
 from rtxops.telemetry import otlp, store_jobs, store_ledger, store_retention, synthetic
 from rtxops.telemetry.store import MINUTE_NS, Store
 
+from .otlp_helpers import RESOURCE, request, span
+
 DAY_NS = 86400 * 10**9
 
 
@@ -106,11 +108,21 @@ def test_a_failed_prune_deletes_nothing(store, monkeypatch):
     assert count(store, "spans") == before["span_rows"] + 100
 
 
-def test_the_ingest_log_keeps_the_retry_window(store):
-    store.call(lambda cur: cur.execute("INSERT INTO ingest_batches VALUES (?, ?, 1, 0, NULL)",
-                                       [time.time_ns() - 5 * 60 * 10**9] * 2))
-    report = store_retention.prune(store, 3600)
-    assert report.rows["ingest batches"] == 0 and count(store, "ingest_batches") == 1
+def test_plan_swaps_are_kept_whatever_their_age(store):
+    """The evolve loop finds the step a plan swap took effect at by its rtx.swap span."""
+    now = time.time_ns()
+    old = now - 40 * DAY_NS
+    body = request([span("rtx.swap", {"rtx.step": 100, "rtx.plan.from": 1, "rtx.plan.to": 2},
+                         start=old),
+                    span("rtx.step", {"rtx.step": 100}, start=old)],
+                   {**RESOURCE, "rtx.job.id": "swapper"}).SerializeToString()
+    store.write(otlp.convert(body, otlp.PROTOBUF, old))
+    dry = store_retention.prune(store, 30 * 86400, dry_run=True)
+    report = store_retention.prune(store, 30 * 86400)
+    assert report.rows == dry.rows
+    assert report.rows["spans"] == 1 and report.rows["resources"] == 0
+    assert store.query("SELECT name, step, plan_to FROM swaps JOIN spans USING (job_id, step)") == [
+        {"name": "rtx.swap", "step": 100, "plan_to": 2}]
 
 
 @pytest.mark.parametrize("text, seconds", [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400),
@@ -125,6 +137,6 @@ def test_a_malformed_age_is_refused(text):
         store_retention.parse_age(text)
 
 
-def test_a_retention_under_an_hour_is_refused(store):
-    with pytest.raises(ValueError, match="1h or more"):
-        store_retention.prune(store, 59 * 60)
+def test_a_retention_under_a_day_is_refused(store):
+    with pytest.raises(ValueError, match="1d or more"):
+        store_retention.prune(store, 23 * 3600)
