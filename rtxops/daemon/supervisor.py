@@ -695,8 +695,6 @@ class _Runner:
         self._proc = None
         sup._event(job.id, "exited", attempt=attempt.number, outcome=info.outcome.value,
                    exit_code=info.exit_code, signal=info.signal, detail=info.detail)
-        sup._save(job.id)     # the exit status is saved: its file can go
-        _status_file(job, attempt.number).unlink(missing_ok=True)
         if drained and not sup.keep_log_files and not sup.sink_errors:
             for s in STREAMS:
                 Path(job.log_dir, f"attempt-{attempt.number}.{s}").unlink(missing_ok=True)
@@ -760,6 +758,7 @@ class _Runner:
             sup._set(job, JobState.RESTARTING, reason=f"{attempt.detail}; restarting in {delay:g} s",
                      next_attempt_at_ns=time.time_ns() + int(delay * 1e9))
         sup._save(job.id)
+        _status_file(job, attempt.number).unlink(missing_ok=True)   # (saved, with what follows)
         sup._event(job.id, "restart_scheduled", kind=kind, delay_s=delay, restarts_left=budget - used - 1)
         self._delay = delay
         return False
@@ -779,6 +778,8 @@ class _Runner:
         with self.sup._lock:
             self.sup._set(self.job, state, reason=reason, next_attempt_at_ns=None)
         self.sup._save(self.job_id)
+        if self.job.attempt is not None:  # its exit status is saved, with what follows from it
+            _status_file(self.job, self.job.attempt.number).unlink(missing_ok=True)
         if not self.sup.keep_log_files and not self.sup.sink_errors:
             try:
                 Path(self.job.log_dir).rmdir()
