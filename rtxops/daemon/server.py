@@ -41,6 +41,7 @@ log = logging.getLogger("rtxops.daemon")
 PLAN_LEAD_S = 4.0
 
 
+WRITE_ERROR_SHOWN_S = 30.0  # /readyz reports a failed store write this long
 SERVER_GRACE_S = 5.0  # how long requests in flight at shutdown may take to finish
 
 
@@ -172,6 +173,11 @@ class Daemon:
         stats = self.store.stats()
         if stats.get("queue_batches", 0) >= self.store.max_queue_batches:
             problems.append("the store's write queue is full")
+        if self.store.broken:
+            problems.append(f"the store is being reopened after a fatal error: {self.store.broken}")
+        failed = self.store.last_write_error
+        if failed and time.monotonic() - failed[0] < WRITE_ERROR_SHOWN_S:
+            problems.append(f"a store write failed {time.monotonic() - failed[0]:.0f} s ago: {failed[1]}")
         return problems
 
     def swap_count(self) -> int:

@@ -40,6 +40,7 @@ Future = concurrent.futures.Future
 HOUR_NS = 3600 * 10**9
 RETRY_WINDOW_S = 15 * 60       # how long a committed request body is remembered (see Store)
 MAX_REMEMBERED = 100_000       # request digests remembered at most
+REOPEN_RETRY_S = 5.0           # between attempts to reopen a database DuckDB invalidated
 
 
 class StoreError(TelemetryError):
@@ -364,6 +365,9 @@ class Store:
         self.batches_repeated = 0
         self.spans_repeated = 0
         self.rows_pruned = 0
+        self.broken: str | None = None               # why the database is being reopened
+        self.last_write_error: tuple[float, str] | None = None   # (monotonic time, reason)
+        self._write_failed = False                   # writer thread only
         self._rate = 200_000.0                       # spans/s, for Retry-After hints
         self._digests = _recent_digests(self._con)   # writer thread only
         self._resources_stored: set[int] = set()     # writer thread only
@@ -380,6 +384,11 @@ class Store:
         with self._lock:
             if self._closing:
                 raise StoreClosed(f"the store at {self.path} is closed")
+            if self.broken:
+                self.spans_refused += batch.span_count
+                self.requests_refused += 1
+                raise StoreBusy(f"the store is being reopened after a fatal error: {self.broken}",
+                                REOPEN_RETRY_S)
             # a batch larger than the whole queue still goes in when the queue is empty: refused
             # there, it would be refused on every retry
             if (self.queue_batches + 1 > self.max_queue_batches
@@ -456,6 +465,8 @@ class Store:
         if self._writer.is_alive():
             log.error("rtxops store: the writer did not finish within %ss; closing anyway", timeout)
             return
+        if self._con is None:
+            return
         with contextlib.suppress(duckdb.Error):
             self._con.execute("CHECKPOINT")
         self._con.close()
@@ -479,7 +490,7 @@ class Store:
         # under load (256 MB: 105 k spans/s in bench/ingest.py). Commits stay durable through
         # the WAL; the cost is memory (what waits for a checkpoint; past DuckDB's memory limit
         # it spills to temporary files) and WAL replay time after a crash.
-        cur.execute(f"SET checkpoint_threshold = '{os.environ.get('RTXOPS_STORE_WAL', '256MB')}'")
+        cur.execute(f"SET checkpoint_threshold = '{_wal_threshold()}'")
         stop = False
         deferred: list[_Task] = []
         while not stop:
@@ -512,9 +523,61 @@ class Store:
                 self._commit_group(cur, group)
                 self._maybe_compact(cur)
             for task in deferred:
-                _run_task(cur, task)
+                if not _run_task(cur, task):
+                    self._note_write_error(task.future.exception())
             deferred.clear()
+            if self._write_failed:
+                self._write_failed = False
+                cur = self._usable(cur)
+                if cur is None:   # closed while the database could not be reopened
+                    return
         cur.close()
+
+    def _note_write_error(self, error: BaseException | None) -> None:
+        self._write_failed = True
+        with self._lock:
+            self.last_write_error = (time.monotonic(), str(error).splitlines()[0] if error else "")
+
+    def _usable(self, cur: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection | None:
+        """After a failed write: ``cur`` if the database still works, else a new connection once
+        one can be opened. DuckDB invalidates a database whose checkpoint failed (a full disk,
+        say) until it is opened again; reopening replays its WAL, so nothing committed is lost.
+        Meanwhile submits are refused (503 with Retry-After) and readers get a StoreError."""
+        try:
+            cur.execute("SELECT 1")
+            return cur
+        except duckdb.Error as e:
+            reason = str(e).splitlines()[0]
+        log.error("rtxops store: the database at %s is unusable (%s); reopening it", self.path, reason)
+        with self._lock:
+            self.broken = reason
+            old, self._con = self._con, None
+        for c in (cur, old):
+            with contextlib.suppress(Exception):
+                c.close()
+        while True:
+            con = None
+            try:
+                con = duckdb.connect(str(self.path), config=connection_config())
+                fresh = con.cursor()
+                fresh.execute(f"SET checkpoint_threshold = '{_wal_threshold()}'")
+                break
+            except duckdb.Error as e:   # no space yet, or a reader still holds the old database
+                log.warning("rtxops store: reopening %s failed (%s); retrying in %ss", self.path,
+                            str(e).splitlines()[0], REOPEN_RETRY_S)
+                if con is not None:
+                    with contextlib.suppress(Exception):
+                        con.close()
+            with self._lock:
+                if self._closing:
+                    return None
+            time.sleep(REOPEN_RETRY_S)
+        self._keys_stored.clear()
+        self._resources_stored.clear()
+        with self._lock:
+            self._con, self.broken = con, None
+        log.warning("rtxops store: %s reopened", self.path)
+        return fresh
 
     def _dequeued(self, batch: Batch) -> None:
         with self._lock:
@@ -536,9 +599,10 @@ class Store:
             cur.execute("BEGIN")
             _compact(cur, _compact_before(None))
             cur.execute("COMMIT")
-        except duckdb.Error:
+        except duckdb.Error as e:
             with contextlib.suppress(duckdb.Error):
                 cur.execute("ROLLBACK")
+            self._note_write_error(e)
             log.exception("rtxops store: compacting kernel_minutes failed")
 
     def _commit_group(self, cur: duckdb.DuckDBPyConnection, group: list[_Pending]) -> None:
@@ -560,6 +624,7 @@ class Store:
                 return
             with self._lock:
                 self.write_errors += 1
+            self._note_write_error(e)
             self._dequeued(group[0].batch)
             group[0].future.set_exception(StoreError(f"writing a batch failed: {e}"))
             return
@@ -635,6 +700,8 @@ class Store:
         with self._lock:
             if self._closing and not self._writer.is_alive():
                 raise StoreClosed(f"the store at {self.path} is closed")
+            if self._con is None:
+                raise StoreError(f"the store is being reopened after a fatal error: {self.broken}")
             return self._con.cursor()
 
     @contextlib.contextmanager
@@ -759,9 +826,10 @@ def _settled(future: Future, timeout: float | None) -> Any:
         return future.result()  # running: its outcome, whichever it is
 
 
-def _run_task(cur: duckdb.DuckDBPyConnection, task: _Task) -> None:
+def _run_task(cur: duckdb.DuckDBPyConnection, task: _Task) -> bool:
+    """Run ``task``; False when it failed on a database error."""
     if not task.future.set_running_or_notify_cancel():
-        return
+        return True
     try:
         if not task.transaction:
             result = task.fn(cur)
@@ -773,8 +841,13 @@ def _run_task(cur: duckdb.DuckDBPyConnection, task: _Task) -> None:
         with contextlib.suppress(duckdb.Error):
             cur.execute("ROLLBACK")
         task.future.set_exception(e)
-        return
+        return not isinstance(e, duckdb.Error)
     task.future.set_result(result)
+    return True
+
+
+def _wal_threshold() -> str:
+    return os.environ.get("RTXOPS_STORE_WAL", "256MB")
 
 
 def _compact_before(before_ns: int | None) -> int:

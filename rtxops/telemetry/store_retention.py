@@ -10,14 +10,18 @@ rows; the file itself does not shrink.
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import duckdb
 
 from .store import MINUTE_NS, Store
 
+CHECKPOINT_SPARE_BYTES = 64 << 20
 MIN_AGE_S = 86400                    # younger data may feed the evolve loop's windows and canaries
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*")
@@ -82,10 +86,24 @@ def prune(store: Store, older_than_s: float, *, dry_run: bool = False,
     rows = store.call(run, timeout_s)
     if not dry_run:
         store.note_pruned(sum(rows.values()))
-    if not dry_run and any(rows.values()):
+    if not dry_run and any(rows.values()) and _room_to_checkpoint(store.path):
         # after the commit: DuckDB marks the deleted rows' blocks free at a checkpoint
         store.call(lambda cur: cur.execute("CHECKPOINT"), timeout_s, transaction=False)
     return PruneReport(before_ns, dry_run, rows, time.perf_counter() - started)
+
+
+def _room_to_checkpoint(path: Path) -> bool:
+    """Whether the disk has room for a checkpoint (its WAL's size, and some): one that fails
+    invalidates the database until it is reopened. Without room, DuckDB's own checkpoint comes
+    later."""
+    try:
+        wal = os.path.getsize(f"{path}.wal")
+    except OSError:
+        wal = 0
+    try:
+        return shutil.disk_usage(path.parent).free > 2 * wal + CHECKPOINT_SPARE_BYTES
+    except OSError:
+        return False
 
 
 def _count(cur: duckdb.DuckDBPyConnection, before_ns: int) -> dict[str, int]:
