@@ -121,7 +121,7 @@ class Daemon:
         return list(self.supervisor.running())
 
     def on_batch(self, batch) -> None:
-        """Heartbeats for the supervisor from every committed batch's step spans."""
+        """Heartbeats for the supervisor from every decoded batch's step spans (stored or not)."""
         spans = batch.spans
         if self.supervisor is None or spans.num_rows == 0:
             return

@@ -54,8 +54,8 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
     """A router with ``POST {path}`` writing into ``store``.
 
     ``token``: the bearer token every request must carry (None: no check, for tests and local
-    use). ``on_batch`` sees every batch once it is committed (the daemon takes heartbeats
-    there). At most ``max_inflight`` requests hold a body in memory at once (reading and
+    use). ``on_batch`` sees every batch once it is decoded, stored or not (the daemon takes
+    heartbeats there: a job steps on whether or not the store can take its spans). At most ``max_inflight`` requests hold a body in memory at once (reading and
     decoding it); one that waits longer than ``slot_wait_s`` for a slot gets 429, so memory stays
     bounded under any flood. A body that takes longer than ``body_timeout_s`` to arrive gets 408
     and gives its slot back (a stalled client would otherwise hold it for good). A batch still
@@ -135,6 +135,7 @@ async def _handle(request: Request, store: Store, slot: asyncio.Semaphore,
         del body
         if batch.span_count == 0 and batch.resources.num_rows == 0:
             return _success(encoding)
+        _heard(on_batch, batch)
         future = store.submit(batch)
     except _TooLarge as e:
         store.note_rejected()
@@ -161,12 +162,16 @@ async def _handle(request: Request, store: Store, slot: asyncio.Semaphore,
                        "of it was written", {"Retry-After": "5"})
     except StoreError as e:
         return _status(encoding, 503, code_pb2.UNAVAILABLE, str(e), {"Retry-After": "5"})
-    if on_batch is not None:
-        try:
-            on_batch(batch)
-        except Exception:  # a listener's failure is not the client's problem
-            log.exception("rtxops receiver: on_batch listener failed")
     return _success(encoding)
+
+
+def _heard(on_batch: Callable[[otlp.Batch], None] | None, batch: otlp.Batch) -> None:
+    if on_batch is None:
+        return
+    try:
+        on_batch(batch)
+    except Exception:  # a listener's failure is not the client's problem
+        log.exception("rtxops receiver: on_batch listener failed")
 
 
 class _Withdrawn(Exception):

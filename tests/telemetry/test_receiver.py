@@ -341,3 +341,24 @@ def test_repeats_queued_together_are_stored_once_and_all_acknowledged(tmp_path):
     finally:
         release.set()
         store.close()
+
+
+def test_the_listener_hears_a_batch_the_store_could_not_write(tmp_path, monkeypatch):
+    """The daemon takes a job's heartbeats from its batches: with a store that cannot write (a
+    full disk) they stopped, and a job training on was killed as hung."""
+    from rtxops.telemetry import store as store_module
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    heard = []
+    store = Store(tmp_path / "full.duckdb")
+    monkeypatch.setattr(store_module, "_insert", full_disk)
+    try:
+        with TestClient(make_app(store, token=TOKEN, on_batch=heard.append)) as client:
+            r = client.post("/v1/traces", content=good_body(20), headers=PB)
+            assert r.status_code == 503, r.content
+            assert "No space left" in status_pb2.Status.FromString(r.content).message
+        assert [b.span_count for b in heard] == [20]
+    finally:
+        store.close()
