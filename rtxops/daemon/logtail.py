@@ -18,6 +18,7 @@ from .jobs import LAUNCHER_RANK
 MAX_LINE_BYTES = 1 << 20     # a longer line is stored (and shown) in pieces of at most this
 READ_CHUNK_BYTES = 4 << 20
 MAX_STORED_BYTES = 256 << 20  # per stream of an attempt (RTXOPS_JOB_LOG_MAX_BYTES)
+FINAL_RETRY_S = 120.0         # how long the last lines are offered again to a failing store
 _RANK_PREFIX = re.compile(rb"^\[rank(\d+)\]:")
 
 Lines = list[tuple[int, int, str]]
@@ -71,6 +72,8 @@ class LogTail:
         self._continued: dict[str, int | None] = {s: None for s in paths}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._drained = False
+        self._final_read = threading.Event()   # the first read after stop() is done
         self._thread = threading.Thread(target=self._run, name="rtxops-logtail", daemon=True)
 
     def start(self) -> LogTail:
@@ -88,25 +91,39 @@ class LogTail:
             return {s: self.offsets[s] - len(self._partial[s]) for s in self.paths}, dict(self.seqs)
 
     def stop(self, timeout: float | None = None) -> bool:
-        """Read what is left (an unterminated last line too) and end the thread; whether it ended
-        within ``timeout`` (by default it is waited for: its last lines are often a traceback)."""
+        """Read what is left (an unterminated last line too) and end the thread; whether every
+        line was handed over within ``timeout`` (by default it is waited for: its last lines are
+        often a traceback). When that last read fails (``on_lines`` raised: the store cannot
+        write just now) this returns False at once, and the thread offers the lines again for
+        up to FINAL_RETRY_S."""
         self._stop.set()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        self._final_read.wait(timeout)
+        if self._drained:
+            self._thread.join(timeout)
+        return self._drained and not self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._poll()
             self._stop.wait(self._poll_s)
-        self._poll(final=True)
+        deadline = time.monotonic() + FINAL_RETRY_S
+        self._drained = self._poll(final=True)
+        self._final_read.set()
+        while not self._drained and time.monotonic() < deadline:
+            time.sleep(self._poll_s)
+            self._drained = self._poll(final=True)
 
-    def _poll(self, final: bool = False) -> None:
+    def _poll(self, final: bool = False) -> bool:
+        """Read every stream; whether all of it was handed over."""
+        ok = True
         for stream, path in self.paths.items():
             try:
                 self._read(stream, path, final)
             except Exception as e:  # a failing read must not end the tail; the next poll retries
+                ok = False
                 if self._on_error:
                     self._on_error(e)
+        return ok
 
     def _read(self, stream: str, path: Path, final: bool) -> None:
         # in chunks: a backlog (written while no daemon read it) never lands in memory at once
@@ -125,10 +142,10 @@ class LogTail:
     def _skip_to_end(self, stream: str, path: Path, size: int) -> None:
         """Past the budget: say so once (where a tail crosses it), then only follow the size."""
         if stream not in self._past_budget:
-            self._past_budget.add(stream)
             note = (f"[rtxops] {stream} is past {self.max_bytes} bytes: what follows is not stored "
                     f"(it is all in {path})")
             seq = self._on_lines(stream, [(time.time_ns(), 0, note)])
+            self._past_budget.add(stream)
             with self._lock:
                 self._partial[stream] = b""  # a line cut at the budget is not stored either
                 self._continued[stream] = None
@@ -167,15 +184,16 @@ class LogTail:
             piece(rest, continued)
             rest, continued = b"", None
         seq = None
-        left, last_skipped = self._skip[stream]
+        left, last_skipped = skip = self._skip[stream]
         if left:
             dropped = min(left, len(lines))
             lines = lines[dropped:]
-            self._skip[stream] = (left - dropped, last_skipped)
+            skip = (left - dropped, last_skipped)
             if dropped == left:
                 seq = last_skipped
-        if lines:
+        if lines:   # (raises when the lines cannot be stored: this data is read again)
             seq = self._on_lines(stream, lines)
+        self._skip[stream] = skip
         with self._lock:
             self.offsets[stream] += len(data)
             self._partial[stream] = rest

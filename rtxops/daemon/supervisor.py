@@ -20,6 +20,7 @@ States (:class:`~rtxops.daemon.jobs.JobState`)::
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -48,6 +49,9 @@ LOG_DRAIN_S = 120.0
 """How long an ended attempt waits for its last log lines to be stored before it moves on."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Sent on request (``rtxops run`` forwards Ctrl-C): an attempt that then fails was stopped."""
+RESAVE_S = 5.0
+"""How often job records and events the sink refused are offered to it again."""
+MAX_UNSENT_EVENTS = 10_000
 STATUS_WAIT_S = 5.0
 """How long an adopted attempt that ended waits for its waiter to write the exit status."""
 
@@ -84,6 +88,10 @@ class Supervisor:
         self._runners: dict[str, _Runner] = {}
         self._save_locks: dict[str, threading.Lock] = {}
         self._closed = False
+        self._unsaved: set[str] = set()           # job records the sink refused: saved again
+        self._unsent: collections.deque = collections.deque(maxlen=MAX_UNSENT_EVENTS)
+        self._resave: threading.Timer | None = None
+        self._shut = False
         for job in recovered_jobs:
             self._recover(job.copy())
 
@@ -267,6 +275,11 @@ class Supervisor:
                     job = self._jobs[job_id]
                     sid = _own_session(job.attempt) if job.attempt else None
                 proctree.terminate(sid, job.token, 0.0)
+        with self._lock:
+            resave, self._resave, self._shut = self._resave, None, True
+        if resave is not None:   # a last try at what the sink refused
+            resave.cancel()
+            self._save_again()
 
     def _recover(self, job: Job) -> None:
         self._jobs[job.id] = job
@@ -357,13 +370,51 @@ class Supervisor:
         with self._save_locks[job_id]:
             with self._lock:
                 snapshot = self._jobs[job_id].copy()
-            self._sink_call(None, self.sink.job_saved, snapshot)
+            saved = self._sink_call(False, _called(self.sink.job_saved), snapshot)
+            with self._lock:
+                (self._unsaved.discard if saved else self._unsaved.add)(job_id)
+        if not saved:
+            self._save_later()
 
     def _event(self, job_id: str, kind: str, /, **detail: Any) -> None:
-        self._sink_call(None, self.sink.event, job_id, time.time_ns(), kind, json.dumps(detail, default=str))
+        event = (job_id, time.time_ns(), kind, json.dumps(detail, default=str))
+        with self._lock:
+            waiting = bool(self._unsent)
+        if waiting or not self._sink_call(False, _called(self.sink.event), *event):
+            with self._lock:   # in order, after those that wait already
+                self._unsent.append(event)
+            self._save_later()
+
+    def _save_later(self) -> None:
+        """Save the records and events the sink refused (a full disk, say) once it takes them:
+        a job's last state is often saved only once, when it ends."""
+        with self._lock:
+            if self._resave is not None or self._shut:
+                return
+            self._resave = threading.Timer(RESAVE_S, self._save_again)
+            self._resave.daemon = True
+            self._resave.start()
+
+    def _save_again(self) -> None:
+        with self._lock:
+            self._resave = None
+            unsaved = sorted(self._unsaved)
+        for job_id in unsaved:
+            self._save(job_id)
+        while True:
+            with self._lock:
+                if not self._unsent:
+                    return
+                event = self._unsent[0]
+            if not self._sink_call(False, _called(self.sink.event), *event):
+                self._save_later()
+                return
+            with self._lock:
+                self._unsent.popleft()
 
     def _lines(self, job_id: str, attempt: int, stream: str, lines: list[tuple[int, int, str]]) -> int:
-        """Number and store lines; the seq of the last."""
+        """Number and store lines; the seq of the last. Raises when the store cannot take them
+        (the tail reads them again: a failed write leaves a gap in the numbers, not in the log)."""
         with self._lock:
             job = self._jobs[job_id]
             first = job.log_seq + 1
@@ -372,7 +423,12 @@ class Supervisor:
         for i, (ts, rank, text) in enumerate(lines):
             run.append((ts, first + i, text))
             if i + 1 == len(lines) or lines[i + 1][1] != rank:
-                self._sink_call(None, self.sink.log_lines, job_id, attempt, rank, stream, run)
+                try:
+                    self.sink.log_lines(job_id, attempt, rank, stream, run)
+                except Exception:
+                    with self._lock:
+                        self.sink_errors += 1
+                    raise
                 run = []
         self._notify()
         return first + len(lines) - 1
@@ -695,7 +751,7 @@ class _Runner:
         self._proc = None
         sup._event(job.id, "exited", attempt=attempt.number, outcome=info.outcome.value,
                    exit_code=info.exit_code, signal=info.signal, detail=info.detail)
-        if drained and not sup.keep_log_files and not sup.sink_errors:
+        if drained and not sup.keep_log_files:   # (drained: every line is stored)
             for s in STREAMS:
                 Path(job.log_dir, f"attempt-{attempt.number}.{s}").unlink(missing_ok=True)
             shutil.rmtree(Path(job.log_dir, f"torchrun-{attempt.number}"), ignore_errors=True)
@@ -813,6 +869,15 @@ def _attempt_alive(attempt: Attempt, token: str) -> bool:
         if p is not None and p.alive and (attempt.start_ticks is None or p.start_ticks == attempt.start_ticks):
             return True
     return bool(proctree.members(_own_session(attempt), token))
+
+
+def _called(fn):
+    """``fn`` returning True once it returned (for :meth:`Supervisor._sink_call`'s default)."""
+    def call(*args: Any) -> bool:
+        fn(*args)
+        return True
+    call.__name__ = getattr(fn, "__name__", "sink call")
+    return call
 
 
 def _status_file(job: Job, attempt: int) -> Path:

@@ -151,3 +151,53 @@ def test_long_lines_are_whole_up_to_a_mebibyte_and_cut_on_characters_with_their_
                            poll_s=0.01).start()
     assert tail.stop(10)
     assert got == [(0, "a" * 16), (0, "next")]
+
+
+class FullDiskSink(InMemoryJobSink):
+    """Refuses every write while ``full`` is set (a store on a full disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = False
+
+    def _check(self) -> None:
+        if self.full:
+            raise OSError(28, "No space left on device")
+
+    def job_saved(self, job):
+        self._check()
+        return super().job_saved(job)
+
+    def log_lines(self, *args, **kwargs):
+        self._check()
+        return super().log_lines(*args, **kwargs)
+
+    def event(self, *args, **kwargs):
+        self._check()
+        return super().event(*args, **kwargs)
+
+
+def test_what_a_full_store_refused_is_stored_once_it_takes_writes_again(tmp_path, monkeypatch):
+    """Log lines, job records and events the store refused were dropped for good: the stored
+    record said `running` for a job that had failed, and lines were missing from its log."""
+    monkeypatch.setattr(supervisor_mod, "RESAVE_S", 0.1)
+    sink = FullDiskSink()
+    sup = Supervisor(sink, tmp_path / "work", tick_s=0.02, log_poll_s=0.02)
+    go = tmp_path / "go"
+    try:
+        job = sup.submit(JobSpec(command=("sh", "-c", f"echo one; while [ ! -e {go} ]; do sleep 0.02; "
+                                          "done; echo two; echo three; exit 3"), runtime=False,
+                                 grace_s=0.5))
+        until(lambda: [ln.text for ln in sup.logs(job.id)] == ["one"])
+        sink.full = True
+        go.touch()
+        assert sup.wait(job.id, 20).state is JobState.FAILED
+        assert sink.jobs[job.id]["state"] == "running"     # what the full store kept
+        time.sleep(0.3)
+        sink.full = False
+        until(lambda: sink.jobs[job.id]["state"] == "failed", timeout=10)
+        until(lambda: [ln.text for ln in sup.logs(job.id)] == ["one", "two", "three"], timeout=10)
+        kinds = [e.kind for e in sup.events(job.id)]
+        assert kinds.count("exited") == 1 and "logs_pending" in kinds, kinds
+    finally:
+        sup.shutdown(grace_s=0.5)
