@@ -205,7 +205,12 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
             except JobSpecError as e:
                 raise DaemonError(str(e)) from None
             local.start_in_thread(wait=False)  # the job starts while the server comes up
-            client = DaemonClient(local.wait_started().url, local.token)
+            try:
+                local.wait_started()
+            except RuntimeError as e:   # (the job is stopped with it)
+                local.shutdown()
+                raise DaemonError(str(e)) from None
+            client = DaemonClient(local.url, local.token)
         else:
             # the job starts from this environment, as it does with a daemon in this process
             job_id = client.submit(command=list(command), name=name, env=env, cwd=os.getcwd(),

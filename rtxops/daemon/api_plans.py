@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rtxops.runtime.errors import PlanError
 from rtxops.runtime.plan import Plan
 
-from .plans import PlanBoard
+from .plans import PlanBoard, PlanNotIssued
 
 
 class Refusal(BaseModel):
@@ -38,7 +38,8 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
             return Response(status_code=304, headers=headers)
         return Response(plan.to_json(), media_type="application/json", headers=headers)
 
-    @router.post("", status_code=201, dependencies=[Depends(auth)])
+    @router.post("", status_code=201, dependencies=[Depends(auth)],
+                 responses={503: {"description": "not issued now (the disk, the ledger): retry"}})
     def publish(plan: dict = Body(..., description="a plan (see DESIGN.md: Plan)"),
                 job: str | None = Query(None, max_length=200)) -> dict:
         try:
@@ -49,6 +50,8 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
             if last is not None and parsed.effective_step is None:
                 parsed = dataclasses.replace(parsed, effective_step=last + margin_steps)
             published = board.publish(parsed, job)
+        except PlanNotIssued as e:   # not the plan's fault: the disk, the ledger
+            raise HTTPException(503, str(e), {"Retry-After": "5"}) from None
         except PlanError as e:
             raise HTTPException(422, str(e)) from None
         return {"version": published.version, "digest": published.digest, "job": job,

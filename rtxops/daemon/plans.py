@@ -7,6 +7,7 @@ installing the plan. A manual publish (``POST /v1/plans`` with the token) is a `
 which the default policy allows when the daemon's own key signs it."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -20,6 +21,10 @@ from rtxops.runtime.plan import Plan
 
 DEFAULT_KEY = "_default"  # governance.authority.EVERY_JOB: the scope its bundles are signed for
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class PlanNotIssued(PlanError):
+    """The plan was not refused but could not be issued now (the disk, the ledger): try again."""
 
 
 class PlanBoard:
@@ -86,8 +91,13 @@ class PlanBoard:
                 self._issue(plan, key, decision or {"kind": "manual"}, evidence)
             path = self.directory / f"{key}.json"
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(plan.to_json())
-            tmp.replace(path)
+            try:
+                tmp.write_text(plan.to_json())
+                tmp.replace(path)
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                raise PlanNotIssued(f"plan version {plan.version} could not be saved: {e}") from None
             with self._lock:
                 self._plans[key] = plan
         return plan
@@ -104,8 +114,8 @@ class PlanBoard:
             shutil.rmtree(final.with_name(final.name + ".staging"), ignore_errors=True)
             if isinstance(e, GovernanceError):
                 raise PlanError(f"plan version {plan.version} refused by governance: {e}") from None
-            raise PlanError(f"plan version {plan.version} could not be issued: "
-                            f"{type(e).__name__}: {e}") from None
+            raise PlanNotIssued(f"plan version {plan.version} could not be issued: "
+                                f"{type(e).__name__}: {e}") from None
 
     def bundle(self, job_id: str | None) -> tuple[Plan, dict[str, bytes]] | None:
         """The current plan for ``job_id`` with its signed bundle's files, or None."""

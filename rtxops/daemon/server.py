@@ -74,6 +74,7 @@ class Daemon:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._served = threading.Event()  # the server's run() has returned (it no longer answers)
+        self.exit_code = 0
 
     # ---- parts ------------------------------------------------------------------------------
     @property
@@ -244,7 +245,7 @@ class Daemon:
             self._served.set()
             watchdog_stop.set()
             self.shutdown()
-        return 0
+        return self.exit_code
 
     def answers(self, timeout: float = 5.0) -> bool:
         """Whether the server answers ``/healthz`` within ``timeout`` (its event loop and worker
@@ -257,8 +258,15 @@ class Daemon:
     def _announce_when_started(self) -> None:
         while not self.server.started and not self.server.should_exit:
             time.sleep(0.02)
-        if self.server.started:
+        if not self.server.started:
+            return
+        try:
             self._announce()
+        except OSError as e:   # (a full disk): a daemon no client can find must not go on
+            log.error(json.dumps({"event": "cannot_announce", "error": str(e),
+                                  "files": [str(self.home.url_file), str(self.home.pid_file)]}))
+            self.exit_code = 1
+            self.server.should_exit = True
 
     def start_in_thread(self, wait: bool = True, timeout: float = 30.0) -> Daemon:
         """Serve on a background thread (for ``rtxops run`` without a running daemon). With
@@ -282,7 +290,10 @@ class Daemon:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the in-process daemon did not start")
             time.sleep(0.01)
-        self._announce()
+        try:
+            self._announce()
+        except OSError as e:
+            raise RuntimeError(f"the in-process daemon cannot write {self.home.url_file}: {e}") from None
         return self
 
     def _on_sighup(self, *_) -> None:
@@ -362,6 +373,8 @@ class JsonLogFormatter(logging.Formatter):
             body = json.loads(msg) if msg.startswith("{") else {"message": msg}
         except ValueError:
             body = {"message": msg}
+        if record.exc_info:   # (log.exception: the reason is in the exception)
+            body["error"] = self.formatException(record.exc_info)
         return json.dumps({"ts": round(record.created, 3), "level": record.levelname.lower(),
                            "logger": record.name, **body})
 

@@ -312,3 +312,15 @@ def test_ctrl_c_while_a_followed_job_waits_to_restart_cancels_it(daemon, tmp_pat
     assert "cancelled job" in err and "SIGINT sent" not in err, err
     assert daemon.wait(job["id"], 30)["state"] == "cancelled"
     assert out.strip() == f"exit {128 + signal.SIGINT}"
+
+
+def test_a_daemon_that_cannot_write_its_address_exits_with_the_reason(daemons, tmp_path):
+    """On a full disk the thread that writes daemon.url died with a traceback, and a daemon no
+    client could find went on serving (and holding the store)."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "daemon.url").mkdir()          # what cannot be written, as a full disk would refuse it
+    r = cli("daemon", "--home", str(home), "--port", "0", mark=daemons.mark, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    logged = [json.loads(line) for line in r.stderr.splitlines() if line.startswith("{")]
+    assert any(e.get("event") == "cannot_announce" and "daemon.url" in e["error"] for e in logged), r.stderr

@@ -1,10 +1,16 @@
-"""Issuing a plan on the board: whatever fails mid-issue is a PlanError (HTTP 422, not 500) and
-leaves no staging directory behind."""
+"""Issuing a plan on the board: whatever fails mid-issue is a PlanError (not an HTTP 500) and
+leaves no staging directory behind; one that is not the plan's fault (the ledger, the disk) is a
+PlanNotIssued, which the API answers 503 (retry), not 422 (refused)."""
 from __future__ import annotations
 
 import pytest
 
-from rtxops.daemon.plans import PlanBoard
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from rtxops.daemon import api_plans
+from rtxops.daemon.auth import require_token
+from rtxops.daemon.plans import PlanBoard, PlanNotIssued
 from rtxops.governance.authority import Authority
 from rtxops.runtime.errors import PlanError
 from rtxops.runtime.plan import Plan
@@ -21,7 +27,7 @@ def test_an_unexpected_error_while_issuing_is_a_plan_error_and_leaves_no_staging
     (tmp_path / "plans").mkdir()
     board = PlanBoard(tmp_path / "plans", authority)
     plan = Plan.from_dict({"version": 3, "defaults": {"gelu": "reference"}})
-    with pytest.raises(PlanError, match="could not be issued: RuntimeError"):
+    with pytest.raises(PlanNotIssued, match="could not be issued: RuntimeError"):
         board.publish(plan, "job-1")
     assert not list((tmp_path / "gov" / "bundles").rglob("*.staging"))
     assert board.current("job-1") is None
@@ -39,3 +45,19 @@ def test_a_plan_file_damaged_before_a_reload_keeps_the_plan_read_before(tmp_path
     with pytest.raises(PlanError, match="not newer than the published version 5"):
         board.publish(Plan.from_dict({"version": 2, "defaults": {"gelu": "reference"}}), "job-1")
     assert PlanBoard(tmp_path / "plans").current("job-1") is None  # a new board has only the file
+
+
+def test_a_plan_the_disk_cannot_take_is_a_503_to_retry_not_a_refusal(tmp_path):
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "job-1.tmp").mkdir()     # what cannot be written (a full disk)
+    board = PlanBoard(tmp_path / "plans")
+    app = FastAPI()
+    app.include_router(api_plans.make_router(board, require_token(None), lambda job: None))
+    with TestClient(app) as client:
+        r = client.post("/v1/plans", params={"job": "job-1"},
+                        json={"version": 1, "defaults": {"gelu": "reference"}})
+        assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+        assert "could not be saved" in r.json()["detail"]
+        r = client.post("/v1/plans", params={"job": "job-1"}, json={"version": 1, "defaults": {"gelu": "nope"}})
+        assert r.status_code == 422
+    assert board.current("job-1") is None
