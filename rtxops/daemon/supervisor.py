@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -49,6 +50,7 @@ LOG_DRAIN_S = 120.0
 """How long an ended attempt waits for its last log lines to be stored before it moves on."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Sent on request (``rtxops run`` forwards Ctrl-C): an attempt that then fails was stopped."""
+FULL_DISK_BYTES = 1 << 20   # less free than this on the disk of a job's output files: full
 RESAVE_S = 5.0
 """How often job records and events the sink refused are offered to it again."""
 MAX_UNSENT_EVENTS = 10_000
@@ -743,6 +745,8 @@ class _Runner:
             sup._event(job.id, "logs_pending", attempt=attempt.number,
                        detail=f"the last lines were not stored within {LOG_DRAIN_S:.0f} s")
         info = self._classify(killed_by, rc)
+        if info.outcome is Outcome.CRASHED:
+            info = _with_full_disk(info, job.log_dir)
         with sup._lock:
             attempt.ended_at_ns = time.time_ns()
             attempt.outcome, attempt.exit_code, attempt.signal = info.outcome, info.exit_code, info.signal
@@ -869,6 +873,19 @@ def _attempt_alive(attempt: Attempt, token: str) -> bool:
         if p is not None and p.alive and (attempt.start_ticks is None or p.start_ticks == attempt.start_ticks):
             return True
     return bool(proctree.members(_own_session(attempt), token))
+
+
+def _with_full_disk(info: ExitInfo, log_dir: str) -> ExitInfo:
+    """``info`` with a word on the disk of the job's output files when it is full: the job's
+    writes to stdout and stderr then fail, and a crash has no traceback to show why."""
+    try:
+        free = shutil.disk_usage(log_dir).free
+    except OSError:
+        return info
+    if free >= FULL_DISK_BYTES:
+        return info
+    return dataclasses.replace(info, detail=f"{info.detail}; the disk of its output files ({log_dir}) "
+                                            f"is full ({free} bytes free)")
 
 
 def _called(fn):

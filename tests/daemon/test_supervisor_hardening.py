@@ -201,3 +201,18 @@ def test_what_a_full_store_refused_is_stored_once_it_takes_writes_again(tmp_path
         assert kinds.count("exited") == 1 and "logs_pending" in kinds, kinds
     finally:
         sup.shutdown(grace_s=0.5)
+
+
+def test_a_crash_on_a_full_disk_says_the_disk_is_full(tmp_path, monkeypatch):
+    """A job whose output files' disk filled up dies on its next print with nothing in its
+    stderr: the crash said only "exited with code 120"."""
+    real = supervisor_mod.shutil.disk_usage
+    monkeypatch.setattr(supervisor_mod.shutil, "disk_usage",   # the disk of the job's files
+                        lambda path: real(path)._replace(free=4096))
+    sup = Supervisor(InMemoryJobSink(), tmp_path / "work", tick_s=0.02, log_poll_s=0.02)
+    try:
+        job = sup.wait(sup.submit(JobSpec(command=("sh", "-c", "exit 120"), runtime=False)).id, 20)
+        assert job.state is JobState.FAILED
+        assert "exited with code 120" in job.reason and "is full (4096 bytes free)" in job.reason, job.reason
+    finally:
+        sup.shutdown(grace_s=0.5)
