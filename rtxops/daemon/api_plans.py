@@ -7,10 +7,10 @@ import dataclasses
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from rtxops.runtime.errors import PlanError
+from rtxops.runtime.errors import PlanError, PlanNotIssued
 from rtxops.runtime.plan import Plan
 
-from .plans import PlanBoard, PlanNotIssued
+from .plans import PlanBoard
 
 
 class Refusal(BaseModel):

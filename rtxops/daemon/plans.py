@@ -16,15 +16,11 @@ import threading
 import time
 from pathlib import Path
 
-from rtxops.runtime.errors import PlanError
+from rtxops.runtime.errors import PlanError, PlanNotIssued
 from rtxops.runtime.plan import Plan
 
 DEFAULT_KEY = "_default"  # governance.authority.EVERY_JOB: the scope its bundles are signed for
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-
-
-class PlanNotIssued(PlanError):
-    """The plan was not refused but could not be issued now (the disk, the ledger): try again."""
 
 
 class PlanBoard:

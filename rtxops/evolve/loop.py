@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rtxops.runtime.bucket import Bucket
-from rtxops.runtime.errors import PlanError
+from rtxops.runtime.errors import PlanError, PlanNotIssued
 from rtxops.runtime.plan import ExploreArm, Plan, PlanEntry, default_plan
 from rtxops.runtime.registry import Registry
 from rtxops.telemetry import store_evolve, store_ledger
@@ -379,10 +379,10 @@ class EvolveLoop:
     def _vanished(self, job: str, bt: BucketTuning, last: int) -> None:
         """The bucket stopped being called (the model's compiled region or changed code bypasses
         it): stop exploring it, put its plan entry back, and say why."""
-        bt.phase = "rejected"
         entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
         self._publish(job, bt, entry, last, {"kind": "explore", "arms": [], "op": bt.op,
                                              "bucket": bt.bucket})
+        bt.phase = "rejected"
         self._decide_record(job, bt, "reject", None, None,
                             reason=f"no calls of this bucket in steps {bt.round_from}-{last}: the "
                                    "job no longer runs it through rtxops (a compiled region?)")
@@ -423,10 +423,10 @@ class EvolveLoop:
             cmp = stats.compare_independent(before, measured,
                                             min_gain=self.config.min_gain, seed=self.config.seed)
         if best is None or not cmp.promote:
-            bt.phase = "rejected"
             entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
             self._publish(job, bt, entry, last, {"kind": "explore", "arms": [], "op": bt.op,
                                                  "bucket": bt.bucket})
+            bt.phase = "rejected"
             self._decide_record(job, bt, "reject", best, cmp,
                                 reason=cmp.reason if best is not None else "nothing measured")
             return
@@ -536,6 +536,8 @@ class EvolveLoop:
             plan = dataclasses.replace(plan, version=bt.plan_version + 1)
         try:
             published = self.board.promote(plan, job, decision=decision, evidence=evidence or {})
+        except PlanNotIssued:
+            raise   # not a refusal (the disk, the ledger): the next tick takes this step again
         except PlanError as e:
             log.warning("evolve: job %s: plan for %s %s refused: %s", job, bt.op, bt.bucket, e)
             self._decide_record(job, bt, "refused", None, None, reason=str(e),

@@ -10,6 +10,10 @@ class PlanError(RuntimeErrorBase, ValueError):
     """A plan is malformed, refers to unknown ops/variants, or is older than the running one."""
 
 
+class PlanNotIssued(PlanError):
+    """A plan was not refused but could not be issued now (the disk, the ledger): try again."""
+
+
 class RegistryError(RuntimeErrorBase, KeyError):
     """An op or variant name is not registered."""
 

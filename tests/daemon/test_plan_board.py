@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 
 from rtxops.daemon import api_plans
 from rtxops.daemon.auth import require_token
-from rtxops.daemon.plans import PlanBoard, PlanNotIssued
+from rtxops.daemon.plans import PlanBoard
 from rtxops.governance.authority import Authority
-from rtxops.runtime.errors import PlanError
+from rtxops.runtime.errors import PlanError, PlanNotIssued
 from rtxops.runtime.plan import Plan
 
 

@@ -167,3 +167,39 @@ def test_a_settled_canary_is_not_watched_again(monkeypatch):
     monkeypatch.setattr(se, "decisions", lambda q, job, limit=200, offset=0: [row])
     loop.tick()
     assert loop.jobs["job"].active is None
+
+
+class _BusyOnceBoard(_Board):
+    """Cannot issue the first plan (a full disk, the ledger busy); takes the next."""
+
+    def __init__(self):
+        super().__init__()
+        self.busy = True
+
+    def promote(self, plan, job, decision, evidence):
+        from rtxops.runtime.errors import PlanNotIssued
+
+        if self.busy:
+            self.busy = False
+            raise PlanNotIssued(f"plan version {plan.version} could not be issued: OSError: "
+                                "[Errno 28] No space left on device")
+        return super().promote(plan, job, decision, evidence)
+
+
+def test_a_plan_not_issued_for_now_is_retried_not_recorded_as_refused(monkeypatch):
+    """A board that could not issue a plan (the disk, the ledger) was taken for a refusal: the
+    bucket failed for good, with a 'refused' decision."""
+    decisions = []
+    loop = loop_over_rows(monkeypatch, [], last=30, decisions=decisions)
+    loop.board = _BusyOnceBoard()
+    inc, cand = Arm.of("reference"), Arm.of("fastish")
+    bt = L.BucketTuning("gelu", "b", inc, strategy=make_strategy("exhaustive", [cand], budget=2))
+    try:
+        loop._next_round("job", bt, 30)
+    except Exception as e:
+        assert "could not be issued" in str(e)
+    else:
+        raise AssertionError("the board's failure was swallowed")
+    assert bt.phase != "failed" and not decisions
+    loop._next_round("job", bt, 31)      # the next tick takes the step again
+    assert loop.board.current("job").entry("gelu", "b").explore and bt.phase == "exploring"
