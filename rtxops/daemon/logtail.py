@@ -109,8 +109,10 @@ class LogTail:
         deadline = time.monotonic() + FINAL_RETRY_S
         self._drained = self._poll(final=True)
         self._final_read.set()
+        wait = self._poll_s
         while not self._drained and time.monotonic() < deadline:
-            time.sleep(self._poll_s)
+            time.sleep(wait)
+            wait = min(wait * 2, 2.0)
             self._drained = self._poll(final=True)
 
     def _poll(self, final: bool = False) -> bool:

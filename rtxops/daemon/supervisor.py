@@ -93,6 +93,7 @@ class Supervisor:
         self._unsaved: set[str] = set()           # job records the sink refused: saved again
         self._unsent: collections.deque = collections.deque(maxlen=MAX_UNSENT_EVENTS)
         self._resave: threading.Timer | None = None
+        self._resaving = threading.Lock()
         self._shut = False
         for job in recovered_jobs:
             self._recover(job.copy())
@@ -400,19 +401,27 @@ class Supervisor:
     def _save_again(self) -> None:
         with self._lock:
             self._resave = None
-            unsaved = sorted(self._unsaved)
-        for job_id in unsaved:
-            self._save(job_id)
-        while True:
+        if not self._resaving.acquire(blocking=False):
+            self._save_later()   # one at a time (a sink call may wait 30 s on a store)
+            return
+        try:
             with self._lock:
-                if not self._unsent:
+                unsaved = sorted(self._unsaved)
+            for job_id in unsaved:
+                self._save(job_id)
+            while True:
+                with self._lock:
+                    if not self._unsent:
+                        return
+                    event = self._unsent[0]
+                if not self._sink_call(False, _called(self.sink.event), *event):
+                    self._save_later()
                     return
-                event = self._unsent[0]
-            if not self._sink_call(False, _called(self.sink.event), *event):
-                self._save_later()
-                return
-            with self._lock:
-                self._unsent.popleft()
+                with self._lock:
+                    if self._unsent and self._unsent[0] is event:
+                        self._unsent.popleft()
+        finally:
+            self._resaving.release()
 
     def _lines(self, job_id: str, attempt: int, stream: str, lines: list[tuple[int, int, str]]) -> int:
         """Number and store lines; the seq of the last. Raises when the store cannot take them

@@ -422,6 +422,9 @@ class Store:
         with self._lock:
             if self._closing:
                 raise StoreClosed(f"the store at {self.path} is closed")
+            if self.broken:
+                raise StoreBusy(f"the store is being reopened after a fatal error: {self.broken}",
+                                REOPEN_RETRY_S)
             self._queue.put(_Task(fn, future, transaction))
         return future
 
@@ -524,16 +527,30 @@ class Store:
                 self._maybe_compact(cur)
             for task in deferred:
                 if not _run_task(cur, task):
-                    self._note_write_error(task.future.exception())
+                    failed = task.future.exception() if not task.future.cancelled() else None
+                    self._note_write_error(failed or "a checkpoint failed after a commit")
             deferred.clear()
             if self._write_failed:
                 self._write_failed = False
                 cur = self._usable(cur)
                 if cur is None:   # closed while the database could not be reopened
+                    self._fail_queued()
                     return
         cur.close()
 
-    def _note_write_error(self, error: BaseException | None) -> None:
+    def _fail_queued(self) -> None:
+        """Resolve what waits in the queue as not written (the store closed unusable)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Pending):
+                self._dequeued(item.batch)
+            if item is not _STOP and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(StoreClosed(f"the store at {self.path} closed unusable"))
+
+    def _note_write_error(self, error: BaseException | str | None) -> None:
         self._write_failed = True
         with self._lock:
             self.last_write_error = (time.monotonic(), str(error).splitlines()[0] if error else "")
@@ -574,6 +591,7 @@ class Store:
             time.sleep(REOPEN_RETRY_S)
         self._keys_stored.clear()
         self._resources_stored.clear()
+        self._digests = _recent_digests(fresh)   # a client's retry of a body committed before
         with self._lock:
             self._con, self.broken = con, None
         log.warning("rtxops store: %s reopened", self.path)
@@ -618,16 +636,20 @@ class Store:
             keys = _insert(cur, self._without_stored_resources([p.batch for p in group]),
                            self._keys_stored)
         except Exception as e:                       # isolate the batch that failed
-            if len(group) > 1:
+            if _durable(e):   # committed; the checkpoint after it failed: reopen, after the acks
+                keys = []
+                self._note_write_error(e)
+            elif len(group) > 1:
                 for pending in group:
                     self._commit_group(cur, [pending])
                 return
-            with self._lock:
-                self.write_errors += 1
-            self._note_write_error(e)
-            self._dequeued(group[0].batch)
-            group[0].future.set_exception(StoreError(f"writing a batch failed: {e}"))
-            return
+            else:
+                with self._lock:
+                    self.write_errors += 1
+                self._note_write_error(e)
+                self._dequeued(group[0].batch)
+                group[0].future.set_exception(StoreError(f"writing a batch failed: {e}"))
+                return
         if len(self._resources_stored) > 100_000:
             self._resources_stored.clear()
         for p in group:
@@ -830,6 +852,7 @@ def _run_task(cur: duckdb.DuckDBPyConnection, task: _Task) -> bool:
     """Run ``task``; False when it failed on a database error."""
     if not task.future.set_running_or_notify_cancel():
         return True
+    result = None
     try:
         if not task.transaction:
             result = task.fn(cur)
@@ -838,12 +861,21 @@ def _run_task(cur: duckdb.DuckDBPyConnection, task: _Task) -> bool:
             result = task.fn(cur)
             cur.execute("COMMIT")
     except BaseException as e:
+        if _durable(e):   # committed; the checkpoint after it failed (the writer reopens)
+            task.future.set_result(result)
+            return False
         with contextlib.suppress(duckdb.Error):
             cur.execute("ROLLBACK")
         task.future.set_exception(e)
         return not isinstance(e, duckdb.Error)
     task.future.set_result(result)
     return True
+
+
+def _durable(error: BaseException) -> bool:
+    """Whether ``error`` says its COMMIT succeeded (DuckDB's automatic checkpoint after it failed
+    and invalidated the database): the write stands, and must not be reported failed."""
+    return isinstance(error, duckdb.Error) and "COMMIT succeeded and is durable" in str(error)
 
 
 def _wal_threshold() -> str:

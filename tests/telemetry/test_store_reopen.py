@@ -59,3 +59,62 @@ def test_an_invalidated_database_is_reopened_and_loses_nothing(tmp_path):
     assert any(m.endswith("reopened") for m in out["said"]), out
     assert out["read"] == 60 * 50, out     # every acknowledged batch
     assert out["spans"] == 61 * 50, out    # and writes go on
+
+
+DURABLE = textwrap.dedent("""
+    import json, os, resource, signal, sys, time
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    os.environ["RTXOPS_STORE_WAL"] = "4MB"          # an automatic checkpoint soon
+    from rtxops.telemetry import otlp, synthetic
+    from rtxops.telemetry.receiver import _decode
+    from rtxops.telemetry.store import Store
+
+    path = sys.argv[1]
+    s = Store(path)
+
+    def batch(seed):
+        body = synthetic.otlp_request(200, seed=seed, job_id="durable").SerializeToString()
+        return _decode(body, otlp.PROTOBUF, False, 1 << 30, time.time_ns())   # as the receiver
+
+    for seed in range(250):                        # a database file past the WAL threshold
+        s.write(batch(seed))
+    s.call(lambda cur: cur.execute("CHECKPOINT"), transaction=False)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(path), hard))  # the WAL may grow
+    acked, refused = 250, None
+    for seed in range(1000, 1400):
+        try:
+            s.write(batch(seed))
+            acked += 1
+        except Exception as e:
+            refused = (seed, f"{type(e).__name__}: {e}")
+            break
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    deadline = time.monotonic() + 30
+    while s.broken and time.monotonic() < deadline:
+        time.sleep(0.05)
+    spans = s.query("SELECT count(*) AS n FROM spans")[0]["n"]
+    if refused:
+        for attempt in range(100):                 # the client retries what it was refused
+            try:
+                s.write(batch(refused[0]))
+                break
+            except Exception:
+                time.sleep(0.1)
+    after = s.query("SELECT count(*) AS n FROM spans")[0]["n"]
+    s.close()
+    print(json.dumps({"acked": acked, "refused": refused and refused[1], "spans": spans,
+                      "after_retry": after}))
+""")
+
+
+def test_a_commit_whose_checkpoint_failed_is_acknowledged_and_its_retry_stored_once(tmp_path):
+    """DuckDB says "COMMIT succeeded and is durable, but the autocheckpoint failed": the batch
+    was reported failed though stored, and the client's retry stored it twice."""
+    r = subprocess.run([sys.executable, "-c", DURABLE, str(tmp_path / "d.duckdb")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["refused"] and "durable" not in out["refused"], out   # the one after: not stored
+    assert out["spans"] == out["acked"] * 200, out                    # every ack, once
+    assert out["after_retry"] == (out["acked"] + 1) * 200, out
