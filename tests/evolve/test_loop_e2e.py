@@ -56,14 +56,20 @@ def gelu_bucket(rows: int) -> str:
     return spec.to_bucket(spec.bucket(torch.empty(rows, 256))).id
 
 
-def until(predicate, timeout: float, what: str):
+def until(predicate, timeout: float, what: str, daemon=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    seen = ""
+    if daemon is not None:   # what the loop and the jobs were doing (a timeout says nothing else)
+        loop = daemon.evolve.loop if daemon.evolve else None
+        seen = (f"\nloop: {loop.status() if loop else None}\njobs: "
+                f"{[(j.name, j.state.value, j.last_step, j.reason) for j in daemon.supervisor.jobs()]}"
+                f"\ndecisions: {daemon.store.query('SELECT kind, op, reason FROM decisions')}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}{seen}")
 
 
 @pytest.fixture
@@ -102,7 +108,7 @@ def test_loop_promotes_the_faster_variant_rolls_back_a_regression_and_never_prom
             plan = d.board.current(fast.id)
             entry = plan.entry("gelu", fast_bucket) if plan else None
             return entry is not None and entry.variant == "toggle" and not entry.explore
-        until(promoted_toggle, 150, "the loop to promote toggle in job fast")
+        until(promoted_toggle, 150, "the loop to promote toggle in job fast", d)
         slow_file.write_text("slow")  # the promoted kernel regresses right after its swap
 
         def decisions(job, kind):
