@@ -32,7 +32,15 @@ _BY_TIME = (
     ("span_rows", "spans", _SPANS_GONE),
     ("span_events", "span events", "time_ns < $1"),
     ("job_logs", "job log lines", "ts_ns < $1"),
+    ("kernel_minutes", "kernel minutes", f"minute < $1 // {MINUTE_NS}"),
+    ("ingest_batches", "ingest batches", "received_ns < $1"),
 )
+# what no span left refers to (a dry run has deleted nothing: the spans that go count as gone)
+_ORPHANS = tuple(
+    (table, label, f"NOT EXISTS (SELECT 1 FROM span_rows r WHERE r.{column} = {table}.{column} "
+                   f"AND NOT ({_SPANS_GONE}))")
+    for table, label, column in (("span_keys", "span keys", "key_id"),
+                                 ("resources", "resources", "resource_id")))
 
 
 def parse_age(text: str) -> float:
@@ -78,7 +86,7 @@ def prune(store: Store, older_than_s: float, *, dry_run: bool = False,
     started = time.perf_counter()
 
     def run(cur: duckdb.DuckDBPyConnection) -> dict[str, int]:
-        counted = _count(cur, before_ns) if dry_run else _delete(cur, before_ns)
+        counted = _rows(cur, before_ns, delete=not dry_run)
         if not dry_run:
             store.forget_stored_ids()   # keys and resources it deleted must be written again
         return counted
@@ -106,36 +114,14 @@ def _room_to_checkpoint(path: Path) -> bool:
         return False
 
 
-def _count(cur: duckdb.DuckDBPyConnection, before_ns: int) -> dict[str, int]:
-    rows = {label: _scalar(cur, f"SELECT count(*) FROM {table} WHERE {which}", before_ns)
+def _rows(cur: duckdb.DuckDBPyConnection, before_ns: int, delete: bool) -> dict[str, int]:
+    """Delete (or count) what goes, table by table; then the keys and resources no span left
+    refers to (each of those scans every span row left: only after spans went)."""
+    verb = "DELETE FROM" if delete else "SELECT count(*) FROM"
+    rows = {label: _scalar(cur, f"{verb} {table} WHERE {which}", before_ns)
             for table, label, which in _BY_TIME}
-    rows["kernel minutes"] = _scalar(cur, "SELECT count(*) FROM kernel_minutes WHERE minute < ?",
-                                     before_ns // MINUTE_NS)
-    rows["ingest batches"] = _scalar(cur, "SELECT count(*) FROM ingest_batches WHERE received_ns < ?",
-                                     before_ns)
-    rows["span keys"] = rows["resources"] = 0
-    if rows["spans"]:
-        rows["span keys"] = _scalar(cur, f"""SELECT count(*) FROM span_keys k WHERE NOT EXISTS (
-            SELECT 1 FROM span_rows r WHERE r.key_id = k.key_id AND NOT ({_SPANS_GONE}))""", before_ns)
-        rows["resources"] = _scalar(cur, f"""SELECT count(*) FROM resources s WHERE NOT EXISTS (
-            SELECT 1 FROM span_rows r WHERE r.resource_id = s.resource_id AND NOT ({_SPANS_GONE}))""",
-                                    before_ns)
-    return rows
-
-
-def _delete(cur: duckdb.DuckDBPyConnection, before_ns: int) -> dict[str, int]:
-    rows = {label: _scalar(cur, f"DELETE FROM {table} WHERE {which}", before_ns)
-            for table, label, which in _BY_TIME}
-    rows["kernel minutes"] = _scalar(cur, "DELETE FROM kernel_minutes WHERE minute < ?",
-                                     before_ns // MINUTE_NS)
-    rows["ingest batches"] = _scalar(cur, "DELETE FROM ingest_batches WHERE received_ns < ?",
-                                     before_ns)
-    rows["span keys"] = rows["resources"] = 0
-    if rows["spans"]:   # (each scans every span row left)
-        rows["span keys"] = _scalar(cur, """DELETE FROM span_keys k WHERE NOT EXISTS (
-            SELECT 1 FROM span_rows r WHERE r.key_id = k.key_id)""")
-        rows["resources"] = _scalar(cur, """DELETE FROM resources s WHERE NOT EXISTS (
-            SELECT 1 FROM span_rows r WHERE r.resource_id = s.resource_id)""")
+    for table, label, which in _ORPHANS:
+        rows[label] = _scalar(cur, f"{verb} {table} WHERE {which}", before_ns) if rows["spans"] else 0
     return rows
 
 
