@@ -33,8 +33,6 @@ class RetentionThread:
 
     def __init__(self, store: Store, retention_s: float, every_s: float = EVERY_S) -> None:
         self.store, self.retention_s, self.every_s = store, retention_s, every_s
-        self.prunes = 0
-        self.last: dict | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rtxops-retention", daemon=True)
 
@@ -55,8 +53,6 @@ class RetentionThread:
             except Exception as e:  # a DuckDB error: logged, the daemon goes on
                 log.error(json.dumps({"event": "prune_failed", "error": f"{type(e).__name__}: {e}"}))
             else:
-                self.prunes += 1
-                self.last = report.as_dict()
                 if report.total:
-                    log.info(json.dumps({"event": "pruned", **self.last}))
+                    log.info(json.dumps({"event": "pruned", **report.as_dict()}))
             self._stop.wait(self.every_s)

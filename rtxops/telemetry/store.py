@@ -589,8 +589,7 @@ class Store:
                 if self._closing:
                     return None
             time.sleep(REOPEN_RETRY_S)
-        self._keys_stored.clear()
-        self._resources_stored.clear()
+        self.forget_stored_ids()
         self._digests = _recent_digests(fresh)   # a client's retry of a body committed before
         with self._lock:
             self._con, self.broken = con, None
@@ -849,7 +848,7 @@ def _settled(future: Future, timeout: float | None) -> Any:
 
 
 def _run_task(cur: duckdb.DuckDBPyConnection, task: _Task) -> bool:
-    """Run ``task``; False when it failed on a database error."""
+    """Run ``task``; False after a database error (the writer then checks the database)."""
     if not task.future.set_running_or_notify_cancel():
         return True
     result = None
