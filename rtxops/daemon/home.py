@@ -64,10 +64,15 @@ class Home:
         self.ensure()
         token = secrets.token_urlsafe(32)
         tmp = self.token_file.with_name(self.token_file.name + f".{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-        tmp.replace(self.token_file)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+            tmp.replace(self.token_file)
+        except OSError as e:   # a full disk: say which file, and leave no half-written one
+            tmp.unlink(missing_ok=True)
+            raise OSError(e.errno, f"cannot write the daemon's token: {e.strerror or e}",
+                          str(self.token_file)) from None
         return token
 
     def daemon_url(self) -> str | None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
+import textwrap
 import time
 
 import pytest
@@ -97,6 +99,28 @@ def test_an_empty_token_file_gets_a_real_token_and_an_empty_token_checks_nothing
     assert os.stat(home.token_file).st_mode & 0o777 == 0o600
     with pytest.raises(ValueError, match="empty bearer token"):
         require_token("")
+
+
+def test_a_token_the_disk_cannot_take_names_its_file_and_leaves_no_temporary_one(tmp_path):
+    """On a full disk (here: a file-size limit of 8 bytes, so the write itself fails) the daemon
+    said "No space left on device" with no path, and left ``token.<pid>.tmp`` behind."""
+    script = textwrap.dedent("""
+        import pathlib, resource, signal, sys
+        from rtxops.daemon.home import Home
+        home = Home(pathlib.Path(sys.argv[1])).ensure()
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8, 8))
+        try:
+            home.token(create=True)
+        except OSError as e:
+            print(e.filename, e.strerror, sep="|")
+    """)
+    home = tmp_path / "home"
+    out = subprocess.run([sys.executable, "-c", script, str(home)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.strip()
+    filename, message = out.split("|")
+    assert filename == str(home / "token") and "cannot write the daemon's token" in message, out
+    assert sorted(p.name for p in home.iterdir()) == ["jobs", "plans"]
 
 
 def test_a_flood_of_output_is_stored_up_to_the_budget_then_followed_by_size_only(tmp_path, monkeypatch):
