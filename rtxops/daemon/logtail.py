@@ -55,7 +55,8 @@ class LogTail:
                  offsets: dict[str, int] | None = None, seqs: dict[str, int] | None = None,
                  skip: dict[str, tuple[int, int]] | None = None, torchrun: bool = False,
                  poll_s: float = 0.05, on_error: Callable[[Exception], None] | None = None,
-                 max_bytes: int | None = MAX_STORED_BYTES) -> None:
+                 max_bytes: int | None = MAX_STORED_BYTES,
+                 on_late_drain: Callable[[], None] | None = None) -> None:
         self.paths = dict(paths)
         self.offsets = {s: (offsets or {}).get(s, 0) for s in paths}
         self.seqs = {s: (seqs or {}).get(s, 0) for s in paths}
@@ -74,6 +75,10 @@ class LogTail:
         self._stop = threading.Event()
         self._drained = False
         self._final_read = threading.Event()   # the first read after stop() is done
+        self._on_late_drain = on_late_drain
+        self._ending = threading.Lock()    # stop()'s answer against the thread's last retry
+        self._finished = False             # the thread is past its last read
+        self._given_up = False             # stop() answered False
         self._thread = threading.Thread(target=self._run, name="rtxops-logtail", daemon=True)
 
     def start(self) -> LogTail:
@@ -95,12 +100,16 @@ class LogTail:
         line was handed over within ``timeout`` (by default it is waited for: its last lines are
         often a traceback). When that last read fails (``on_lines`` raised: the store cannot
         write just now) this returns False at once, and the thread offers the lines again for
-        up to FINAL_RETRY_S."""
+        up to FINAL_RETRY_S; if they are then handed over, ``on_late_drain`` is called (from the
+        thread: the caller that got False left the files for it)."""
         self._stop.set()
         self._final_read.wait(timeout)
         if self._drained:
             self._thread.join(timeout)
-        return self._drained and not self._thread.is_alive()
+        with self._ending:
+            done = self._drained and self._finished
+            self._given_up = not done
+        return done
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -114,6 +123,15 @@ class LogTail:
             time.sleep(wait)
             wait = min(wait * 2, 2.0)
             self._drained = self._poll(final=True)
+        with self._ending:
+            self._finished = True
+            late = self._given_up and self._drained
+        if late and self._on_late_drain is not None:
+            try:
+                self._on_late_drain()
+            except Exception as e:  # (the thread ends either way)
+                if self._on_error:
+                    self._on_error(e)
 
     def _poll(self, final: bool = False) -> bool:
         """Read every stream; whether all of it was handed over."""

@@ -628,9 +628,15 @@ class _Runner:
         def on_error(e: Exception) -> None:
             self._probe_error("log_read", e)
 
+        def on_late_drain() -> None:   # the attempt ended with lines the store took only later
+            self.sup._event(self.job_id, "logs_stored", attempt=attempt.number)
+            if not self.sup.keep_log_files:
+                _remove_attempt_files(self.job.log_dir, attempt.number)
+
         return LogTail(paths, on_lines, offsets=offsets, seqs=seqs, skip=skip,
                        torchrun=self.job.spec.nproc_per_node > 1, poll_s=self.sup.log_poll_s,
-                       on_error=on_error, max_bytes=self.sup.log_max_bytes).start()
+                       on_error=on_error, max_bytes=self.sup.log_max_bytes,
+                       on_late_drain=on_late_drain).start()
 
     def _watch(self, attempt: Attempt) -> tuple[Outcome | None, int | None]:
         """Wait for the attempt to end; kill it on cancel or hang. Returns (kill reason, returncode)."""
@@ -765,9 +771,7 @@ class _Runner:
         sup._event(job.id, "exited", attempt=attempt.number, outcome=info.outcome.value,
                    exit_code=info.exit_code, signal=info.signal, detail=info.detail)
         if drained and not sup.keep_log_files:   # (drained: every line is stored)
-            for s in STREAMS:
-                Path(job.log_dir, f"attempt-{attempt.number}.{s}").unlink(missing_ok=True)
-            shutil.rmtree(Path(job.log_dir, f"torchrun-{attempt.number}"), ignore_errors=True)
+            _remove_attempt_files(job.log_dir, attempt.number)
 
     def _classify(self, killed_by: Outcome | None, rc: int | None) -> ExitInfo:
         if rc is None:
@@ -904,6 +908,13 @@ def _called(fn):
         return True
     call.__name__ = getattr(fn, "__name__", "sink call")
     return call
+
+
+def _remove_attempt_files(log_dir: str, number: int) -> None:
+    """Delete an attempt's output files once every line of them is stored."""
+    for stream in STREAMS:
+        Path(log_dir, f"attempt-{number}.{stream}").unlink(missing_ok=True)
+    shutil.rmtree(Path(log_dir, f"torchrun-{number}"), ignore_errors=True)
 
 
 def _status_file(job: Job, attempt: int) -> Path:

@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+from pathlib import Path
 
 from rtxops.daemon import logtail, proctree, supervisor as supervisor_mod
 from rtxops.daemon.auth import require_token
@@ -221,8 +222,11 @@ def test_what_a_full_store_refused_is_stored_once_it_takes_writes_again(tmp_path
         sink.full = False
         until(lambda: sink.jobs[job.id]["state"] == "failed", timeout=10)
         until(lambda: [ln.text for ln in sup.logs(job.id)] == ["one", "two", "three"], timeout=10)
+        # and the attempt's output files go once their lines are stored (they stayed for good)
+        until(lambda: not list(Path(sup.job(job.id).log_dir).glob("attempt-1.std*")), timeout=10)
         kinds = [e.kind for e in sup.events(job.id)]
         assert kinds.count("exited") == 1 and "logs_pending" in kinds, kinds
+        assert kinds.index("logs_stored") > kinds.index("logs_pending"), kinds
     finally:
         sup.shutdown(grace_s=0.5)
 
