@@ -89,6 +89,13 @@ def run(
         raise _fail(f"--json {json_summary}: not a file in an existing folder")
     if not direct:
         _reconnect_s()  # a malformed RTXOPS_RECONNECT_S is said before the job is submitted
+    if telemetry:   # (the job would train on without telemetry, saying why only in its output)
+        from rtxops import settings
+
+        try:
+            settings.check_job(direct)
+        except settings.SettingError as e:
+            raise _fail(str(e)) from None
     if compile_model:
         os.environ["RTXOPS_COMPILE_MODEL"] = "1"  # the job inherits it, directly or via the daemon
     if fuse_optimizer:

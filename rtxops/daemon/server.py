@@ -22,6 +22,7 @@ import time
 import httpx
 import uvicorn
 
+from rtxops import settings
 from rtxops.evolve.config import LoopConfig
 from rtxops.evolve.scheduler import EvolveScheduler
 from rtxops.evolve.scheduler import enabled as evolve_enabled
@@ -30,6 +31,7 @@ from rtxops.telemetry.store import Store
 from . import systemd
 from .home import DEFAULT_HOST, DEFAULT_PORT, Home
 from .job_sink import DuckDBJobSink
+from .logtail import MAX_STORED_BYTES
 from .plans import PlanBoard
 from .retention import RetentionThread, retention_from
 from .supervisor import Supervisor
@@ -52,6 +54,7 @@ class Daemon:
         self.evolve_config = LoopConfig.from_env() if evolve_enabled() else None
         self.retention_s = retention_from(retention)   # and so does a malformed retention
         _check_policies()  # and so does a misspelt RTXOPS_POLICIES (it would at the first plan)
+        self.job_log_max_bytes = settings.whole_number("RTXOPS_JOB_LOG_MAX_BYTES", MAX_STORED_BYTES)
         self.home = home.ensure()
         self.host, self.port = host, port or _free_port(host)
         self.job_grace_s = job_grace_s
@@ -94,7 +97,8 @@ class Daemon:
         }
         # polls at 5 Hz: a busier supervisor steals CPU from the jobs it watches on small machines
         return Supervisor(self.jobs_sink, self.home.jobs, extra_env=env,
-                          recovered_jobs=self.jobs_sink.saved_jobs(), tick_s=0.2, log_poll_s=0.2)
+                          recovered_jobs=self.jobs_sink.saved_jobs(), tick_s=0.2, log_poll_s=0.2,
+                          log_max_bytes=self.job_log_max_bytes)
 
     def _make_evolve_loop(self):
         from rtxops.evolve.loop import EvolveLoop

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import settings
 from . import launch, proctree, stacks
 from .errors import JobNotFound, JobSpecError, SupervisorClosed
 from .exits import ExitInfo, OomCounters, classify_exit, signal_name
@@ -79,8 +80,8 @@ class Supervisor:
         self.tick_s = tick_s
         self.log_poll_s = log_poll_s
         # what the store keeps of each stream of an attempt (the files keep everything)
-        self.log_max_bytes = log_max_bytes if log_max_bytes is not None else int(
-            os.environ.get("RTXOPS_JOB_LOG_MAX_BYTES", MAX_STORED_BYTES))
+        self.log_max_bytes = log_max_bytes if log_max_bytes is not None else settings.whole_number(
+            "RTXOPS_JOB_LOG_MAX_BYTES", MAX_STORED_BYTES)
         self.keep_log_files = keep_log_files
         self.sink_errors = 0
         self._lock = threading.RLock()

@@ -22,6 +22,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from rtxops import settings
 from rtxops.runtime.dispatcher import Dispatcher
 from rtxops.runtime.memory import cuda_stats, rss_bytes
 
@@ -33,7 +34,7 @@ from .resource import job_resource_attributes
 from .spans import CallSampling, SpanBuilder
 
 DEFAULT_DAEMON = "http://127.0.0.1:8765"
-DEFAULT_EXPORT_INTERVAL_S = 2.0
+DEFAULT_EXPORT_INTERVAL_S = settings.EXPORT_INTERVAL_S
 EXIT_FLUSH_S = 3.0  # what the job's exit waits for its last export (a daemon down retries for 10 s)
 
 
@@ -94,6 +95,9 @@ def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
     mode = os.environ.get("RTXOPS_TELEMETRY", "otlp")
     if mode == "off":
         return None
+    # read before the store opens: a malformed setting must not leave the store's file locked
+    sampling = CallSampling.from_env()
+    capacity, export_interval_s = settings.recorder_capacity(), settings.export_interval_s()
     store = None
     if mode == "duckdb":
         from .store import Store, default_path
@@ -113,9 +117,7 @@ def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
         raise ValueError(f"RTXOPS_TELEMETRY={mode!r}: expected otlp, duckdb or off")
     telemetry = start_job_telemetry(
         dispatcher, exporter, store=store,
-        sampling=CallSampling.parse(os.environ.get("RTXOPS_CALL_SAMPLES")),
-        capacity=int(os.environ.get("RTXOPS_RECORDER_CAPACITY", 1 << 16)),
-        export_interval_s=float(os.environ.get("RTXOPS_EXPORT_INTERVAL_S", DEFAULT_EXPORT_INTERVAL_S)),
+        sampling=sampling, capacity=capacity, export_interval_s=export_interval_s,
     )
     return telemetry  # the bootstrap closes it at exit (Readings.close)
 

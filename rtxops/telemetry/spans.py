@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import Event, ReadableSpan, Tracer, sampling
 from opentelemetry.trace import SpanContext, TraceFlags
 
+from rtxops import settings
 from rtxops.runtime.readings import Slot
 
 from . import schema as S
@@ -33,12 +34,10 @@ class CallSampling:
     window_steps: int = 10
 
     @classmethod
-    def parse(cls, text: str | None) -> CallSampling:
-        """``"2/10"`` = 2 calls per slot every 10 steps; ``"0"`` turns sampling off."""
-        if not text:
-            return cls()
-        per, _, window = text.partition("/")
-        return cls(int(per), int(window or 10))
+    def from_env(cls) -> CallSampling:
+        """From ``RTXOPS_CALL_SAMPLES`` (``"2/10"``: 2 calls per slot every 10 steps; ``"0"``: none)."""
+        value = settings.call_samples("RTXOPS_CALL_SAMPLES")
+        return cls() if value is None else cls(*value)
 
 
 class SpanBuilder:

@@ -31,6 +31,7 @@ import duckdb  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
+from .. import settings  # noqa: E402
 from . import narrow, rollup  # noqa: E402
 from .otlp import Batch, TelemetryError  # noqa: E402
 
@@ -66,9 +67,7 @@ def default_path() -> Path:
 
 def connection_config() -> dict[str, Any]:
     """DuckDB settings of the store's connection (``RTXOPS_STORE_THREADS``, ``RTXOPS_STORE_MEMORY``)."""
-    # DuckDB's worker threads would compete with the training jobs on a small machine
-    return {"threads": int(os.environ.get("RTXOPS_STORE_THREADS", "1")),
-            "memory_limit": os.environ.get("RTXOPS_STORE_MEMORY", "96MB")}
+    return settings.store_connection()
 
 
 # ---- schema ----------------------------------------------------------------------------------
@@ -340,6 +339,7 @@ class Store:
         self.max_commit_spans = max_commit_spans
         self.compact_every_s = compact_every_s
         self._compacted = time.monotonic()
+        self._wal_threshold = settings.store_wal()   # (a malformed one is said here, not in the writer)
         self._con = duckdb.connect(str(self.path), config=connection_config())
         with contextlib.suppress(OSError):   # jobs' environments and output: the user's alone
             os.chmod(self.path, 0o600)
@@ -493,7 +493,7 @@ class Store:
         # under load (256 MB: 105 k spans/s in bench/ingest.py). Commits stay durable through
         # the WAL; the cost is memory (what waits for a checkpoint; past DuckDB's memory limit
         # it spills to temporary files) and WAL replay time after a crash.
-        cur.execute(f"SET checkpoint_threshold = '{_wal_threshold()}'")
+        cur.execute(f"SET checkpoint_threshold = '{self._wal_threshold}'")
         stop = False
         deferred: list[_Task] = []
         while not stop:
@@ -577,7 +577,7 @@ class Store:
             try:
                 con = duckdb.connect(str(self.path), config=connection_config())
                 fresh = con.cursor()
-                fresh.execute(f"SET checkpoint_threshold = '{_wal_threshold()}'")
+                fresh.execute(f"SET checkpoint_threshold = '{self._wal_threshold}'")
                 break
             except duckdb.Error as e:   # no space yet, or a reader still holds the old database
                 log.warning("rtxops store: reopening %s failed (%s); retrying in %ss", self.path,
@@ -875,10 +875,6 @@ def _durable(error: BaseException) -> bool:
     """Whether ``error`` says its COMMIT succeeded (DuckDB's automatic checkpoint after it failed
     and invalidated the database): the write stands, and must not be reported failed."""
     return isinstance(error, duckdb.Error) and "COMMIT succeeded and is durable" in str(error)
-
-
-def _wal_threshold() -> str:
-    return os.environ.get("RTXOPS_STORE_WAL", "256MB")
 
 
 def _compact_before(before_ns: int | None) -> int:

@@ -1,0 +1,118 @@
+"""``RTXOPS_*`` environment settings read with their checks.
+
+A malformed value is a :class:`SettingError` that names the variable and what it takes, raised
+where the setting is read at start-up: never a bare ``int()`` message, a DuckDB parser error
+from a thread, or a value that quietly breaks something (a negative export interval spun the
+export thread). Every variable is listed in ``docs/settings.md``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+
+
+class SettingError(ValueError):
+    """An ``RTXOPS_*`` variable holds a value its setting cannot take."""
+
+
+def _raw(name: str) -> str | None:
+    raw = os.environ.get(name)
+    return None if raw is None or not raw.strip() else raw
+
+
+def whole_number(name: str, default: int, minimum: int = 0) -> int:
+    """An integer of at least ``minimum``; ``default`` when unset or empty."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise SettingError(f"{name}={raw!r}: it must be at least {minimum}")
+    return value
+
+
+def seconds(name: str, default: float) -> float:
+    """A finite duration above zero, in seconds; ``default`` when unset or empty."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise SettingError(f"{name}={raw!r}: it must be a number of seconds above 0")
+    return value
+
+
+_SIZE = re.compile(r"\d+(\.\d+)?\s*([kmgt]i?)?b", re.IGNORECASE)
+
+
+def memory_size(name: str, default: str) -> str:
+    """A size as DuckDB reads it (``96MB``, ``1GiB``, ``512KB``); ``default`` when unset or empty."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    if not _SIZE.fullmatch(raw.strip()):
+        raise SettingError(f"{name}={raw!r} is not a size such as 96MB or 1GiB")
+    return raw.strip()
+
+
+def call_samples(name: str) -> tuple[int, int] | None:
+    """``PER/STEPS`` (calls sampled per slot every STEPS steps; ``PER`` alone: every 10 steps;
+    ``0``: none), or None when unset."""
+    raw = _raw(name)
+    if raw is None:
+        return None
+    per, slash, window = raw.partition("/")
+    try:
+        value = int(per), int(window) if slash else 10
+    except ValueError:
+        raise SettingError(f"{name}={raw!r} is not PER/STEPS (for example 2/10, or 0 for none)") from None
+    if value[0] < 0 or value[1] < 1:
+        raise SettingError(f"{name}={raw!r}: PER must be 0 or more and STEPS at least 1")
+    return value
+
+
+# ---- the settings read in more than one place ----------------------------------------------
+
+EXPORT_INTERVAL_S = 2.0
+RECORDER_CAPACITY = 1 << 16
+
+
+def export_interval_s() -> float:
+    """Seconds between a job's span exports (``RTXOPS_EXPORT_INTERVAL_S``)."""
+    return seconds("RTXOPS_EXPORT_INTERVAL_S", EXPORT_INTERVAL_S)
+
+
+def recorder_capacity() -> int:
+    """Call records a job's recorder holds between steps (``RTXOPS_RECORDER_CAPACITY``)."""
+    return whole_number("RTXOPS_RECORDER_CAPACITY", RECORDER_CAPACITY, minimum=1)
+
+
+def store_connection() -> dict:
+    """The store's DuckDB settings (``RTXOPS_STORE_THREADS``, ``RTXOPS_STORE_MEMORY``): DuckDB's
+    worker threads would compete with the training jobs on a small machine."""
+    return {"threads": whole_number("RTXOPS_STORE_THREADS", 1, minimum=1),
+            "memory_limit": memory_size("RTXOPS_STORE_MEMORY", "96MB")}
+
+
+def store_wal() -> str:
+    """The WAL size at which the store checkpoints (``RTXOPS_STORE_WAL``)."""
+    return memory_size("RTXOPS_STORE_WAL", "256MB")
+
+
+def check_job(direct: bool) -> None:
+    """Raise :class:`SettingError` for a malformed setting a job's telemetry would read (``rtxops
+    run`` checks before it submits; the job would train on without telemetry); ``direct``: the
+    job also opens the store."""
+    call_samples("RTXOPS_CALL_SAMPLES")
+    export_interval_s()
+    recorder_capacity()
+    if direct:
+        store_connection()
+        store_wal()

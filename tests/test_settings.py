@@ -1,0 +1,112 @@
+"""``RTXOPS_*`` settings: each one the code reads is documented, and a malformed value is refused
+with its name (a bare ``int()`` message, a DuckDB parser traceback from the store's writer thread,
+or a negative export interval that spun the export thread, before)."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from rtxops import settings
+from rtxops.telemetry.store import Store
+
+from .test_cli_errors import rtxops
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = re.compile(r"RTXOPS_[A-Z][A-Z0-9_]*[A-Z0-9]")
+
+
+def test_every_variable_the_code_reads_is_documented_and_every_documented_one_is_read():
+    in_code = {m for p in (ROOT / "rtxops").rglob("*.py") for m in NAME.findall(p.read_text())}
+    in_code.discard("RTXOPS_EVOLVE")   # (also the prefix of RTXOPS_EVOLVE_<FIELD>)
+    documented = set(NAME.findall((ROOT / "docs" / "settings.md").read_text()))
+    fields = {n for n in in_code if n.startswith("RTXOPS_EVOLVE_")}   # the loop's config fields
+    assert in_code - fields - documented == set(), "read but not in docs/settings.md"
+    assert documented - in_code - {"RTXOPS_EVOLVE"} == set(), "documented but never read"
+
+
+@pytest.mark.parametrize("name,raw,read,said", [
+    ("RTXOPS_RECORDER_CAPACITY", "abc", settings.recorder_capacity, "is not a whole number"),
+    ("RTXOPS_RECORDER_CAPACITY", "0", settings.recorder_capacity, "at least 1"),
+    ("RTXOPS_EXPORT_INTERVAL_S", "-1", settings.export_interval_s, "above 0"),
+    ("RTXOPS_EXPORT_INTERVAL_S", "nan", settings.export_interval_s, "above 0"),
+    ("RTXOPS_EXPORT_INTERVAL_S", "2s", settings.export_interval_s, "not a number of seconds"),
+    ("RTXOPS_STORE_THREADS", "0", settings.store_connection, "at least 1"),
+    ("RTXOPS_STORE_MEMORY", "lots", settings.store_connection, "not a size"),
+    ("RTXOPS_STORE_WAL", "256", settings.store_wal, "not a size"),
+])
+def test_a_malformed_value_is_refused_with_its_name(monkeypatch, name, raw, read, said):
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(settings.SettingError, match=re.escape(f"{name}={raw!r}") + ".*" + said):
+        read()
+
+
+@pytest.mark.parametrize("raw,expected", [("2/10", (2, 10)), ("0", (0, 10)), ("5", (5, 10)),
+                                          ("1/1", (1, 1))])
+def test_call_samples_read_per_and_steps(monkeypatch, raw, expected):
+    monkeypatch.setenv("RTXOPS_CALL_SAMPLES", raw)
+    assert settings.call_samples("RTXOPS_CALL_SAMPLES") == expected
+
+
+@pytest.mark.parametrize("raw", ["x/y", "-3", "2/0", "2/", "/10"])
+def test_malformed_call_samples_are_refused(monkeypatch, raw):
+    monkeypatch.setenv("RTXOPS_CALL_SAMPLES", raw)
+    with pytest.raises(settings.SettingError, match="RTXOPS_CALL_SAMPLES"):
+        settings.call_samples("RTXOPS_CALL_SAMPLES")
+
+
+@pytest.mark.parametrize("size", ["96MB", "1GiB", "512KB", "0.5GB", "2 gb", "100b"])
+def test_every_size_accepted_is_one_duckdb_takes(monkeypatch, size):
+    monkeypatch.setenv("RTXOPS_STORE_MEMORY", size)
+    duckdb.connect(":memory:", config=settings.store_connection()).close()
+
+
+@pytest.mark.parametrize("size", ["lots", "96", "MB", "-1GB", "1.GB", "1 GB extra"])
+def test_sizes_refused_are_ones_duckdb_refuses_too_or_means_otherwise(monkeypatch, size):
+    monkeypatch.setenv("RTXOPS_STORE_MEMORY", size)
+    with pytest.raises(settings.SettingError):
+        settings.store_connection()
+
+
+def test_a_store_with_a_malformed_wal_setting_refuses_to_open_and_keeps_no_lock(tmp_path, monkeypatch):
+    """It opened, then its writer thread died on DuckDB's parser error: every write hung."""
+    monkeypatch.setenv("RTXOPS_STORE_WAL", "big")
+    with pytest.raises(settings.SettingError, match="RTXOPS_STORE_WAL"):
+        Store(tmp_path / "s.duckdb")
+    monkeypatch.delenv("RTXOPS_STORE_WAL")
+    with Store(tmp_path / "s.duckdb") as store:   # nothing holds the file
+        assert store.stats()["commits"] == 0
+
+
+def test_a_job_with_a_malformed_telemetry_setting_is_not_submitted(tmp_path):
+    done = tmp_path / "ran"
+    for name, raw in (("RTXOPS_EXPORT_INTERVAL_S", "-1"), ("RTXOPS_CALL_SAMPLES", "x")):
+        r = rtxops("run", "--", sys.executable, "-c", f"open({str(done)!r}, 'w')",
+                   env={"RTXOPS_HOME": str(tmp_path / "home"), name: raw})
+        assert r.returncode == 2 and f"{name}={raw!r}" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and not done.exists()
+    r = rtxops("run", "--direct", "--", sys.executable, "-c", "pass",
+               env={"RTXOPS_HOME": str(tmp_path / "home"), "RTXOPS_STORE_MEMORY": "lots"})
+    assert r.returncode == 2 and "RTXOPS_STORE_MEMORY='lots'" in r.stderr, r.stderr
+
+
+def test_a_daemon_with_a_malformed_setting_does_not_start(tmp_path):
+    for name, raw in (("RTXOPS_JOB_LOG_MAX_BYTES", "-1"), ("RTXOPS_STORE_THREADS", "many")):
+        r = rtxops("daemon", "--port", "0", "--home", str(tmp_path / "home"), env={name: raw})
+        assert r.returncode == 2 and f"{name}={raw!r}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_job_telemetry_reads_its_settings_before_it_opens_the_store(tmp_path, monkeypatch):
+    """A malformed setting read after the store opened left the file locked by the job."""
+    from rtxops.telemetry.job import readings_for_job
+
+    monkeypatch.setenv("RTXOPS_TELEMETRY", "duckdb")
+    monkeypatch.setenv("RTXOPS_STORE", str(tmp_path / "s.duckdb"))
+    monkeypatch.delenv("RTXOPS_STORE_OWNER", raising=False)
+    monkeypatch.setenv("RTXOPS_RECORDER_CAPACITY", "lots")
+    with pytest.raises(settings.SettingError, match="RTXOPS_RECORDER_CAPACITY='lots' is not a whole number"):
+        readings_for_job(None)
+    assert not (tmp_path / "s.duckdb").exists()
