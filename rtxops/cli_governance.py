@@ -74,7 +74,7 @@ def keys_init(name: str = typer.Option("signing", help="key file name under $RTX
     """Make an ECDSA P-256 key pair (private key mode 0600) and trust its public key."""
     from rtxops.governance import Keyring, generate_key
 
-    from rtxops.governance.keyring import KINDS
+    from rtxops.governance.keyring import TRUST_KINDS as KINDS
 
     unknown = [k for k in kinds.split(",") if k not in KINDS]
     if unknown:  # before a key pair is written under a name a rerun could not use
@@ -349,7 +349,8 @@ def _chain_problems(rows: list[dict], head: dict | None, keyring: Optional[Path]
     from rtxops.governance import Keyring
     from rtxops.governance import ledger as gl
 
-    problems = gl.check_chain(rows, head)
+    h = _home(home)
+    problems = gl.check_chain(rows, head, head_expected=(h.root / "keys" / "daemon.pem").exists())
     if not problems and head:
         ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
         problem = gl.head_signature_problem(head, ring)
@@ -363,11 +364,17 @@ def ledger_sign_head(key: Optional[Path] = typer.Option(None, help="the daemon's
                      home: Optional[Path] = HomeOpt) -> None:
     """Sign the head of a ledger written before heads were signed, once its chain checks intact
     (exit 1 when it does not: then nothing is signed)."""
-    from rtxops.governance import Signer
+    from rtxops.governance import Keyring, Signer, VerificationError
     from rtxops.governance import ledger as gl
+    from rtxops.governance._layout import HEAD_KIND
 
     h = _home(home)
     signer = _guard(lambda: Signer.from_key_file(key or h.root / "keys" / "daemon.pem"))
+    ring = _guard(lambda: Keyring.load(_keyring_path(None, home)))
+    try:   # whoever signs the head vouches for the whole chain: the daemon's key, by default
+        ring.check(signer.key_id, HEAD_KIND)
+    except VerificationError as e:
+        raise _fail(f"{e.message} in {ring.path}: sign with the daemon's key", 1) from None
     rows, head = _ledger_entries(home)
     if head and "signature" in head:
         out.print(f"the head (entry {head['seq']}) is signed already")

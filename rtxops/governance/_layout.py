@@ -17,6 +17,10 @@ SBOM = "sbom.cdx.json"
 PROVENANCE = "provenance.intoto.json"
 SIGNATURE = "bundle.sigstore.json"
 KINDS = ("plan", "checkpoint", "telemetry", "ledger")
+# what a keyring may trust a key for: the bundle kinds, and signing the ledger's head (the
+# daemon's key only, unless someone trusts another for it: a head signer vouches for the chain)
+HEAD_KIND = "ledger-head"
+TRUST_KINDS = (*KINDS, HEAD_KIND)
 
 MAX_SIGNATURE_BYTES = 4 << 20   # the Sigstore bundle (statement with one line per file)
 MAX_METADATA_BYTES = 16 << 20   # plan, SBOM, provenance: parsed as JSON

@@ -15,12 +15,13 @@ from . import _keys
 from ._bundle import Signer, write_plan_bundle
 from ._errors import PolicyDenied, UsageError, VerificationError
 from ._kernels import plan_kernels
+from ._layout import HEAD_KIND
 from .keyring import Keyring
 from .policy import load_policies
 from .provenance import SCOPE
 from .verify import Trust, verify
 
-DAEMON_KINDS = ["plan", "telemetry", "ledger", "checkpoint"]
+DAEMON_KINDS = ["plan", "telemetry", "ledger", "checkpoint", HEAD_KIND]
 EVERY_JOB = "_default"  # the scope of a plan issued for every job (a job's own plan: its id)
 # explore rounds issue a bundle every few dozen steps: per scope, the newest ones stay on disk
 # (their ledger entries stay forever); promotions, rollbacks and manual plans are all kept
@@ -39,10 +40,19 @@ class Authority:
             _keys.generate(self.key_file, self.key_file.with_suffix(".pub"))
         self.signer = Signer.from_key_file(self.key_file, builder="rtxops-daemon")
         keyring = Keyring.load(self.keyring_file)
-        if self.signer.key_id not in keyring.keys:
+        own = keyring.keys.get(self.signer.key_id)
+        if own is None:
             keyring.trust(self.key_file.with_suffix(".pub").read_bytes(), name="rtxops daemon",
                           kinds=DAEMON_KINDS)
             keyring.save()
+        elif HEAD_KIND not in own.kinds and own.revoked_at is None:   # a home from before it
+            own.kinds.append(HEAD_KIND)
+            keyring.save()
+        if store is not None:
+            from . import ledger  # the store (DuckDB, Arrow): only the daemon needs it
+
+            ledger.start(store, self.head_file, self.signer.key,
+                         issued_before=any(self.bundles.glob("*/v*")))
         # loaded on first use: building the CEL parser takes ~0.3 s, which `rtxops run` would
         # otherwise spend before its job starts
         self._policies: list | None = None
@@ -126,7 +136,8 @@ class Authority:
         if self.store is not None:
             from . import ledger  # the store (DuckDB, Arrow): only the daemon needs it
 
-            ledger.append(self.store, self.head_file, head_key=self.signer.key, **entry)
+            ledger.append(self.store, self.head_file, head_key=self.signer.key,
+                          keyring=Keyring.load(self.keyring_file), **entry)
 
 
 def bundle_files(directory: Path) -> dict[str, bytes]:

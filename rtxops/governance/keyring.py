@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import _keys
 from ._errors import UsageError, VerificationError
-from ._layout import KINDS
+from ._layout import HEAD_KIND, KINDS, TRUST_KINDS
 
 
 @dataclass
@@ -36,7 +36,10 @@ class TrustedKey:
         if self.not_after is not None and at > self.not_after:
             return f"key {self.key_id[:16]} expired at {_iso(self.not_after)}"
         if kind is not None and kind not in self.kinds:
-            return f"key {self.key_id[:16]} may sign {', '.join(self.kinds)} bundles, not {kind}"
+            if kind == HEAD_KIND:
+                return f"key {self.key_id[:16]} is not trusted to sign the ledger's head ({HEAD_KIND})"
+            bundles = [k for k in self.kinds if k != HEAD_KIND]
+            return f"key {self.key_id[:16]} may sign {', '.join(bundles) or 'no'} bundles, not {kind}"
         return None
 
 
@@ -74,8 +77,8 @@ class Keyring:
         revoked key stays revoked (UsageError): revocation means it may be in other hands."""
         key = _keys.load_public(pem)
         for k in kinds or ():
-            if k not in KINDS:
-                raise UsageError(f"unknown artifact kind {k!r} (kinds: {', '.join(KINDS)})")
+            if k not in TRUST_KINDS:
+                raise UsageError(f"unknown artifact kind {k!r} (kinds: {', '.join(TRUST_KINDS)})")
         if not_after is not None and not_after <= (time.time() if not_before is None else not_before):
             raise UsageError("the key's validity would end before it begins")
         kid = _keys.key_id(key)

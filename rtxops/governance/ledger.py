@@ -19,26 +19,39 @@ from rtxops.telemetry.store_ledger import (GENESIS, append_entry, count_entries,
 
 from . import _keys
 from ._errors import UsageError, VerificationError
+from ._layout import HEAD_KIND
 
-__all__ = ["ChainCheck", "append", "check_chain", "count_entries", "export_jsonl",
-           "head_signature_problem", "newest_version", "read_entries", "sign_head", "write_head"]
+__all__ = ["ChainCheck", "append", "append_problem", "check_chain", "count_entries", "export_jsonl",
+           "head_signature_problem", "newest_version", "read_entries", "sign_head", "start",
+           "write_head"]
 
 _HEAD_DOMAIN = b"rtxops ledger head v1\n"
 
 
 def append(store, head_file: Path | None, head_key: ec.EllipticCurvePrivateKey | None = None,
-           **entry) -> dict:
+           keyring=None, **entry) -> dict:
     """Append ``entry``; rewrite the head file (signed with ``head_key`` when given). With a key,
-    a head it signed that no longer matches the stored chain (rewritten under it) is refused
-    (VerificationError) instead of chained onto and signed again."""
+    the stored chain must end at a head a trusted key signed (:func:`append_problem`), else
+    VerificationError: a daemon never signs over a chain it cannot vouch for."""
     if head_file is not None and head_key is not None:
-        problem = _chain_left_its_head(store, read_head(head_file), head_key)
+        problem = append_problem(store, read_head(head_file), head_key, keyring)
         if problem:
             raise VerificationError("ledger", problem + ": `rtxops ledger verify` says more")
     row = append_entry(store, **entry)
     if head_file is not None:
         write_head(head_file, row["seq"], row["entry_hash"], head_key)
     return row
+
+
+def start(store, head_file: Path, key: ec.EllipticCurvePrivateKey, issued_before: bool) -> bool:
+    """Write the signed head of an empty ledger (seq 0) when there is no head file, no entry and
+    ``issued_before`` is false (no bundle was issued); whether it wrote one. A daemon does this
+    at its start: from then on a missing head means a removed one (emptying the ledger and
+    deleting its head passed for a new ledger)."""
+    if head_file.exists() or issued_before or count_entries(store):
+        return False
+    write_head(head_file, 0, GENESIS, key)
+    return True
 
 
 def write_head(head_file: Path, seq: int, entry_hash: str,
@@ -68,20 +81,38 @@ def sign_head(rows: list[dict], head: dict, head_file: Path,
     return problems
 
 
-def _chain_left_its_head(store, head: dict, key: ec.EllipticCurvePrivateKey) -> str | None:
-    """Why the stored chain no longer holds what ``key``'s signed ``head`` names, or None (also
-    for a head it did not sign: ``ledger verify`` judges those). An entry after the head's is
-    fine: a daemon killed between committing an entry and writing the head leaves that."""
-    if not head or "signature" not in head or "invalid" in head:
-        return None
-    if head["key_id"] != _keys.key_id(key.public_key()):
-        return None
-    if not _signed_by(head, key.public_key()):
-        return "the ledger's head file carries this daemon's key id but not its signature"
-    rows = store.query("SELECT entry_hash FROM ledger WHERE seq = ?", [head["seq"]])
+def append_problem(store, head: dict, key: ec.EllipticCurvePrivateKey, keyring=None) -> str | None:
+    """Why a daemon holding ``key`` must not chain onto the stored ledger and sign its new head,
+    or None. The head must be readable, signed by ``key`` (or by a key ``keyring`` trusts for
+    the head), name a stored entry with its hash (seq 0: the empty ledger), and have at most one
+    entry after it (a daemon killed between committing an entry and writing the head leaves one).
+    Anything else is a chain the daemon cannot vouch for: signing over it would bless it."""
+    if "invalid" in head:
+        return f"the ledger's head file is unreadable ({head['invalid']})"
+    if not head:
+        return ("the ledger's head file is missing (a daemon writes it at its first start and "
+                "with every entry)")
+    if "signature" not in head:
+        return ("the ledger's head file is not signed (if `rtxops ledger verify` finds the chain "
+                "intact, `rtxops ledger sign-head` signs it)")
+    if head["key_id"] == _keys.key_id(key.public_key()):
+        if not _signed_by(head, key.public_key()):
+            return "the ledger's head file carries this daemon's key id but not its signature"
+    else:
+        problem = (head_signature_problem(head, keyring) if keyring is not None
+                   else "the ledger's head file is signed by another key")
+        if problem:
+            return problem
+    seq = head["seq"]
+    rows = [{"entry_hash": GENESIS}] if seq == 0 else store.query(
+        "SELECT entry_hash FROM ledger WHERE seq = ?", [seq])
     if not rows or rows[0]["entry_hash"] != head["entry_hash"]:
-        return (f"the ledger's entry {head['seq']} is not the one its signed head names (the "
-                "chain was rewritten)")
+        return (f"the ledger's entry {seq} is not the one its signed head names (the chain was "
+                "rewritten)")
+    last = store.query("SELECT coalesce(max(seq), 0) AS n FROM ledger")[0]["n"]
+    if last > seq + 1:
+        return (f"the ledger holds {last - seq} entries after entry {seq}, which its signed head "
+                "names (added without the head)")
     return None
 
 
@@ -108,10 +139,10 @@ def head_signature_problem(head: dict | None, keyring) -> str | None:
         return None
     if "signature" not in head:
         return ("the head file is not signed (replaced, or written by an rtxops before signed "
-                "heads: `rtxops ledger sign-head` signs it once the chain checks intact, as does "
-                "the next ledger entry): the ledger's end cannot be trusted")
+                "heads: `rtxops ledger sign-head` signs it once the chain checks intact): the "
+                "ledger's end cannot be trusted")
     try:
-        entry = keyring.check(head["key_id"], "ledger")
+        entry = keyring.check(head["key_id"], HEAD_KIND)
         key = _keys.load_public(entry.pem.encode(), "the head signer's key")
     except VerificationError as e:
         return f"the head file's signer: {e.message}"
@@ -124,11 +155,12 @@ def head_signature_problem(head: dict | None, keyring) -> str | None:
 
 
 def check_chain(rows: list[dict], head: dict | None = None, *,
-                after: tuple[int, str] = (0, GENESIS)) -> list[str]:
+                after: tuple[int, str] = (0, GENESIS), head_expected: bool = False) -> list[str]:
     """Every problem in ``rows`` (stored order): an edited entry (hash), a deleted or reordered
     one (sequence, previous hash), a deleted tail (``head``, as :func:`read_head` gives it; None
     skips that check). Empty when intact. ``after``: the (seq, entry hash) of the verified entry
-    ``rows`` follow (the genesis by default)."""
+    ``rows`` follow (the genesis by default). ``head_expected``: a daemon served this ledger (it
+    wrote a head at its start), so even an empty ledger without one was tampered with."""
     problems = []
     expected_seq, prev = after[0] + 1, after[1]
     for row in rows:
@@ -144,9 +176,9 @@ def check_chain(rows: list[dict], head: dict | None = None, *,
     if head is not None and "invalid" in head:
         problems.append(f"the head file is unreadable ({head['invalid']}): the tail cannot be checked")
     elif head is not None and not head:
-        if rows or after[0]:
-            problems.append("the head file is missing (every append writes it): entries at the end "
-                            "may have been deleted")
+        if rows or after[0] or head_expected:
+            problems.append("the head file is missing (a daemon writes it at its first start and "
+                            "with every entry): entries may have been deleted")
     elif head is not None:
         last = rows[-1] if rows else {"seq": after[0], "entry_hash": after[1]}
         if (last["seq"], last["entry_hash"]) != (head.get("seq"), head.get("entry_hash")):
@@ -167,7 +199,7 @@ class ChainCheck:
     def problems(self, store, head: dict | None) -> list[str]:
         with self._lock:
             rows = read_entries(store, after_seq=self.verified[0])
-            problems = check_chain(rows, head, after=self.verified)
+            problems = check_chain(rows, head, after=self.verified, head_expected=True)
             if not problems and rows:
                 self.verified = (rows[-1]["seq"], rows[-1]["entry_hash"])
             return problems

@@ -9,6 +9,7 @@ from pathlib import Path
 from rtxops.governance import Keyring, Signer, generate_key, write_plan_bundle
 from rtxops.governance import _dsse, _layout
 from rtxops.governance._kernels import plan_kernels
+from rtxops.governance.authority import DAEMON_KINDS
 from rtxops.runtime.plan import Plan
 
 PROMOTE = {"kind": "promote", "op": "gelu", "bucket": "gelu|f32|cpu|r8|h32",
@@ -29,7 +30,7 @@ class Keys:
         for name in ("daemon", "stranger", "revoked", "expired", "ckpt_only"):
             generate_key(root / f"{name}.pem")
         now = time.time()
-        ring.trust(self.pub("daemon"), name="daemon")
+        ring.trust(self.pub("daemon"), name="daemon", kinds=DAEMON_KINDS)
         ring.revoke(ring.trust(self.pub("revoked"), name="revoked").key_id, "leaked")
         ring.trust(self.pub("expired"), name="expired", not_before=now - 100, not_after=now - 10)
         ring.trust(self.pub("ckpt_only"), name="ckpt", kinds=["checkpoint"])
@@ -42,12 +43,13 @@ class Keys:
         return Signer.from_key_file(self.root / f"{name}.pem", builder="rtxops-daemon")
 
 
-def home_ledger_key(home: Path):
+def home_ledger_key(home: Path, store=None):
     """The private key a daemon on ``home`` signs the ledger head with, made and trusted in the
-    home's keyring as a daemon's first start does."""
+    home's keyring as a daemon's first start does (which, given the store, also writes the
+    empty ledger's signed head)."""
     from rtxops.governance.authority import Authority
 
-    authority = Authority(home)
+    authority = Authority(home, store)
     authority.close()
     return authority.signer.key
 

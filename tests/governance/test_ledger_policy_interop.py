@@ -20,7 +20,7 @@ def ledger_home(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     store = Store(home / "rtxops.duckdb")
-    key = home_ledger_key(home)
+    key = home_ledger_key(home, store)
     for v, kind in [(1, "manual"), (2, "promote"), (3, "deny"), (3, "promote"), (4, "rollback")]:
         gl.append(store, home / "ledger.head", head_key=key, kind=kind, scope="job-1", version=v,
                   subject_digest=f"sha256:{v:064x}", decision={"kind": kind}, signer="k")

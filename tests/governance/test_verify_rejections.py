@@ -327,6 +327,7 @@ def test_replay_of_an_older_plan_is_refused_by_the_ledger(keys, tmp_path):
     bundle = plan_bundle(tmp_path / "v5", keys.signer(), 5, scope="job-1")
     store = Store(home / "rtxops.duckdb")
     try:
+        ledger.start(store, home / "ledger.head", keys.signer().key, issued_before=False)
         ledger.append(store, home / "ledger.head", head_key=keys.signer().key, kind="promote", scope="job-1", version=7,
                       subject_digest="sha256:" + "0" * 64, decision={}, signer="k")
     finally:
@@ -354,6 +355,7 @@ def test_the_ledger_check_trusts_no_tampered_ledger_and_no_second_bundle_of_a_ve
                        decision={**PROMOTE, "gain": 0.09})
     store = Store(home / "rtxops.duckdb")
     try:
+        ledger.start(store, home / "ledger.head", keys.signer().key, issued_before=False)
         ledger.append(store, home / "ledger.head", head_key=keys.signer().key, kind="promote", scope="job-1", version=5,
                       subject_digest=_root_digest(bundle), decision={}, signer="k")
         ledger.append(store, home / "ledger.head", head_key=keys.signer().key, kind="promote", scope="job-1", version=7,
@@ -368,6 +370,7 @@ def test_the_ledger_check_trusts_no_tampered_ledger_and_no_second_bundle_of_a_ve
     (one / "keyring.json").write_bytes(keys.keyring_file.read_bytes())
     store = Store(one / "rtxops.duckdb")
     try:
+        ledger.start(store, one / "ledger.head", keys.signer().key, issued_before=False)
         ledger.append(store, one / "ledger.head", head_key=keys.signer().key, kind="promote",
                       scope="job-1", version=5, subject_digest=_root_digest(bundle), decision={},
                       signer="k")

@@ -1,0 +1,190 @@
+"""Who vouches for the ledger's head. The daemon signed its next head over whatever chain it found
+(a rewrite under a stripped or deleted head was blessed), any key `keys init` made could sign a
+rewritten chain's head, and a ledger emptied with its head deleted passed for a new one."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from rtxops.cli import app
+from rtxops.governance import VerificationError
+from rtxops.governance import ledger as gl
+from rtxops.governance._layout import HEAD_KIND
+from rtxops.governance.authority import Authority
+from rtxops.governance.keyring import Keyring
+from rtxops.runtime.plan import Plan
+from rtxops.telemetry.store import Store
+from rtxops.telemetry.store_ledger import GENESIS, entry_hash
+
+from .helpers import registry
+
+
+def cli(*args):
+    r = CliRunner().invoke(app, list(args))
+    return r.exit_code, " ".join(r.output.split())
+
+
+def daemon_home(tmp_path, versions=(1, 2, 3)):
+    """A home whose daemon issued ``versions`` of job-1's plan (a real Authority, real bundles)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    store = Store(home / "rtxops.duckdb")
+    authority = Authority(home, store)
+    try:
+        for v in versions:
+            authority.issue_plan(Plan.from_dict({"version": v, "defaults": {"gelu": "algebraic"}}),
+                                 "job-1", registry(), decision={"kind": "manual"})
+    finally:
+        authority.close()
+        store.close()
+    return home
+
+
+def next_plan(home, version=9):
+    """The daemon restarted on ``home`` issues its next plan."""
+    store = Store(home / "rtxops.duckdb")
+    authority = Authority(home, store)
+    try:
+        return authority.issue_plan(Plan.from_dict({"version": version, "defaults": {"gelu": "algebraic"}}),
+                                    "job-1", registry(), decision={"kind": "manual"})
+    finally:
+        authority.close()
+        store.close()
+
+
+def rewrite_entry_2(home):
+    """Whoever can write the store: entry 2 forged, every later hash recomputed."""
+    store = Store(home / "rtxops.duckdb")
+    try:
+        rows, prev = [], GENESIS
+        for row in gl.read_entries(store):
+            row = dict(row)
+            if row["seq"] == 2:
+                row["subject_digest"] = "sha256:" + "e" * 64
+            row["prev_hash"] = prev
+            row["entry_hash"] = prev = entry_hash(row)
+            rows.append(row)
+
+        def write(cur):
+            cur.execute("DELETE FROM ledger")
+            for r in rows:
+                cur.execute(f"INSERT INTO ledger ({', '.join(r)}) VALUES ({', '.join('?' * len(r))})",
+                            list(r.values()))
+        store.run_write(write).result(30)
+    finally:
+        store.close()
+    return rows
+
+
+@pytest.mark.parametrize("head", ["stripped", "deleted", "foreign"])
+def test_the_daemon_refuses_to_sign_over_a_chain_rewritten_under_a_head_it_cannot_trust(tmp_path, head):
+    home = daemon_home(tmp_path)
+    rows = rewrite_entry_2(home)
+    head_file = home / "ledger.head"
+    if head == "stripped":
+        head_file.write_text(json.dumps({"seq": rows[-1]["seq"], "entry_hash": rows[-1]["entry_hash"]}))
+    elif head == "deleted":
+        head_file.unlink()
+    else:   # signed, by a key the keyring does not trust for the head
+        from rtxops.governance import generate_key
+
+        generate_key(tmp_path / "other.pem", tmp_path / "other.pub")
+        from rtxops.governance import Signer
+
+        gl.write_head(head_file, rows[-1]["seq"], rows[-1]["entry_hash"],
+                      Signer.from_key_file(tmp_path / "other.pem").key)
+    assert cli("ledger", "verify", "--home", str(home))[0] == 1
+    with pytest.raises(VerificationError, match="ledger"):
+        next_plan(home)
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 1, output   # still caught: nothing was signed over it
+    assert not (home / "bundles" / "job-1" / "v9").exists()
+
+
+def test_entries_added_past_the_signed_head_are_not_signed_over(tmp_path):
+    """One entry past the head is a daemon killed between its commit and the head's write; more
+    were added by someone else."""
+    home = daemon_home(tmp_path, versions=(1,))
+    store = Store(home / "rtxops.duckdb")
+    try:
+        for v in (2, 3):
+            gl.append(store, None, kind="promote", scope="job-1", version=v,
+                      subject_digest="sha256:" + "0" * 64, decision={}, signer="k")
+    finally:
+        store.close()
+    with pytest.raises(VerificationError, match="2 entries after entry 1"):
+        next_plan(home)
+
+
+def test_only_a_key_trusted_for_the_head_may_sign_it(tmp_path):
+    home = daemon_home(tmp_path)
+    assert cli("keys", "init", "--name", "user", "--home", str(home))[0] == 0
+    user = Keyring.load(home / "keyring.json").keys
+    assert all(HEAD_KIND not in k.kinds for k in user.values() if k.name == "user")
+    # someone drops the tail and strips the head's signature, then signs it with their own key
+    store = Store(home / "rtxops.duckdb")
+    try:
+        store.run_write(lambda cur: cur.execute("DELETE FROM ledger WHERE seq = 3")).result(30)
+        (second,) = store.query("SELECT seq, entry_hash FROM ledger WHERE seq = 2")
+    finally:
+        store.close()
+    (home / "ledger.head").write_text(json.dumps(second))
+    code, output = cli("ledger", "sign-head", "--key", str(home / "keys" / "user.pem"), "--home", str(home))
+    assert code == 1 and "not trusted to sign the ledger's head" in output, output
+    assert "signature" not in (home / "ledger.head").read_text()
+    # a head signed by a key trusted for ledger bundles but not for the head does not verify
+    from rtxops.governance import Signer
+
+    gl.write_head(home / "ledger.head", 2, second["entry_hash"],
+                  Signer.from_key_file(home / "keys" / "user.pem").key)
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 1 and "not trusted to sign the ledger's head" in output, output
+
+
+def test_an_emptied_ledger_with_its_head_deleted_is_not_a_new_one(tmp_path):
+    home = daemon_home(tmp_path, versions=(1, 2))
+    replay = tmp_path / "v1"
+    shutil.copytree(home / "bundles" / "job-1" / "v1", replay)
+    code, output = cli("verify", str(replay), "--home", str(home))
+    assert code == 1 and "replay of an older plan" in output, output
+    store = Store(home / "rtxops.duckdb")
+    try:
+        store.run_write(lambda cur: cur.execute("DELETE FROM ledger")).result(30)
+    finally:
+        store.close()
+    (home / "ledger.head").unlink()
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 1 and "head file is missing" in output, output
+    code, output = cli("verify", str(replay), "--home", str(home))
+    assert code == 1 and "the ledger is not intact" in output, output
+    with pytest.raises(VerificationError, match="head file is missing"):
+        next_plan(home)   # and the restarted daemon does not start it afresh (bundles were issued)
+    assert not (home / "ledger.head").exists()
+
+
+def test_a_new_home_starts_with_a_signed_empty_head_and_an_old_daemon_key_gets_the_head_kind(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    store = Store(home / "rtxops.duckdb")
+    Authority(home, store).close()
+    store.close()
+    head = gl.read_head(home / "ledger.head")
+    assert (head["seq"], head["entry_hash"]) == (0, GENESIS) and "signature" in head
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 0 and "ledger intact: 0 entries, head signed by" in output, output
+    # a keyring written before the head kind existed: the daemon's own entry gains it at start
+    ring = json.loads((home / "keyring.json").read_text())
+    for entry in ring["keys"].values():
+        entry["kinds"] = ["plan", "telemetry", "ledger", "checkpoint"]
+    (home / "keyring.json").write_text(json.dumps(ring))
+    assert cli("ledger", "verify", "--home", str(home))[0] == 1
+    store = Store(home / "rtxops.duckdb")
+    Authority(home, store).close()
+    store.close()
+    assert cli("ledger", "verify", "--home", str(home))[0] == 0
+    next_plan(home, version=1)
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 0 and "ledger intact: 1 entries" in output, output
