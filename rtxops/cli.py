@@ -29,7 +29,7 @@ app.add_typer(telemetry_app, name="telemetry")
 _register_governance(app)
 _register_evolve(app)
 err = Console(stderr=True)
-out = Console()
+out = Console(markup=False)  # names and paths are printed as they are
 TELEMETRY_FACTORY = "rtxops.telemetry.job:readings_for_job"
 PLAN_VERIFIER = "rtxops.governance.authority:plan_verifier_for_job"  # a job verifies signed plans
 # the command's own options stay its own: rtxops' options come before the command

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 err = Console(stderr=True)
-out = Console(highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True, markup=False)  # names and paths are printed as they are
 
 keys_app = typer.Typer(help="Signing keys and the trusted keyring.", no_args_is_help=True)
 policy_app = typer.Typer(help="CEL policies over bundles.", no_args_is_help=True)

@@ -463,3 +463,16 @@ def test_a_plan_bundle_verified_where_there_is_no_home_says_the_ledger_was_not_c
     code, output = run(str(good_plan), "--keyring", str(keys.keyring_file),  # named: it must exist
                        "--home", str(tmp_path / "nope"))
     assert code == 2 and "no rtxops home at" in " ".join(output.split()), output
+
+
+def test_names_in_a_report_are_printed_as_they_are_not_read_as_markup(good_plan, keys, tmp_path):
+    """A file named ``a[/red]`` crashed `rtxops verify` (Rich's MarkupError, no verdict), and
+    ``x[black on black]HIDDEN[/]`` was shown as ``xHIDDEN``, in the --json output too."""
+    for name in ("a[/red]", "x[black on black]HIDDEN[/]"):
+        bundle = copy(good_plan, tmp_path / f"b{len(name)}")
+        (bundle / name).parent.mkdir(parents=True, exist_ok=True)
+        (bundle / name).write_text("x")
+        code, output = run(str(bundle), "--keyring", str(keys.keyring_file), "--no-ledger")
+        assert code == 1 and f"extra file {name}" in output and "NOT verified" in output, output
+        code, output = run(str(bundle), "--keyring", str(keys.keyring_file), "--no-ledger", "--json")
+        assert code == 1 and name in json.loads(output)["checks"][-1]["message"], output
