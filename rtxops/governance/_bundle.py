@@ -48,24 +48,23 @@ class DirectorySigner:
             raise UsageError(f"unknown artifact kind {kind!r} (kinds: {', '.join(KINDS)})")
         if not root.is_dir() or root.is_symlink():
             raise UsageError(f"{root} is not a directory")
-        try:  # before anything is removed: a folder that cannot be a bundle keeps its signature
+        try:
             names = [n for n in list_files(root) if n not in (SBOM, PROVENANCE)]
         except VerificationError as e:
             raise UsageError(f"cannot sign {root}: {e.message}") from None
-        for generated in (SBOM, PROVENANCE, SIGNATURE):
-            (root / generated).unlink(missing_ok=True)
         hashing = hash_files(root, names)  # overlaps with building the SBOM below
         sbom_bytes = sbom.build(kernels, name=f"rtxops-{kind}-bundle", kind=kind)  # not the folder name: reproducible
-        (root / SBOM).write_bytes(sbom_bytes)
         digests = dict(hashing.result())
         digests[SBOM] = hashlib.sha256(sbom_bytes).hexdigest()
         prov = provenance.build(kind=kind, version=version, subjects=digests, scope=scope,
                                 builder_id=self.builder_id, builder_version={"rtxops": _version()},
                                 decision=decision, evidence=evidence)
-        (root / PROVENANCE).write_bytes(prov)
         digests[PROVENANCE] = hashlib.sha256(prov).hexdigest()
-        bundle = self._sign_statement(_dsse.statement(digests))
-        (root / SIGNATURE).write_text(json.dumps(bundle, indent=1) + "\n")
+        # signed before anything is written: a signing that fails (a keyless signer offline)
+        # leaves a signed folder as it was
+        signature = (json.dumps(self._sign_statement(_dsse.statement(digests)), indent=1) + "\n").encode()
+        for name, data in ((SBOM, sbom_bytes), (PROVENANCE, prov), (SIGNATURE, signature)):
+            _replace(root / name, data)
         return "sha256:" + _dsse.root_digest(digests)
 
 
@@ -91,6 +90,12 @@ class Signer(DirectorySigner):
 
     def _sign_statement(self, statement: bytes) -> dict:
         return _dsse.sign(statement, self.key)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
 
 
 def write_plan_bundle(directory: Path, plan_json: str, sources: dict[str, str]) -> None:

@@ -103,3 +103,29 @@ def test_a_removed_or_broken_ledger_head_never_turns_the_tail_check_off(tmp_path
         code, output = cli("ledger", "verify", "--home", str(home))
         assert code == 1 and "head file is unreadable" in output, (broken[:20], output)
     assert ledger.check_chain([], ledger.read_head(tmp_path / "no-head")) == []  # a new ledger
+
+
+def test_a_signing_that_fails_leaves_the_folder_signed_as_it_was(keys, tmp_path):
+    """Re-signing deleted the signature first: a keyless signer that could not reach Rekor left
+    a folder that had verified with a new SBOM and provenance and no signature."""
+    from rtxops.governance import Keyring, Trust, verify
+    from rtxops.governance._bundle import DirectorySigner
+
+    class Offline(Signer):
+        def _sign_statement(self, statement: bytes) -> dict:
+            raise ConnectionError("rekor.sigstore.dev unreachable")
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(b"\x01" * 1000)
+    signer = keys.signer()
+    signer.sign_directory(folder, kind="checkpoint")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    trust = Trust(keyring=Keyring.load(keys.keyring_file))
+    assert verify(folder, trust).ok
+    assert issubclass(Offline, DirectorySigner)
+    with pytest.raises(ConnectionError):
+        Offline(signer.key).sign_directory(folder, kind="checkpoint", version=2)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert verify(folder, trust).ok
+
