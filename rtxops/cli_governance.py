@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -472,8 +473,9 @@ def plan_import(bundle: Path = typer.Argument(..., help="signed plan bundle fold
                 keyring: Optional[Path] = typer.Option(None), home: Optional[Path] = HomeOpt) -> None:
     """Verify a plan bundle (signature, trusted key, digests, policy) and keep a copy under
     $RTXOPS_HOME/imported; run with it via ``RTXOPS_PLAN=<that folder>``."""
-    from rtxops.governance import Keyring, Trust, load_policies
+    from rtxops.governance import Keyring, Trust, VerificationError, load_policies
     from rtxops.governance import verify as run_verify
+    from rtxops.governance._layout import list_files
 
     trust = Trust(keyring=_guard(lambda: Keyring.load(_keyring_path(keyring, home))))
     policies = _guard(load_policies)
@@ -481,13 +483,19 @@ def plan_import(bundle: Path = typer.Argument(..., help="signed plan bundle fold
     if imported == bundle.resolve() or bundle.resolve() in imported.parents:
         raise _fail(f"{bundle} holds this home's imported plans ({imported}): give the bundle's "
                     "own folder")  # it would be copied into itself
+    try:   # before the copy: a device file in it would be read without end
+        list_files(bundle)
+    except VerificationError as e:
+        out.print(f"FAIL {e.check:<11} {e.message}")
+        out.print(f"NOT verified: {bundle}")
+        raise typer.Exit(1) from None
     imported.mkdir(parents=True, exist_ok=True)
     # the copy is what gets verified and kept: the folder given may change after it was read
     staging = Path(tempfile.mkdtemp(prefix=".import-", dir=imported))
     try:
         copy = staging / "bundle"
-        try:
-            shutil.copytree(bundle, copy, symlinks=True)  # a symlink stays one, and fails the layout
+        try:   # a symlink stays one, and fails the layout
+            shutil.copytree(bundle, copy, symlinks=True, copy_function=_copy_regular_file)
         except (OSError, shutil.Error) as e:
             raise _fail(f"cannot copy {bundle}: {e}") from None
         report = _guard(lambda: run_verify(copy, trust, policies=policies, expected_kind="plan"))
@@ -505,3 +513,11 @@ def plan_import(bundle: Path = typer.Argument(..., help="signed plan bundle fold
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     out.print(f"imported → {target}")
+
+
+def _copy_regular_file(src: str, dst: str) -> None:
+    """``shutil.copy2`` of a regular file only (one swapped for a device after the layout check
+    would be read without end)."""
+    if not stat.S_ISREG(os.lstat(src).st_mode):
+        raise OSError(f"{src} is not a regular file")
+    shutil.copy2(src, dst)

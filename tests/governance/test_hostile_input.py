@@ -129,3 +129,22 @@ def test_a_signing_that_fails_leaves_the_folder_signed_as_it_was(keys, tmp_path)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert verify(folder, trust).ok
 
+
+
+def test_plan_import_refuses_special_files_before_copying_anything(keys, tmp_path):
+    """`plan import` copied the folder first: a device file in it (/dev/zero) was read until the
+    disk filled; a FIFO failed the copy with a traceback-like error."""
+    import os
+    import stat
+
+    home = tmp_path / "home"
+    for name, make in (("fifo", lambda p: os.mkfifo(p)),
+                       ("zero", lambda p: os.mknod(p, stat.S_IFCHR | 0o600, os.makedev(1, 5)))):
+        if name == "zero" and os.geteuid() != 0:
+            continue   # (making a device file takes root; CI runs as root)
+        bundle = copy(plan_bundle(tmp_path / f"p-{name}", keys.signer(), 5), tmp_path / name)
+        make(bundle / "kernels" / name)
+        code, output = cli("plan", "import", str(bundle), "--keyring", str(keys.keyring_file),
+                           "--home", str(home))
+        assert code == 1 and f"kernels/{name} is not a regular file" in output, output
+        assert not (home / "imported").exists() or list((home / "imported").iterdir()) == []
