@@ -72,7 +72,7 @@ class Policy:
             if not isinstance(r, dict) or not all(isinstance(r.get(k), str) for k in ("name", "require", "reason")):
                 raise UsageError(f"{where}: rules[{i}] needs string 'name', 'require' and 'reason'")
             try:
-                program = env.program(env.compile(r["require"]))
+                program = _program(env, r["require"])
             except Exception as e:  # CELParseError and friends
                 raise UsageError(f"{where}: rule {r['name']!r} is not valid CEL: {e}") from None
             rules.append(Rule(r["name"], r["require"], r["reason"], program))
@@ -157,6 +157,21 @@ def _cel_environment():
                 raise
 
 
+_HAS = re.compile(r"\bhas\s*\(")
+
+
+def _program(env, require: str):
+    """``require`` as a runnable CEL program. cel-python's compiled runner gives ``has()`` a
+    Python bool that ``!`` and ``?:`` have no overload for (the rule then denies as "could not
+    be evaluated"): rules that use it run on its interpreter."""
+    import celpy
+
+    ast = env.compile(require)
+    if _HAS.search(require):
+        return celpy.InterpretedRunner(env, ast)
+    return env.program(ast)
+
+
 def _is_ast_depth_race(error: BaseException | None) -> bool:
     seen = set()
     while error is not None and id(error) not in seen:
@@ -167,7 +182,7 @@ def _is_ast_depth_race(error: BaseException | None) -> bool:
     return False
 
 
-_BUNDLE_FIELD = re.compile(r"\bbundle\s*\.\s*([A-Za-z_]\w*)")
+_BUNDLE_FIELD = re.compile(r"\bbundle\s*\.\s*([A-Za-z_]\w*)(\s*\()?")
 _BUNDLE_ANY = re.compile(r"\bbundle\b")
 
 
@@ -177,9 +192,10 @@ def _bundle_keys(rules: tuple[Rule, ...]) -> frozenset[str] | None:
     keys: set[str] = set()
     for rule in rules:
         named = _BUNDLE_FIELD.findall(rule.require)
-        if len(named) != len(_BUNDLE_ANY.findall(rule.require)):
+        # ``bundle.all(k, ...)`` and the like are macros over every fact, not fields
+        if len(named) != len(_BUNDLE_ANY.findall(rule.require)) or any(call for _, call in named):
             return None
-        keys.update(named)
+        keys.update(name for name, _ in named)
     return frozenset(keys)
 
 

@@ -72,3 +72,20 @@ def test_evaluations_on_two_threads_never_see_each_others_facts():
     finally:
         sys.setswitchinterval(before)
     assert not wrong, f"{len(wrong)} wrong decisions, e.g. {wrong[0]}"
+
+
+@pytest.mark.parametrize("require,facts,allowed", [
+    # has() guards an optional fact: the compiled runner's has() could not be negated or branched on
+    ("!has(bundle.decision.p_value) || bundle.decision.p_value < 0.05", {"decision": {}}, True),
+    ("!has(bundle.decision.p_value) || bundle.decision.p_value < 0.05", {"decision": {"p_value": 0.5}}, False),
+    ("has(bundle.decision.p_value) ? bundle.decision.p_value < 0.05 : true", {"decision": {}}, True),
+    ("has(bundle.decision.kind) && bundle.decision.kind == 'promote'", {"decision": {"kind": "promote"}}, True),
+    # macros over the whole bundle see every fact (they were handed an empty map)
+    ('bundle.all(k, k != "decision")', {"kind": "plan", "decision": {}}, False),
+    ('bundle.all(k, k != "decision")', {"kind": "plan"}, True),
+    ('bundle.exists(k, k == "kind")', {"kind": "plan", "decision": {}}, True),
+])
+def test_optional_facts_and_macros_over_the_bundle_evaluate_as_cel_says(require, facts, allowed):
+    policy = Policy.from_yaml(f"name: t\nrules:\n  - {{name: r, require: {require!r}, reason: denied}}\n")
+    decision = policy.evaluate(facts)
+    assert decision.allowed is allowed, decision.reasons
