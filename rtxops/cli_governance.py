@@ -81,10 +81,11 @@ def keys_init(name: str = typer.Option("signing", help="key file name under $RTX
     if unknown:  # before a key pair is written under a name a rerun could not use
         raise _fail(f"unknown artifact kind {unknown[0]!r} (kinds: {', '.join(KINDS)})")
     private = out_path or _home(home).root / "keys" / f"{name}.pem"
+    # the keyring first: one that cannot be read must not leave an untrusted key pair behind
+    ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home))) if trust else None
     kid = _guard(lambda: generate_key(private))
     public = private.with_suffix(".pub")
-    if trust:
-        ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
+    if ring is not None:
         _guard(lambda: ring.trust(public.read_bytes(), name=name, kinds=kinds.split(",")))
         ring.save()
     out.print(f"key {kid}\nprivate {private}\npublic  {public}" + ("\ntrusted" if trust else ""))
@@ -205,6 +206,10 @@ def verify(path: Path = typer.Argument(..., help="bundle directory"),
         raise _fail("give either --key or --identity/--issuer, not both")
     if bool(identity) != bool(issuer):
         raise _fail("keyless verification needs both --identity and --issuer")
+    from rtxops.governance import KINDS
+
+    if kind is not None and kind not in KINDS:
+        raise _fail(f"--kind {kind!r}: the kinds are {', '.join(KINDS)}")
     try:
         pem = key.read_bytes() if key else None
     except OSError as e:
@@ -401,6 +406,15 @@ def ledger_export(out_dir: Path = typer.Argument(..., help="folder to write ledg
     if sign_it:  # the key first: a bad one must not leave an unsigned export behind
         key = key or _home(home).root / "keys" / "daemon.pem"
         signer = _guard(lambda: Signer.from_key_file(key))
+        from rtxops.governance import PROVENANCE, SBOM, SIGNATURE
+
+        # the signature covers the whole folder: whatever else lies there would be signed too
+        # (an earlier export is replaced)
+        held = {p.name for p in out_dir.iterdir()} if out_dir.is_dir() and not out_dir.is_symlink() else set()
+        others = sorted(held - {"ledger.jsonl", SBOM, PROVENANCE, SIGNATURE})
+        if out_dir.is_symlink() or others or any((out_dir / n).is_symlink() for n in held):
+            raise _fail(f"{out_dir} holds {others[0] if others else 'a symlink'}: a signed export "
+                        "goes into a new or empty folder, or over an earlier export")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ledger.jsonl").write_text(gl.export_jsonl(rows))
     if sign_it:

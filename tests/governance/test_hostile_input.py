@@ -148,3 +148,15 @@ def test_plan_import_refuses_special_files_before_copying_anything(keys, tmp_pat
                            "--home", str(home))
         assert code == 1 and f"kernels/{name} is not a regular file" in output, output
         assert not (home / "imported").exists() or list((home / "imported").iterdir()) == []
+
+
+def test_keys_init_with_an_unreadable_keyring_leaves_no_key_pair_and_a_bogus_kind_is_usage(keys, tmp_path, good_plan):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "keyring.json").write_text("{not json")
+    code, output = cli("keys", "init", "--name", "user", "--home", str(home))
+    assert code == 2 and "keyring" in output, output
+    assert not (home / "keys").exists() or list((home / "keys").iterdir()) == []   # a rerun can go on
+    code, output = cli("verify", str(good_plan), "--keyring", str(keys.keyring_file), "--no-ledger",
+                       "--kind", "bogus")
+    assert code == 2 and "--kind 'bogus'" in output, output

@@ -278,3 +278,20 @@ def test_the_daemon_does_not_chain_onto_a_ledger_rewritten_under_its_signed_head
         assert store.query("SELECT max(seq) AS n FROM ledger") == [{"n": 7}]
     finally:
         store.close()
+
+
+def test_a_signed_export_signs_only_the_ledger(ledger_home, tmp_path, keys):
+    """A stray file in the folder was signed as part of the "ledger" bundle (and verified)."""
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "notes.txt").write_text("not the ledger\n")
+    args = ["ledger", "export", str(out), "--home", str(ledger_home), "--sign",
+            "--key", str(keys.root / "daemon.pem")]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "holds notes.txt" in r.output, r.output
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]   # nothing written
+    (out / "notes.txt").unlink()
+    for _ in range(2):   # into the empty folder, then over that export
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.output
+        assert verify(out, Trust(keyring=Keyring.load(keys.keyring_file)), expected_kind="ledger").ok
