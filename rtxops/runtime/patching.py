@@ -127,11 +127,36 @@ def _split_gated_mlp(module, x=None, *args, **kwargs):
     if layers is None:
         return None
     gate, up, down = layers
+    width = x.shape[-1] if x.dim() else -1
+    if not (gate.in_features == up.in_features == width
+            and gate.out_features == up.out_features == down.in_features):
+        return None   # not gate/up/down by shape (a plain MLP named w1, w2, w3): before any work
     return (gate(x), up(x)), _down_projection(down)
 
 
 def _down_projection(down):
     return lambda module, h: down(h)
+
+
+def _holds_only(module, names: set[str]) -> str | None:
+    """The first parameter or buffer of ``module`` (at any depth) that is not under one of its
+    attributes ``names``, or None. A rewrite that reads only those would drop it."""
+    for full, _ in (*module.named_parameters(), *module.named_buffers()):
+        if full.split(".", 1)[0] not in names:
+            return full
+    return None
+
+
+def _rms_norm_unfit(module) -> str | None:
+    extra = _holds_only(module, {"weight"})
+    return f"it holds {extra!r}, which rms_norm does not take" if extra else None
+
+
+def _gated_mlp_unfit(module) -> str | None:
+    names = next((set(n) for n in _MLP_LAYOUTS if all(isinstance(getattr(module, a, None), nn.Linear)
+                                                      for a in n)), set())
+    extra = _holds_only(module, names)
+    return f"it holds {extra!r} besides its three linear layers" if extra else None
 
 
 def _is_rms_norm_class(cls: type) -> bool:
@@ -145,10 +170,10 @@ def _is_gated_mlp_class(cls: type) -> bool:
     return bool(_MLP_NAME.search(cls.__name__)) and not cls.__module__.startswith("torch.")
 
 
-MODULE_PATTERNS: list[tuple[str, Callable[[type], bool], Callable, bool]] = [
-    # (op, class test, split, op is the whole forward)
-    ("rms_norm", _is_rms_norm_class, _split_rms_norm, True),
-    ("swiglu", _is_gated_mlp_class, _split_gated_mlp, False),
+MODULE_PATTERNS: list[tuple[str, Callable[[type], bool], Callable, bool, Callable]] = [
+    # (op, class test, split, op is the whole forward, why an instance cannot be rewritten)
+    ("rms_norm", _is_rms_norm_class, _split_rms_norm, True, _rms_norm_unfit),
+    ("swiglu", _is_gated_mlp_class, _split_gated_mlp, False, _gated_mlp_unfit),
 ]
 
 
@@ -275,9 +300,9 @@ class _Patch:
     def patch_class(self, cls: type) -> None:
         if cls in self.classes or "forward" not in cls.__dict__:
             return
-        for op, matches, split, whole in MODULE_PATTERNS:
+        for op, matches, split, whole, unfit in MODULE_PATTERNS:
             if matches(cls):
-                site = self.dispatcher.module_site(op, cls, split, whole)
+                site = self.dispatcher.module_site(op, cls, split, whole, unfit)
                 self.classes[cls] = cls.forward
                 cls.forward = site.wrapper
                 return

@@ -340,3 +340,97 @@ def test_a_gated_mlp_runs_its_own_forward_unless_a_plan_routes_swiglu():
     d.install_plan(plan_for(3))
     d.apply_pending()
     assert site._dormant[0]
+
+
+class _BiasedRMSNorm(nn.Module):
+    """An RMSNorm with a bias that starts at zero (OLMo style): its first call looks like the op."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps = 1e-5
+
+    def forward(self, x):
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y + self.bias
+
+
+class _OffsetRMSNorm(nn.Module):
+    """Gemma style: scaled by ``1 + weight`` (weight starts at zero)."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = 1e-5
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
+
+
+def _train_norm(norm: _BiasedRMSNorm, steps: int = 4) -> tuple[list[float], torch.Tensor]:
+    torch.manual_seed(0)
+    head = nn.Linear(16, 4)
+    opt = torch.optim.SGD([*norm.parameters(), *head.parameters()], lr=0.5)
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+        loss = F.cross_entropy(head(norm(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, norm.bias
+
+
+def test_a_norm_class_with_a_parameter_the_op_does_not_take_is_not_rewritten():
+    """Once a plan routed rms_norm, the class was rewritten as the bare op after its first call
+    matched: its bias then never moved and never counted."""
+    want_losses, want_bias = _train_norm(_BiasedRMSNorm())
+    d = patching.enable()
+    bucket = bucket_id("rms_norm", torch.randn(8, 16), (16,), torch.ones(16), 1e-5)
+    d.install_plan(plan_for(2, ("rms_norm", bucket, "eager")))
+    d.apply_pending(at_once=True)
+    losses, bias = _train_norm(_BiasedRMSNorm())
+    assert losses == pytest.approx(want_losses, rel=1e-5) and bias.abs().sum() > 0
+    torch.testing.assert_close(bias, want_bias)
+    site = d.site_named(f"module:{__name__}.{_BiasedRMSNorm.__qualname__}")
+    assert site.failed and "holds 'bias'" in site.failed
+    assert d.disabled == {}, "the variant is not at fault"
+
+
+def test_a_norm_class_checked_on_zeros_stays_on_probation_until_it_can_differ():
+    """A dummy forward on zeros matched (both sides 0) and the Gemma-style class was rewritten as
+    rms_norm(x) * weight, which is 0 while its weight is."""
+    d = patching.enable()
+    bucket = bucket_id("rms_norm", torch.randn(8, 16), (16,), torch.ones(16), 1e-5)
+    d.install_plan(plan_for(2, ("rms_norm", bucket, "eager")))
+    d.apply_pending(at_once=True)
+    norm, own = _OffsetRMSNorm(), _OffsetRMSNorm.forward.__wrapped__
+    assert torch.equal(norm(torch.zeros(8, 16)), torch.zeros(8, 16))   # the dummy forward
+    x = torch.randn(8, 16)
+    torch.testing.assert_close(norm(x), own(norm, x))
+    site = d.site_named(f"module:{__name__}.{_OffsetRMSNorm.__qualname__}")
+    assert site.failed and "max abs difference" in site.failed
+    assert d.disabled == {}, "the variant gives rms_norm's values: it stays"
+
+
+def test_a_plain_mlp_named_like_a_gated_one_runs_each_layer_once():
+    """w1, w2, w3 that do not fit gate/up/down: the split ran w1 (and failed on w3) before the
+    class's own forward ran w1 again, on every call."""
+
+    class PlainMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1, self.w2, self.w3 = nn.Linear(8, 32), nn.Linear(32, 32), nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.w3(F.relu(self.w2(F.relu(self.w1(x)))))
+
+    d = patching.enable()
+    d.set_reroute_partial(True)
+    m, calls = PlainMLP(), []
+    m.w1.register_forward_hook(lambda *a: calls.append(1))
+    for _ in range(3):
+        m(torch.randn(4, 8))
+    assert len(calls) == 3
