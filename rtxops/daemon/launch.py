@@ -78,10 +78,14 @@ def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
                 base: Mapping[str, str], extra_env: Mapping[str, str],
                 step_base: int | None = None) -> dict[str, str]:
     """``base`` (the daemon's environment; the job's ``base_env`` instead when it has one), then
-    ``extra_env``, then the job's own ``env``; with the runtime enabled as ``rtxops run`` enables
-    it, and the job's identity set last. ``step_base``: the last step an earlier attempt
-    reported, from which a restarted job counts on."""
-    env = {**(base if spec.base_env is None else spec.base_env), **extra_env, **spec.env}
+    ``extra_env`` (whose ``PATH`` goes in front of the base's: the caller's own programs stay
+    found), then the job's own ``env``; with the runtime enabled as ``rtxops run`` enables it,
+    and the job's identity set last. ``step_base``: the last step an earlier attempt reported,
+    from which a restarted job counts on."""
+    own = base if spec.base_env is None else spec.base_env
+    env = {**own, **extra_env, **spec.env}
+    if extra_env.get("PATH") and "PATH" not in spec.env:
+        env["PATH"] = os.pathsep.join(p for p in (extra_env["PATH"], own.get("PATH")) if p)
     if spec.runtime:
         from rtxops.runtime.bootstrap import child_environment
 

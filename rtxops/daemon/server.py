@@ -92,8 +92,9 @@ class Daemon:
             "RTXOPS_READINGS_FACTORY": "rtxops.telemetry.job:readings_for_job",
             "RTXOPS_KEYRING": str(self.authority.keyring_file),  # jobs verify plan bundles
             "RTXOPS_PLAN_VERIFIER": "rtxops.governance.authority:plan_verifier_for_job",
-            # `python` in a submitted command is the interpreter rtxops is installed in
-            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
+            # `python` in a submitted command is the interpreter rtxops is installed in (put in
+            # front of the PATH the job has: the caller's, or the daemon's)
+            "PATH": os.path.dirname(sys.executable),
         }
         # polls at 5 Hz: a busier supervisor steals CPU from the jobs it watches on small machines
         return Supervisor(self.jobs_sink, self.home.jobs, extra_env=env,

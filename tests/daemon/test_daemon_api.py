@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -328,13 +329,21 @@ def test_rtxops_run_gives_the_job_its_callers_environment_with_a_daemon_running(
 
     from .live import RTXOPS, clean_env
 
+    own_bin = tmp_path / "bin"   # a program of the caller's PATH (the daemon's PATH replaced it)
+    own_bin.mkdir()
+    (own_bin / "my-tool").write_text("#!/bin/sh\necho tool\n")
+    (own_bin / "my-tool").chmod(0o755)
+    env = clean_env(shared.mark, RTXOPS_HOME=str(shared.home), MY_SETTING="hello",
+                    CUDA_VISIBLE_DEVICES="1")
+    env["PATH"] = f"{own_bin}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
     r = subprocess.run([*RTXOPS, "run", "--no-summary", "--", "sh", "-c",
-                        'echo "[$MY_SETTING][$CUDA_VISIBLE_DEVICES][${RTXOPS_DAEMON:+daemon}]"'],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                       env=clean_env(shared.mark, RTXOPS_HOME=str(shared.home), MY_SETTING="hello",
-                                     CUDA_VISIBLE_DEVICES="1"))
+                        'echo "[$MY_SETTING][$CUDA_VISIBLE_DEVICES][${RTXOPS_DAEMON:+daemon}]"; my-tool; '
+                        'command -v python'],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[hello][1][daemon]"
+    said, tool, python = r.stdout.split()
+    assert said == "[hello][1][daemon]" and tool == "tool"
+    assert os.path.dirname(python) == os.path.dirname(sys.executable)   # rtxops's interpreter first
     job = shared.client(token=None).get("/v1/jobs", params={"limit": 1}).json()["jobs"][0]
     assert "hello" not in json.dumps(job)       # neither values nor names are shown
     assert job["spec"]["base_env"].endswith("variables of the submitting shell")
