@@ -158,7 +158,7 @@ def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path, te
                 return
         child.send_signal(signum)
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         code = child.wait()
     finally:
@@ -276,6 +276,14 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
                 if not page["lines"] and (page["done"] or not follow):
                     break
             break
+        except BrokenPipeError:
+            # the reader went away (`| head`): the output has nowhere to go, which would end a
+            # plain script by SIGPIPE; a job `rtxops run` follows is cancelled rather than left
+            # running unseen
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # (no flush error at exit)
+            if cancel_on_interrupt:
+                client.cancel(job_id)
+            return 128 + signal.SIGPIPE
         except KeyboardInterrupt as e:
             signum = getattr(e, "signum", signal.SIGINT)
             if not cancel_on_interrupt:  # `rtxops logs -f`: the job goes on; we end as interrupted

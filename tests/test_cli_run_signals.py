@@ -62,6 +62,15 @@ def test_a_stop_signal_to_rtxops_run_stops_its_job(tmp_path, mark, signum):
     assert "cancelled job" in p.stderr.read()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_a_direct_run_reaches_its_job(tmp_path, mark, signum):
+    """SIGHUP (a closed terminal, a scheduler) ended `rtxops run --direct` and left its job."""
+    p, job = start(tmp_path, mark, "--direct")
+    p.send_signal(signum)
+    assert p.wait(60) == 128 + signum
+    until(lambda: job not in marked(mark), timeout=15, what="the job to end")
+
+
 def test_ctrl_c_reaches_a_direct_job_once(tmp_path, mark):
     p, job = start(tmp_path, mark, "--direct", group=True)
     os.killpg(p.pid, signal.SIGINT)  # what a terminal does: the whole foreground group

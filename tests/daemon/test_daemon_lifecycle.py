@@ -324,3 +324,22 @@ def test_a_daemon_that_cannot_write_its_address_exits_with_the_reason(daemons, t
     assert r.returncode == 1, r.stdout + r.stderr
     logged = [json.loads(line) for line in r.stderr.splitlines() if line.startswith("{")]
     assert any(e.get("event") == "cannot_announce" and "daemon.url" in e["error"] for e in logged), r.stderr
+
+
+def test_a_followed_job_whose_reader_went_away_is_cancelled(daemon, tmp_path):
+    """`rtxops run ... | head -2` exited 1 in silence and left the job running unseen."""
+    import subprocess
+
+    from .live import RTXOPS, clean_env
+
+    reader = subprocess.Popen(["head", "-2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    run = subprocess.Popen([*RTXOPS, "run", "--no-summary", "--", "python", "-c",
+                            "import time\nfor i in range(600): print('tick', i, flush=True); "
+                            "time.sleep(0.1)"],
+                           stdout=reader.stdin, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                           env=clean_env(daemon.mark, RTXOPS_HOME=str(daemon.home)))
+    reader.stdin.close()
+    assert reader.stdout.read().split() == [b"tick", b"0", b"tick", b"1"]
+    assert run.wait(60) == 141, run.stderr.read()
+    job = daemon.client().get("/v1/jobs", params={"limit": 1}).json()["jobs"][0]
+    assert daemon.wait(job["id"], 30)["state"] == "cancelled"
