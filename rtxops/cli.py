@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -574,6 +575,9 @@ def submit(
     """Submit a job to the daemon; prints its id."""
     from rtxops.daemon.client import DaemonError
 
+    for option, value in (("--hang-timeout", hang_timeout), ("--first-step-timeout", first_step_timeout)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise _fail(f"{option} {value}: give a number of seconds above 0")
     try:
         job = _client(home).submit(command=list(command), name=name, restarts=restarts,
                                    hang_restarts=hang_restarts, hang_timeout_s=hang_timeout,
@@ -588,13 +592,17 @@ def submit(
 @app.command()
 def jobs(home: Optional[Path] = typer.Option(None), limit: int = typer.Option(50, min=1, max=1000)) -> None:
     """List jobs, newest first."""
+    listed = _client(home).jobs(limit)
     table = Table()
-    for col in ("id", "name", "state", "attempts", "restarts", "exit", "step", "reason"):
+    # ids whole at any width (piped output is 80 columns): they are what logs and cancel take
+    table.add_column("id", no_wrap=True, min_width=max((len(j["id"]) for j in listed), default=2))
+    for col in ("name", "state", "attempts", "restarts", "exit", "step", "reason"):
         table.add_column(col)
+
     def shown(v) -> str:
         return "" if v is None else str(v)
 
-    for j in _client(home).jobs(limit):
+    for j in listed:
         table.add_row(*map(plain, (j["id"], j["name"], j["state"], str(len(j["attempts"])),
                                     str(j["crash_restarts"] + j["hang_restarts"]), shown(j["exit_code"]),
                                     shown(j["last_step"]), shown(j["reason"]))))  # user text, not markup

@@ -19,7 +19,9 @@ def rtxops(*args: str, env: dict | None = None, cwd=None) -> subprocess.Complete
 @pytest.mark.parametrize("case", ["ledger export onto a file", "home is a file", "port out of range",
                                   "jobs limit 0", "sweep-out in a missing folder",
                                   "run with a misspelt policies folder",
-                                  "daemon with a misspelt policies folder"])
+                                  "daemon with a misspelt policies folder",
+                                  "submit with a hang timeout that is not a number",
+                                  "run with a name too long and no daemon"])
 def test_a_clear_error_and_no_traceback(tmp_path, case):
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -42,6 +44,13 @@ def test_a_clear_error_and_no_traceback(tmp_path, case):
         "daemon with a misspelt policies folder": (
             ["daemon", "--port", "0", "--home", home], {"RTXOPS_POLICIES": str(tmp_path / "polcies")},
             "is not a folder holding policy files"),
+        "submit with a hang timeout that is not a number": (
+            ["submit", "--hang-timeout", "nan", "--home", home, "--", "true"], None,
+            "--hang-timeout nan: give a number of seconds above 0"),
+        # (a daemon refused it; the one `rtxops run` starts in its own process took it)
+        "run with a name too long and no daemon": (
+            ["run", "--name", "n" * 300, "--", sys.executable, "-c", "print('the job ran')"],
+            {"RTXOPS_HOME": home}, "name: at most 200 characters"),
     }[case]
     r = rtxops(*args, env=env, cwd=tmp_path)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import JobNotFound, JobSpecError, SupervisorClosed
-from .jobs import Job, JobSpec
+from .jobs import MAX_NAME, Job, JobSpec
 from .supervisor import Supervisor
 
 # log long-polls hold a worker thread each: they get at most this many of anyio's 40, so the
@@ -22,7 +22,7 @@ class SubmitRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     command: list[str] = Field(min_length=1, description="argv, e.g. ['python', 'train.py']")
-    name: str = Field("", max_length=200)
+    name: str = Field("", max_length=MAX_NAME)
     env: dict[str, str] = {}
     base_env: dict[str, str] | None = Field(
         None, description="the environment to start from instead of the daemon's (`rtxops run` "

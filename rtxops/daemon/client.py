@@ -43,9 +43,10 @@ class DaemonClient:
         """What ``/healthz`` says, or None when nothing answers it."""
         try:
             r = self.http.get("/healthz", timeout=2)
-            return r.json() if r.status_code == 200 else None
+            health = r.json() if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
+        return health if isinstance(health, dict) else None   # (another server at a stale URL)
 
     def healthy(self) -> bool:
         return self.health() is not None

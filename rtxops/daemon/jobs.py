@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,9 @@ class Outcome(str, enum.Enum):
     CANCELLED = "cancelled"        # killed by rtxops on cancel or shutdown
     START_FAILED = "start_failed"  # the command could not be executed
     LOST = "lost"                  # ended while the daemon was not watching; status unknown
+
+
+MAX_NAME = 200   # characters of a job's name
 
 
 @dataclass(frozen=True)
@@ -103,11 +107,11 @@ class JobSpec:
         if not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1:
             raise JobSpecError(f"nproc_per_node: expected an integer >= 1, got {self.nproc_per_node!r}")
         for name in ("backoff_s", "backoff_max_s", "grace_s"):
-            if getattr(self, name) < 0:
+            if not getattr(self, name) >= 0 or not math.isfinite(getattr(self, name)):
                 raise JobSpecError(f"{name}: expected seconds >= 0, got {getattr(self, name)!r}")
         for name in ("hang_timeout_s", "first_step_timeout_s"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if value is not None and not (value > 0 and math.isfinite(value)):
                 raise JobSpecError(f"{name}: expected seconds > 0 or None, got {value!r}")
         if self.first_step_timeout_s is not None and self.hang_timeout_s is None:
             raise JobSpecError("first_step_timeout_s needs hang_timeout_s")

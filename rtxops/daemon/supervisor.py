@@ -40,7 +40,8 @@ from .. import settings
 from . import launch, proctree, stacks
 from .errors import JobNotFound, JobSpecError, SupervisorClosed
 from .exits import ExitInfo, OomCounters, classify_exit, signal_name
-from .jobs import STREAMS, Attempt, Job, JobEvent, JobSink, JobSpec, JobState, LogLine, Outcome
+from .jobs import (MAX_NAME, STREAMS, Attempt, Job, JobEvent, JobSink, JobSpec, JobState, LogLine,
+                   Outcome)
 from .logtail import MAX_STORED_BYTES, LogTail
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class Supervisor:
         """Accept ``spec`` and start its first attempt in the background. Raises JobSpecError for a
         command that cannot be launched as asked, SupervisorClosed after shutdown began."""
         launch.command_line(spec, self.work_dir)
+        if len(spec.name) > MAX_NAME:   # (at submit only: a saved job is taken back as it was)
+            raise JobSpecError(f"name: at most {MAX_NAME} characters")
         if spec.cwd is not None and not os.path.isdir(spec.cwd):   # at submit only: a folder
             raise JobSpecError(f"cwd: {spec.cwd!r} is not a directory")  # gone later is a start failure
         now = time.time_ns()

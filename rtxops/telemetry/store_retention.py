@@ -22,6 +22,7 @@ import duckdb
 from .store import MINUTE_NS, Store
 
 CHECKPOINT_SPARE_BYTES = 64 << 20
+MAX_AGE_S = 50 * 365 * 86400
 MIN_AGE_S = 86400                    # younger data may feed the evolve loop's windows and canaries
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*")
@@ -56,6 +57,8 @@ def check_age(seconds: float) -> float:
     if not seconds >= MIN_AGE_S:
         raise ValueError("a retention under a day may delete what the evolve loop is still "
                          "reading; give 1d or more")
+    if not seconds <= MAX_AGE_S:   # (nanoseconds before now past this are before 1970)
+        raise ValueError("an age over 50 years: nothing in the store is that old")
     return seconds
 
 

@@ -343,3 +343,50 @@ def test_a_followed_job_whose_reader_went_away_is_cancelled(daemon, tmp_path):
     assert run.wait(60) == 141, run.stderr.read()
     job = daemon.client().get("/v1/jobs", params={"limit": 1}).json()["jobs"][0]
     assert daemon.wait(job["id"], 30)["state"] == "cancelled"
+
+
+def test_job_ids_are_listed_whole_in_80_columns(daemon, tmp_path):
+    """Piped, `rtxops jobs` is 80 columns wide: ids came out as "j-dd5c8…"."""
+    import subprocess
+
+    from .live import RTXOPS, clean_env
+
+    job = daemon.submit(["python", "-c", "pass"], name="a rather long name " * 3)
+    daemon.wait(job["id"])
+    env = {**clean_env(daemon.mark), "COLUMNS": "80"}
+    r = subprocess.run([*RTXOPS, "jobs", "--home", str(daemon.home)], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 0 and job["id"] in r.stdout, r.stdout
+
+
+def test_a_stale_address_answered_by_another_server_is_no_daemon(tmp_path):
+    """A /healthz that answers JSON other than an object (another program now at the port) made
+    every command fail with an AttributeError traceback."""
+    import http.server
+    import threading
+
+    from rtxops.daemon.client import DaemonClient
+    from rtxops.daemon.home import Home
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'"ok"'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        home = Home(tmp_path / "home").ensure()
+        home.url_file.write_text(f"http://127.0.0.1:{server.server_address[1]}\n")
+        assert DaemonClient.find(home) is None
+        r = cli("jobs", "--home", str(home.root), mark="none")
+        assert r.returncode != 0 and "Traceback" not in r.stderr and "no daemon" in r.stderr, r.stderr
+    finally:
+        server.shutdown()

@@ -140,3 +140,11 @@ def test_a_malformed_age_is_refused(text):
 def test_a_retention_under_a_day_is_refused(store):
     with pytest.raises(ValueError, match="1d or more"):
         store_retention.prune(store, 23 * 3600)
+
+
+@pytest.mark.parametrize("text", ["9" * 400 + "d", "99999999999d", "3000w"])
+def test_an_age_past_what_the_store_can_hold_is_refused(text):
+    """400 nines of days overflowed (an OverflowError traceback; the daemon logged prune_failed),
+    and 99999999999d pruned before a time in year -270 million."""
+    with pytest.raises(ValueError, match="over 50 years"):
+        store_retention.check_age(store_retention.parse_age(text))
