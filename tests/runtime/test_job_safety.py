@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rtxops.runtime import patching
+from rtxops.runtime import originals, patching
 
 from .helpers import LlamaMLP
 
@@ -277,6 +277,27 @@ def test_a_non_contiguous_input_gets_the_layout_torch_gives_after_a_contiguous_o
         assert got.stride() == want.stride()
         routed(torch.randn(16, 8), *extra)
         assert not dispatcher.disabled
+    finally:
+        patching.disable()
+
+
+@pytest.mark.parametrize("variant", ["math", "chunked"])
+def test_attention_on_transposed_views_after_contiguous_inputs_keeps_torchs_layout(variant):
+    """The attention key held no layout: the route checked on contiguous q/k/v answered the usual
+    (B, L, H, E)-transposed views in its own layout, and the job's .view() of it failed."""
+    from .helpers import plan_for
+
+    B, L, H, E = 2, 16, 4, 8
+    dispatcher = patching.enable(plan_for(1, defaults={"attention": variant}))
+    try:
+        q, k, v = (torch.randn(B, H, L, E) for _ in range(3))
+        F.scaled_dot_product_attention(q, k, v)
+        x = torch.randn(B, L, 3, H, E)
+        q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
+        got = F.scaled_dot_product_attention(q, k, v)
+        want = originals.scaled_dot_product_attention(q, k, v)
+        torch.testing.assert_close(got, want)
+        assert got.transpose(1, 2).view(B, L, H * E).shape == (B, L, H * E)
     finally:
         patching.disable()
 
