@@ -108,19 +108,33 @@ class _ChunkedCE(torch.autograd.Function):
             if smoothing > 0:
                 p.sub_(smoothing / vocab)
             grad[rows] = p.mul_(k.unsqueeze(1))
-        ctx.reduction = reduction
-        ctx.save_for_backward(grad, keep.sum())
+        ctx.reduction, ctx.smoothing = reduction, smoothing
+        # the input and target too (references: a job keeps its logits anyway) for a backward
+        # that must itself be differentiable
+        ctx.save_for_backward(grad, keep.sum(), input, target, keep)
         return _reduce(loss, keep, reduction).to(input.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad, count = ctx.saved_tensors
+        grad, count, input, target, keep = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph (a gradient penalty): the gradient made in forward is a constant to
+            # autograd, so it is made again from the input with differentiable ops
+            grad = _differentiable_grad(input, target, keep, ctx.smoothing)
         g = grad_out.float()
         if ctx.reduction == "none":
             g = g.unsqueeze(1)
         elif ctx.reduction == "mean":
             g = torch.where(count > 0, g / count, 0.0)
         return (grad.float() * g).to(grad.dtype), None, None, None, None, None
+
+
+def _differentiable_grad(input, target, keep, smoothing: float):
+    """d loss_i / d input_i of each row, as the chunked forward makes it, from autograd's ops."""
+    x = input.float()
+    onehot = torch.zeros_like(x).scatter(1, torch.where(keep, target, 0).unsqueeze(1), 1.0)
+    grad = torch.softmax(x, -1) - (1 - smoothing) * onehot - smoothing / x.shape[1]
+    return (grad * keep.unsqueeze(1)).to(input.dtype)
 
 
 def _build_chunked(config, b: Bucket):
