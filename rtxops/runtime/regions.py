@@ -21,6 +21,7 @@ under ``torch.distributed`` are left alone (a background pass could desynchronis
 """
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
 import logging
@@ -36,6 +37,7 @@ from torch import nn
 from .dispatcher import _NOT_A_FAILURE, background_compile
 
 log = logging.getLogger("rtxops.runtime")
+EXIT_WAIT_S = 120.0   # how long a job that ends during the background compile waits for it
 
 DISCOVER, WAIT_INPUTS, COMPILING, BASELINE, TRIAL, COMPILED, EAGER, FAILED = (
     "discover", "wait_inputs", "compiling", "baseline", "trial", "compiled", "eager", "failed")
@@ -65,6 +67,7 @@ class RegionCompiler:
         self._roots: dict[int, weakref.ReferenceType[nn.Module]] = {}
         self._depth = threading.local()
         self._compiled: Callable | None = None
+        self._exiting = False
         self._step_ns: list[int] = []
         self._last_ns: int | None = None
         self._swap_step = 0
@@ -109,12 +112,21 @@ class RegionCompiler:
                 except Exception as e:  # never the job's step: the job stays in eager
                     self._fail(f"cannot copy the model's inputs: {type(e).__name__}: {e}")
                     return
-                threading.Thread(target=self._compile, args=(module, *clones),
-                                 name="rtxops-region-compile", daemon=True).start()
+                thread = threading.Thread(target=self._compile, args=(module, *clones),
+                                          name="rtxops-region-compile", daemon=True)
+                thread.start()
+                atexit.register(self._finish_compile, thread)
 
         handle = model.register_forward_pre_hook(capture, with_kwargs=True)
 
     # ---- background compile ----------------------------------------------------------------------
+    def _finish_compile(self, thread: threading.Thread) -> None:
+        """At the job's exit, let a compile under way end first: an interpreter that finalizes
+        under Inductor's threads aborts ("terminate called without an active exception", exit
+        134). It ends soon: Python's executors refuse new work by then, so it fails, unsaid."""
+        self._exiting = True
+        thread.join(EXIT_WAIT_S)
+
     def _compile(self, model: nn.Module, args: list, kwargs: dict) -> None:
         with background_compile():
             self._compile_here(model, args, kwargs)
@@ -140,7 +152,8 @@ class RegionCompiler:
                 if roots and params:  # compiles the backward too, without touching .grad
                     torch.autograd.grad([t.sum() for t in roots], params[:1], allow_unused=True)
         except Exception as e:  # the job goes on in eager; the reason is kept and logged
-            self._fail(f"torch.compile failed: {type(e).__name__}: {e}")
+            if not self._exiting:   # (at exit: the job is done with it)
+                self._fail(f"torch.compile failed: {type(e).__name__}: {e}")
             return
         self.compile_seconds = time.perf_counter() - started
         self._compiled = compiled

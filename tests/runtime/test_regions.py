@@ -321,3 +321,36 @@ def test_the_jobs_ops_stay_routed_and_recorded_while_the_model_compiles_in_the_b
         patching.disable()
         regions.close()
     assert per_step >= 5 and during == 3 * per_step
+
+
+def test_a_job_that_ends_during_the_background_compile_waits_for_it(tmp_path):
+    """The compile thread was a daemon thread left running at exit: the interpreter finalized
+    under Inductor's threads and the job died with "terminate called without an active
+    exception" (exit 134) about one run in four. Here the compile outlives the job's last step."""
+    import subprocess
+    import sys
+    import textwrap
+
+    marker = tmp_path / "compile-ended"
+    script = textwrap.dedent(f"""
+        import time
+        from rtxops.runtime import patching
+        from rtxops.runtime.regions import COMPILING, RegionCompiler
+        from tests.runtime.test_regions import train
+
+        def slow_compile(fn, **kw):
+            time.sleep(1.5)
+            open({str(marker)!r}, "w").write("ended")
+            return fn
+
+        d = patching.enable()
+        regions = d.regions = RegionCompiler(lambda step, outcome: None, trial_steps=5,
+                                             compile_fn=slow_compile)
+        train(2, more=lambda: regions.state != COMPILING)
+        assert regions.state == COMPILING
+    """)
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert marker.read_text() == "ended"
