@@ -344,8 +344,11 @@ class ModuleSite(FunctionSite):
         the rewrite drops whatever else its forward does (side effects, an activation chosen per
         instance), which one first call per bucket cannot see."""
         plan, d = self.dispatcher.plan, self.dispatcher
-        self._dormant[0] = not self.whole_forward and not d.reroute_partial and not (
-            self.op.name in plan.defaults or any(e.op == self.op.name for e in plan.entries))
+        # a class put back for good stays so through a forward held from before (accelerate's
+        # hooks keep ``module._old_forward``): it was checked again on every call
+        routed = self.op.name in plan.defaults or any(e.op == self.op.name for e in plan.entries)
+        self._dormant[0] = self.failed is not None or (
+            not self.whole_forward and not d.reroute_partial and not routed)
 
     def _make_wrapper(self) -> Callable:
         call_key, routes, original, split, miss = (
@@ -353,10 +356,10 @@ class ModuleSite(FunctionSite):
         )
 
         by_mode = not self.whole_forward
-        dormant = self._dormant
+        dormant, live = self._dormant, self.dispatcher.live
 
         def forward(module, *args, **kwargs):
-            if dormant[0] or (_is_compiling() and _traced_here()) or (
+            if dormant[0] or not live[0] or (_is_compiling() and _traced_here()) or (
                     (_has_torch_function(args) or (kwargs and _has_torch_function(kwargs.values())))
                     and _subclass_among(args, kwargs)):
                 return original(module, *args, **kwargs)

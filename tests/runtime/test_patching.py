@@ -434,3 +434,26 @@ def test_a_plain_mlp_named_like_a_gated_one_runs_each_layer_once():
     for _ in range(3):
         m(torch.randn(4, 8))
     assert len(calls) == 3
+
+
+def test_a_forward_held_from_before_stays_the_classs_own_once_put_back_or_disabled():
+    """accelerate's hooks keep ``module._old_forward = module.forward``: through it, a class put
+    back on its own forward was checked again on every call (its forward ran three times), and
+    after disable() it still went through the wrapper."""
+    d = patching.enable()
+    d.set_reroute_partial(True)
+    m = GeluGatedMLP()
+    held = m.forward                      # the wrapper, bound
+    seen = []
+    m.gate_proj.register_forward_hook(lambda *a: seen.append(1))
+    x = torch.randn(4, 8)
+    held(x)                               # checked: not swiglu, put back for good
+    seen.clear()
+    for _ in range(3):
+        held(x)
+    assert len(seen) == 3, "one forward per call"
+    assert len(d.readings.errors) <= 1
+    patching.disable()
+    seen.clear()
+    held(x)
+    assert len(seen) == 1
