@@ -359,11 +359,60 @@ class _Reconnecting:
                         self.client = found
                         err.print(f"rtxops: following job {self.job_id} at {found.url}")
                         return getattr(found, name)(*args, **kwargs)
+                    ended = _EndedInStore.read(self.home, self.job_id)
+                    if ended is not None:   # `rtxops daemon stop`: it stopped the job first
+                        self.client = ended
+                        return getattr(ended, name)(*args, **kwargs)
                 raise _DaemonGone(f"no daemon came back for {self.home.root}: job {self.job_id} "
                                   "may still be running unsupervised; start `rtxops daemon` on "
                                   f"this home to adopt it, then `rtxops logs {self.job_id} -f`") from None
 
         return call
+
+
+class _EndedInStore:
+    """A job that ended before its daemon stopped, read from the store the daemon left: its last
+    lines and its outcome, for a follower that would otherwise wait for a daemon to come back."""
+
+    def __init__(self, job: dict, lines: list[dict]) -> None:
+        self._job, self._lines = job, lines
+
+    @classmethod
+    def read(cls, home, job_id: str) -> Optional["_EndedInStore"]:
+        """The job as stored, when the store can be read (no daemon holds it) and says it ended."""
+        from rtxops.daemon.api_jobs import job_view
+        from rtxops.daemon.jobs import Job
+        from rtxops.telemetry import store_jobs
+        from rtxops.telemetry.store import ReadOnlyStore, StoreError
+
+        try:
+            store = ReadOnlyStore(home.store)
+        except (StoreError, OSError):
+            return None
+        try:
+            rows = store.query("SELECT record FROM jobs WHERE job_id = ?", [job_id])
+            job = Job.from_dict(json.loads(rows[0]["record"])) if rows else None
+            if job is None or not job.state.terminal:
+                return None
+            lines = store_jobs.read_logs(store, job_id, limit=1_000_000)
+        except Exception:   # (a store being written again: wait on)
+            return None
+        finally:
+            store.close()
+        return cls(job_view(job), lines)
+
+    def logs(self, job_id: str, after: int = 0, rank: Optional[int] = None, wait_s: float = 0) -> dict:
+        lines = [ln for ln in self._lines if ln["seq"] > after and (rank is None or ln["rank"] == rank)]
+        return {"lines": lines, "done": True}
+
+    def job(self, job_id: str) -> dict:
+        return self._job
+
+    def cancel(self, job_id: str) -> dict:
+        return self._job
+
+    def signal(self, job_id: str, name: str = "SIGINT", stop: bool = False) -> dict:
+        return {"pids": []}
 
 
 class _Stopped(KeyboardInterrupt):

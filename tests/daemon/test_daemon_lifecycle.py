@@ -390,3 +390,30 @@ def test_a_stale_address_answered_by_another_server_is_no_daemon(tmp_path):
         assert r.returncode != 0 and "Traceback" not in r.stderr and "no daemon" in r.stderr, r.stderr
     finally:
         server.shutdown()
+
+
+def test_a_follower_learns_how_its_job_ended_when_the_daemon_is_stopped(daemon, tmp_path):
+    """`rtxops daemon stop` cancels the jobs; `rtxops run` following one that missed the end
+    (here: paused meanwhile) waited the whole reconnect time, said the job "may still be running
+    unsupervised" and exited 2."""
+    import signal
+    import subprocess
+    import time
+
+    from .live import RTXOPS, clean_env
+
+    run = subprocess.Popen([*RTXOPS, "run", "--no-summary", "--", "python", "-c",
+                            "import time\nprint('up', flush=True)\ntime.sleep(600)"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                           env=clean_env(daemon.mark, RTXOPS_HOME=str(daemon.home),
+                                         RTXOPS_RECONNECT_S="60"))
+    assert run.stdout.readline().strip() == "up"
+    run.send_signal(signal.SIGSTOP)
+    r = cli("daemon", "stop", "--home", str(daemon.home), mark=daemon.mark)
+    assert r.returncode == 0, r.stderr
+    run.send_signal(signal.SIGCONT)
+    started = time.monotonic()
+    code = run.wait(60)
+    stderr = " ".join(run.stderr.read().split())
+    assert code == 143 and "cancelled" in stderr and "unsupervised" not in stderr, (code, stderr)
+    assert time.monotonic() - started < 30
