@@ -202,15 +202,21 @@ def _bundle_keys(rules: tuple[Rule, ...]) -> frozenset[str] | None:
 def default_policy_dir() -> Path:
     named = os.environ.get("RTXOPS_POLICIES")
     if named:  # named, it is the one: a typo must not fall back to the shipped policy
-        if not Path(named).is_dir() or not any(Path(named).glob("*.yaml")):
+        if not Path(named).is_dir() or not _policy_files(Path(named)):
             raise UsageError(f"RTXOPS_POLICIES={named} is not a folder holding policy files "
-                             "(*.yaml)")
+                             "(*.yaml, *.yml)")
         return Path(named)
     for c in (Path(__file__).resolve().parents[2] / "policies",
               Path(sys.prefix) / "share" / "rtxops" / "policies"):
-        if c.is_dir() and any(c.glob("*.yaml")):
+        if c.is_dir() and _policy_files(c):
             return c
     raise UsageError("no policy directory found: set RTXOPS_POLICIES to a folder of policy YAML files")
+
+
+def _policy_files(folder: Path) -> list[Path]:
+    """The policy files of ``folder``: ``*.yaml`` and ``*.yml`` (a ``.yml`` one was skipped, its
+    rules not enforced, without a word)."""
+    return sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])
 
 
 def load_policies(paths: list[str | os.PathLike[str]] | None = None) -> list[Policy]:
@@ -218,7 +224,7 @@ def load_policies(paths: list[str | os.PathLike[str]] | None = None) -> list[Pol
     files: list[Path] = []
     for p in paths or [default_policy_dir()]:
         p = Path(p)
-        files += sorted(p.glob("*.yaml")) if p.is_dir() else [p]
+        files += _policy_files(p) if p.is_dir() else [p]
     if not files:
         raise UsageError("no policy files given")
     return [Policy.load(f) for f in files]

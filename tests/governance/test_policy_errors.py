@@ -89,3 +89,17 @@ def test_optional_facts_and_macros_over_the_bundle_evaluate_as_cel_says(require,
     policy = Policy.from_yaml(f"name: t\nrules:\n  - {{name: r, require: {require!r}, reason: denied}}\n")
     decision = policy.evaluate(facts)
     assert decision.allowed is allowed, decision.reasons
+
+
+def test_a_yml_policy_in_the_folder_is_enforced_too(tmp_path, monkeypatch):
+    """Only *.yaml files were read: a strict.yml beside them was skipped in silence."""
+    from rtxops.governance.policy import load_policies
+
+    (tmp_path / "base.yaml").write_text(TRUSTED)
+    (tmp_path / "strict.yml").write_text("name: strict\nrules:\n"
+                                         "  - {name: never, require: 'false', reason: closed}\n")
+    monkeypatch.setenv("RTXOPS_POLICIES", str(tmp_path))
+    names = [p.name for p in load_policies()]
+    assert names == ["t", "strict"]
+    (tmp_path / "base.yaml").unlink()
+    assert [p.name for p in load_policies()] == ["strict"]   # a folder of .yml files alone
