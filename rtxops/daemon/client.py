@@ -1,6 +1,7 @@
 """A small HTTP client for the daemon's API (used by the CLI)."""
 from __future__ import annotations
 
+import urllib.parse
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,11 @@ class DaemonError(Exception):
 class DaemonUnreachable(DaemonError):
     """Nothing answered at the daemon's address (it is down, or restarting)."""
 
+
+
+def _segment(text: str) -> str:
+    """``text`` as one URL path segment: a job id is never read as a path (``j-a/../j-b``)."""
+    return urllib.parse.quote(text, safe="").replace(".", "%2E")
 
 class DaemonClient:
     def __init__(self, url: str, token: str | None, timeout: float = 30.0) -> None:
@@ -71,19 +77,19 @@ class DaemonClient:
         return self._call("GET", "/v1/jobs", params={"limit": limit})["jobs"]
 
     def job(self, job_id: str) -> dict:
-        return self._call("GET", f"/v1/jobs/{job_id}")
+        return self._call("GET", f"/v1/jobs/{_segment(job_id)}")
 
     def logs(self, job_id: str, after: int = 0, rank: int | None = None, wait_s: float = 0) -> dict:
         params = {"after": after, "wait_s": wait_s}
         if rank is not None:
             params["rank"] = rank
-        return self._call("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=wait_s + 30)
+        return self._call("GET", f"/v1/jobs/{_segment(job_id)}/logs", params=params, timeout=wait_s + 30)
 
     def cancel(self, job_id: str) -> dict:
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+        return self._call("POST", f"/v1/jobs/{_segment(job_id)}/cancel")
 
     def signal(self, job_id: str, name: str = "SIGINT", stop: bool = False) -> dict:
-        return self._call("POST", f"/v1/jobs/{job_id}/signal", json={"signal": name, "stop": stop})
+        return self._call("POST", f"/v1/jobs/{_segment(job_id)}/signal", json={"signal": name, "stop": stop})
 
     def telemetry_stats(self) -> dict:
         return self._call("GET", "/v1/telemetry/stats")

@@ -417,3 +417,18 @@ def test_a_follower_learns_how_its_job_ended_when_the_daemon_is_stopped(daemon, 
     stderr = " ".join(run.stderr.read().split())
     assert code == 143 and "cancelled" in stderr and "unsupervised" not in stderr, (code, stderr)
     assert time.monotonic() - started < 30
+
+
+def test_a_job_id_is_never_read_as_a_path(daemon):
+    """`rtxops logs 'x/../j-b'` showed j-b's logs: the id went into the URL as it was."""
+    import pytest
+
+    from rtxops.daemon.client import DaemonClient, DaemonError
+
+    job = daemon.submit(["python", "-c", "print('mine')"])
+    daemon.wait(job["id"])
+    client = DaemonClient(daemon.url, daemon.token)
+    assert client.job(job["id"])["id"] == job["id"]
+    for other in (f"x/../{job['id']}", f"x%2F..%2F{job['id']}", ".."):
+        with pytest.raises(DaemonError):
+            client.job(other)
