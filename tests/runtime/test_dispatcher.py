@@ -276,3 +276,29 @@ def test_variants_built_with_torch_compile_wait_until_a_background_compile_is_ov
         assert ran() == {"compiled": 2, "reference": 2}
     finally:
         patching.disable()
+
+
+def test_a_route_that_can_never_be_checked_leaves_its_first_call_check():
+    """Under torch.func.vmap the values cannot be compared: every call ran the reference twice
+    and the route once, for good (per-sample gradients took twice as long)."""
+    from torch.func import vmap
+
+    from rtxops.runtime import patching
+    from rtxops.runtime.dispatcher import UNCHECKED_CALLS_KEPT
+    from rtxops.runtime.plan import Plan
+
+    d = patching.enable(Plan(version=1, defaults={"layer_norm": "native"}))
+    try:
+        site = d.site_named("F.layer_norm")
+        ran, reference = [], site.run_reference
+        site.run_reference = lambda *a: ran.append(1) or reference(*a)
+        w, b = torch.ones(16), torch.zeros(16)
+        calls = 3 * UNCHECKED_CALLS_KEPT
+        batched = vmap(lambda x: F.layer_norm(x, [16], w, b))
+        x = torch.randn(4, 16)
+        for _ in range(calls):
+            torch.testing.assert_close(batched(x), F.layer_norm.__wrapped__(x, [16], w, b))
+        assert len(ran) <= 2 * UNCHECKED_CALLS_KEPT, len(ran)
+        assert not d.disabled
+    finally:
+        patching.disable()
