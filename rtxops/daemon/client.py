@@ -17,10 +17,10 @@ class DaemonUnreachable(DaemonError):
     """Nothing answered at the daemon's address (it is down, or restarting)."""
 
 
-
 def _segment(text: str) -> str:
     """``text`` as one URL path segment: a job id is never read as a path (``j-a/../j-b``)."""
     return urllib.parse.quote(text, safe="").replace(".", "%2E")
+
 
 class DaemonClient:
     def __init__(self, url: str, token: str | None, timeout: float = 30.0) -> None:
