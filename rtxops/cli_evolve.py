@@ -337,12 +337,20 @@ def status(as_json: bool = typer.Option(False, "--json"), home: Optional[Path] =
                                           if active else "idle") + f", {len(s['done'])} buckets done")
     for t in state["tune_tasks"]:
         out.print(f"tune task {t['id']}: {t['state']}" + (f" ({t['error']})" if t["error"] else ""))
+    out.print(_decisions_table(state["decisions"]))
+
+
+def _decisions_table(decisions: list[dict]) -> Table:
     table = Table(title="latest decisions")
     for col in ("kind", "job", "op", "bucket", "candidate", "gain", "reason"):
-        table.add_column(col, overflow="fold")
-    for d in state["decisions"]:
+        if col == "job":   # whole at any width (piped: 80 columns): it is what logs and cancel take
+            table.add_column(col, no_wrap=True, min_width=max(
+                (len(d["job_id"] or "-") for d in decisions), default=3))
+        else:
+            table.add_column(col, overflow="fold")
+    for d in decisions:
         table.add_row(*map(plain, (d["kind"], d["job_id"] or "-", d["op"], d["bucket"],
                       (d["candidate_variant"] or "-") + (f" {d['candidate_config']}"
                                                          if d["candidate_config"] not in (None, "{}") else ""),
                       f"{d['gain']:+.1%}" if d["gain"] is not None else "-", d["reason"] or "")))
-    out.print(table)
+    return table

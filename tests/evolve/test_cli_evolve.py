@@ -215,3 +215,20 @@ def test_tuning_tasks_outlive_the_daemon(tmp_path, daemons):
     listed = {t["id"]: t["state"] for t in api.get("/v1/evolve/status").json()["tune_tasks"]}
     assert listed == {done["id"]: "done", running["id"]: "failed"}
     assert api.get("/v1/evolve/tune/nosuchtask").status_code == 404
+
+
+def test_the_decisions_table_shows_job_ids_whole_at_80_columns():
+    """`evolve status` piped (80 columns) folded ids in two: "j-52de9d4" over "a"."""
+    import io
+
+    from rich.console import Console
+
+    from rtxops.cli_evolve import _decisions_table
+
+    decisions = [{"kind": "promote", "job_id": "j-52de9d4a", "op": "rms_norm",
+                  "bucket": "float32/cpu/hidden=128,rows=512", "candidate_variant": "eager",
+                  "candidate_config": "{}", "gain": 0.114,
+                  "reason": "gain +11.4% (99% CI +2.5% … +22.3%, p=0.0035, n=16)"}]
+    buf = io.StringIO()
+    Console(file=buf, width=80).print(_decisions_table(decisions))
+    assert "j-52de9d4a" in buf.getvalue(), buf.getvalue()
