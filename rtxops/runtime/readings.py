@@ -46,6 +46,9 @@ class Readings:
         """The process is ending: hand over anything still held (the bootstrap calls this)."""
 
 
+MAX_ERRORS_KEPT = 1000  # a job's whole life: errors past these are counted, not kept
+
+
 @dataclass
 class CallStats(Readings):
     """Per-slot call counts and time; enough for the run summary and tests."""
@@ -54,7 +57,8 @@ class CallStats(Readings):
     calls: list[int] = field(default_factory=list)
     total_ns: list[int] = field(default_factory=list)
     build_misses: list[int] = field(default_factory=list)
-    errors: list[tuple[int, str]] = field(default_factory=list)
+    errors: list[tuple[int, str]] = field(default_factory=list)  # the first MAX_ERRORS_KEPT
+    errors_dropped: int = 0
     steps: int = 0
     peak_rss: int = 0
     swaps: list[tuple[int, int, int, str]] = field(default_factory=list)
@@ -81,7 +85,10 @@ class CallStats(Readings):
             self.build_misses[slot] += 1
 
     def error(self, slot: int, message: str) -> None:
-        self.errors.append((slot, message))
+        if len(self.errors) < MAX_ERRORS_KEPT:
+            self.errors.append((slot, message))
+        else:
+            self.errors_dropped += 1
 
     def step(self, step: int, end_ns: int, plan_version: int, rss_bytes: int) -> None:
         self.steps = step

@@ -147,6 +147,7 @@ async def _handle(request: Request, store: Store, slot: asyncio.Semaphore,
         return _status(encoding, 429, code_pb2.RESOURCE_EXHAUSTED, str(e),
                        {"Retry-After": str(math.ceil(e.retry_after))})
     except StoreClosed as e:
+        store.note_refused(batch.span_count)
         return _status(encoding, 503, code_pb2.UNAVAILABLE, str(e), {"Retry-After": "5"})
     finally:
         slot.release()
@@ -160,7 +161,8 @@ async def _handle(request: Request, store: Store, slot: asyncio.Semaphore,
         return _status(encoding, 503, code_pb2.UNAVAILABLE,
                        f"the store did not commit the batch within {commit_timeout_s:g} s; nothing "
                        "of it was written", {"Retry-After": "5"})
-    except StoreError as e:
+    except StoreError as e:      # the write failed (a full disk): refused, the client retries
+        store.note_refused(batch.span_count)
         return _status(encoding, 503, code_pb2.UNAVAILABLE, str(e), {"Retry-After": "5"})
     return _success(encoding)
 

@@ -436,8 +436,8 @@ class Store:
         self._resources_stored.clear()
 
     def note_refused(self, spans: int = 0) -> None:
-        """Count a request refused before it reached the queue (the receiver was saturated; its
-        spans were never decoded, so they are not counted unless given)."""
+        """Count a request refused: the receiver was saturated (its spans were never decoded, so
+        they are not counted unless given), or its batch was not written."""
         with self._lock:
             self.requests_refused += 1
             self.spans_refused += spans

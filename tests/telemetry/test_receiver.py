@@ -360,5 +360,7 @@ def test_the_listener_hears_a_batch_the_store_could_not_write(tmp_path, monkeypa
             assert r.status_code == 503, r.content
             assert "No space left" in status_pb2.Status.FromString(r.content).message
         assert [b.span_count for b in heard] == [20]
+        # refused, and counted as refused: /metrics and `telemetry stats` show the spans
+        assert store.stats()["spans_refused"] == 20 and store.stats()["requests_refused"] == 1
     finally:
         store.close()
