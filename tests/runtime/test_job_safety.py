@@ -298,6 +298,10 @@ def test_attention_on_transposed_views_after_contiguous_inputs_keeps_torchs_layo
         want = originals.scaled_dot_product_attention(q, k, v)
         torch.testing.assert_close(got, want)
         assert got.transpose(1, 2).view(B, L, H * E).shape == (B, L, H * E)
+        # the variant answers in torch's layout, so it stays taken (it was disabled for the bucket)
+        assert not dispatcher.disabled
+        used = {s.variant for s, n in zip(dispatcher.slots, dispatcher.readings.calls) if n}
+        assert variant in used
     finally:
         patching.disable()
 

@@ -6,6 +6,7 @@ import importlib
 import pytest
 import torch
 
+from rtxops.runtime.dispatcher import _layout
 from rtxops.runtime.registry import OP_MODULES, default_registry
 from rtxops.runtime.spec import REFERENCE
 
@@ -78,6 +79,9 @@ def test_variant_matches_reference(op, variant_name, dtype):
         assert len(out) == len(ref_out), name
         for o, r in zip(out, ref_out):
             assert o.shape == r.shape and o.dtype == r.dtype, name
+            # the first-call check compares layouts too (a job may .view() torch's output): a
+            # variant answering in another layout would be disabled for the bucket
+            assert _layout(o) == _layout(r), f"{name}: strides {o.stride()}, reference {r.stride()}"
             torch.testing.assert_close(o, r, atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"{name}: {m}")
         assert len(grads) == len(ref_grads)
         for gv, gr in zip(grads, ref_grads):

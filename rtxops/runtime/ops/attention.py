@@ -10,6 +10,7 @@ from .. import originals
 from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
 from ._compiled import compiled_variant
+from ._layout import in_layout_of
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -98,7 +99,7 @@ def math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     """Explicit fp32 softmax(q k^T * scale + bias) v over the whole (L, S) score matrix."""
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     s = _scores(query.float(), key.float(), attn_mask, is_causal, scale, 0)
-    return (_safe_softmax(s, attn_mask is not None) @ value.float()).to(query.dtype)
+    return in_layout_of(_safe_softmax(s, attn_mask is not None) @ value.float(), query, query.dtype)
 
 
 def _build_chunked(config, b: Bucket):
@@ -118,7 +119,7 @@ def _build_chunked(config, b: Bucket):
             q = query[..., start:start + block, :].float()
             s = _scores(q, k, mask, is_causal, scale, start)
             out.append(_safe_softmax(s, attn_mask is not None) @ v)
-        return torch.cat(out, -2).to(query.dtype)
+        return in_layout_of(torch.cat(out, -2), query, query.dtype)
 
     return chunked
 

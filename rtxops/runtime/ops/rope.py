@@ -9,6 +9,7 @@ import torch
 from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
 from ._compiled import compiled_variant
+from ._layout import in_layout_of
 from .triton import variants as triton_variants
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -90,7 +91,7 @@ def halves(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 
     def rotate(x):
         x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), dim=-1)
+        return in_layout_of(torch.cat((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), dim=-1), x)
 
     return rotate(q), rotate(k)
 
@@ -103,7 +104,7 @@ def fused_qk(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     sin = sin.unsqueeze(unsqueeze_dim)
     x = torch.stack((q, k))
     out = x * cos + rotate_half(x) * sin
-    return out[0], out[1]
+    return in_layout_of(out[0], q), in_layout_of(out[1], k)
 
 
 def addcmul(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
