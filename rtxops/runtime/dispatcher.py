@@ -743,6 +743,10 @@ class Dispatcher:
             # the reference raising too means the call itself is wrong: torch's own error, and
             # the variant stays enabled
             out = self._timed_reference(site, reference_slot, args, kwargs)
+            if _functorch_active():
+                # under torch.func (grad, vmap): an autograd.Function variant may not support
+                # the transform; the variant itself is fine for the job's other calls
+                return out
             self._disable(site, disable_key, slot, f"raised {_describe(exc)}")
             return out
 
@@ -811,6 +815,7 @@ class Dispatcher:
                     raise
                 except Exception as e:
                     problem = f"raised {_describe(e)}"
+                    unreadable = _functorch_active()   # see on_error in _route
                 else:
                     rng.restore()
                     expected = site.run_reference(args, kwargs)

@@ -371,3 +371,27 @@ def test_torch_compile_worker_processes_do_not_get_the_runtime(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in marks.iterdir()) == [r.stdout.strip()]   # the job's alone
+
+
+def test_torch_func_over_an_autograd_function_variant_leaves_it_enabled():
+    """chunked cross_entropy is an autograd.Function without torch.func support: a job taking
+    per-sample gradients with torch.func (vmap over grad) got them from the reference, but the
+    variant was disabled for its bucket, and the job's ordinary training lost it for good."""
+    from .helpers import plan_for
+
+    dispatcher = patching.enable(plan_for(1, defaults={"cross_entropy": "chunked"}))
+    try:
+        x, t = torch.randn(8, 50), torch.randint(0, 50, (8,))
+        F.cross_entropy(x.clone().requires_grad_(), t).backward()
+        want = torch.func.grad(lambda z: originals.cross_entropy(z, t))(x)
+        torch.testing.assert_close(torch.func.grad(lambda z: F.cross_entropy(z, t))(x), want)
+        per_sample = torch.func.vmap(torch.func.grad(
+            lambda z, tt: F.cross_entropy(z[None], tt[None])))(x, t)
+        torch.testing.assert_close(per_sample, want * len(t))
+        assert not dispatcher.disabled
+        slots = [s.id for s in dispatcher.slots if s.variant == "chunked"]
+        before = sum(dispatcher.readings.calls[i] for i in slots)
+        F.cross_entropy(x.clone().requires_grad_(), t).backward()
+        assert sum(dispatcher.readings.calls[i] for i in slots) == before + 1
+    finally:
+        patching.disable()
