@@ -39,6 +39,9 @@ def check(spec: OpSpec, variant: Variant, config: dict, bucket: Bucket, seed: in
         if isinstance(oracle, Exception):
             return GateResult(False, f"the reference itself fails on {bucket}: {oracle}")
     reference = _run(spec.reference, args, kwargs, None, grad_seed)
+    if isinstance(reference, Exception):   # fine in float64 (the oracle), not in this dtype
+        return GateResult(False, f"the reference itself fails on {bucket}: "
+                                 f"{type(reference).__name__}: {reference}")
     try:
         fn = variant.build(dict(config), bucket)
     except Exception as e:

@@ -73,6 +73,7 @@ class BucketTuning:
     drift_checked: int = 0
     drift_strikes: int = 0
     gate_failures: dict[str, str] = field(default_factory=dict)
+    unwritten: list[Callable[[], None]] = field(default_factory=list)  # records a publish owes
 
     @property
     def pairs(self) -> dict[Arm, list[tuple[float, float]]]:
@@ -162,6 +163,7 @@ class EvolveLoop:
                 self._open_hot_bucket(job, state, last)
 
     def _advance(self, job: str, state: JobEvolution, bt: BucketTuning, last: int) -> None:
+        self._write_unwritten(bt)
         # windows count from the step the job actually swapped plans (its rtx.swap span), not
         # from the effective step asked for: telemetry lags the job by an export interval
         swapped = store_evolve.swap_step(self.store, job, bt.plan_version)
@@ -192,9 +194,11 @@ class EvolveLoop:
                 per_arm = self._round_values(job, bt, last)
                 # a bucket called seldom (once per step, say) gets more windows, up to 10, until
                 # each arm of the round has been measured enough to be compared
+                # (a bucket with no call at all in the window is not gone yet: one called every
+                # 25th step has none in a 20-step window)
                 if (last >= swapped + ROUND_MAX_WINDOWS * self.config.window_steps
-                        or not per_arm or all(len(per_arm.get(a, ())) >= stats.MIN_SAMPLES
-                                              for a in bt.round_arms)):
+                        or (per_arm and all(len(per_arm.get(a, ())) >= stats.MIN_SAMPLES
+                                            for a in bt.round_arms))):
                     if self._finish_round(job, bt, last, per_arm):
                         self._next_round(job, bt, last)
                     else:
@@ -328,7 +332,8 @@ class EvolveLoop:
                                                          "bucket": bt.bucket,
                                                          "arms": [str(a) for a in arms]})
         bt.pending_arms = []
-        if published is None:
+        if published is None:   # refused: the board still holds the last round's arms
+            self._put_incumbent_back(job, bt, last)
             bt.phase = "failed"
             return
         bt.round_arms, bt.round_from, bt.phase = arms, None, "exploring"
@@ -377,8 +382,8 @@ class EvolveLoop:
                                                  "bucket": bt.bucket})
 
     def _vanished(self, job: str, bt: BucketTuning, last: int) -> None:
-        """The bucket stopped being called (the model's compiled region or changed code bypasses
-        it): stop exploring it, put its plan entry back, and say why."""
+        """The bucket was not called in the round's longest window (the model's compiled region
+        or changed code bypasses it): stop exploring it, put its plan entry back, and say why."""
         entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
         self._publish(job, bt, entry, last, {"kind": "explore", "arms": [], "op": bt.op,
                                              "bucket": bt.bucket})
@@ -433,7 +438,8 @@ class EvolveLoop:
         decision = self._decision(bt, "promote", best, cmp)
         published = self._publish(job, bt, PlanEntry(bt.op, bt.bucket, best.variant, best.config),
                                   last, decision, self._evidence(job, bt))
-        if published is None:
+        if published is None:   # refused (a policy): the job must not go on exploring
+            self._put_incumbent_back(job, bt, last)
             bt.phase = "failed"
             return
         bt.winner, bt.phase, bt.canary_from = best, "canary", None
@@ -445,58 +451,73 @@ class EvolveLoop:
         rows = store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, bt.canary_from)
         live = [r["total_ns"] / r["calls"] for r in rows
                 if Arm(r["variant"], r["config"] or "{}") == bt.winner and r["step"] <= last]
+        steps_after = [r["duration_ns"] for r in store_evolve.step_durations(
+            self.store, job, bt.canary_from, last)]
+        step = stats.compare_independent(bt.step_before, steps_after, min_gain=0.0,
+                                         seed=self.config.seed)
+        step_regressed = step.samples >= stats.MIN_SAMPLES and step.ci_high < 0 and \
+            step.gain < -self.config.step_rollback_threshold
         unproven = len(live) < stats.MIN_SAMPLES
-        if unproven and last < bt.canary_from + ROUND_MAX_WINDOWS * self.config.window_steps:
+        if (unproven and not step_regressed
+                and last < bt.canary_from + ROUND_MAX_WINDOWS * self.config.window_steps):
             return  # a seldom-called bucket (or a job that took the winner off): more windows
         before = [i for i, _ in bt.pairs.get(bt.winner, [])]
         if len(before) < stats.MIN_SAMPLES:
             before = bt.unpaired(bt.winner)[0]  # promoted on unpaired evidence
         kernel = stats.compare_independent(before, live, min_gain=0.0, seed=self.config.seed)
-        steps_after = [r["duration_ns"] for r in store_evolve.step_durations(
-            self.store, job, bt.canary_from, last)]
-        step = stats.compare_independent(bt.step_before, steps_after, min_gain=0.0,
-                                         seed=self.config.seed)
         kernel_regressed = kernel.samples >= stats.MIN_SAMPLES and kernel.ci_high < 0 and \
             kernel.gain < -self.config.rollback_threshold
-        step_regressed = step.samples >= stats.MIN_SAMPLES and step.ci_high < 0 and \
-            step.gain < -self.config.step_rollback_threshold
         evidence = {"canary_window": [bt.canary_from, last], "kernel": kernel.to_dict(),
                     "step": step.to_dict(), "live_samples": len(live)}
-        if kernel_regressed or step_regressed or unproven:
-            what = "kernel" if kernel_regressed else "step"
-            cmp = kernel if kernel_regressed or unproven else step
-            reason = (f"canary: {what} time {-cmp.gain:+.1%} against the window before the swap "
-                      f"(threshold {self.config.rollback_threshold if kernel_regressed else self.config.step_rollback_threshold:.0%})")
-            if unproven and not (kernel_regressed or step_regressed):
-                # a pass needs the winner seen running: the job may have disabled it
-                reason = (f"canary: the winner ran in {len(live)} steps of steps {bt.canary_from}-"
-                          f"{last} (fewer than {stats.MIN_SAMPLES}): nothing shows it works live")
-            entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
-            decision = {**self._decision(bt, "rollback", bt.winner, cmp), "reason": reason}
-            published = self._publish(job, bt, entry, last, decision,
-                                      {**self._evidence(job, bt), **evidence})
-            if not unproven:  # regressed: measured slower live. Unseen is not evidence of that
-                self.tuning.record(bt.op, bt.bucket, bt.winner, source="canary", trials=len(live),
-                                   median_ns=statistics.median(live), status="regressed",
-                                   reason=reason)
-            if published is None:  # refused: say so; the regressed kernel is still running
-                bt.phase = "failed"
-                self._decide_record(job, bt, "rollback_failed", bt.winner, cmp,
-                                    reason=f"{reason}; the rollback plan was refused, NOT applied",
-                                    extra=evidence)
-                log.error("evolve: job %s: rollback of %s %s refused", job, bt.op, bt.bucket)
-                return
-            bt.phase = "rolling_back"  # rolled back once the job swaps to it
-            self._decide_record(job, bt, "rollback", bt.winner, cmp, reason=reason,
-                                plan_version=published.version if published else None,
-                                extra=evidence)
-            log.warning("evolve: job %s: rolled back %s %s: %s", job, bt.op, bt.bucket, reason)
-        else:
+        if not (kernel_regressed or step_regressed or unproven):
             bt.phase = "settled"
             if live:
                 bt.decision_ns = statistics.median(live)
             self._decide_record(job, bt, "canary_pass", bt.winner, kernel,
                                 reason="no regression in the canary window", extra=evidence)
+            return
+        # the reason and the figures recorded are those of the comparison that regressed
+        what, cmp, threshold = (("kernel", kernel, self.config.rollback_threshold) if kernel_regressed
+                                else ("step", step, self.config.step_rollback_threshold))
+        reason = (f"canary: {what} time {-cmp.gain:+.1%} against the window before the swap "
+                  f"(threshold {threshold:.0%})")
+        if not (kernel_regressed or step_regressed):
+            # a pass needs the winner seen running: the job may have disabled it
+            cmp = kernel
+            reason = (f"canary: the winner ran in {len(live)} steps of steps {bt.canary_from}-"
+                      f"{last} (fewer than {stats.MIN_SAMPLES}): nothing shows it works live")
+        entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
+        decision = {**self._decision(bt, "rollback", bt.winner, cmp), "reason": reason}
+        published = self._publish(job, bt, entry, last, decision,
+                                  {**self._evidence(job, bt), **evidence})
+        if published is None:  # refused: say so; the regressed kernel is still running
+            bt.phase = "failed"
+            self._decide_record(job, bt, "rollback_failed", bt.winner, cmp,
+                                reason=f"{reason}; the rollback plan was refused, NOT applied",
+                                extra=evidence)
+            log.error("evolve: job %s: rollback of %s %s refused", job, bt.op, bt.bucket)
+            return
+        # published: from here on the bucket is rolling back, whatever the writes below do (a
+        # tick that failed after the publish watched the rollback plan as the promotion's canary)
+        bt.phase = "rolling_back"
+        bt.unwritten.append(lambda: self._decide_record(
+            job, bt, "rollback", bt.winner, cmp, reason=reason, plan_version=published.version,
+            extra=evidence))
+        if kernel_regressed or (step_regressed and not unproven):
+            # measured slower live; unseen is not evidence of that
+            median = statistics.median(live)
+            bt.unwritten.append(lambda: self.tuning.record(
+                bt.op, bt.bucket, bt.winner, source="canary", trials=len(live), median_ns=median,
+                status="regressed", reason=reason))
+        log.warning("evolve: job %s: rolled back %s %s: %s", job, bt.op, bt.bucket, reason)
+        self._write_unwritten(bt)
+
+    def _write_unwritten(self, bt: BucketTuning) -> None:
+        """The records a published plan still owes (in order; one that fails stays, with those
+        after it, for the next tick)."""
+        while bt.unwritten:
+            bt.unwritten[0]()
+            bt.unwritten.pop(0)
 
     # ---- drift ---------------------------------------------------------------------------------
     def _check_drift(self, job: str, state: JobEvolution, last: int) -> None:

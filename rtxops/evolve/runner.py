@@ -12,7 +12,12 @@ from typing import Callable
 
 
 class WorkerError(RuntimeError):
-    """The worker process failed, hung, or answered something unreadable."""
+    """The worker process failed, hung, or answered something unreadable. ``timed_out``: it was
+    killed for running past its time (a busy machine, a slow compile: no verdict on what ran)."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 # glibc's allocator moves its mmap threshold as blocks are freed, so whether a kernel's outputs
@@ -51,7 +56,13 @@ def run_worker(request: dict, timeout_s: float = 600.0,
         except (ProcessLookupError, PermissionError):
             pass
 
-    timer = threading.Timer(timeout_s, kill_group)
+    expired = threading.Event()
+
+    def time_is_up() -> None:
+        expired.set()
+        kill_group()
+
+    timer = threading.Timer(timeout_s, time_is_up)
     timer.start()
     results: list[dict] = []
     try:
@@ -77,8 +88,9 @@ def run_worker(request: dict, timeout_s: float = 600.0,
     tail = stderr.read()[-2000:]
     stderr.close()
     if code != 0:
-        reason = "timed out" if code in (-9, 137) else f"exited with {code}"
-        raise WorkerError(f"evolve worker {reason}: {tail.strip()}")
+        reason = ("timed out" if expired.is_set() else "was killed" if code in (-9, 137)
+                  else f"exited with {code}")
+        raise WorkerError(f"evolve worker {reason}: {tail.strip()}", timed_out=expired.is_set())
     return results
 
 

@@ -1,5 +1,6 @@
-"""Screen candidate arms through the correctness gate (in a worker process), with every result
-stored: an arm that failed is never retried for the same (variant, config, bucket, versions)."""
+"""Screen candidate arms through the correctness gate (in a worker process), with every verdict
+stored: an arm that failed is never retried for the same (variant, config, bucket, versions).
+A gate that could not run (a worker that timed out, a module it cannot import) is no verdict."""
 from __future__ import annotations
 
 import logging
@@ -42,7 +43,9 @@ def _gate(tuning: TuningDB, op: str, bucket: str, arms: list[Arm],
     for arm, r in zip(arms, run_isolating({"command": "gate", "items": items}, "items", timeout_s)):
         if isinstance(r, WorkerError):
             log.warning("gate worker failed on %s %s %s: %s", op, bucket, arm, r)
-            r = {"passed": False, "reason": f"the gate worker died: {r}"}
+            # a timeout says nothing of the arm's values (a busy machine, a slow compile): it
+            # fails this screening, and a later one gates it again
+            r = {"passed": False, "reason": f"the gate worker died: {r}", "setup_error": r.timed_out}
         if not r.get("setup_error"):  # e.g. a plugin module the worker cannot import: retried
             tuning.save_gate(op, bucket, arm, bool(r["passed"]), r["reason"], r.get("max_error"))
         out[arm] = (bool(r["passed"]), r["reason"])

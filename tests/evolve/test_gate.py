@@ -103,3 +103,21 @@ def test_a_reference_that_overflows_does_not_let_any_candidate_through():
     right = SimpleNamespace(build=lambda cfg, b: (lambda x: x * x))
     assert not check(spec, wrong, {}, bucket).passed
     assert check(spec, right, {}, bucket).passed
+
+
+def test_a_reference_failing_only_in_the_buckets_dtype_fails_the_candidate_with_the_reason():
+    """The float64 oracle ran, the reference in the bucket's own dtype raised, and the gate
+    crashed unpacking that error (TypeError): the worker died, and every candidate of the bucket
+    was stored as "the gate worker died"."""
+    registry = default_registry()
+    spec = registry.op("gelu")
+    bucket = spec.to_bucket(spec.bucket(torch.empty(64, 256, dtype=torch.bfloat16)))
+
+    def reference(x, *args, **kwargs):
+        if x.dtype != torch.float64:
+            raise RuntimeError("not implemented for 'BFloat16'")
+        return spec.reference(x, *args, **kwargs)
+
+    result = check(dataclasses.replace(spec, reference=reference), registry.variant("gelu", "eager"),
+                   {}, bucket)
+    assert not result.passed and "the reference itself fails" in result.reason

@@ -203,3 +203,102 @@ def test_a_plan_not_issued_for_now_is_retried_not_recorded_as_refused(monkeypatc
     assert bt.phase != "failed" and not decisions
     loop._next_round("job", bt, 31)      # the next tick takes the step again
     assert loop.board.current("job").entry("gelu", "b").explore and bt.phase == "exploring"
+
+
+class _DenyingBoard(_Board):
+    """Refuses plans of one decision kind, as a policy denies them (PlanBoard._issue)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def promote(self, plan, job, decision, evidence):
+        from rtxops.runtime.errors import PlanError
+
+        if decision.get("kind") == self.kind:
+            raise PlanError("denied by policy measured-gain")
+        return super().promote(plan, job, decision, evidence)
+
+
+def test_a_refused_promotion_puts_the_incumbent_back_without_the_explore_arms(monkeypatch):
+    """The promotion was refused (a policy's larger minimum gain): the bucket failed, but the
+    board kept the last round's plan, so the job explored on for good, and every later bucket's
+    plan (derived from the board's) carried these arms too."""
+    decisions = []
+    loop = loop_over_rows(monkeypatch, [], last=40, decisions=decisions)
+    loop.board = _DenyingBoard("promote")
+    inc, cand = Arm.of("reference"), Arm.of("fastish")
+    bt = L.BucketTuning("gelu", "b", inc, strategy=make_strategy("exhaustive", [cand], budget=1))
+    loop._next_round("job", bt, 10)
+    assert loop.board.current("job").entry("gelu", "b").explore
+    bt.rounds = [({s: 1e5 for s in range(10, 40)}, {cand: {s: 0.5e5 for s in range(10, 40)}})]
+    bt.strategy.tell(cand, 0.5e5)
+    bt.pending_arms = []
+    loop._decide("job", bt, 40)
+    assert bt.phase == "failed" and decisions[-1]["kind"] == "refused"
+    entry = loop.board.current("job").entry("gelu", "b")
+    assert (entry.variant, entry.explore) == ("reference", ())
+
+
+def test_a_rollback_whose_records_failed_is_not_watched_as_the_promotions_canary(monkeypatch):
+    """The rollback was published, then writing its 'regressed' mark failed: the bucket stayed
+    in its canary and watched the rollback plan as the promotion's, rolled back a second time
+    with another reason, and never marked the winner regressed."""
+    swaps = {7: 9}
+    loop, bt, decisions, marks = _regressing_canary(monkeypatch, swaps)
+    failures = [TimeoutError("the store's writer timed out")]
+
+    def upsert(store, key, values):
+        if failures:
+            raise failures.pop()
+        marks.append(values)
+
+    monkeypatch.setattr(se, "upsert_tuning", upsert)
+    loop.tick()                       # publishes the rollback; the mark's write fails
+    assert bt.phase == "rolling_back" and len(loop.board.published) == 1
+    swaps[8] = 46
+    loop.tick()                       # the mark is written, and the job runs the rollback
+    assert [d["kind"] for d in decisions] == ["rollback"]
+    assert "kernel time" in decisions[0]["reason"]
+    assert [m["status"] for m in marks] == ["regressed"]
+    assert bt.phase == "rolled_back" and len(loop.board.published) == 1
+
+
+def test_a_bucket_called_less_than_once_a_window_is_not_taken_for_gone(monkeypatch):
+    """A hot bucket called every 25th step had no call in its first 20-step window: it was
+    rejected as 'no longer run through rtxops' (the loop allows a seldom bucket 10 windows)."""
+    decisions = []
+    inc, cand = Arm.of("reference"), Arm.of("fastish")
+    rows = [{"step": s, "variant": v, "config": "{}", "calls": 1, "total_ns": ns}
+            for s in range(35, 400, 25) for v, ns in ((inc.variant, 1e5), (cand.variant, 0.5e5))]
+    loop = loop_over_rows(monkeypatch, rows, last=30, decisions=decisions)
+    loop.board = _Board()
+    bt = L.BucketTuning("gelu", "b", inc, strategy=make_strategy("exhaustive", [cand], budget=1))
+    loop._next_round("job", bt, 5)
+    loop.jobs["job"] = L.JobEvolution(active=bt)
+    loop.tick()                                  # steps 10-30: no call yet
+    assert bt.phase == "exploring" and not decisions
+    monkeypatch.setattr(se, "last_step", lambda q, job: 300)
+    loop.tick()
+    assert decisions and decisions[-1]["kind"] != "reject", decisions[-1]
+
+
+def test_a_step_time_regression_is_rolled_back_at_once_with_its_own_figures(monkeypatch):
+    """The winner was hardly seen live (the job disabled it) and step time rose 50 %: the reason
+    said 'step time -0.0%' with the kernel comparison's figures, after waiting 10 windows."""
+    inc, win = Arm.of("reference"), Arm.of("fastish")
+    rows = [{"step": s, "variant": inc.variant, "config": "{}", "calls": 4, "total_ns": 4e5}
+            for s in range(10, 60)]
+    decisions = []
+    loop = loop_over_rows(monkeypatch, rows, last=40, decisions=decisions)
+    monkeypatch.setattr(se, "step_durations", lambda q, job, since, until: [
+        {"step": s, "duration_ns": 30e6 * (1 + 0.01 * (s % 3))} for s in range(since, until + 1)])
+    loop.board = _Board()
+    bt = L.BucketTuning("gelu", "b", inc, phase="canary", winner=win, plan_version=7)
+    bt.rounds = [({s: 1e5 for s in range(0, 9)}, {win: {s: 0.8e5 for s in range(0, 9)}})]
+    bt.step_before = [20e6 * (1 + 0.01 * (s % 3)) for s in range(20)]
+    loop.jobs["job"] = L.JobEvolution(active=bt)
+    loop.tick()
+    assert decisions and decisions[-1]["kind"] == "rollback", decisions
+    assert "step time +50" in decisions[-1]["reason"], decisions[-1]["reason"]
+    assert decisions[-1]["gain"] < -0.4

@@ -43,3 +43,27 @@ def test_a_timeout_ends_the_worker_and_what_its_kernel_started(tmp_path, monkeyp
     assert time.monotonic() - started < 20
     assert len(out) == 1 and isinstance(out[0], WorkerError) and "timed out" in str(out[0])
     assert not marked(mark)
+    assert out[0].timed_out
+
+
+def test_a_gate_that_timed_out_stores_no_verdict(tmp_path, monkeypatch):
+    """A timeout (a busy machine, a slow compile) was stored as the arm's gate failure: no later
+    screening ran it again until torch or the kernel's source changed."""
+    from rtxops.evolve.candidates import Arm
+    from rtxops.evolve.screen import screen
+    from rtxops.evolve.tuning import TuningDB
+    from rtxops.runtime.registry import load_builtin
+    from rtxops.telemetry.store import Store
+
+    (tmp_path / "plugin_hangs.py").write_text(textwrap.dedent(PLUGIN))
+    monkeypatch.setenv(MARK, uuid.uuid4().hex)
+    monkeypatch.setenv("RTXOPS_VARIANT_MODULES", "plugin_hangs")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    bucket = SPEC.to_bucket(SPEC.bucket(torch.empty(64, 256))).id
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with Store(tmp_path / "s.duckdb") as store:
+        tuning = TuningDB(store, load_builtin())   # the plugin's variant too
+        arm = Arm("hangs", "{}")
+        passed, failed = screen(tuning, "gelu", bucket, [arm], timeout_s=4)
+        assert not passed and "timed out" in failed[arm]
+        assert tuning.gate("gelu", bucket, arm) is None
