@@ -395,3 +395,21 @@ def test_torch_func_over_an_autograd_function_variant_leaves_it_enabled():
         assert sum(dispatcher.readings.calls[i] for i in slots) == before + 1
     finally:
         patching.disable()
+
+
+def test_rms_norm_with_a_weight_of_another_dtype_keeps_torchs_output_dtype():
+    """The bucket ignored the weight's dtype: after a call with a bf16 weight, a bf16 input with
+    an fp32 weight took the same checked route and came out fp32 (torch's stays bf16), and the
+    job's next bf16 linear failed."""
+    from .helpers import plan_for
+
+    patching.enable(plan_for(1, defaults={"rms_norm": "eager"}))
+    try:
+        x = torch.randn(4, 16).bfloat16()
+        F.rms_norm(x, (16,), torch.ones(16).bfloat16())
+        got = F.rms_norm(x, (16,), torch.ones(16))
+        want = originals.rms_norm(x, (16,), torch.ones(16))
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+    finally:
+        patching.disable()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
+import pytest
+
 from rtxops.runtime.registry import default_registry
 
 
@@ -31,10 +33,14 @@ def test_an_edit_to_a_helper_module_changes_the_hash(monkeypatch):
     assert compiled.source_hash != before[1]  # gelu.py, where the compiled math is
 
 
-def test_an_edit_to_a_triton_helper_changes_the_kernel_hash(monkeypatch):
-    triton = default_registry().variant("rms_norm", "triton")
+@pytest.mark.parametrize("op,helper", [("rms_norm", "_common.py"), ("gelu", "_compiled.py")])
+def test_an_edit_to_a_triton_helper_changes_the_kernel_hash(monkeypatch, op, helper):
+    """Imports are followed through: triton/gelu.py imports ops/gelu.py, which imports
+    _compiled.py (the hash read direct imports only: an edit two imports away left the tuning
+    and gate rows current)."""
+    triton = default_registry().variant(op, "triton")
     before = triton.source_hash
     real = Path.read_bytes
     monkeypatch.setattr(Path, "read_bytes", lambda self: real(self) + (
-        b"# edited" if self.name == "_common.py" else b""))
+        b"# edited" if self.name == helper else b""))
     assert triton.source_hash != before

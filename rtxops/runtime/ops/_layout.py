@@ -15,8 +15,28 @@ def in_layout_of(out: torch.Tensor, like: torch.Tensor, dtype: torch.dtype | Non
     """``out`` (in ``dtype``, default its own) laid out with its dimensions in the order of
     ``like``'s strides; no copy beyond the dtype's when that order is the plain one."""
     dtype = out.dtype if dtype is None else dtype
-    order = sorted(range(like.dim()), key=lambda d: -like.stride(d))  # stable: ties keep order
-    if out.dim() != like.dim() or order == list(range(like.dim())):
+    if out.dim() != like.dim() or _order(like) == list(range(like.dim())):
         return out.to(dtype)
-    laid = torch.empty([out.shape[d] for d in order], dtype=dtype, device=out.device)
-    return laid.permute([order.index(d) for d in range(len(order))]).copy_(out)
+    return empty_in_layout_of(like, out.shape, dtype).copy_(out)
+
+
+def empty_in_layout_of(like: torch.Tensor, shape: torch.Size | None = None,
+                       dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialized dense tensor of ``shape`` (default ``like``'s) whose dimensions are laid
+    out in the order of ``like``'s strides (``torch.empty_like`` does so only for a dense
+    ``like``; a sliced one gets a contiguous tensor)."""
+    shape = like.shape if shape is None else shape
+    strides = [0] * len(shape)
+    step = 1
+    for d in reversed(_order(like)):   # innermost first
+        strides[d] = step
+        step *= max(shape[d], 1)
+    # empty_strided, not a permuted view: an autograd.Function may return it, and the job may
+    # then change it in place
+    return torch.empty_strided(tuple(shape), tuple(strides), dtype=dtype or like.dtype,
+                               device=like.device)
+
+
+def _order(t: torch.Tensor) -> list[int]:
+    """``t``'s dimensions, outermost (largest stride) first; ties keep their order."""
+    return sorted(range(t.dim()), key=lambda d: -t.stride(d))

@@ -34,6 +34,9 @@ def bucket(input, normalized_shape, weight=None, eps=None):
         or normalized_shape[0] != shape[-1]
         or input.dtype not in _FLOATS
         or shape[-1] == 0
+        # the output's dtype follows the weight's too: a route checked with one weight dtype
+        # must not answer another's (torch keeps a bf16 input's dtype under an fp32 weight)
+        or (weight is not None and weight.dtype != input.dtype)
     ):
         return None
     hidden = shape[-1]

@@ -82,12 +82,29 @@ def test_one_row_odd_vocab_with_smoothing_bf16():
     assert_matches(SPEC, build_for("cross_entropy", args, kwargs), args, kwargs, "one_row")
 
 
-def test_no_gradient_buffer_without_grad_and_second_backward_is_refused():
+def test_no_gradient_buffer_without_grad_and_a_retained_graph_backpropagates_twice():
+    """The second backward of a retained graph raised (the buffer is scaled in place by the
+    first); it now takes the reference's gradient."""
     x, t = logits(3, 30, torch.float32), targets(3, 30)
     fn = build_for("cross_entropy", (x, t), {})
     with torch.no_grad():
         torch.testing.assert_close(fn(x, t), F.cross_entropy(x, t))
     loss = fn(x, t)
-    loss.backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="backward ran twice"):
-        loss.backward()
+    first, = torch.autograd.grad(loss, x, retain_graph=True)
+    again, = torch.autograd.grad(loss * 3, x)
+    torch.testing.assert_close(again, 3 * first)
+    torch.testing.assert_close(first, torch.autograd.grad(F.cross_entropy(x, t), x)[0])
+
+
+def test_a_target_out_of_range_fails_as_torchs_does():
+    """The kernel read the logit at the target unchecked: a target past the vocab gave a loss
+    (on a GPU, a read of other memory) where torch raises."""
+    x = logits(4, 10, torch.float32)
+    fn = build_for("cross_entropy", (x, targets(4, 10)), {})
+    for bad in (torch.tensor([1, 2, 10, 3]), torch.tensor([1, -1, 2, 3])):
+        with pytest.raises(IndexError):
+            F.cross_entropy(x, bad)
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            fn(x, bad)
+    ignored = torch.tensor([1, -100, 2, 3])
+    torch.testing.assert_close(fn(x, ignored), F.cross_entropy(x, ignored))

@@ -66,3 +66,23 @@ def test_three_dim_input_all_ignored_and_reduction_none_refused():
     assert loss.item() == 0 and not x3.grad.any() and not w.grad.any()
     with pytest.raises(ValueError, match="'mean' or 'sum'"):
         linear_cross_entropy(x, w, t, reduction="none")
+
+
+def test_a_retained_graph_and_a_gradient_penalty_get_the_references_gradients():
+    """Its gradients are made in forward and scaled in place: a second backward raised, and a
+    gradient penalty (create_graph) got constants, losing its second-order terms."""
+    from rtxops.runtime.ops.triton.linear_cross_entropy import linear_cross_entropy
+
+    x, w, t, b = inputs(6, 16, 40, torch.float32, bias=True)
+
+    def penalty(fn):
+        xi, wi, bi = (v.detach().clone().requires_grad_() for v in (x, w, b))
+        loss = fn(xi, wi, t, bi)
+        gx, = torch.autograd.grad(loss, xi, create_graph=True, retain_graph=True)
+        again, = torch.autograd.grad(loss, xi, retain_graph=True)
+        torch.testing.assert_close(gx.detach(), again)
+        return torch.autograd.grad((gx ** 2).sum(), (xi, wi, bi))
+
+    got = penalty(lambda *a: linear_cross_entropy(*a, config={"chunk_rows": 4, "block_v": 16}))
+    for g, want in zip(got, penalty(reference)):
+        torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-4)

@@ -1,7 +1,9 @@
-"""Small helpers shared by the kernel modules: launch-size heuristics and 2-D row views."""
+"""Small helpers shared by the kernel modules: launch-size heuristics, 2-D row views, and the
+autograd gradients a backward falls back on."""
 from __future__ import annotations
 
 import functools
+from typing import Any, Callable, Sequence
 
 import torch
 import triton
@@ -47,6 +49,21 @@ def as_rows(x: torch.Tensor, hidden: int) -> torch.Tensor:
     return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
+def dense(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` with unit strides (kernels index weights as ``W + cols``: an expanded or sliced
+    weight is copied)."""
+    return t.contiguous() if t is not None else None
+
+
+def either(t: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+    """A tensor argument for a pointer the kernel never reads (its HAS_* flag is off)."""
+    return t if t is not None else placeholder
+
+
+def zeros_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
+    return torch.zeros_like(t) if t is not None else None
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -58,3 +75,28 @@ def row_limit(row, n_rows, n_cols):
     Written as arithmetic because the interpreter mis-types ``block_mask & (scalar < scalar)``.
     """
     return tl.minimum((n_rows - row) * n_cols, n_cols)
+
+
+def reference_grads(reference: Callable[..., Any], inputs: Sequence[Any],
+                    grad_outputs: Sequence[torch.Tensor], needs: Sequence[bool]) -> list:
+    """The gradients of ``reference(*inputs)`` for the inputs ``needs`` marks (None for the
+    others), made by autograd. A kernel's backward answers with these when its own would be
+    wrong: under ``create_graph`` (a gradient penalty differentiates the gradient, which the
+    kernels' buffers would hand over as constants) or when a retained graph runs it again.
+    ``inputs`` must be the tensors the function was applied to (saved with
+    ``save_for_backward``), so that the gradients reach back through their graphs."""
+    create = torch.is_grad_enabled()
+    wanted = [i for i, (t, need) in enumerate(zip(inputs, needs))
+              if need and isinstance(t, torch.Tensor) and t.requires_grad]
+    grads: list = [None] * len(inputs)
+    if not wanted:
+        return grads
+    with torch.enable_grad():
+        out = reference(*inputs)
+        outs = [out] if isinstance(out, torch.Tensor) else list(out)
+        pairs = [(o, g) for o, g in zip(outs, grad_outputs) if g is not None and o.requires_grad]
+        got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
+                                  [g for _, g in pairs], create_graph=create, allow_unused=True)
+    for i, g in zip(wanted, got):
+        grads[i] = g
+    return grads

@@ -1,6 +1,8 @@
 """Shared launch plumbing of the elementwise kernels (swiglu, gelu, GeGLU): flat contiguous views,
-one ``block``-wide tile per program."""
+one ``block``-wide tile per program, outputs in their input's layout."""
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import torch
 
@@ -22,3 +24,18 @@ def flat(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 def grid(n: int, config: dict) -> tuple[int]:
     return (cdiv(n, config["block"]),)
+
+
+def in_input_layout(fn: Callable[..., torch.Tensor], first: torch.Tensor, *rest: Any) -> torch.Tensor:
+    """``fn(first, *rest)`` with its output laid out as torch lays out an elementwise op's: in the
+    order of ``first``'s strides (a channels-last or transposed input gives the same layout out).
+    The kernels see the tensors permuted into that order, where they are contiguous or copied
+    once; the permutations are outside ``fn``'s autograd.Function, so the output is the job's to
+    change in place."""
+    order = sorted(range(first.dim()), key=lambda d: -first.stride(d))   # stable: ties keep order
+    if order == list(range(first.dim())):
+        return fn(first, *rest)
+    back = [order.index(d) for d in range(len(order))]
+    moved = [t.permute(order) if isinstance(t, torch.Tensor) and t.dim() == len(order) else t
+             for t in rest]
+    return fn(first.permute(order), *moved).permute(back)

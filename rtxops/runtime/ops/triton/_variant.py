@@ -52,20 +52,29 @@ class TritonVariant(Variant):
 
     @property
     def source_hash(self) -> str:
-        """sha256 of the kernel module's source and of the sibling modules it imports
-        (``from ._common import …``, ``from ..rms_norm import …``), read without importing triton."""
+        """sha256 of the kernel module's source and of the modules it imports relatively
+        (``from ._common import …``, ``from ..rms_norm import …``), and theirs in turn, read
+        without importing triton."""
         spec = importlib.util.find_spec(f"{__package__}.{self.module}")
         origin = Path(spec.origin) if spec and spec.origin else None
         if origin is None:
             return hashlib.sha256(self.name.encode()).hexdigest()
-        data = origin.read_bytes()
-        digest = hashlib.sha256(data)
-        for dots, name in sorted(set(re.findall(rb"^from (\.\.?)(\w+) import", data, re.MULTILINE))):
-            folder = origin.parent if dots == b"." else origin.parent.parent  # ..: the op's file
-            path = folder / (name.decode() + ".py")
-            if path.is_file():
-                digest.update(b"\0" + dots + name + b"\0" + path.read_bytes())
+        digest = hashlib.sha256(origin.read_bytes())
+        seen, queue = {origin}, [origin]
+        while queue:
+            source = queue.pop(0)
+            data = source.read_bytes()
+            for dots, name in sorted(set(_RELATIVE_IMPORT.findall(data))):
+                folder = source.parent if dots == b"." else source.parent.parent
+                path = folder / (name.decode() + ".py")
+                if path.is_file() and path not in seen:
+                    seen.add(path)
+                    queue.append(path)
+                    digest.update(b"\0" + dots + name + b"\0" + path.read_bytes())
         return digest.hexdigest()
+
+
+_RELATIVE_IMPORT = re.compile(rb"^from (\.\.?)(\w+) import", re.MULTILINE)
 
 
 def triton_variant(op: str, module: str, space: dict[str, list], description: str,

@@ -2,7 +2,8 @@
 max and sum of exponentials, then the gradient), so no (rows, vocab) fp32 temporary exists.
 
 The forward writes the input gradient (already divided by the kept-row count for 'mean') into a
-buffer of the logits' dtype; backward scales it in place by the incoming gradient. Rows whose
+buffer of the logits' dtype; backward scales it in place by the incoming gradient (a second
+backward of a retained graph, and one under create_graph, take the reference's gradient). Rows whose
 target is ``ignore_index`` get loss 0 and gradient 0. The gradient buffer may alias the logits
 (the fused linear + cross-entropy does so): each tile is read before it is written.
 """
@@ -15,7 +16,8 @@ import triton
 import triton.language as tl
 
 from ...bucket import Bucket
-from ._common import as_rows, cdiv, next_pow2, warps_for
+from ..cross_entropy import reference
+from ._common import as_rows, cdiv, next_pow2, reference_grads, warps_for
 from ._report import Reporter
 from ._variant import resolve
 
@@ -122,7 +124,11 @@ class CrossEntropyFunction(torch.autograd.Function):
                  else torch.ones((), dtype=torch.float32, device=logits.device))
         grad = torch.empty_like(x2) if ctx.needs_input_grad[0] else None
         loss = loss_rows(x2, target, grad, scale, ignore_index, smoothing, config, reporter)
-        ctx.grad, ctx.reduction, ctx.config, ctx.reporter = grad, reduction, config, reporter
+        # the logits themselves (a reference: the job made them) for a backward that cannot use
+        # the gradient buffer: under create_graph, or once the buffer was scaled
+        ctx.save_for_backward(logits, target)
+        ctx.grad, ctx.ignore_index, ctx.smoothing = grad, ignore_index, smoothing
+        ctx.reduction, ctx.config, ctx.reporter = reduction, config, reporter
         if reduction == "none":
             return loss.to(logits.dtype)
         total = loss.sum()
@@ -131,11 +137,15 @@ class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
         grad = ctx.grad
-        if grad is None:
-            raise RuntimeError("rtxops triton cross_entropy: backward ran twice on one forward "
-                               "(its gradient buffer is scaled in place); retain_graph is not "
-                               "supported by this variant")
-        ctx.grad = None
+        if grad is None or torch.is_grad_enabled():
+            # a second backward of a retained graph (the buffer is scaled already), or
+            # create_graph (the buffer is a constant to autograd): the reference's gradient
+            logits, target = ctx.saved_tensors
+            (dx,) = reference_grads(
+                lambda x: reference(x, target, None, None, ctx.ignore_index, None, ctx.reduction,
+                                    ctx.smoothing), (logits,), (grad_out,), ctx.needs_input_grad[:1])
+            return dx, None, None, None, None, None, None
+        ctx.grad = None   # scaled in place below: its memory is the gradient the job gets
         scale_rows_(grad, grad_out, ctx.config, ctx.reporter)
         return grad, None, None, None, None, None, None
 
@@ -146,6 +156,11 @@ def build(config: dict, bucket: Bucket) -> Callable[..., torch.Tensor]:
 
     def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
                       reduce=None, reduction="mean", label_smoothing=0.0):
+        # the kernel reads the target's logit unchecked: a target out of range must fail as
+        # torch's does (asynchronously on a GPU, as torch's device assert), not read elsewhere
+        out_of_range = ((target < 0) | (target >= input.shape[-1])) & (target != ignore_index)
+        torch._assert_async(~out_of_range.any(),
+                            f"cross_entropy: a target is out of bounds (0 to {input.shape[-1] - 1})")
         return CrossEntropyFunction.apply(input, target, ignore_index, reduction,
                                           float(label_smoothing), resolved, reporter)
 

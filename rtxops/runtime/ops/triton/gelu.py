@@ -13,7 +13,9 @@ import triton
 import triton.language as tl
 
 from ...bucket import Bucket
-from ._elementwise import flat, grid, heuristic
+from ..gelu import reference
+from ._common import reference_grads
+from ._elementwise import flat, grid, heuristic, in_input_layout
 from ._report import Reporter
 from ._variant import resolve
 
@@ -64,12 +66,15 @@ class GeluFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor | None, tanh: bool, config: dict,
                 reporter: Reporter) -> torch.Tensor:
-        (a,) = flat(a)
-        b = flat(b)[0] if b is not None else None
-        y = torch.empty_like(a)
-        reporter.launch(_forward, grid(a.numel(), config), a, b if b is not None else a, y,
-                        a.numel(), BLOCK=config["block"], TANH=tanh, GATED=b is not None,
-                        num_warps=config["num_warps"])
+        (fa,) = flat(a)
+        fb = flat(b)[0] if b is not None else None
+        y = torch.empty_like(fa)
+        if y.numel():
+            reporter.launch(_forward, grid(fa.numel(), config), fa, fb if fb is not None else fa,
+                            y, fa.numel(), BLOCK=config["block"], TANH=tanh, GATED=b is not None,
+                            num_warps=config["num_warps"])
+        # the job's tensors, not the flat copies: a backward under create_graph recomputes
+        # through their graphs
         ctx.save_for_backward(a, b)
         ctx.tanh, ctx.config, ctx.reporter = tanh, config, reporter
         return y
@@ -77,14 +82,27 @@ class GeluFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple:
         a, b = ctx.saved_tensors
+        if torch.is_grad_enabled():   # create_graph: gradients that are differentiable themselves
+            approximate = "tanh" if ctx.tanh else "none"
+            grads = reference_grads(lambda a, b: _gelu_times(a, b, approximate), (a, b), (dy,),
+                                    ctx.needs_input_grad[:2])
+            return (*grads, None, None, None)
+        a, = flat(a)
+        b = flat(b)[0] if b is not None else None
         (dy,) = flat(dy)
         da = torch.empty_like(a)
         db = torch.empty_like(b) if b is not None else None
-        ctx.reporter.launch(_backward, grid(a.numel(), ctx.config), dy, a,
-                            b if b is not None else a, da, db if db is not None else da,
-                            a.numel(), BLOCK=ctx.config["block"], TANH=ctx.tanh,
-                            GATED=b is not None, num_warps=ctx.config["num_warps"])
+        if a.numel():
+            ctx.reporter.launch(_backward, grid(a.numel(), ctx.config), dy, a,
+                                b if b is not None else a, da, db if db is not None else da,
+                                a.numel(), BLOCK=ctx.config["block"], TANH=ctx.tanh,
+                                GATED=b is not None, num_warps=ctx.config["num_warps"])
         return da, db, None, None, None
+
+
+def _gelu_times(a: torch.Tensor, b: torch.Tensor | None, approximate: str) -> torch.Tensor:
+    y = reference(a, approximate)
+    return y if b is None else y * b
 
 
 def build(config: dict, bucket: Bucket) -> Callable[..., torch.Tensor]:
@@ -92,7 +110,8 @@ def build(config: dict, bucket: Bucket) -> Callable[..., torch.Tensor]:
     reporter = Reporter("gelu", "triton", bucket.id, config, resolved)
 
     def gelu(input, approximate="none"):
-        return GeluFunction.apply(input, None, approximate == "tanh", resolved, reporter)
+        return in_input_layout(
+            lambda a: GeluFunction.apply(a, None, approximate == "tanh", resolved, reporter), input)
 
     return gelu
 
@@ -102,4 +121,5 @@ def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "none",
     """``gelu(a, approximate) * b`` (a and b of one shape and dtype) with autograd."""
     resolved = resolve(config or {}, heuristic())
     reporter = Reporter("geglu", "triton", "", config or {}, resolved)
-    return GeluFunction.apply(a, b, approximate == "tanh", resolved, reporter)
+    return in_input_layout(
+        lambda a, b: GeluFunction.apply(a, b, approximate == "tanh", resolved, reporter), a, b)

@@ -10,7 +10,9 @@ import triton
 import triton.language as tl
 
 from ...bucket import Bucket
-from ._common import as_rows, cdiv, next_pow2, row_limit, rows_per_program, warps_for
+from ..layer_norm import reference
+from ._common import (as_rows, cdiv, dense, either, next_pow2, reference_grads, row_limit,
+                      rows_per_program, warps_for, zeros_or_none)
 from ._report import Reporter
 from ._variant import resolve
 
@@ -78,22 +80,35 @@ class LayerNormFunction(torch.autograd.Function):
         hidden = x.shape[-1]
         x2 = as_rows(x, hidden)
         rows = x2.shape[0]
-        y = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+        # the output is the buffer itself, not a view of it: a view made in here could not be
+        # changed in place by the job (torch's own output can)
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         mean = torch.empty(rows, dtype=torch.float32, device=x.device)
         rstd = torch.empty_like(mean)
-        reporter.launch(_forward, (rows,), x2, y, _or(weight, x2), _or(bias, x2), mean, rstd,
-                        x2.stride(0), y.stride(0), hidden, eps, BLOCK=next_pow2(hidden),
-                        HAS_W=weight is not None, HAS_B=bias is not None,
-                        num_warps=config["num_warps"])
-        ctx.save_for_backward(x2, weight, mean, rstd)
-        ctx.has_bias, ctx.bias_dtype = bias is not None, None if bias is None else bias.dtype
-        ctx.config, ctx.reporter, ctx.shape = config, reporter, x.shape
-        return y.view(x.shape)
+        if rows:
+            reporter.launch(_forward, (rows,), x2, y.view(rows, hidden), either(dense(weight), x2),
+                            either(dense(bias), x2), mean, rstd, x2.stride(0), hidden, hidden, eps,
+                            BLOCK=next_pow2(hidden), HAS_W=weight is not None,
+                            HAS_B=bias is not None, num_warps=config["num_warps"])
+        # the job's own tensors (not x2, made here without a graph): a backward under
+        # create_graph recomputes through them
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.eps, ctx.config, ctx.reporter = eps, config, reporter
+        return y
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple:
-        x2, weight, mean, rstd = ctx.saved_tensors
-        rows, hidden = x2.shape
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        hidden = x.shape[-1]
+        if torch.is_grad_enabled():   # create_graph: gradients that are differentiable themselves
+            grads = reference_grads(lambda x, w, b: reference(x, (hidden,), w, b, ctx.eps),
+                                    (x, weight, bias), (dy,), ctx.needs_input_grad[:3])
+            return (*grads, None, None, None)
+        x2 = as_rows(x, hidden)
+        rows = x2.shape[0]
+        if rows == 0:
+            return (torch.zeros_like(x), zeros_or_none(weight), zeros_or_none(bias),
+                    None, None, None)
         dy2 = as_rows(dy, hidden)
         dx = torch.empty_like(x2)
         per = min(ctx.config["rows_per_program"], rows)
@@ -103,20 +118,15 @@ class LayerNormFunction(torch.autograd.Function):
             return (torch.empty((programs, hidden), dtype=torch.float32, device=x2.device)
                     if wanted else None)
 
-        dw, db = partial(weight is not None), partial(ctx.has_bias)
-        ctx.reporter.launch(_backward, (programs,), dy2, x2, _or(weight, x2), mean, rstd, dx,
-                            _or(dw, rstd), _or(db, rstd), dy2.stride(0), x2.stride(0),
+        dw, db = partial(weight is not None), partial(bias is not None)
+        ctx.reporter.launch(_backward, (programs,), dy2, x2, either(dense(weight), x2), mean, rstd,
+                            dx, either(dw, rstd), either(db, rstd), dy2.stride(0), x2.stride(0),
                             dx.stride(0), rows, hidden, ROWS=per, BLOCK=next_pow2(hidden),
-                            HAS_W=weight is not None, HAS_B=ctx.has_bias,
+                            HAS_W=weight is not None, HAS_B=bias is not None,
                             num_warps=ctx.config["num_warps"])
         dweight = dw.sum(0).to(weight.dtype) if dw is not None else None
-        dbias = db.sum(0).to(ctx.bias_dtype) if db is not None else None
-        return dx.view(ctx.shape), dweight, dbias, None, None, None
-
-
-def _or(t: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
-    """A tensor argument for a pointer the kernel never reads (its HAS_* flag is off)."""
-    return t if t is not None else placeholder
+        dbias = db.sum(0).to(bias.dtype) if db is not None else None
+        return dx.view(x.shape), dweight, dbias, None, None, None
 
 
 def build(config: dict, bucket: Bucket) -> Callable[..., torch.Tensor]:

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from ._common import cdiv, next_pow2
+from ... import originals
+from ._common import cdiv, next_pow2, reference_grads
 from ._report import Reporter
 from ._variant import AUTO
 from .cross_entropy import heuristic as ce_heuristic
@@ -78,17 +79,29 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 grad_b += logits.sum(0, dtype=accum)
         ctx.grads = [grad_x, grad_w, grad_b]
         ctx.shape, ctx.dtypes = x.shape, (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        # the job's tensors, for a backward that cannot use the gradients made here: under
+        # create_graph, or once they were scaled in place
+        ctx.save_for_backward(x, weight, bias, target)
+        ctx.ignore_index, ctx.reduction, ctx.smoothing = ignore_index, reduction, smoothing
         total = loss.sum()
         return (total / kept if reduction == "mean" else total).to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
         grads = ctx.grads
-        if grads is None:
-            raise RuntimeError("rtxops triton linear_cross_entropy: backward ran twice on one "
-                               "forward (its gradients are scaled in place); retain_graph is not "
-                               "supported")
-        ctx.grads = None
+        if grads is None or torch.is_grad_enabled():
+            x, weight, bias, target = ctx.saved_tensors
+
+            def unfused(x, weight, bias):
+                logits = originals.linear(x, weight, bias).flatten(0, -2)
+                return originals.cross_entropy(logits, target, ignore_index=ctx.ignore_index,
+                                               reduction=ctx.reduction,
+                                               label_smoothing=ctx.smoothing)
+
+            grads = reference_grads(unfused, (x, weight, bias), (grad_out,),
+                                    ctx.needs_input_grad[:3])
+            return (*grads, None, None, None, None, None, None)
+        ctx.grads = None   # scaled in place below
         g = grad_out.float()
         out = [None if t is None else t.mul_(g.to(t.dtype)).to(dtype)
                for t, dtype in zip(grads, ctx.dtypes)]

@@ -10,7 +10,8 @@ import triton.language as tl
 
 from ...bucket import Bucket
 from ..rms_norm import reference
-from ._common import as_rows, row_limit, cdiv, next_pow2, rows_per_program, warps_for
+from ._common import (as_rows, cdiv, dense, either, next_pow2, reference_grads, row_limit,
+                      rows_per_program, warps_for, zeros_or_none)
 from ._report import Reporter
 from ._variant import resolve
 
@@ -69,32 +70,40 @@ class RMSNormFunction(torch.autograd.Function):
         hidden = x.shape[-1]
         x2 = as_rows(x, hidden)
         rows = x2.shape[0]
-        y = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # not a view: see layer_norm.py
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-        block = next_pow2(hidden)
-        reporter.launch(_forward, (rows,), x2, y, weight if weight is not None else x2, rstd,
-                        x2.stride(0), y.stride(0), hidden, eps, BLOCK=block,
-                        HAS_W=weight is not None, num_warps=config["num_warps"])
-        ctx.save_for_backward(x2, weight, rstd)
-        ctx.config, ctx.reporter, ctx.shape = config, reporter, x.shape
-        return y.view(x.shape)
+        if rows:
+            reporter.launch(_forward, (rows,), x2, y.view(rows, hidden), either(dense(weight), x2),
+                            rstd, x2.stride(0), hidden, hidden, eps, BLOCK=next_pow2(hidden),
+                            HAS_W=weight is not None, num_warps=config["num_warps"])
+        ctx.save_for_backward(x, weight, rstd)   # the job's tensors: see layer_norm.py
+        ctx.eps, ctx.config, ctx.reporter = eps, config, reporter
+        return y
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple:
-        x2, weight, rstd = ctx.saved_tensors
-        rows, hidden = x2.shape
+        x, weight, rstd = ctx.saved_tensors
+        hidden = x.shape[-1]
+        if torch.is_grad_enabled():   # create_graph: gradients that are differentiable themselves
+            grads = reference_grads(lambda x, w: reference(x, (hidden,), w, ctx.eps), (x, weight),
+                                    (dy,), ctx.needs_input_grad[:2])
+            return (*grads, None, None, None)
+        x2 = as_rows(x, hidden)
+        rows = x2.shape[0]
+        if rows == 0:
+            return (torch.zeros_like(x), zeros_or_none(weight), None, None, None)
         dy2 = as_rows(dy, hidden)
         dx = torch.empty_like(x2)
         per = min(ctx.config["rows_per_program"], rows)
         programs = cdiv(rows, per)
         dw = (torch.empty((programs, hidden), dtype=torch.float32, device=x2.device)
               if weight is not None else None)
-        ctx.reporter.launch(_backward, (programs,), dy2, x2, weight if weight is not None else x2,
-                            rstd, dx, dw if dw is not None else rstd, dy2.stride(0), x2.stride(0),
-                            dx.stride(0), rows, hidden, ROWS=per, BLOCK=next_pow2(hidden),
-                            HAS_W=weight is not None, num_warps=ctx.config["num_warps"])
+        ctx.reporter.launch(_backward, (programs,), dy2, x2, either(dense(weight), x2), rstd, dx,
+                            either(dw, rstd), dy2.stride(0), x2.stride(0), dx.stride(0), rows,
+                            hidden, ROWS=per, BLOCK=next_pow2(hidden), HAS_W=weight is not None,
+                            num_warps=ctx.config["num_warps"])
         dweight = dw.sum(0).to(weight.dtype) if dw is not None else None
-        return dx.view(ctx.shape), dweight, None, None, None
+        return dx.view(x.shape), dweight, None, None, None
 
 
 def build(config: dict, bucket: Bucket) -> Callable[..., torch.Tensor]:

@@ -15,8 +15,9 @@ import triton
 import triton.language as tl
 
 from ...bucket import Bucket
-from ..rope import rotate_half
-from ._common import next_pow2, warps_for
+from .._layout import empty_in_layout_of
+from ..rope import reference, rotate_half
+from ._common import next_pow2, reference_grads, warps_for
 from ._report import Reporter
 from ._variant import resolve
 
@@ -77,11 +78,16 @@ class RopeFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 unsqueeze_dim: int, config: dict, reporter: Reporter) -> tuple:
-        q, k = _unit_last(q), _unit_last(k)
-        cos, sin = cos.contiguous(), sin.contiguous()
-        q_out = rotate(q, torch.empty_like(q), cos, sin, unsqueeze_dim, False, config, reporter)
-        k_out = rotate(k, torch.empty_like(k), cos, sin, unsqueeze_dim, False, config, reporter)
+        uq, uk = _unit_last(q), _unit_last(k)
+        ucos, usin = cos.contiguous(), sin.contiguous()
+        # outputs laid out as torch's elementwise ops lay them out: in the inputs' stride order
+        q_out = rotate(uq, empty_in_layout_of(q), ucos, usin, unsqueeze_dim, False, config,
+                       reporter)
+        k_out = rotate(uk, empty_in_layout_of(k), ucos, usin, unsqueeze_dim, False, config,
+                       reporter)
         trig_grads = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
+        # the job's tensors, not the copies made here: a backward under create_graph
+        # recomputes through their graphs
         ctx.save_for_backward(cos, sin, *((q, k) if trig_grads else ()))
         ctx.unsqueeze_dim, ctx.config, ctx.reporter = unsqueeze_dim, config, reporter
         return q_out, k_out
@@ -90,6 +96,15 @@ class RopeFunction(torch.autograd.Function):
     def backward(ctx: Any, dq: torch.Tensor, dk: torch.Tensor) -> tuple:
         cos, sin, *qk = ctx.saved_tensors
         ud, config, reporter = ctx.unsqueeze_dim, ctx.config, ctx.reporter
+        if torch.is_grad_enabled():   # create_graph: gradients that are differentiable themselves
+            # q and k are saved only for the trig gradients; the rotation's gradient does not
+            # depend on their values (it is linear), so stand-ins take their place otherwise
+            q, k = qk if qk else (torch.zeros_like(dq).requires_grad_(),
+                                  torch.zeros_like(dk).requires_grad_())
+            grads = reference_grads(lambda q, k, c, s: reference(q, k, c, s, None, ud),
+                                    (q, k, cos, sin), (dq, dk), ctx.needs_input_grad[:4])
+            return (*grads, None, None, None)
+        cos, sin = cos.contiguous(), sin.contiguous()
         dq, dk = _unit_last(dq), _unit_last(dk)
         dq_in = rotate(dq, torch.empty_like(dq), cos, sin, ud, True, config, reporter)
         dk_in = rotate(dk, torch.empty_like(dk), cos, sin, ud, True, config, reporter)

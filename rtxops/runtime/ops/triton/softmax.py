@@ -44,23 +44,34 @@ class SoftmaxFunction(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, config: dict, reporter: Reporter) -> torch.Tensor:
         cols = x.shape[-1]
         x2 = as_rows(x, cols)
-        y = torch.empty((x2.shape[0], cols), dtype=x.dtype, device=x.device)
-        reporter.launch(_forward, (x2.shape[0],), x2, y, x2.stride(0), y.stride(0), cols,
-                        BLOCK=next_pow2(cols), num_warps=config["num_warps"])
+        rows = x2.shape[0]
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # not a view: in-place stays legal
+        if rows:
+            reporter.launch(_forward, (rows,), x2, y.view(rows, cols), x2.stride(0), cols, cols,
+                            BLOCK=next_pow2(cols), num_warps=config["num_warps"])
         ctx.save_for_backward(y)
-        ctx.config, ctx.reporter, ctx.shape = config, reporter, x.shape
-        return y.view(x.shape)
+        ctx.config, ctx.reporter = config, reporter
+        return y
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple:
         (y,) = ctx.saved_tensors
-        rows, cols = y.shape
+        if torch.is_grad_enabled():
+            # create_graph: torch's formula on the saved output, whose graph leads back to x
+            yf = y.float()
+            dyf = dy.float()
+            return (yf * (dyf - (dyf * yf).sum(-1, keepdim=True))).to(y.dtype), None, None
+        cols = y.shape[-1]
+        y2 = y.view(-1, cols)
+        rows = y2.shape[0]
+        if rows == 0:
+            return torch.zeros_like(y), None, None
         dy2 = as_rows(dy, cols)
         dx = torch.empty_like(y)
-        ctx.reporter.launch(_backward, (rows,), dy2, y, dx, dy2.stride(0), y.stride(0),
-                            dx.stride(0), cols, BLOCK=next_pow2(cols),
+        ctx.reporter.launch(_backward, (rows,), dy2, y2, dx.view(rows, cols), dy2.stride(0),
+                            cols, cols, cols, BLOCK=next_pow2(cols),
                             num_warps=ctx.config["num_warps"])
-        return dx.view(ctx.shape), None, None
+        return dx, None, None
 
 
 def build(config: dict, bucket: Bucket) -> Callable[..., torch.Tensor]:

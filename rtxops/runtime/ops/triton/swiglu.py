@@ -9,7 +9,9 @@ import triton
 import triton.language as tl
 
 from ...bucket import Bucket
-from ._elementwise import flat, grid, heuristic
+from ..swiglu import reference
+from ._common import reference_grads
+from ._elementwise import flat, grid, heuristic, in_input_layout
 from ._report import Reporter
 from ._variant import resolve
 
@@ -40,21 +42,28 @@ class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, config: dict,
                 reporter: Reporter) -> torch.Tensor:
-        a, b = flat(a, b)
-        y = torch.empty_like(a)
-        reporter.launch(_forward, grid(a.numel(), config), a, b, y, a.numel(),
-                        BLOCK=config["block"], num_warps=config["num_warps"])
-        ctx.save_for_backward(a, b)
+        fa, fb = flat(a, b)
+        y = torch.empty_like(fa)
+        if y.numel():
+            reporter.launch(_forward, grid(fa.numel(), config), fa, fb, y, fa.numel(),
+                            BLOCK=config["block"], num_warps=config["num_warps"])
+        ctx.save_for_backward(a, b)   # the job's tensors: see gelu.py
         ctx.config, ctx.reporter = config, reporter
         return y
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple:
         a, b = ctx.saved_tensors
+        if torch.is_grad_enabled():   # create_graph: gradients that are differentiable themselves
+            grads = reference_grads(reference, (a, b), (dy,), ctx.needs_input_grad[:2])
+            return (*grads, None, None)
+        a, b = flat(a, b)
         (dy,) = flat(dy)
         da, db = torch.empty_like(a), torch.empty_like(b)
-        ctx.reporter.launch(_backward, grid(a.numel(), ctx.config), dy, a, b, da, db, a.numel(),
-                            BLOCK=ctx.config["block"], num_warps=ctx.config["num_warps"])
+        if a.numel():
+            ctx.reporter.launch(_backward, grid(a.numel(), ctx.config), dy, a, b, da, db,
+                                a.numel(), BLOCK=ctx.config["block"],
+                                num_warps=ctx.config["num_warps"])
         return da, db, None, None
 
 
@@ -63,6 +72,6 @@ def build(config: dict, bucket: Bucket) -> Callable[..., torch.Tensor]:
     reporter = Reporter("swiglu", "triton", bucket.id, config, resolved)
 
     def swiglu(a, b):
-        return SwiGLUFunction.apply(a, b, resolved, reporter)
+        return in_input_layout(lambda a, b: SwiGLUFunction.apply(a, b, resolved, reporter), a, b)
 
     return swiglu
