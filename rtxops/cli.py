@@ -732,7 +732,8 @@ def telemetry_export(
 @telemetry_app.command("stats")
 def telemetry_stats(home: Optional[Path] = typer.Option(None),
                     as_json: bool = typer.Option(False, "--json")) -> None:
-    """Ingest counts: spans stored by kind, batches, refused and rejected requests, drops."""
+    """Ingest counts: spans stored by kind and batches; with a daemon running, also its refused
+    and rejected requests and drops (a daemon counts those in memory, from its start)."""
     from rtxops.daemon.client import DaemonClient
     from rtxops.telemetry import store as store_mod
 
@@ -746,7 +747,8 @@ def telemetry_stats(home: Optional[Path] = typer.Option(None),
     if as_json:
         out.print_json(data=stats)
         return
-    table = Table(title="rtxops telemetry")
+    table = Table(title="rtxops telemetry", caption=None if client is not None else
+                  "no daemon is running: refused and rejected requests are counted by one")
     table.add_column("what")
     table.add_column("count", justify="right")
     for k, v in stats.items():

@@ -265,6 +265,8 @@ def test_tables_show_user_text_that_looks_like_markup_as_it_is(tmp_path):
     result = CliRunner().invoke(app, ["telemetry", "stats", "--home", str(home)])
     assert result.exit_code == 0, (result.output, result.exception)
     assert "GET [/bold] items" in result.output
+    # the refusal counters live in a daemon: without one, the table says so
+    assert "no daemon is running" in result.output
 
 
 def test_proxy_settings_of_the_callers_shell_do_not_reach_the_daemon(tmp_path):

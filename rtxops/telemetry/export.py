@@ -46,7 +46,7 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
     items: list[str] = []
     first = True
     for row in rows:
-        if origin is None:
+        if origin is None and row["start_ns"]:   # a span sent without a start time is not one
             origin = row["start_ns"]
         proc = (row.get("job_id") or "?", row.get("rank") or 0)
         pid = processes.get(proc)
@@ -63,7 +63,7 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
         items.append(_dumps({
             "ph": "X", "name": label, "cat": row["name"], "pid": pid,
             "tid": _LANES.get(row["name"], 5),
-            "ts": (row["start_ns"] - origin) / 1000,
+            "ts": (row["start_ns"] - (origin or 0)) / 1000,
             "dur": max(0, row["end_ns"] - row["start_ns"]) / 1000,
             "args": attrs,
         }))
@@ -72,7 +72,7 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
             first, items = False, []
     for (job, rank), pid in processes.items():
         for name, tid in (("steps", 0), ("compile", 1), ("kernels (per step)", 2),
-                          ("sampled calls", 3), ("trials", 4)):
+                          ("sampled calls", 3), ("trials", 4), ("other spans", 5)):
             items.append(_dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                                  "args": {"name": name}}))
     if items:
@@ -206,4 +206,6 @@ def _any_value(v: Any) -> dict:
         return {"arrayValue": {"values": [_any_value(x) for x in v]}}
     if isinstance(v, dict):
         return {"kvlistValue": {"values": _kv(v)}}
-    return {"stringValue": "" if v is None else str(v)}
+    if v is None:   # an unset AnyValue (it came without a value)
+        return {}
+    return {"stringValue": str(v)}

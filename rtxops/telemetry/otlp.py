@@ -29,6 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from . import _columns, _wire
 from . import schema as S
@@ -215,8 +216,6 @@ def _hex_ids_to_base64(obj: dict, where: str) -> None:
 def _validate(request: ExportTraceServiceRequest) -> None:
     """Checks the per-span loop of :func:`to_arrow` would otherwise have to repeat."""
     for i, rs in enumerate(request.resource_spans):
-        if not rs.HasField("resource"):
-            raise TelemetryInputError(f"resource_spans[{i}] has no resource")
         if len(rs.resource.attributes) > MAX_ATTRIBUTES:
             raise TelemetryInputError(f"resource_spans[{i}].resource has {len(rs.resource.attributes)} "
                                       f"attributes; the limit is {MAX_ATTRIBUTES}")
@@ -235,8 +234,7 @@ def to_arrow(request: ExportTraceServiceRequest, received_ns: int, *, wire: byte
     out = _Columns()
     resources: dict[int, list] = {}
     for i, (rs, rs_view) in enumerate(zip(request.resource_spans, view.resource_spans)):
-        if not rs.HasField("resource"):
-            raise TelemetryInputError(f"resource_spans[{i}] has no resource")
+        # an unset resource is an empty one ("no resource info is known", the proto says)
         resource_id, copies = _resource(rs.resource, rs.schema_url, i, received_ns, resources)
         if len(rs_view.scope_spans) != len(rs.scope_spans):
             raise TelemetryInputError("request and its wire form disagree")
@@ -267,7 +265,10 @@ def response(rejected: int = 0, message: str = "") -> ExportTraceServiceResponse
 def _resource(resource: Any, schema_url: str, i: int, received_ns: int,
               seen: dict[int, list]) -> tuple[int, tuple]:
     attrs = _attributes_dict(resource.attributes, f"resource_spans[{i}].resource")
-    digest = hashlib.blake2b(orjson.dumps(attrs, option=orjson.OPT_SORT_KEYS), digest_size=8).digest()
+    # the schema URL is part of what a resource is (two of the same attributes under two
+    # schemas are two rows); without one, the id is the attributes' alone, as it always was
+    identity = attrs if not schema_url else [attrs, schema_url]
+    digest = hashlib.blake2b(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS), digest_size=8).digest()
     resource_id = int.from_bytes(digest, "big", signed=True)
     typed = {c: _typed_scalar(attrs, k, S.TYPED_RESOURCE_ATTRIBUTES[k])
              for k, c in RESOURCE_ATTRIBUTE_COLUMNS.items()}
@@ -393,18 +394,24 @@ class _Columns:
         self.scope.extend(itertools.repeat(scope_spans.scope.name or None, n))
         for column, value in zip(self.copies, copies):
             column.extend(itertools.repeat(value, n))
-        self._attributes(merged.attributes, counts, where)
+        self._attributes(merged.attributes, spans, counts, where)
         if merged.events:
             for idx, events in enumerate(rows[10]):
                 if events:
                     self._events(spans[idx], f"{where}.spans[{idx}]")
         self.count += n
 
-    def _attributes(self, merged: Any, counts: list[int], where: str) -> None:
+    def _attributes(self, merged: Any, spans: Any, counts: list[int], where: str) -> None:
         keys, raws = merged.key[:], merged.value[:]
         total = sum(counts)
         if len(keys) != total or len(raws) != total:
-            raise TelemetryInputError(f"{where}: an attribute without a key or value")
+            # a KeyValue with an empty key or no value (proto3 leaves either out of the wire):
+            # the scope's flat lists no longer pair up, so they are read from the messages (a
+            # missing value is null)
+            pairs = [kv if isinstance(kv, KeyValue) else KeyValue.FromString(kv)  # raw: LightRequest
+                     for span in spans for kv in span.attributes]
+            keys = [kv.key for kv in pairs]
+            raws = [kv.value.SerializeToString() for kv in pairs]
         if max(counts, default=0) > MAX_ATTRIBUTES:
             k = next(i for i, c in enumerate(counts) if c > MAX_ATTRIBUTES)
             raise TelemetryInputError(f"{where}.spans[{k}] has {counts[k]} attributes; "

@@ -215,8 +215,7 @@ def _decode(body: bytes, kind: str, gzipped: bool, max_decompressed: int, receiv
     elif len(body) > max_decompressed:
         raise _TooLarge(f"body is over the {max_decompressed}-byte limit")
     try:
-        batch = otlp.convert(body, kind, received_ns)
-        rollup.check_figures(batch.spans)
+        batch = rollup.valid_figures(otlp.convert(body, kind, received_ns))
         # prepared here, beside the store's writer thread rather than in it
         return dataclasses.replace(prepared(batch), digest=digest.digest()[:16])
     except TelemetryInputError:

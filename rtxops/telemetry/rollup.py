@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -21,10 +22,16 @@ GROUP = [*KEYS, "minute"]
 MINUTE_NS = 60 * 10**9
 HIST_BINS_PER_OCTAVE = 16
 
+# counts outside 0..2^53 are left out of the sums, as valid_figures leaves out typed ones
 CACHE_COUNTS_SQL = """
-SELECT TRY_CAST(attributes->>'rtx.cache.hits' AS BIGINT) AS cache_hits,
-       TRY_CAST(attributes->>'rtx.cache.misses' AS BIGINT) AS cache_misses
-FROM _rtx_rows WHERE name = 'rtx.kernel'"""     # rows in the order of rollup.kernels()
+WITH counts AS (
+    SELECT TRY_CAST(attributes->>'rtx.cache.hits' AS BIGINT) AS hits,
+           TRY_CAST(attributes->>'rtx.cache.misses' AS BIGINT) AS misses
+    FROM _rtx_rows WHERE name = 'rtx.kernel'
+)
+SELECT CASE WHEN hits BETWEEN 0 AND 9007199254740992 THEN hits END AS cache_hits,
+       CASE WHEN misses BETWEEN 0 AND 9007199254740992 THEN misses END AS cache_misses
+FROM counts"""     # rows in the order of rollup.kernels()
 
 # _rtx_rows (from :func:`tables`) → kernel_minutes rows
 INSERT_SQL = f"""
@@ -38,18 +45,45 @@ FIGURE_MAX = 2**53  # ns (104 days) or calls in one span: past it a span's figur
 FIGURES = ("count", "total_ns", "min_ns", "max_ns")
 
 
-def check_figures(spans: pa.Table) -> None:
-    """TelemetryInputError unless every span's count and kernel times lie in 0..2^53 (the rollup
-    sums them: figures past that would overflow its sums and lose precision in its means)."""
-    from .otlp import TelemetryInputError
+def valid_figures(batch: Any) -> Any:
+    """``batch`` with each span's figures outside 0..2^53 (its count, kernel times, and cache
+    counts) taken out of the typed columns the rollup sums: past that the sums overflow (DuckDB
+    and Arrow wrap or fail) and lose precision. A figure taken out is kept in the span's
+    attributes, as it was sent; the span is stored like any other."""
+    from .otlp import SPAN_ATTRIBUTE_COLUMNS
 
-    for name in FIGURES:
-        if name not in spans.column_names or spans.num_rows == 0:
+    spans = batch.spans
+    if spans.num_rows == 0:
+        return batch
+    out_of_range = {name: _out_of_range(spans[name]) for name in FIGURES if name in spans.column_names}
+    counts = batch.cache_counts
+    bad_counts = [_out_of_range(c) for c in counts] if counts is not None else []
+    if not any(m.any() for m in out_of_range.values()) and not any(m.any() for m in bad_counts):
+        return batch
+    if bad_counts:   # their attributes hold them already
+        counts = tuple(pc.if_else(pa.array(m), pa.scalar(None, pa.int64()), c)
+                       for c, m in zip(counts, bad_counts))
+    attribute_of = {column: key for key, column in SPAN_ATTRIBUTE_COLUMNS.items()}
+    attributes = spans["attributes"].to_pylist()
+    for name, mask in out_of_range.items():
+        if not mask.any():
             continue
-        low, high = (v.as_py() for v in pc.min_max(spans[name]).values())
-        if low is not None and (low < 0 or high > FIGURE_MAX):
-            bad = low if low < 0 else high
-            raise TelemetryInputError(f"a span's {name} of {bad} is out of range (0 to 2^53)")
+        values = spans[name].to_pylist()
+        for i in np.flatnonzero(mask):
+            kept = orjson.loads(attributes[i]) if attributes[i] else {}
+            kept[attribute_of[name]] = values[i]
+            attributes[i] = orjson.dumps(kept).decode()
+        column = pc.if_else(pa.array(mask), pa.scalar(None, spans.schema.field(name).type), spans[name])
+        spans = spans.set_column(spans.schema.get_field_index(name), name, column)
+    spans = spans.set_column(spans.schema.get_field_index("attributes"), "attributes",
+                             pa.array(attributes, pa.string()))
+    return dataclasses.replace(batch, spans=spans, cache_counts=counts)
+
+
+def _out_of_range(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Where ``column`` holds a value outside 0..2^53 (nulls are not)."""
+    outside = pc.or_(pc.less(column, 0), pc.greater(column, FIGURE_MAX))
+    return np.asarray(pc.fill_null(outside, False), dtype=bool)
 
 
 def kernels(spans: pa.Table) -> pa.Table:

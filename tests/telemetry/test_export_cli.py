@@ -103,3 +103,39 @@ def test_otlp_json_carries_the_span_events(tmp_path):
     [span_json] = resource["scopeSpans"][0]["spans"]
     assert span_json["events"] == [{"timeUnixNano": str(t0 + 5), "name": "rtx.error",
                                     "attributes": [{"key": "rtx.reason", "value": {"stringValue": "boom"}}]}]
+
+
+def test_a_span_without_a_start_time_is_not_the_chrome_traces_origin(tmp_path):
+    """A span sent with start 0 became the origin: every other span's ts was ~1.8e15 µs, where a
+    double keeps 0.25 µs (the origin exists to avoid that)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    t0 = 1_796_111_599_546_970_195
+    body = request([span("zero", start=0, duration=5), span("rtx.step", {"rtx.step": 1}, start=t0)],
+                   {"service.name": "trainer", "rtx.job.id": "job-a", "rtx.rank": 0}).SerializeToString()
+    with Store(home / "rtxops.duckdb") as store:
+        store.write(otlp.convert(body, otlp.PROTOBUF, t0), timeout=30)
+    r = export(home, "--format", "chrome-trace", "-o", str(tmp_path / "t.json"))
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["otherData"]["origin_unix_ns"] == t0
+    [step] = [e for e in doc["traceEvents"] if e.get("cat") == "rtx.step"]
+    assert step["ts"] == 0
+    lanes = {e["tid"] for e in doc["traceEvents"] if e["ph"] == "X"}
+    named = {e["tid"] for e in doc["traceEvents"] if e.get("name") == "thread_name"}
+    assert lanes <= named
+
+
+def test_an_attribute_sent_without_a_value_is_exported_without_one(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    req = request([span("rtx.step", {"rtx.step": 1})],
+                  {"service.name": "trainer", "rtx.job.id": "job-a", "rtx.rank": 0})
+    req.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="unset")
+    with Store(home / "rtxops.duckdb") as store:
+        store.write(otlp.convert(req.SerializeToString(), otlp.PROTOBUF, 1), timeout=30)
+    r = export(home, "--format", "otlp-json", "-o", str(tmp_path / "o.json"))
+    assert r.exit_code == 0, r.output
+    [resource] = json.loads((tmp_path / "o.json").read_text())["resourceSpans"]
+    [sp] = resource["scopeSpans"][0]["spans"]
+    assert {kv["key"]: kv["value"] for kv in sp["attributes"]}["unset"] == {}
