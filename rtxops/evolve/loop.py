@@ -525,7 +525,9 @@ class EvolveLoop:
         the last window) is beyond the drift threshold from its decision-time figure in two
         checks a window apart — one noisy window is not drift."""
         for key, bt in list(state.done.items()):
-            if bt.phase != "settled" or bt.decision_ns is None or last < bt.drift_checked + self.config.window_steps:
+            # a decision-time figure of 0 (kernel spans of zero time from some client): no ratio
+            if (bt.phase != "settled" or not bt.decision_ns
+                    or last < bt.drift_checked + self.config.window_steps):
                 continue
             bt.drift_checked = last
             since = max(0, last - self.config.window_steps)
@@ -570,7 +572,7 @@ class EvolveLoop:
 
     def _check_refused(self, job: str, bt: BucketTuning) -> None:
         """A job that refused the bucket's plan (it reports why) ends the bucket's tuning."""
-        for report in getattr(self.board, "reports", []):
+        for report in list(getattr(self.board, "reports", [])):  # a copy: HTTP threads append
             if report["job_id"] == job and report["version"] == bt.plan_version:
                 bt.phase = "failed"
                 self._decide_record(job, bt, "refused", None, None,

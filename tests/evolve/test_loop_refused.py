@@ -302,3 +302,17 @@ def test_a_step_time_regression_is_rolled_back_at_once_with_its_own_figures(monk
     assert decisions and decisions[-1]["kind"] == "rollback", decisions
     assert "step time +50" in decisions[-1]["reason"], decisions[-1]["reason"]
     assert decisions[-1]["gain"] < -0.4
+
+
+def test_a_decision_time_figure_of_zero_does_not_stop_the_jobs_tuning(monkeypatch):
+    """Kernel spans of zero time (another OTLP client) promoted at 0 ns: the drift ratio divided
+    by zero on every tick, and no other bucket of the job was tuned again."""
+    win = Arm.of("fastish")
+    rows = [{"step": s, "variant": win.variant, "config": "{}", "calls": 1, "total_ns": 0.0}
+            for s in range(0, 40)]
+    loop = loop_over_rows(monkeypatch, rows, last=30)
+    bt = L.BucketTuning("gelu", "b", Arm.of("reference"), phase="settled", winner=win)
+    bt.decision_ns = 0.0
+    state = L.JobEvolution(done={("gelu", "b"): bt})
+    loop._check_drift("job", state, 30)
+    assert ("gelu", "b") in state.done
