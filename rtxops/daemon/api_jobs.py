@@ -89,7 +89,7 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
             raise HTTPException(503, str(e)) from None
 
     @router.get("")
-    def jobs(limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)) -> dict:
+    def jobs(limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=10**9)) -> dict:
         total, page = supervisor.page(offset, limit)
         return {"total": total, "jobs": [job_view(j) for j in page]}
 

@@ -69,7 +69,8 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
                 "files": {name: base64.b64encode(data).decode() for name, data in files.items()}}
 
     @router.get("/ledger")
-    def ledger(limit: int = Query(1000, ge=1, le=1000), offset: int = Query(0, ge=0)) -> dict:
+    def ledger(limit: int = Query(1000, ge=1, le=1000),
+               offset: int = Query(0, ge=0, le=10**9)) -> dict:  # DuckDB takes int64 offsets
         """A page of ledger entries in stored order (``total`` in all), and the head file
         (``rtxops ledger verify`` pages through it while the daemon holds the store)."""
         if board.authority is None or board.authority.store is None:

@@ -19,6 +19,7 @@ from rtxops.telemetry.receiver import make_router as receiver_router
 from . import api_evolve, api_jobs, api_plans, api_telemetry
 from .auth import require_token
 from .docs import api_page
+from .hosts import LoopbackHostOnly, is_loopback
 from .metrics import registry_for, render
 
 
@@ -64,6 +65,8 @@ def create_app(daemon) -> FastAPI:
     def invalid_request(request: Request, exc: RequestValidationError) -> Response:
         return AsciiJSONResponse({"detail": _finite(jsonable_encoder(exc.errors()))}, status_code=422)
 
+    if is_loopback(daemon.host):
+        app.add_middleware(LoopbackHostOnly)   # see hosts.py: DNS rebinding
     auth = require_token(daemon.token)
     app.include_router(receiver_router(daemon.store, token=daemon.token, on_batch=daemon.on_batch))
     # FastAPI reads and parses a body before the token is checked: the JSON API takes at most

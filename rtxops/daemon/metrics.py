@@ -42,7 +42,7 @@ class _Collector:
         yield CounterMetricFamily("rtxops_plan_swaps", "plan swaps reported by jobs",
                                   value=d.swap_count())
         yield CounterMetricFamily("rtxops_plans_refused", "plans jobs refused",
-                                  value=len(d.board.reports))
+                                  value=d.board.refused_total)
 
 
 def registry_for(daemon) -> CollectorRegistry:

@@ -30,7 +30,8 @@ class PlanBoard:
         self._lock = threading.Lock()
         self._publish_lock = threading.Lock()  # version check, signing and writing: one at a time
         self._plans: dict[str, Plan] = {}
-        self.reports: list[dict] = []  # jobs telling us they refused a plan
+        self.reports: list[dict] = []  # jobs telling us they refused a plan (the last 1000)
+        self.refused_total = 0         # all of them, since this board started
         self._load_plans()  # the authority loads its policies itself, when first needed
 
     def reload(self) -> None:
@@ -148,6 +149,7 @@ class PlanBoard:
         with self._lock:
             self.reports.append({"job_id": job_id, "version": version, "reason": reason,
                                  "at_ns": time.time_ns()})
+            self.refused_total += 1
             del self.reports[:-1000]
 
     def snapshot(self) -> dict[str, dict]:

@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import HTMLResponse
 
+from rtxops.evolve.stats import CONFIDENCE  # the level of the decisions' intervals
 from rtxops.telemetry import store_views as V
 
 from . import data
@@ -73,7 +74,8 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         _, tuning = V.tuning(store, op=op, variant=variant, status=None, device=None, limit=50, offset=0)
         return render(request, "evolve.html", win, job, op=op, bucket=bucket,
                       summary=data.evolve(store, job_id=job, window=win),
-                      trials=data.page(total, trials, page), decisions=decisions, tuning=tuning)
+                      trials=data.page(total, trials, page), decisions=decisions, tuning=tuning,
+                      ci_percent=round(100 * CONFIDENCE))
 
     @router.get("/memory")
     def memory(request: Request, job: Filter = text_filter("only this job id"), win: Window = Depends(window)):

@@ -81,6 +81,19 @@ def test_mutating_endpoints_and_ingest_refuse_a_missing_or_wrong_token(shared):
     assert shared.client(token=None).get(f"/v1/jobs/{sleeper['id']}").status_code == 200
 
 
+def test_a_request_addressed_to_another_host_is_refused(shared):
+    """Reads need no token on the daemon's own machine: a page on another site could read job
+    logs and span exports after pointing its own name at 127.0.0.1 (DNS rebinding). A loopback
+    daemon answers loopback names only."""
+    port = shared.url.rsplit(":", 1)[1]
+    for host, status in ((f"127.0.0.1:{port}", 200), (f"localhost:{port}", 200),
+                         (f"[::1]:{port}", 200), ("localhost", 200),
+                         (f"attacker.example:{port}", 421), ("attacker.example", 421),
+                         (f"127.0.0.1.attacker.example:{port}", 421)):
+        r = httpx.get(shared.url + "/api/jobs", headers={"Host": host}, timeout=10)
+        assert r.status_code == status, (host, r.text)
+
+
 def test_unknown_job_is_404(shared):
     c = shared.client()
     for method, path in (("GET", "/v1/jobs/j-00000000"), ("GET", "/v1/jobs/j-00000000/logs"),

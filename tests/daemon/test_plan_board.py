@@ -61,3 +61,13 @@ def test_a_plan_the_disk_cannot_take_is_a_503_to_retry_not_a_refusal(tmp_path):
         r = client.post("/v1/plans", params={"job": "job-1"}, json={"version": 1, "defaults": {"gelu": "nope"}})
         assert r.status_code == 422
     assert board.current("job-1") is None
+
+
+def test_refusals_are_counted_past_the_reports_kept(tmp_path):
+    """rtxops_plans_refused_total was the length of the kept reports: it stopped at 1000 for
+    good, and rate() read 0 while jobs went on refusing plans."""
+    (tmp_path / "plans").mkdir()
+    board = PlanBoard(tmp_path / "plans")
+    for i in range(1100):
+        board.report("job-1", i + 1, "bad signature")
+    assert len(board.reports) == 1000 and board.refused_total == 1100

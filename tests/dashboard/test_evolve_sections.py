@@ -66,3 +66,17 @@ def test_tuning_pages_neither_skip_nor_repeat_rows_that_tie(tmp_path):
         assert total == 120 and len(seen) == 120 and len(set(seen)) == 120
     finally:
         s.close()
+
+
+def test_the_decisions_table_names_the_level_of_its_intervals(store):
+    """The header said "95 % CI" beside intervals the loop computes at 99 % (its reasons say so)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from rtxops import dashboard
+    from rtxops.evolve.stats import CONFIDENCE
+
+    app = FastAPI()
+    app.include_router(dashboard.make_router(store))
+    page = TestClient(app).get("/evolve").text
+    assert f"<th>{round(100 * CONFIDENCE)} % CI</th>" in page and "95 % CI" not in page

@@ -38,6 +38,9 @@ def test_ledger_endpoint_pages(store, tmp_path):
     assert [e["seq"] for e in page["entries"]] == [2, 3] and page["total"] == 5
     assert page["head"]["seq"] == 5
     assert [e["seq"] for e in client.get("/v1/plans/ledger").json()["entries"]] == [1, 2, 3, 4, 5]
+    # past DuckDB's int64 offsets: a 422, not a 500
+    assert client.get("/v1/plans/ledger", params={"offset": 2**63}).status_code == 422
+    assert client.get("/v1/plans/ledger", params={"offset": 10**9}).json()["entries"] == []
     for bad in ("limit=0", "limit=1001", "offset=-1", "limit=x"):
         assert client.get(f"/v1/plans/ledger?{bad}").status_code == 422, bad
 

@@ -1,0 +1,53 @@
+"""The Host check of a daemon that listens on a loopback address.
+
+Reads (the dashboard, job logs, span exports) need no token on the daemon's own machine. A page
+on any site could still read them through the user's browser by pointing its own name at
+127.0.0.1 (DNS rebinding): its requests then carry that name as their Host. So a loopback
+daemon answers only requests addressed to a loopback name or address.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this machine's
+    loopback."""
+    host = host.strip().lower().removeprefix("[").removesuffix("]")
+    if host in LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_of(header: str) -> str:
+    """The host part of a Host header (``[::1]:8765`` → ``::1``, ``127.0.0.1:8765`` → ``127.0.0.1``)."""
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class LoopbackHostOnly:
+    """ASGI middleware: a request whose Host is not a loopback name gets 421 (a request without
+    a Host header, HTTP/1.0, comes from no browser and is let through)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            header = dict(scope.get("headers") or ()).get(b"host")
+            if header is not None and not is_loopback(_host_of(header.decode("latin-1"))):
+                response = PlainTextResponse(
+                    "this rtxops daemon listens on a loopback address and answers requests "
+                    "addressed to it only (Host: 127.0.0.1, localhost or [::1])", status_code=421)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
