@@ -132,11 +132,12 @@ def step_series(q, *, job_id: str | None, since_ns: int, until_ns: int,
 
 
 def swap_markers(q, *, job_id: str | None, since_ns: int, until_ns: int, limit: int) -> list[Row]:
-    """Plan swaps (one per job and step, over ranks) and evolve rollbacks in the window. A
+    """Plan swaps (one per job and step, over ranks) and evolve rollbacks in the window, oldest
+    first: the newest ``limit`` of them (the last swap is the one a page defaults to). A
     rollback decision is marked when it was made (its ``at_ns``, the plan version it published);
     the plan's digest comes from the job's swap to that version, once it swapped."""
     return q.query("""
-        SELECT * FROM (
+        SELECT * FROM (SELECT * FROM (
             SELECT job_id, min(at_ns) AS at_ns, step, min(plan_from) AS plan_from,
                    max(plan_to) AS plan_to, any_value(plan_digest) AS plan_digest,
                    CASE WHEN max(plan_to) < min(plan_from) THEN 'rollback' ELSE 'swap' END AS kind
@@ -149,7 +150,7 @@ def swap_markers(q, *, job_id: str | None, since_ns: int, until_ns: int, limit: 
                    'rollback' AS kind
             FROM decisions d WHERE d.kind = 'rollback' AND d.at_ns >= $since AND d.at_ns < $until
               AND ($job IS NULL OR d.job_id = $job))
-        ORDER BY at_ns LIMIT $limit""",
+        ORDER BY at_ns DESC LIMIT $limit) ORDER BY at_ns""",
                    {"since": since_ns, "until": until_ns, "job": job_id, "limit": limit})
 
 
@@ -260,11 +261,15 @@ def kernel_table(q, *, job_id: str | None, op: str | None, since_ns: int, until_
 
 
 def step_totals(q, *, job_id: str | None, since_ns: int, until_ns: int) -> dict[str, Row]:
-    """Per job: steps and summed step time in the window (the denominator of kernel shares)."""
-    rows = q.query("""
+    """Per job: steps and summed step time in the window's whole minutes, the minutes the kernel
+    rows cover (the denominator of kernel shares: over the window alone, a share read up to
+    59 s of kernel time more than its steps, and passed 100 %)."""
+    rows = q.query(f"""
         SELECT job_id, count(*) AS steps, sum(duration_ns) AS step_ns,
                arg_max(plan_version, start_ns) AS plan_version
-        FROM step_times WHERE start_ns >= $since AND start_ns < $until
+        FROM step_times
+        WHERE start_ns >= $since // {MINUTE_NS} * {MINUTE_NS}
+          AND start_ns < (($until - 1) // {MINUTE_NS} + 1) * {MINUTE_NS}
           AND ($job IS NULL OR job_id = $job) GROUP BY job_id""",
                    {"since": since_ns, "until": until_ns, "job": job_id})
     return {r["job_id"]: r for r in rows}

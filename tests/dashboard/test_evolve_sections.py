@@ -80,3 +80,45 @@ def test_the_decisions_table_names_the_level_of_its_intervals(store):
     app.include_router(dashboard.make_router(store))
     page = TestClient(app).get("/evolve").text
     assert f"<th>{round(100 * CONFIDENCE)} % CI</th>" in page and "95 % CI" not in page
+
+
+def test_swap_markers_past_the_limit_are_the_newest(tmp_path):
+    """Markers were the oldest ``limit`` swaps: the breakdown's default "last swap" was the
+    1000th, not the last, for a job that swapped more often."""
+    from rtxops.telemetry import otlp
+
+    from ..telemetry.otlp_helpers import request, span
+
+    swaps = [span("rtx.swap", {"rtx.step": i, "rtx.plan.from": i, "rtx.plan.to": i + 1,
+                               "rtx.plan.digest": "d"}, start=(i + 1) * NS) for i in range(30)]
+    body = request(swaps, {"service.name": "t", "rtx.job.id": "job-a", "rtx.rank": 0})
+    with Store(tmp_path / "s.duckdb") as s:
+        s.write(otlp.convert(body.SerializeToString(), otlp.PROTOBUF, 0), timeout=30)
+        markers = V.swap_markers(s, job_id="job-a", since_ns=0, until_ns=100 * NS, limit=10)
+    assert [m["step"] for m in markers] == list(range(20, 30))
+
+
+def test_a_kernels_share_of_step_time_is_over_the_same_minutes_as_its_time(tmp_path):
+    """Kernel time is read over the window's whole minutes, step time over the window alone: a
+    kernel taking 90 % of each step showed 180 % in a minute-long window starting mid-minute."""
+    from rtxops.dashboard.params import Paging
+    from rtxops.telemetry import otlp
+
+    from ..telemetry.otlp_helpers import request, span
+
+    base = 1_800_000_000 * NS // (60 * NS) * (60 * NS)   # a minute's start
+    spans = []
+    for i in range(180):                                  # a step a second, 3 minutes
+        t = base + i * NS
+        spans.append(span("rtx.step", {"rtx.step": i}, start=t, duration=100_000_000))
+        spans.append(span("rtx.kernel", {"rtx.op": "gelu", "rtx.variant": "eager", "rtx.bucket": "b",
+                                         "rtx.phase": "fwd", "rtx.count": 1,
+                                         "rtx.total_ns": 90_000_000, "rtx.step": i}, start=t + 1))
+    body = request(spans, {"service.name": "t", "rtx.job.id": "job-a", "rtx.rank": 0})
+    with Store(tmp_path / "s.duckdb") as s:
+        s.write(otlp.convert(body.SerializeToString(), otlp.PROTOBUF, 0), timeout=30)
+        since = base + 110 * NS
+        got = data.kernels(s, job_id="job-a", op=None, window=Window(60, since, since + 60 * NS, False),
+                           paging=Paging(50, 0))
+    [row] = got["items"]
+    assert abs(row["share"] - 0.9) < 0.01, row["share"]
