@@ -15,7 +15,11 @@ from pathlib import Path
 
 from .jobs import LAUNCHER_RANK
 
-MAX_LINE_BYTES = 1 << 20     # a longer line is stored (and shown) in pieces of at most this
+# a longer line is stored (and shown) in pieces of at most this: below DuckDB's 4 KiB inline
+# string limit. Longer strings go to overflow blocks the store's memory limit cannot hold: a
+# job writing lines of a mebibyte (tqdm's "\r" updates, to a file) ran it out of memory after
+# ~90 MB, and every write after failed, its spans too
+MAX_LINE_BYTES = 4000
 READ_CHUNK_BYTES = 4 << 20
 MAX_STORED_BYTES = 256 << 20  # per stream of an attempt (RTXOPS_JOB_LOG_MAX_BYTES)
 FINAL_RETRY_S = 120.0         # how long the last lines are offered again to a failing store

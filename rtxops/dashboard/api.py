@@ -71,7 +71,9 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
              stream: Filter = one_of(("stdout", "stderr"), "only this stream"),
              search: Filter = text_filter("case-insensitive substring"),
              limit: int = Query(500, ge=1, le=5000)) -> dict:
-        """Output lines after ``after`` (follow: pass the last ``seq`` back)."""
+        """Output lines after ``after`` (follow: pass the last ``seq`` back). A line's text is
+        cut to 4096 characters for display (``cut``; ``size``: its bytes; ``rtxops logs`` has it
+        whole)."""
         lines = V.job_logs(store, known_job(job_id), rank=rank, stream=stream, search=search,
                            after_seq=after, limit=limit)
         return {"job_id": job_id, "after": after, "lines": lines,

@@ -81,18 +81,33 @@ def job_events(q, job_id: str, *, kind: str | None, limit: int, offset: int) -> 
     return total, rows
 
 
+LINE_SHOWN_CHARS = 4096   # characters of one output line the dashboard shows (a line may be a MiB)
+
+
 def job_logs(q, job_id: str, *, rank: int | None, stream: str | None, search: str | None,
              after_seq: int, limit: int) -> list[Row]:
     """Stored output lines of one job after ``after_seq`` (``search``: a case-insensitive
-    substring, matched literally)."""
-    return q.query("""
-        SELECT seq, ts_ns, attempt, rank, stream, text FROM job_logs
+    substring, matched literally), each cut to :data:`LINE_SHOWN_CHARS` (``size``: its bytes)."""
+    return _shown_lines(q, """
+        SELECT seq FROM job_logs
         WHERE job_id = $job AND seq > $after AND ($rank IS NULL OR rank = $rank)
           AND ($stream IS NULL OR stream = $stream)
           AND ($search IS NULL OR contains(lower(text), lower($search)))
         ORDER BY seq LIMIT $limit""",
-                   {"job": job_id, "after": after_seq, "rank": rank, "stream": stream,
-                    "search": search, "limit": limit})
+                        {"job": job_id, "after": after_seq, "rank": rank, "stream": stream,
+                         "search": search, "limit": limit})
+
+
+def _shown_lines(q, seqs_sql: str, params: dict) -> list[Row]:
+    """The lines whose seqs ``seqs_sql`` picks, oldest first, their text cut for display. The
+    seqs are picked first, without the text: sorting whole lines of a mebibyte each ran the
+    store out of memory (a 500 on every view of the job)."""
+    return q.query(f"""
+        WITH picked AS ({seqs_sql})
+        SELECT seq, ts_ns, attempt, rank, stream, left(text, {LINE_SHOWN_CHARS}) AS text,
+               strlen(text) AS size, length(text) > {LINE_SHOWN_CHARS} AS cut
+        FROM job_logs WHERE job_id = $job AND seq IN (SELECT seq FROM picked) ORDER BY seq""",
+                   params)
 
 
 def job_facts(q, job_ids: list[str]) -> dict[str, Row]:
@@ -521,9 +536,9 @@ def window_rows(q, *, job_id: str | None, since_ns: int, until_ns: int, limit: i
 
 
 def job_logs_tail(q, job_id: str, *, search: str | None, limit: int) -> list[Row]:
-    """The last ``limit`` stored lines of one job (matching ``search``), oldest first."""
-    rows = q.query("""
-        SELECT seq, ts_ns, attempt, rank, stream, text FROM job_logs
+    """The last ``limit`` stored lines of one job (matching ``search``), oldest first, cut as
+    :func:`job_logs` cuts them."""
+    return _shown_lines(q, """
+        SELECT seq FROM job_logs
         WHERE job_id = $job AND ($search IS NULL OR contains(lower(text), lower($search)))
         ORDER BY seq DESC LIMIT $limit""", {"job": job_id, "search": search, "limit": limit})
-    return rows[::-1]

@@ -145,17 +145,20 @@ def test_a_flood_of_output_is_stored_up_to_the_budget_then_followed_by_size_only
     assert got[0] == "line 000000" and len(got) <= 1 + (1000 + 1024) // 12 + 1
 
 
-def test_long_lines_are_whole_up_to_a_mebibyte_and_cut_on_characters_with_their_rank(tmp_path,
-                                                                                    monkeypatch):
-    """A 100 kB line (a tensor printed whole) is one line; past the limit a line is cut between
-    UTF-8 characters, and under torchrun every piece keeps the rank its first piece named."""
+def test_long_lines_are_stored_in_pieces_cut_on_characters_with_their_rank(tmp_path, monkeypatch):
+    """A 100 kB line (a tensor printed whole, tqdm's "\\r" updates) is stored in pieces below
+    DuckDB's 4 KiB inline strings (whole lines of a mebibyte ran the store out of memory); a
+    line is cut between UTF-8 characters, and under torchrun every piece keeps the rank its
+    first piece named."""
     path = tmp_path / "out"
     got: list[tuple[int, str]] = []
     path.write_bytes(("x" * 100_000 + "\n" + "€" * 40_000 + "\n").encode())
     tail = logtail.LogTail({"stdout": path}, lambda s, lines: got.extend((r, t) for _, r, t in lines),
                            poll_s=0.01).start()
     assert tail.stop(10)
-    assert got == [(0, "x" * 100_000), (0, "€" * 40_000)]
+    assert max(len(t.encode()) for _, t in got) <= logtail.MAX_LINE_BYTES < 4096
+    xs = [t for _, t in got if t.startswith("x")]
+    assert "".join(xs) == "x" * 100_000 and "".join(t for _, t in got if "€" in t) == "€" * 40_000
 
     monkeypatch.setattr(logtail, "MAX_LINE_BYTES", 16)
     monkeypatch.setattr(logtail, "READ_CHUNK_BYTES", 7)
@@ -244,3 +247,32 @@ def test_a_crash_on_a_full_disk_says_the_disk_is_full(tmp_path, monkeypatch):
         assert "exited with code 120" in job.reason and "is full (4096 bytes free)" in job.reason, job.reason
     finally:
         sup.shutdown(grace_s=0.5)
+
+
+def test_a_hundred_mebibytes_of_progress_updates_are_stored_and_read_back(tmp_path):
+    """tqdm writing to a file: "\\r" updates, no newline, 1 MiB pieces. After ~90 MB the store
+    (96 MB of memory) failed every commit, the job's logs answered 500, and `rtxops run` died."""
+    from rtxops.telemetry import store_jobs
+    from rtxops.telemetry.store import Store
+
+    update = "\r" + " 42%|████▏     | 420/1000 [00:42<00:58, 10.00it/s]"
+    path = tmp_path / "out"
+    with path.open("w") as f:
+        for _ in range(100 << 20 >> 16):
+            f.write(update * (65536 // len(update.encode())))
+    with Store(tmp_path / "s.duckdb") as store:
+        seq = [0]
+
+        def on_lines(stream, lines):
+            store_jobs.append_logs(store, "job-a", 1, 0, stream,
+                                   [(ts, seq[0] + i + 1, text) for i, (ts, _, text) in enumerate(lines)])
+            seq[0] += len(lines)
+            return seq[0]
+
+        tail = logtail.LogTail({"stdout": path}, on_lines, poll_s=0.01).start()
+        assert tail.stop(120)
+        # (a piece's trailing "\r" is cut off, as a CRLF's is)
+        stored = store.query("SELECT sum(strlen(replace(text, chr(13), ''))) AS n FROM job_logs")[0]["n"]
+        assert stored == len(path.read_bytes().replace(b"\r", b""))
+        page = store_jobs.read_logs(store, "job-a", after_seq=seq[0] // 2, limit=1000)
+        assert len(page) == 1000

@@ -122,3 +122,19 @@ def test_a_kernels_share_of_step_time_is_over_the_same_minutes_as_its_time(tmp_p
                            paging=Paging(50, 0))
     [row] = got["items"]
     assert abs(row["share"] - 0.9) < 0.01, row["share"]
+
+
+def test_a_jobs_long_output_lines_are_shown_cut_and_do_not_exhaust_the_store(tmp_path):
+    """A job printing lines of a mebibyte: sorting them whole ran the store (96 MB) out of
+    memory, and the job's page and its logs API answered 500 for good."""
+    line = "x" * (1 << 20)
+    with Store(tmp_path / "s.duckdb") as s:
+        s.run_write(lambda cur: cur.executemany(
+            "INSERT INTO job_logs VALUES ('job-a', ?, ?, 1, 0, 'stdout', ?)",
+            [(i, i, line if i % 2 else f"short {i}") for i in range(1, 151)])).result(60)
+        tail = V.job_logs_tail(s, "job-a", search=None, limit=500)
+        page = V.job_logs(s, "job-a", rank=None, stream=None, search=None, after_seq=100, limit=5000)
+    assert [r["seq"] for r in tail] == list(range(1, 151)) and [r["seq"] for r in page] == list(range(101, 151))
+    long_one, short_one = tail[0], tail[1]
+    assert long_one["cut"] and long_one["size"] == 1 << 20 and len(long_one["text"]) == V.LINE_SHOWN_CHARS
+    assert not short_one["cut"] and short_one["text"] == "short 2"

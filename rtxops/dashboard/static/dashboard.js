@@ -145,6 +145,12 @@
       const span = document.createElement("span");
       span.className = line.stream;
       span.textContent = (line.rank !== 0 ? `[rank ${line.rank}] ` : "") + line.text;  // text, never HTML
+      if (line.cut) {   // a line cut for display: its whole text is in `rtxops logs`
+        const cut = document.createElement("span");
+        cut.className = "cut";
+        cut.textContent = ` … (${line.size} bytes in all: rtxops logs)`;
+        span.append(cut);
+      }
       log.append(span, "\n");
     }
     log.dataset.after = String(d.last_seq);
