@@ -1,6 +1,8 @@
 """The ``rtxops`` command. Thin: parse, call a package function, print."""
 from __future__ import annotations
 
+import contextlib
+
 import json
 import math
 import os
@@ -264,6 +266,9 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
             follow: bool = True) -> int:
     """Print a job's output as it comes (stdout lines to stdout, stderr lines to stderr); return
     the job's exit status as a shell would (128 + signal when it was killed)."""
+    for stream in (sys.stdout, sys.stderr):   # a terminal's encoding may not hold a job's text
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="replace")
     after, interrupted, stopped = 0, False, None
     while True:
         try:

@@ -295,3 +295,14 @@ def test_proxy_settings_of_the_callers_shell_do_not_reach_the_daemon(tmp_path):
                            text=True, timeout=60, env={**env, **proxies})
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["spans rtx.step"] == 4
+
+
+def test_output_the_terminals_encoding_cannot_hold_is_replaced_not_a_crash(tmp_path):
+    """On a latin-1 terminal a job's "✓" raised UnicodeEncodeError in `rtxops run` (a traceback,
+    exit 1), and the job it followed ran on unseen."""
+    script = tmp_path / "mark.py"
+    script.write_text("import sys\nsys.stdout.buffer.write('done \\u2713\\n'.encode())\n")
+    r = subprocess.run([*RTXOPS, "run", "--no-summary", "--", sys.executable, str(script)],
+                       capture_output=True, timeout=300, env={**_env(), "PYTHONIOENCODING": "latin-1"})
+    assert r.returncode == 0, r.stderr.decode("latin-1")
+    assert r.stdout.decode("latin-1").startswith("done ?")

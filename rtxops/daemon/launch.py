@@ -93,6 +93,8 @@ def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
     else:
         env.pop("RTXOPS_ENABLE", None)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if spec.cwd and "PWD" not in spec.env:   # a shell's $PWD names the folder the job runs in
+        env["PWD"] = spec.cwd
     env["RTXOPS_JOB_ID"] = job_id
     env["RTXOPS_JOB_ATTEMPT"] = str(attempt)
     env.pop("RTXOPS_STEP_BASE", None)

@@ -477,6 +477,7 @@ class _Runner:
         self._oom_before: OomCounters | None = None
         self._probe_errors: set[str] = set()
         self._delay = 0.0
+        self._scheduled: str | None = None   # the kind of restart the backoff waits for
 
     def start(self, adopt: bool, resume: bool = False) -> None:
         target = self._run_adopted if adopt else self._run_resumed if resume else self._run
@@ -674,6 +675,11 @@ class _Runner:
             self._proc = None     # someone killed the waiter alone: watch the job as adopted
             self.sup._event(self.job_id, "waiter_lost", attempt=attempt.number, exit=rc)
             return False, None
+        # adopted: the job's own process ended when its waiter wrote the exit status, whatever
+        # it left running (a data-loader worker, `tensorboard &`: killed as leftovers after)
+        status = launch.read_status(_status_file(self.job, attempt.number))
+        if status is not None:
+            return True, status
         try:
             ended = not _attempt_alive(attempt, self.job.token)
         except Exception as e:  # a failing probe never counts as the job ending
@@ -837,7 +843,7 @@ class _Runner:
         sup._save(job.id)
         _status_file(job, attempt.number).unlink(missing_ok=True)   # (saved, with what follows)
         sup._event(job.id, "restart_scheduled", kind=kind, delay_s=delay, restarts_left=budget - used - 1)
-        self._delay = delay
+        self._delay, self._scheduled = delay, kind
         return False
 
     def _backoff(self) -> bool:
@@ -848,6 +854,11 @@ class _Runner:
             if remaining <= 0:
                 return False
             self.wake.wait(min(remaining, self.sup.tick_s * 4))
+        with self.sup._lock:   # the restart scheduled never happened: it is not counted
+            if self._scheduled == "hang":
+                self.job.hang_restarts = max(0, self.job.hang_restarts - 1)
+            elif self._scheduled == "crash":
+                self.job.crash_restarts = max(0, self.job.crash_restarts - 1)
         self._finish(JobState.CANCELLED, self.cancel_reason)
         return True
 

@@ -314,3 +314,30 @@ def test_rtxops_run_says_the_job_may_run_on_when_no_daemon_comes_back(daemons, t
     for pid in orphans:
         os.kill(pid, signal.SIGKILL)
     until(lambda: not marked(first.mark), 10, what="the orphaned job to go")
+
+
+LEAVES_A_CHILD = """
+    import os, subprocess, sys, time
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])   # a leftover
+    print("up", flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.05)
+    print("bye", flush=True)
+"""
+
+
+def test_an_adopted_job_ends_with_its_main_process_not_its_leftovers(daemons, tmp_path):
+    """An adopted attempt was alive while any of its processes was: a job whose main process
+    exited 0 stayed "running" for as long as a child it left (a data-loader worker) lived, and
+    the leftover was never killed."""
+    home, go = tmp_path / "home", str(tmp_path / "go")
+    d1 = daemons.start(home)
+    job = d1.submit(["python", script(tmp_path, "leaves.py", LEAVES_A_CHILD), go], name="leaves")
+    until(lambda: d1.texts(job["id"]) == ["up"], 60, what="the job to start")
+    d1.kill9()
+    d2 = daemons.start(home)
+    open(go, "w").close()
+    done = d2.wait(job["id"], 60)
+    assert done["state"] == "succeeded" and done["adopted"], done
+    assert done["attempts"][0]["exit_code"] == 0
+    assert d2.terminate() == 0, d2.output()

@@ -605,3 +605,34 @@ def test_a_working_folder_gone_before_a_restart_is_a_start_failure(sup, tmp_path
                                    backoff_s=0.1)).id, 20)
     assert job.state is JobState.FAILED and "supervisor error" not in job.reason, job.reason
     assert [a.outcome for a in job.attempts] == [Outcome.CRASHED, Outcome.START_FAILED]
+
+
+def test_a_restart_cancelled_in_its_backoff_is_not_counted(sup, tmp_path):
+    """The restart was counted when scheduled: a job cancelled while waiting out the backoff
+    showed one restart more than happened."""
+    body = script(tmp_path, "crash.py", """
+        import sys
+        sys.exit(2)
+    """)
+    job = sup.submit(spec(PY, body, max_crash_restarts=5, backoff_s=30))
+    deadline = time.monotonic() + 15
+    while sup.job(job.id).state is not JobState.RESTARTING:
+        assert time.monotonic() < deadline, "no restart was scheduled"
+        time.sleep(0.02)
+    sup.cancel(job.id)
+    job = sup.wait(job.id, 15)
+    assert job.state is JobState.CANCELLED and len(job.attempts) == 1
+    assert job.crash_restarts == 0
+
+
+def test_a_job_in_its_own_folder_sees_it_as_its_pwd(sup, tmp_path):
+    """`rtxops submit` from a folder ran the job there with the daemon's $PWD: scripts writing to
+    $PWD wrote into the daemon's folder."""
+    folder = tmp_path / "dir with space é"
+    folder.mkdir()
+    body = script(tmp_path, "pwd.py", """
+        import os
+        print(os.getcwd() == os.environ["PWD"], os.environ["PWD"])
+    """)
+    job = sup.wait(sup.submit(spec(PY, body, cwd=str(folder))).id, 15)
+    assert [ln.text for ln in sup.logs(job.id)] == [f"True {folder}"]
