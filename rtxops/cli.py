@@ -188,7 +188,13 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
         env["RTXOPS_PLAN"] = str(plan.resolve())
     # SIGTERM/SIGHUP (kill, timeout, a scheduler's preemption) stop the job as Ctrl-C does: the
     # job runs in its own session, so it would outlive this process otherwise
-    stops = {s: signal.signal(s, _stop_by_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    signalled: list[int] = []
+
+    def stop_by_signal(signum, frame):
+        signalled.append(signum)
+        _stop_by_signal(signum, frame)
+
+    stops = {s: signal.signal(s, stop_by_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     job_id = None
     try:
         if client is None:
@@ -239,7 +245,8 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
     finally:
         try:
             if local is not None:
-                _serve_other_jobs(local, job_id)
+                if not signalled:   # `rtxops daemon stop` (SIGTERM) stops the other jobs too
+                    _serve_other_jobs(local, job_id)
                 local.shutdown()
         finally:
             for s, handler in stops.items():

@@ -306,3 +306,30 @@ def test_output_the_terminals_encoding_cannot_hold_is_replaced_not_a_crash(tmp_p
                        capture_output=True, timeout=300, env={**_env(), "PYTHONIOENCODING": "latin-1"})
     assert r.returncode == 0, r.stderr.decode("latin-1")
     assert r.stdout.decode("latin-1").startswith("done ?")
+
+
+def test_daemon_stop_stops_a_runs_own_daemon_with_another_job_on_it(tmp_path):
+    """`rtxops daemon stop` on the daemon an `rtxops run` started while another job ran on it: the
+    run cancelled its own job, then waited for the other one (the SIGTERM was spent), and the
+    stop reported "did not stop"."""
+    import os
+
+    home = Path(os.environ["RTXOPS_HOME"])
+    loop = tmp_path / "loop.py"
+    loop.write_text("import time\nprint('up', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+    first = subprocess.Popen([*RTXOPS, "run", "--no-summary", "--", sys.executable, str(loop)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert first.stdout.readline().strip() == "up"
+        other = subprocess.run([*RTXOPS, "submit", "--", sys.executable, str(loop)], capture_output=True,
+                               text=True, timeout=120, env=_env())
+        assert other.returncode == 0, other.stderr
+        stop = subprocess.run([*RTXOPS, "daemon", "stop", "--timeout", "60"], capture_output=True,
+                              text=True, timeout=120, env=_env())
+        assert stop.returncode == 0, (stop.stdout, stop.stderr)
+        first.communicate(timeout=60)
+        assert first.returncode == 143
+        assert not (home / "daemon.url").exists()
+    finally:
+        if first.poll() is None:
+            first.kill()
