@@ -212,9 +212,13 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
                 raise DaemonError(str(e)) from None
             except (StoreError, duckdb.IOException) as e:  # a daemon that does not answer holds it
                 stuck = _silent_daemon(home)
-                raise DaemonError(f"cannot open the store of {home.root}: "
-                                  + (f"daemon process {stuck} holds it but does not answer "
-                                     "(stopped, or hung?)" if stuck else str(e))) from None
+                if stuck:
+                    raise DaemonError(f"cannot open the store of {home.root}: daemon process "
+                                      f"{stuck} holds it but does not answer (stopped, or hung?)") from None
+                # another `rtxops run` (or a restarted daemon) is starting its daemon there: its
+                # store is open before it answers
+                client = _daemon_coming_up(home, str(e))
+        if client is None:
             try:
                 job_id = local.supervisor.submit(JobSpec(command=list(command), name=name, env=env,
                                                          cwd=os.getcwd())).id
@@ -542,6 +546,26 @@ def daemon(
         raise _fail(f"cannot open the store of {h.root} (another daemon starting or serving it?): "
                     f"{e}", 1) from None
     raise typer.Exit(d.serve_forever())
+
+
+DAEMON_COMING_UP_S = 60.0   # how long `rtxops run` waits for a daemon another process is starting
+
+
+def _daemon_coming_up(h, reason: str):
+    """A client of the daemon another process is starting on home ``h`` (its store is open,
+    it does not answer yet), once it announces itself; DaemonError after
+    :data:`DAEMON_COMING_UP_S` (whatever holds the store is no daemon)."""
+    from rtxops.daemon.client import DaemonClient, DaemonError
+
+    err.print(f"rtxops: another process holds the store of {h.root}; waiting up to "
+              f"{DAEMON_COMING_UP_S:g} s for its daemon", markup=False)
+    deadline = time.monotonic() + DAEMON_COMING_UP_S
+    while time.monotonic() < deadline:
+        client = DaemonClient.find(h)
+        if client is not None:
+            return client
+        time.sleep(0.2)
+    raise DaemonError(f"cannot open the store of {h.root}: {reason}")
 
 
 def _silent_daemon(h) -> Optional[int]:

@@ -333,3 +333,29 @@ def test_daemon_stop_stops_a_runs_own_daemon_with_another_job_on_it(tmp_path):
     finally:
         if first.poll() is None:
             first.kill()
+
+
+def test_two_runs_started_together_on_a_home_with_no_daemon_both_run(tmp_path):
+    """A sweep (`for lr in ...; do rtxops run ... & done`): the second run found no daemon yet,
+    could not open the store the first one's daemon held while starting, and failed without
+    submitting its job."""
+    import time
+
+    script = tmp_path / "quick.py"
+    script.write_text("import time\ntime.sleep(3)\nprint('done', flush=True)\n")
+
+    def run() -> subprocess.Popen:
+        return subprocess.Popen([*RTXOPS, "run", "--no-summary", "--", sys.executable, str(script)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+
+    first = run()
+    time.sleep(0.3)
+    second = run()
+    try:
+        for p in (second, first):
+            out, err = p.communicate(timeout=240)
+            assert p.returncode == 0 and out.strip() == "done", err
+    finally:
+        for p in (first, second):
+            if p.poll() is None:
+                p.kill()
