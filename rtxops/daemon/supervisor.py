@@ -478,6 +478,7 @@ class _Runner:
         self._probe_errors: set[str] = set()
         self._delay = 0.0
         self._scheduled: str | None = None   # the kind of restart the backoff waits for
+        self._adopted = False   # the attempt was started by an earlier daemon
 
     def start(self, adopt: bool, resume: bool = False) -> None:
         target = self._run_adopted if adopt else self._run_resumed if resume else self._run
@@ -534,6 +535,7 @@ class _Runner:
             attempt = self.job.attempt
             assert attempt is not None
             self._started_mono = time.monotonic()
+            self._adopted = True
         self._tail = self._new_tail(attempt, attempt.log_offsets, attempt.log_seqs,
                                     self._stored_after_checkpoint(attempt))
         if self.hang_kill:   # the previous daemon was killing it for a hang: carry that on
@@ -596,6 +598,7 @@ class _Runner:
         proc = self._probe("start_ticks", proctree.read_proc, None, attempt.pid)
         attempt.start_ticks = proc.start_ticks if proc else None
         self._started_mono = time.monotonic()
+        self._adopted = False
         with sup._lock:
             self.heartbeats.clear()
             job.attempts.append(attempt)
@@ -708,6 +711,10 @@ class _Runner:
         if beats:
             silent = now - min(beats.values())
             return silent if silent > spec.hang_timeout_s else None
+        if self._adopted:
+            # no step heard since adoption: the job may be stepping and sending its spans to the
+            # address of the daemon that started it (another port): silence is no evidence
+            return None
         waited = now - self._started_mono
         return waited if waited > (spec.first_step_timeout_s or spec.hang_timeout_s) else None
 

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 import httpx
 
@@ -340,4 +341,49 @@ def test_an_adopted_job_ends_with_its_main_process_not_its_leftovers(daemons, tm
     done = d2.wait(job["id"], 60)
     assert done["state"] == "succeeded" and done["adopted"], done
     assert done["attempts"][0]["exit_code"] == 0
+    assert d2.terminate() == 0, d2.output()
+
+
+# Steps every 0.3 s, each posting an rtx.step span (a heartbeat) to the daemon it was started by,
+# until the file GO appears.
+STEPS_TO_ITS_DAEMON = """
+    import json, os, sys, time, urllib.request
+    url, token, job = os.environ["RTXOPS_DAEMON"], os.environ["RTXOPS_TOKEN"], os.environ["RTXOPS_JOB_ID"]
+    step = 0
+    print("up", flush=True)
+    while not os.path.exists(sys.argv[1]):
+        step += 1
+        t = time.time_ns()
+        body = {"resourceSpans": [{"resource": {"attributes": [
+            {"key": "rtx.job.id", "value": {"stringValue": job}},
+            {"key": "rtx.rank", "value": {"intValue": "0"}}]},
+            "scopeSpans": [{"spans": [{"traceId": os.urandom(16).hex(), "spanId": os.urandom(8).hex(),
+                "name": "rtx.step", "startTimeUnixNano": str(t - 1000), "endTimeUnixNano": str(t),
+                "attributes": [{"key": "rtx.step", "value": {"intValue": str(step)}}]}]}]}]}
+        request = urllib.request.Request(url + "/v1/traces", data=json.dumps(body).encode(), headers={
+            "Content-Type": "application/json", "Authorization": "Bearer " + token})
+        try:
+            urllib.request.urlopen(request, timeout=5).read()
+        except OSError:
+            pass      # the daemon that started it is gone (the new one listens elsewhere)
+        time.sleep(0.3)
+    print("bye", flush=True)
+"""
+
+
+def test_an_adopted_job_heard_from_by_no_one_is_not_killed_as_hung(daemons, tmp_path):
+    """A job keeps sending its steps to the address of the daemon that started it; a daemon
+    restarted on another port hears none, and killed the healthy job as hung."""
+    home, go = tmp_path / "home", str(tmp_path / "go")
+    d1 = daemons.start(home)
+    job = d1.submit(["python", script(tmp_path, "steps.py", STEPS_TO_ITS_DAEMON), go], name="steps",
+                    hang_timeout_s=3)
+    until(lambda: (d1.job(job["id"]).get("last_step") or 0) >= 3, 60, what="steps to be heard")
+    d1.kill9()
+    d2 = daemons.start(home)
+    time.sleep(8)                      # past the hang timeout, with no step heard
+    assert d2.job(job["id"])["state"] == "running", d2.job(job["id"])
+    open(go, "w").close()
+    done = d2.wait(job["id"], 60)
+    assert done["state"] == "succeeded" and done["adopted"], done
     assert d2.terminate() == 0, d2.output()
