@@ -333,6 +333,11 @@ def test_daemon_stop_stops_a_runs_own_daemon_with_another_job_on_it(tmp_path):
     finally:
         if first.poll() is None:
             first.kill()
+        import psutil   # when it failed: the jobs outlive the killed run; they are this test's
+
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(str(tmp_path) in part for part in proc.info["cmdline"] or ()):
+                proc.kill()
 
 
 def test_two_runs_started_together_on_a_home_with_no_daemon_both_run(tmp_path):
