@@ -277,6 +277,8 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
             follow: bool = True) -> int:
     """Print a job's output as it comes (stdout lines to stdout, stderr lines to stderr); return
     the job's exit status as a shell would (128 + signal when it was killed)."""
+    from rtxops.daemon.client import DaemonUnreachable
+
     for stream in (sys.stdout, sys.stderr):   # a terminal's encoding may not hold a job's text
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="replace")
@@ -305,22 +307,29 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
             signum = getattr(e, "signum", signal.SIGINT)
             if not cancel_on_interrupt:  # `rtxops logs -f`: the job goes on; we end as interrupted
                 raise typer.Exit(128 + signum) from None
-            if not interrupted:
-                interrupted = True
-                if signum == signal.SIGINT and client.signal(job_id, "SIGINT", stop=True)["pids"]:
-                    # the job runs in a session of its own, out of the terminal's reach: it gets
-                    # Ctrl-C as it would have at a terminal and exits as it chooses (its
-                    # handlers, a checkpoint); its own exit status is ours
-                    err.print(f"rtxops: SIGINT sent to job {job_id} (again to cancel it)")
-                else:
-                    # SIGINT with no process to take it (the job waits to start or to restart)
-                    # cancels it, as SIGTERM/SIGHUP do (kill, a scheduler's preemption): SIGTERM
-                    # to the job, SIGKILL after its grace; its last output is still shown
-                    client.cancel(job_id)
-                    err.print(f"rtxops: cancelled job {job_id}")
-                    stopped = signum
-                continue
-            client.cancel(job_id)
+            try:
+                if not interrupted:
+                    interrupted = True
+                    if signum == signal.SIGINT and client.signal(job_id, "SIGINT", stop=True)["pids"]:
+                        # the job runs in a session of its own, out of the terminal's reach: it
+                        # gets Ctrl-C as it would have at a terminal and exits as it chooses (its
+                        # handlers, a checkpoint); its own exit status is ours
+                        err.print(f"rtxops: SIGINT sent to job {job_id} (again to cancel it)")
+                    else:
+                        # SIGINT with no process to take it (the job waits to start or to
+                        # restart) cancels it, as SIGTERM/SIGHUP do (kill, a scheduler's
+                        # preemption): SIGTERM to the job, SIGKILL after its grace; its last
+                        # output is still shown
+                        client.cancel(job_id)
+                        err.print(f"rtxops: cancelled job {job_id}")
+                        stopped = signum
+                    continue
+                client.cancel(job_id)
+            except DaemonUnreachable as gone:   # (while waiting for it to come back)
+                err.print(f"rtxops: {gone}: job {job_id} runs on unsupervised; `rtxops cancel "
+                          f"{job_id}` once a daemon serves this home again, or kill its processes",
+                          markup=False)
+                return 128 + signum
             err.print(f"rtxops: cancelled job {job_id}")
             return 128 + signum
     job = client.job(job_id)

@@ -387,3 +387,21 @@ def test_an_adopted_job_heard_from_by_no_one_is_not_killed_as_hung(daemons, tmp_
     done = d2.wait(job["id"], 60)
     assert done["state"] == "succeeded" and done["adopted"], done
     assert d2.terminate() == 0, d2.output()
+
+
+def test_ctrl_c_while_waiting_for_a_gone_daemon_says_the_job_runs_on(daemons, tmp_path):
+    """Ctrl-C while `rtxops run` waited for its daemon to come back: "cannot reach the daemon",
+    exit 2, and nothing about the job, which trained on unsupervised."""
+    first = daemons.start()
+    proc = _run(first, tmp_path, 600, RTXOPS_RECONNECT_S="60")
+    first.kill9()
+    time.sleep(3)                      # waiting for a daemon to come back
+    proc.send_signal(signal.SIGINT)
+    out, errs = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, errs)
+    assert "runs on unsupervised" in " ".join(errs.split()), errs
+    from .live import marked
+
+    for pid in marked(first.mark):     # the job, as it was told
+        os.kill(pid, signal.SIGKILL)
+    until(lambda: not marked(first.mark), 10, what="the orphaned job to go")
