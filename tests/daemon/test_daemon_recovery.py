@@ -376,12 +376,13 @@ def test_an_adopted_job_heard_from_by_no_one_is_not_killed_as_hung(daemons, tmp_
     restarted on another port hears none, and killed the healthy job as hung."""
     home, go = tmp_path / "home", str(tmp_path / "go")
     d1 = daemons.start(home)
+    # (a slow start on a busy machine is not the hang this is about)
     job = d1.submit(["python", script(tmp_path, "steps.py", STEPS_TO_ITS_DAEMON), go], name="steps",
-                    hang_timeout_s=3)
+                    hang_timeout_s=5, first_step_timeout_s=120)
     until(lambda: (d1.job(job["id"]).get("last_step") or 0) >= 3, 60, what="steps to be heard")
     d1.kill9()
     d2 = daemons.start(home)
-    time.sleep(8)                      # past the hang timeout, with no step heard
+    time.sleep(12)                     # past the hang timeout, with no step heard
     assert d2.job(job["id"])["state"] == "running", d2.job(job["id"])
     open(go, "w").close()
     done = d2.wait(job["id"], 60)
