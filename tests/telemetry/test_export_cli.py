@@ -15,17 +15,22 @@ from rtxops.telemetry.store import Store
 from .otlp_helpers import kvs, request, span
 
 
-def _home(tmp_path):
+def _stored(tmp_path, body: bytes, received_ns: int):
+    """A home whose store holds the OTLP protobuf request ``body``, no daemon on it."""
     home = tmp_path / "home"
     home.mkdir()
+    with Store(home / "rtxops.duckdb") as store:
+        store.write(otlp.convert(body, otlp.PROTOBUF, received_ns), timeout=30)
+    return home
+
+
+def _home(tmp_path):
     t0 = time.time_ns()
     body = request([span("rtx.step", {"rtx.step": 1}, start=t0, duration=10**6),
                     span("rtx.kernel", {"rtx.op": "gelu", "rtx.variant": "eager", "rtx.count": 2,
                                         "rtx.total_ns": 900, "rtx.step": 1}, start=t0)],
                    {"service.name": "trainer", "rtx.job.id": "job-a", "rtx.rank": 0}).SerializeToString()
-    with Store(home / "rtxops.duckdb") as store:
-        store.write(otlp.convert(body, otlp.PROTOBUF, t0), timeout=30)
-    return home
+    return _stored(tmp_path, body, t0)
 
 
 def export(home, *args):
@@ -58,14 +63,11 @@ def test_an_unknown_job_or_a_missing_folder_is_a_clear_error(tmp_path):
 
 def test_back_to_back_steps_do_not_overlap_in_the_chrome_trace(tmp_path):
     """Unix times in µs as doubles keep only 0.25 µs: steps that abut in the store overlapped."""
-    home = tmp_path / "home"
-    home.mkdir()
     t0, step_ns = 1_796_111_599_546_970_195, 3_000_123
     body = request([span("rtx.step", {"rtx.step": i}, start=t0 + i * step_ns, duration=step_ns)
                     for i in range(50)],
                    {"service.name": "trainer", "rtx.job.id": "job-a", "rtx.rank": 0}).SerializeToString()
-    with Store(home / "rtxops.duckdb") as store:
-        store.write(otlp.convert(body, otlp.PROTOBUF, t0), timeout=30)
+    home = _stored(tmp_path, body, t0)
     r = export(home, "--format", "chrome-trace", "-o", str(tmp_path / "t.json"))
     assert r.exit_code == 0, r.output
     doc = json.loads((tmp_path / "t.json").read_text())
@@ -89,14 +91,11 @@ def test_otlp_json_puts_the_resource_and_scopes_back(tmp_path):
 def test_otlp_json_carries_the_span_events(tmp_path):
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-    home = tmp_path / "home"
-    home.mkdir()
     t0 = time.time_ns()
     event = Span.Event(time_unix_nano=t0 + 5, name="rtx.error", attributes=kvs({"rtx.reason": "boom"}))
     body = request([span("rtx.step", {"rtx.step": 1}, start=t0, events=[event])],
                    {"service.name": "trainer", "rtx.job.id": "job-a", "rtx.rank": 0}).SerializeToString()
-    with Store(home / "rtxops.duckdb") as store:
-        store.write(otlp.convert(body, otlp.PROTOBUF, t0), timeout=30)
+    home = _stored(tmp_path, body, t0)
     r = export(home, "--format", "otlp-json", "--job", "job-a", "-o", str(tmp_path / "o.json"))
     assert r.exit_code == 0, r.output
     [resource] = json.loads((tmp_path / "o.json").read_text())["resourceSpans"]
@@ -108,13 +107,10 @@ def test_otlp_json_carries_the_span_events(tmp_path):
 def test_a_span_without_a_start_time_is_not_the_chrome_traces_origin(tmp_path):
     """A span sent with start 0 became the origin: every other span's ts was ~1.8e15 µs, where a
     double keeps 0.25 µs (the origin exists to avoid that)."""
-    home = tmp_path / "home"
-    home.mkdir()
     t0 = 1_796_111_599_546_970_195
     body = request([span("zero", start=0, duration=5), span("rtx.step", {"rtx.step": 1}, start=t0)],
                    {"service.name": "trainer", "rtx.job.id": "job-a", "rtx.rank": 0}).SerializeToString()
-    with Store(home / "rtxops.duckdb") as store:
-        store.write(otlp.convert(body, otlp.PROTOBUF, t0), timeout=30)
+    home = _stored(tmp_path, body, t0)
     r = export(home, "--format", "chrome-trace", "-o", str(tmp_path / "t.json"))
     assert r.exit_code == 0, r.output
     doc = json.loads((tmp_path / "t.json").read_text())
@@ -127,13 +123,10 @@ def test_a_span_without_a_start_time_is_not_the_chrome_traces_origin(tmp_path):
 
 
 def test_an_attribute_sent_without_a_value_is_exported_without_one(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
     req = request([span("rtx.step", {"rtx.step": 1})],
                   {"service.name": "trainer", "rtx.job.id": "job-a", "rtx.rank": 0})
     req.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="unset")
-    with Store(home / "rtxops.duckdb") as store:
-        store.write(otlp.convert(req.SerializeToString(), otlp.PROTOBUF, 1), timeout=30)
+    home = _stored(tmp_path, req.SerializeToString(), 1)
     r = export(home, "--format", "otlp-json", "-o", str(tmp_path / "o.json"))
     assert r.exit_code == 0, r.output
     [resource] = json.loads((tmp_path / "o.json").read_text())["resourceSpans"]

@@ -15,7 +15,7 @@ def in_layout_of(out: torch.Tensor, like: torch.Tensor, dtype: torch.dtype | Non
     """``out`` (in ``dtype``, default its own) laid out with its dimensions in the order of
     ``like``'s strides; no copy beyond the dtype's when that order is the plain one."""
     dtype = out.dtype if dtype is None else dtype
-    if out.dim() != like.dim() or _order(like) == list(range(like.dim())):
+    if out.dim() != like.dim() or stride_order(like) == list(range(like.dim())):
         return out.to(dtype)
     return empty_in_layout_of(like, out.shape, dtype).copy_(out)
 
@@ -28,7 +28,7 @@ def empty_in_layout_of(like: torch.Tensor, shape: torch.Size | None = None,
     shape = like.shape if shape is None else shape
     strides = [0] * len(shape)
     step = 1
-    for d in reversed(_order(like)):   # innermost first
+    for d in reversed(stride_order(like)):   # innermost first
         strides[d] = step
         step *= max(shape[d], 1)
     # empty_strided, not a permuted view: an autograd.Function may return it, and the job may
@@ -37,6 +37,7 @@ def empty_in_layout_of(like: torch.Tensor, shape: torch.Size | None = None,
                                device=like.device)
 
 
-def _order(t: torch.Tensor) -> list[int]:
-    """``t``'s dimensions, outermost (largest stride) first; ties keep their order."""
+def stride_order(t: torch.Tensor) -> list[int]:
+    """``t``'s dimensions, outermost (largest stride) first; ties keep their order (torch's
+    kernels lay their outputs out in this order of their input's)."""
     return sorted(range(t.dim()), key=lambda d: -t.stride(d))

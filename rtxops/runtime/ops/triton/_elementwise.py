@@ -7,6 +7,7 @@ from typing import Any, Callable
 import torch
 
 from ...bucket import Bucket
+from .._layout import stride_order
 from ._common import cdiv
 
 DEFAULT_BLOCK = 1024
@@ -32,7 +33,7 @@ def in_input_layout(fn: Callable[..., torch.Tensor], first: torch.Tensor, *rest:
     The kernels see the tensors permuted into that order, where they are contiguous or copied
     once; the permutations are outside ``fn``'s autograd.Function, so the output is the job's to
     change in place."""
-    order = sorted(range(first.dim()), key=lambda d: -first.stride(d))   # stable: ties keep order
+    order = stride_order(first)
     if order == list(range(first.dim())):
         return fn(first, *rest)
     back = [order.index(d) for d in range(len(order))]
