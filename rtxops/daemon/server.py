@@ -88,6 +88,7 @@ class Daemon:
         env = {
             "RTXOPS_TELEMETRY": "otlp",
             "RTXOPS_DAEMON": self.url,
+            "RTXOPS_DAEMON_URL_FILE": str(self.home.url_file),
             "RTXOPS_TOKEN": self.token or "",
             "RTXOPS_READINGS_FACTORY": "rtxops.telemetry.job:readings_for_job",
             "RTXOPS_KEYRING": str(self.authority.keyring_file),  # jobs verify plan bundles
@@ -223,7 +224,13 @@ class Daemon:
 
     def _announce(self) -> None:
         self.port = self._bound_port()
-        self.home.url_file.write_text(self.url + "\n")
+        # whole or not at all: running jobs read it to find a daemon restarted on another port
+        tmp = self.home.url_file.with_name(f"{self.home.url_file.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(self.url + "\n")
+            tmp.replace(self.home.url_file)
+        finally:
+            tmp.unlink(missing_ok=True)
         self.home.pid_file.write_text(f"{os.getpid()}\n")
         log.info(json.dumps({"event": "ready", "url": self.url, "home": str(self.home.root)}))
         systemd.notify(f"READY=1\nSTATUS=serving {self.url}")

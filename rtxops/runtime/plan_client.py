@@ -21,6 +21,7 @@ import urllib.parse
 import urllib.request
 from typing import Callable
 
+from .daemon_address import DaemonAddress
 from .dispatcher import Dispatcher
 from .errors import PlanError
 from .plan import Plan
@@ -45,11 +46,12 @@ class _Retry(Exception):
 
 
 class PlanPoller:
-    def __init__(self, dispatcher: Dispatcher, daemon_url: str, job_id: str, token: str | None,
-                 interval_s: float = 2.0, verifier: PlanVerifier | None = None) -> None:
+    def __init__(self, dispatcher: Dispatcher, daemon: str | DaemonAddress, job_id: str,
+                 token: str | None, interval_s: float = 2.0,
+                 verifier: PlanVerifier | None = None) -> None:
         self.dispatcher, self.job_id, self.token = dispatcher, job_id, token
         self.verifier = verifier
-        self.base = daemon_url.rstrip("/")
+        self.address = daemon if isinstance(daemon, DaemonAddress) else DaemonAddress(daemon)
         self.interval_s = interval_s
         self.etag: str | None = None
         self.installed: list[int] = []
@@ -69,6 +71,11 @@ class PlanPoller:
         self._stop.set()
         if join_s and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(join_s)
+
+    @property
+    def base(self) -> str:
+        """The daemon's URL now (it follows a daemon restarted on another port)."""
+        return self.address.current()
 
     def _run(self) -> None:
         warm = getattr(self.verifier, "warm", None)

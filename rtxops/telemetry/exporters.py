@@ -170,24 +170,41 @@ class DuckDBSpanExporter(SpanExporter):
 
 class DeferredExporter(SpanExporter):
     """Builds its exporter on the first export, on the export thread: the OTLP exporter's imports
-    (~0.1 s) then happen after the job's first step instead of before it."""
+    (~0.1 s) then happen after the job's first step instead of before it.
 
-    def __init__(self, make: Callable[[], SpanExporter]) -> None:
-        self._make = make
+    With ``address`` (a callable giving the daemon's URL now), ``make`` is called with that URL and
+    the exporter is built again when the URL changes: a daemon restarted on another port gets the
+    job's spans. A batch that failed at the old address is tried once at the new one."""
+
+    def __init__(self, make: Callable[..., SpanExporter],
+                 address: Callable[[], str] | None = None) -> None:
+        self._make, self._address = make, address
         self._exporter: SpanExporter | None = None
+        self._url: str | None = None
         self._lock = threading.Lock()
-        self.setup_cpu_s = 0.0  # CPU time the imports and construction took, once
+        self.setup_cpu_s = 0.0  # CPU time the imports and constructions took
 
     def _get(self) -> SpanExporter:
+        url = self._address() if self._address is not None else None
         with self._lock:
-            if self._exporter is None:
+            if self._exporter is None or url != self._url:
                 started = time.thread_time()
-                self._exporter = self._make()
-                self.setup_cpu_s = time.thread_time() - started
+                old, self._url = self._exporter, url
+                self._exporter = self._make() if self._address is None else self._make(url)
+                self.setup_cpu_s += time.thread_time() - started
+                if old is not None:
+                    old.shutdown()
             return self._exporter
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return self._get().export(spans)
+        exporter = self._get()
+        used = self._url
+        result = exporter.export(spans)
+        if (result is not SpanExportResult.SUCCESS and self._address is not None
+                and self._address() != used):
+            log.info("rtxops: the daemon now listens at %s; sending the batch there", self._address())
+            result = self._get().export(spans)
+        return result
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return self._exporter is None or self._exporter.force_flush(timeout_millis)

@@ -3,8 +3,9 @@
 The runtime bootstrap calls :func:`readings_for_job` (named in ``RTXOPS_READINGS_FACTORY``) so the
 runtime itself never imports this package. Configuration:
 
-``RTXOPS_TELEMETRY``  ``otlp`` (to ``RTXOPS_DAEMON`` or the standard ``OTEL_EXPORTER_OTLP_*``
-                      endpoint), ``duckdb`` (write ``RTXOPS_STORE`` directly), or ``off``
+``RTXOPS_TELEMETRY``  ``otlp`` (to ``RTXOPS_DAEMON``, followed through ``RTXOPS_DAEMON_URL_FILE``,
+                      or the standard ``OTEL_EXPORTER_OTLP_*`` endpoint), ``duckdb`` (write
+                      ``RTXOPS_STORE`` directly), or ``off``
 ``RTXOPS_CALL_SAMPLES`` sampled rtx.call spans, ``"per_slot/window_steps"`` (default ``2/10``)
 ``RTXOPS_RECORDER_CAPACITY`` call records kept per step (default 65536; more are dropped, counted)
 ``RTXOPS_EXPORT_INTERVAL_S`` seconds between exports (default 2; spans of several steps go together: each
@@ -23,6 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from rtxops import settings
+from rtxops.runtime.daemon_address import DaemonAddress
 from rtxops.runtime.dispatcher import Dispatcher
 from rtxops.runtime.memory import cuda_stats, rss_bytes
 
@@ -111,8 +113,8 @@ def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
         store = Store(os.environ.get("RTXOPS_STORE") or default_path())
         exporter: SpanExporter = DuckDBSpanExporter(store)
     elif mode == "otlp":
-        daemon, token = os.environ.get("RTXOPS_DAEMON", DEFAULT_DAEMON), os.environ.get("RTXOPS_TOKEN")
-        exporter = DeferredExporter(lambda: otlp_http_exporter(daemon, token))
+        address, token = DaemonAddress.from_env(DEFAULT_DAEMON), os.environ.get("RTXOPS_TOKEN")
+        exporter = DeferredExporter(lambda url: otlp_http_exporter(url, token), address.current)
     else:
         raise ValueError(f"RTXOPS_TELEMETRY={mode!r}: expected otlp, duckdb or off")
     telemetry = start_job_telemetry(

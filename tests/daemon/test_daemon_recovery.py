@@ -390,6 +390,46 @@ def test_an_adopted_job_heard_from_by_no_one_is_not_killed_as_hung(daemons, tmp_
     assert d2.terminate() == 0, d2.output()
 
 
+def test_an_adopted_job_follows_its_daemon_restarted_on_another_port(daemons, tmp_path):
+    """A job kept the address of the daemon that started it: after a kill -9 and a restart on
+    another port its steps and spans went nowhere and its plans never came. It now follows the
+    home's daemon.url: the new daemon hears its steps, stores them whole and delivers a plan."""
+    from .test_daemon_plans import TRAIN
+
+    home, stop, summary = tmp_path / "home", tmp_path / "stop", tmp_path / "summary.json"
+    d1 = daemons.start(home)
+    job_id = d1.submit(["python", script(tmp_path, "train.py", TRAIN), str(stop)], name="train",
+                       env={"RTXOPS_PLAN_POLL_S": "0.2", "RTXOPS_EXPORT_INTERVAL_S": "0.5",
+                            "RTXOPS_SUMMARY": str(summary)})["id"]
+    until(lambda: (d1.job(job_id).get("last_step") or 0) >= 3, 60, what="the job's first steps")
+    d1.kill9()
+    d2 = daemons.start(home)
+    assert d2.url != d1.url
+    killed_at = d2.job(job_id).get("last_step") or 0
+    until(lambda: (d2.job(job_id).get("last_step") or 0) >= killed_at + 5, 60,
+          what="the restarted daemon to hear the job's steps")
+    r = d2.client().post("/v1/plans", params={"job": job_id},
+                         json={"version": 1, "defaults": {"gelu": "algebraic"}})
+    assert r.status_code == 201, r.text
+    effective = r.json()["effective_step"]
+    until(lambda: (d2.job(job_id).get("last_step") or 0) >= effective + 3, 60,
+          what="steps past the plan's effective step")
+    stop.touch()
+    done = d2.wait(job_id, 60)
+    assert done["state"] == "succeeded" and done["adopted"], done
+    data = json.loads(summary.read_text())
+    assert data["plan_version"] == 1, data["plan_rejections"]
+    assert d2.terminate() == 0, d2.output()
+    store = ReadOnlyStore(home / "rtxops.duckdb")
+    try:
+        steps = [r["step"] for r in store.query(
+            "SELECT step FROM step_times WHERE job_id = ? ORDER BY step", [job_id])]
+    finally:
+        store.close()
+    # the batch that failed at the dead address was sent again to the new one: no step lost
+    assert steps == list(range(1, data["steps"] + 1)), (steps, data["steps"])
+
+
 def test_ctrl_c_while_waiting_for_a_gone_daemon_says_the_job_runs_on(daemons, tmp_path):
     """Ctrl-C while `rtxops run` waited for its daemon to come back: "cannot reach the daemon",
     exit 2, and nothing about the job, which trained on unsupervised."""

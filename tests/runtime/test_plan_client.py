@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from rtxops.runtime.daemon_address import DaemonAddress
 from rtxops.runtime.dispatcher import Dispatcher
 from rtxops.runtime.errors import PlanError
 from rtxops.runtime.plan_client import PlanPoller
@@ -97,11 +98,11 @@ def test_daemon_away_on_the_bundle_fetch_is_retried(endpoint):
     real = poller._verified
 
     def away(plan):  # the daemon goes away between /current and /bundle
-        poller.base, base = "http://127.0.0.1:9", poller.base
+        poller.address, address = DaemonAddress("http://127.0.0.1:9"), poller.address
         try:
             return real(plan)
         finally:
-            poller.base = base
+            poller.address = address
 
     poller._verified = away
     assert poller.poll_once() == "retry"

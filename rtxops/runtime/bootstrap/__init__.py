@@ -8,6 +8,7 @@
 ``RTXOPS_SUMMARY``  path where the per-slot summary JSON is written when the process exits
 ``RTXOPS_VERIFY_FIRST_CALL``  ``0`` turns off the first-call check of non-reference variants
 ``RTXOPS_DAEMON``, ``RTXOPS_JOB_ID``, ``RTXOPS_TOKEN``  poll the daemon for this job's plan
+``RTXOPS_DAEMON_URL_FILE``  the daemon's URL file: followed when a restarted daemon listens elsewhere
 ``RTXOPS_PLAN_POLL_S``  seconds between polls (default 2; 0 turns polling off)
 ``RTXOPS_CALL_MEMORY``  ``1``: CUDA memory delta and peak per routed call (resets torch's peak
                    counter before each call: the job's own ``max_memory_allocated()`` then reports
@@ -81,9 +82,11 @@ def start() -> None:
     dispatcher.set_reroute_partial(os.environ.get("RTXOPS_REROUTE_MLP", "0") not in ("", "0"))
     interval = _seconds("RTXOPS_PLAN_POLL_S", 2.0)
     if daemon and job_id and interval > 0:
+        from ..daemon_address import DaemonAddress
         from ..plan_client import PlanPoller
 
-        PlanPoller(dispatcher, daemon, job_id, os.environ.get("RTXOPS_TOKEN"), interval,
+        address = DaemonAddress(daemon, os.environ.get("RTXOPS_DAEMON_URL_FILE"))
+        PlanPoller(dispatcher, address, job_id, os.environ.get("RTXOPS_TOKEN"), interval,
                    verifier=_plan_verifier()).start()
     compile_model = os.environ.get("RTXOPS_COMPILE_MODEL", "")
     if compile_model and compile_model != "0":
