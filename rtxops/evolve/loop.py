@@ -154,7 +154,9 @@ class EvolveLoop:
             return
         state = self.jobs.get(job)
         if state is None:
-            state = self.jobs[job] = JobEvolution(active=self._interrupted_canary(job))
+            active = self._interrupted_canary(job)
+            self._drop_stale_arms(job, last)   # raising (the disk): the next tick takes it again
+            state = self.jobs[job] = JobEvolution(active=active)
         if state.active is not None:
             self._advance(job, state, state.active, last)
         elif last >= self.config.min_steps:
@@ -380,6 +382,20 @@ class EvolveLoop:
         if mine and mine[0] != entry:
             self._publish(job, bt, entry, last, {"kind": "explore", "arms": [], "op": bt.op,
                                                  "bucket": bt.bucket})
+
+    def _drop_stale_arms(self, job: str, last: int) -> None:
+        """Explore arms on the job's plan that no tuning of this loop owns (the daemon restarted
+        during a round): the job would explore them for good unless their bucket is tuned again,
+        and every later plan, derived from the board's, would carry them."""
+        current = self.board.current(job)
+        for e in current.entries if current else ():
+            if e.explore:
+                bt = BucketTuning(e.op, e.bucket, Arm.of(e.variant, dict(e.config)), phase="rejected",
+                                  plan_version=current.version)
+                log.info("evolve: job %s: ending the explore round of %s %s an earlier daemon "
+                         "left on its plan", job, e.op, e.bucket)
+                self._publish(job, bt, PlanEntry(e.op, e.bucket, e.variant, e.config), last,
+                              {"kind": "explore", "arms": [], "op": e.op, "bucket": e.bucket})
 
     def _vanished(self, job: str, bt: BucketTuning, last: int) -> None:
         """The bucket was not called in the round's longest window (the model's compiled region

@@ -316,3 +316,22 @@ def test_a_decision_time_figure_of_zero_does_not_stop_the_jobs_tuning(monkeypatc
     state = L.JobEvolution(done={("gelu", "b"): bt})
     loop._check_drift("job", state, 30)
     assert ("gelu", "b") in state.done
+
+
+def test_explore_arms_an_earlier_daemon_left_on_the_plan_are_taken_off(monkeypatch):
+    """The daemon restarted during an explore round: the new loop owns no tuning of that bucket,
+    so unless it happened to tune it again the job explored its arms for good (and every later
+    plan carried them). The first tick puts the bucket's incumbent back without the arms."""
+    from rtxops.runtime.plan import ExploreArm, PlanEntry, default_plan
+
+    loop = loop_over_rows(monkeypatch, [], last=3)      # below min_steps: nothing is opened
+    loop.board = _Board()
+    exploring = PlanEntry("gelu", "b", "reference", {}, (ExploreArm("fastish", {}, 0.1),))
+    settled = PlanEntry("softmax", "c", "online", {})
+    loop.board.published.append(default_plan().derive(entries=[exploring, settled]))
+    loop.tick()
+    current = loop.board.current("job")
+    assert current.entry("gelu", "b") == PlanEntry("gelu", "b", "reference", {})
+    assert current.entry("softmax", "c") == settled
+    loop.tick()
+    assert len(loop.board.published) == 2, "the arms are taken off once"
