@@ -21,6 +21,7 @@ import statistics
 import threading
 import time
 import uuid
+from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -42,6 +43,7 @@ from .tuning import TuningDB
 
 log = logging.getLogger("rtxops.evolve")
 ROUND_MAX_WINDOWS = 10  # an explore round waits at most this many windows for its arms' samples
+GATE_WAIT_S = 1.0       # a tick waits this long for a gate (verdicts already stored take ms)
 
 
 @dataclass
@@ -52,8 +54,10 @@ class BucketTuning:
     bucket: str
     incumbent: Arm
     strategy: Strategy | None = None
-    # exploring | canary | rolling_back | settled | rejected | rolled_back | failed
+    # gating | exploring | canary | rolling_back | settled | rejected | rolled_back | failed
     phase: str = "exploring"
+    arms: list[Arm] = field(default_factory=list)  # the candidates sent to the gate
+    gating: futures.Future | None = None   # the gate's (passed, failed), while it runs
     round_arms: list[Arm] = field(default_factory=list)
     round_from: int | None = None  # the step the round's plan was swapped in (None: not yet)
     counted_round: tuple | None = None  # (plan version, round_from) of the round told already
@@ -165,6 +169,25 @@ class EvolveLoop:
                 self._open_hot_bucket(job, state, last)
 
     def _advance(self, job: str, state: JobEvolution, bt: BucketTuning, last: int) -> None:
+        if bt.phase == "gating":
+            if not bt.gating.done():
+                return
+            try:
+                self._gated(job, bt, last)
+            except Exception:
+                # the gate could not run (the store, a worker that would not start): no verdict;
+                # a later tick opens a hot bucket afresh
+                state.active = None
+                raise
+        else:
+            self._follow_plan(job, bt, last)
+        if bt.phase not in _ACTIVE:
+            state.done[(bt.op, bt.bucket)] = bt
+            state.active = None
+
+    def _follow_plan(self, job: str, bt: BucketTuning, last: int) -> None:
+        """Where the job stands with the bucket's last plan: a round to measure, a canary to
+        judge, a rollback taken, or a plan never taken."""
         self._write_unwritten(bt)
         # windows count from the step the job actually swapped plans (its rtx.swap span), not
         # from the effective step asked for: telemetry lags the job by an export interval
@@ -211,9 +234,6 @@ class EvolveLoop:
                 self._finish_canary(job, bt, last)
         elif bt.phase == "rolling_back":  # the job runs the rollback plan: done
             bt.phase = "rolled_back"
-        if bt.phase not in _ACTIVE:
-            state.done[(bt.op, bt.bucket)] = bt
-            state.active = None
 
     def _interrupted_canary(self, job: str) -> BucketTuning | None:
         """A promotion of ``job``'s whose canary had no outcome yet (the daemon restarted during
@@ -286,32 +306,47 @@ class EvolveLoop:
         except Exception:
             return None  # telemetry for an op this daemon does not know (another rtxops version)
         incumbent = Arm(hs["variant"], hs["config"] or "{}")
-        bt = BucketTuning(op, bucket, incumbent)
+        bt = BucketTuning(op, bucket, incumbent, phase="gating")
         arms = [a for a in candidates(self.registry, op, spec_bucket,
                                       deterministic=self.config.deterministic) if a != incumbent]
         allowed = {v.strip() for v in self.config.variants.split(",") if v.strip()}
         arms = [a for a in arms if (not allowed or a.variant in allowed)
                 and not self._regressed(op, bucket, a)]
-        passed, failed = screen(self.tuning, op, bucket, arms, self.config.gate_timeout_s)
+        bt.arms = arms
+        log.info("evolve: job %s: gating %d candidates of %s %s (share %.1f%%)", job, len(arms),
+                 op, bucket, 100 * (hs["share"] or 0))
+        # the gate runs kernels in worker processes (a compile may take minutes): off the loop's
+        # thread, so the other jobs' canaries and rollbacks do not wait for it
+        bt.gating = _in_background(
+            lambda: screen(self.tuning, op, bucket, arms, self.config.gate_timeout_s),
+            name=f"rtxops-gate-{op}")
+        futures.wait([bt.gating], timeout=GATE_WAIT_S)   # verdicts all known: at once
+        if bt.gating.done():
+            self._gated(job, bt, last)
+        return bt
+
+    def _gated(self, job: str, bt: BucketTuning, last: int) -> None:
+        """The gate has answered: explore the arms that passed, or reject the bucket."""
+        passed, failed = bt.gating.result()
+        bt.gating = None
         bt.gate_failures = {str(a): r for a, r in failed.items()}
         for arm, reason in failed.items():
-            log.info("evolve: %s %s: %s rejected by the gate: %s", op, bucket, arm, reason)
+            log.info("evolve: %s %s: %s rejected by the gate: %s", bt.op, bt.bucket, arm, reason)
         if not passed:
             bt.phase = "rejected"
             self._decide_record(job, bt, "no_candidates", None, None,
-                                reason="no candidate passed the gate" if arms else "no candidates")
-            return bt
+                                reason="no candidate passed the gate" if bt.arms else "no candidates")
+            return
+        bt.phase = "exploring"
         bt.step_before = [r["duration_ns"] for r in store_evolve.step_durations(
             self.store, job, max(0, last - self.config.window_steps), last)]
-        prior = (tuning_priors(self.store, self.registry, op, bucket, sorted(passed))
+        prior = (tuning_priors(self.store, self.registry, bt.op, bt.bucket, sorted(passed))
                  if self.config.strategy == "thompson" else None)
         bt.strategy = make_strategy(self.config.strategy, sorted(passed), self.config.budget,
                                     seed=self.config.seed, batch=self.config.max_arms,
                                     prior=prior or None)
-        log.info("evolve: job %s: tuning %s %s (share %.1f%%, %d candidates)", job, op, bucket,
-                 100 * (hs["share"] or 0), len(passed))
+        log.info("evolve: job %s: tuning %s %s (%d candidates)", job, bt.op, bt.bucket, len(passed))
         self._next_round(job, bt, last)
-        return bt
 
     def _regressed(self, op: str, bucket: str, arm: Arm) -> bool:
         row = self.tuning.lookup(op, bucket, arm)
@@ -635,7 +670,7 @@ class EvolveLoop:
             "at_ns": time.time_ns()})
 
 
-_ACTIVE = ("exploring", "canary", "rolling_back")  # phases a bucket is still active in
+_ACTIVE = ("gating", "exploring", "canary", "rolling_back")  # phases a bucket is still active in
 
 
 def _cv(values: list[float]) -> float | None:
@@ -644,3 +679,17 @@ def _cv(values: list[float]) -> float | None:
     mean = statistics.fmean(values)
     return statistics.stdev(values) / mean if mean else None
 
+
+
+def _in_background(fn: Callable[[], object], name: str) -> futures.Future:
+    """``fn()`` on a daemon thread of its own (a daemon stopping does not wait for a gate)."""
+    future: futures.Future = futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to whoever reads the result
+            future.set_exception(e)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future

@@ -1,0 +1,100 @@
+"""The gate runs candidate kernels in worker processes, which may take minutes (a compile): it
+ran on the loop's thread, and every other job's canary and rollback waited for it. It now runs
+in the background; the bucket waits in phase ``gating`` and the loop ticks on."""
+from __future__ import annotations
+
+import threading
+import time
+
+from rtxops.evolve import loop as L
+from rtxops.evolve.candidates import Arm
+from rtxops.telemetry import store_evolve as se
+
+from .loop_harness import loop_over_rows
+
+BUCKET = "float32/cpu/hidden=64,rows=512"
+HOT = {"op": "gelu", "bucket": BUCKET, "variant": "reference", "config": "{}", "share": 0.5}
+
+
+class _Board:
+    def __init__(self):
+        self.published = []
+
+    def current(self, job):
+        return self.published[-1] if self.published else None
+
+    def promote(self, plan, job, decision, evidence):
+        self.published.append(plan)
+        return plan
+
+
+def _loop(monkeypatch, screen):
+    decisions: list[dict] = []
+    loop = loop_over_rows(monkeypatch, [], last=50, decisions=decisions)
+    loop.board = _Board()
+    loop.registry.op = lambda op: None
+    monkeypatch.setattr(se, "region_swap_step", lambda q, job: None)
+    monkeypatch.setattr(se, "hotspots", lambda q, job, since: [HOT])
+    monkeypatch.setattr(se, "swap_step", lambda q, job, v: None)
+    monkeypatch.setattr(L, "candidates", lambda *a, **k: [Arm.of("reference"), Arm.of("fast")])
+    monkeypatch.setattr(L, "screen", screen)
+    monkeypatch.setattr(se, "tuning_rows", lambda *a, **k: [])
+    monkeypatch.setattr(L, "GATE_WAIT_S", 0.05, raising=False)
+    return loop, decisions
+
+
+def test_a_slow_gate_does_not_hold_up_the_loop(monkeypatch):
+    release = threading.Event()
+
+    def slow_screen(tuning, op, bucket, arms, timeout_s):
+        assert arms == [Arm.of("fast")]
+        release.wait(30)
+        return arms, {}
+
+    loop, decisions = _loop(monkeypatch, slow_screen)
+    started = time.monotonic()
+    loop.tick()
+    loop.tick()
+    assert time.monotonic() - started < 5, "the ticks waited for the gate"
+    bt = loop.jobs["job"].active
+    assert bt.phase == "gating" and loop.status()["job"]["active"]["phase"] == "gating"
+    assert not loop.board.published
+    release.set()
+    bt.gating.result(10)
+    loop.tick()
+    assert bt.phase == "exploring" and bt.round_arms == [Arm.of("fast")]
+    assert loop.board.current("job").entry("gelu", BUCKET).explore
+
+
+def test_verdicts_already_known_explore_in_the_same_tick(monkeypatch):
+    loop, _ = _loop(monkeypatch, lambda tuning, op, bucket, arms, timeout_s: (arms, {}))
+    monkeypatch.setattr(L, "GATE_WAIT_S", 5.0, raising=False)
+    loop.tick()
+    assert loop.jobs["job"].active.phase == "exploring"
+
+
+def test_a_gate_failing_every_candidate_rejects_the_bucket(monkeypatch):
+    loop, decisions = _loop(monkeypatch, lambda tuning, op, bucket, arms, timeout_s:
+                            ([], {a: "max error 3.0" for a in arms}))
+    monkeypatch.setattr(L, "GATE_WAIT_S", 5.0, raising=False)
+    loop.tick()
+    state = loop.jobs["job"]
+    assert state.active is None and state.done[("gelu", BUCKET)].phase == "rejected"
+    assert decisions[-1]["kind"] == "no_candidates"
+
+
+def test_a_gate_that_could_not_run_leaves_the_bucket_to_be_opened_again(monkeypatch):
+    calls = []
+
+    def broken(tuning, op, bucket, arms, timeout_s):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("no worker")
+        return arms, {}
+
+    loop, decisions = _loop(monkeypatch, broken)
+    monkeypatch.setattr(L, "GATE_WAIT_S", 5.0, raising=False)
+    loop.tick()
+    assert loop.jobs["job"].active is None and not loop.jobs["job"].done and not decisions
+    loop.tick()
+    assert loop.jobs["job"].active.phase == "exploring" and len(calls) == 2
