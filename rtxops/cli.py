@@ -141,7 +141,9 @@ def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path, te
         if client is not None:  # it holds the store: every span of the job would be lost
             raise _fail(f"a daemon serves {_home().root} at {client.url} and holds its store: "
                         "run without --direct (the job goes to that daemon), or stop it first")
-    store.parent.mkdir(parents=True, exist_ok=True)
+    if store.parent == _home().root:
+        _home().ensure()
+    store.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     env["RTXOPS_STORE"] = str(store)
     try:
         child = subprocess.Popen(command, env=env)

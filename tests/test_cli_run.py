@@ -364,3 +364,12 @@ def test_two_runs_started_together_on_a_home_with_no_daemon_both_run(tmp_path):
         for p in (first, second):
             if p.poll() is None:
                 p.kill()
+
+
+def test_a_direct_run_makes_its_home_private(tmp_path):
+    """`run --direct` made the home (0755) where the job's store and its log (.wal, written with
+    the umask's mode) then lived: readable by every local user."""
+    r = rtxops_run("--direct", "--no-summary", "--", sys.executable, "-c", "pass")
+    assert r.returncode == 0, r.stderr
+    import stat
+    assert stat.S_IMODE((tmp_path / "home").stat().st_mode) == 0o700

@@ -44,10 +44,11 @@ class Home:
         return self.root / "jobs"
 
     def ensure(self) -> Home:
-        """Create the home's folders; a new home is private to its user (0700): its store holds
-        the jobs' environments and output."""
-        if not self.root.exists():
-            self.root.mkdir(parents=True, mode=0o700)
+        """Create the home's folders. The home is private to its user (0700; one made open by
+        another command or by hand is closed): its store holds the jobs' environments and
+        output, and DuckDB writes the store's log there with the umask's mode."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _make_private(self.root)
         for d in (self.root, self.plans, self.jobs):
             d.mkdir(parents=True, exist_ok=True)
         return self
@@ -81,3 +82,14 @@ class Home:
             return self.url_file.read_text().strip() or None
         except OSError:
             return None
+
+
+def _make_private(folder: Path) -> None:
+    """``chmod 700`` a folder of ours that others may enter (its files' modes do not protect
+    the ones DuckDB makes)."""
+    try:
+        st = folder.stat()
+        if st.st_mode & 0o077 and st.st_uid == os.getuid():
+            os.chmod(folder, 0o700)
+    except OSError:
+        pass

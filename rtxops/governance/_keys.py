@@ -31,7 +31,7 @@ def generate(private_path: Path, public_path: Path | None = None) -> str:
     key = ec.generate_private_key(ec.SECP256R1())
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
-    private_path.parent.mkdir(parents=True, exist_ok=True)
+    private_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
         fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

@@ -65,6 +65,20 @@ def default_path() -> Path:
     return Path(os.environ.get("RTXOPS_HOME") or ".rtxops") / "rtxops.duckdb"
 
 
+def _warn_if_shared(folder: Path) -> None:
+    """DuckDB makes its write-ahead log (``.wal``, deleted at each checkpoint and made again)
+    with the process's umask, whatever the store file's mode: in a folder others may enter, the
+    jobs' environments and output written there can be read by them."""
+    try:
+        mode = folder.stat().st_mode
+    except OSError:
+        return
+    if mode & 0o005:
+        log.warning("the store's folder %s is open to other users (mode %o): they can read the "
+                    "store's write-ahead log; `chmod 700` it or keep the store elsewhere",
+                    folder, mode & 0o7777)
+
+
 def connection_config() -> dict[str, Any]:
     """DuckDB settings of the store's connection (``RTXOPS_STORE_THREADS``, ``RTXOPS_STORE_MEMORY``)."""
     return settings.store_connection()
@@ -333,7 +347,8 @@ class Store:
                  max_queue_spans: int = 1_000_000, max_commit_spans: int = 1_000_000,
                  compact_every_s: float = 30.0) -> None:
         self.path = Path(path) if path is not None else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _warn_if_shared(self.path.parent)
         self.max_queue_batches = max_queue_batches
         self.max_queue_spans = max_queue_spans
         self.max_commit_spans = max_commit_spans

@@ -3,7 +3,9 @@ after a daemon restart, a log store slower than the drain wait, a large log back
 token file."""
 from __future__ import annotations
 
+import logging
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -276,3 +278,31 @@ def test_a_hundred_mebibytes_of_progress_updates_are_stored_and_read_back(tmp_pa
         assert stored == len(path.read_bytes().replace(b"\r", b""))
         page = store_jobs.read_logs(store, "job-a", after_seq=seq[0] // 2, limit=1000)
         assert len(page) == 1000
+
+
+def test_a_home_open_to_others_is_made_private(tmp_path):
+    """DuckDB writes the store's log (``.wal``) with the umask's mode (0644) whatever the store
+    file's mode, and the store holds the jobs' environments: a home another command or the user
+    made open (0755) stayed open, and every local user could read the tokens in that log."""
+    root = tmp_path / "home"
+    root.mkdir()
+    os.chmod(root, 0o755)
+    Home(root).ensure()
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    fresh = Home(tmp_path / "a" / "new-home").ensure()
+    assert stat.S_IMODE(fresh.root.stat().st_mode) == 0o700
+
+
+def test_a_store_in_a_folder_others_may_enter_says_so(tmp_path, caplog):
+    from rtxops.telemetry.store import Store
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o755)
+    with caplog.at_level(logging.WARNING, logger="rtxops.telemetry.store"):
+        Store(shared / "s.duckdb").close()
+        assert "open to other users" in caplog.text
+        caplog.clear()
+        Store(tmp_path / "made-here" / "s.duckdb").close()   # a folder the store makes: private
+        assert not caplog.text
+    assert stat.S_IMODE((tmp_path / "made-here").stat().st_mode) == 0o700
