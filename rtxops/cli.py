@@ -31,8 +31,8 @@ app.add_typer(daemon_app, name="daemon")
 app.add_typer(telemetry_app, name="telemetry")
 _register_governance(app)
 _register_evolve(app)
-err = Console(stderr=True)
-out = Console(markup=False)  # names and paths are printed as they are
+err = Console(stderr=True, emoji=False)
+out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # names, paths as they are
 TELEMETRY_FACTORY = "rtxops.telemetry.job:readings_for_job"
 PLAN_VERIFIER = "rtxops.governance.authority:plan_verifier_for_job"  # a job verifies signed plans
 # the command's own options stay its own: rtxops' options come before the command
@@ -109,10 +109,11 @@ def run(
             code = _run_direct(command, plan, summary_file, telemetry)
         else:
             code = _run_supervised(command, plan, summary_file, name, telemetry)
-        data = json.loads(summary_file.read_text()) if summary_file.is_file() else None
+        data, unreadable = _read_summary(summary_file)
     if data is None:
         if summary or json_summary:
-            err.print("rtxops: the job left no summary (it did not start Python, or was killed)")
+            err.print("rtxops: the job left " + (f"an unreadable summary ({unreadable})" if unreadable
+                      else "no summary (it did not start Python, or was killed)"), markup=False)
     else:
         if json_summary:
             try:
@@ -122,7 +123,11 @@ def run(
         if summary:
             from rtxops.runtime.summary import per_op
 
-            _print_summary(data, per_op(data))
+            try:
+                _print_summary(data, per_op(data))
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                err.print(f"rtxops: the job left an unreadable summary ({type(e).__name__}: {e})",
+                          markup=False)
     raise typer.Exit(code)
 
 
@@ -212,8 +217,10 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
                 local = Daemon(home, port=0).prepare()
             except ValueError as e:  # a malformed RTXOPS_EVOLVE_* setting
                 raise DaemonError(str(e)) from None
-            except (StoreError, duckdb.IOException) as e:  # a daemon that does not answer holds it
-                stuck = _silent_daemon(home)
+            except (StoreError, duckdb.IOException) as e:
+                if "Conflicting lock" not in str(e):   # a damaged store, or one of a newer rtxops
+                    raise DaemonError(f"cannot open the store of {home.root}: {e}") from None
+                stuck = _silent_daemon(home)   # a daemon that does not answer holds it
                 if stuck:
                     raise DaemonError(f"cannot open the store of {home.root}: daemon process "
                                       f"{stuck} holds it but does not answer (stopped, or hung?)") from None
@@ -562,6 +569,18 @@ def daemon(
 DAEMON_COMING_UP_S = 60.0   # how long `rtxops run` waits for a daemon another process is starting
 
 
+def _read_summary(path: Path) -> tuple[Optional[dict], str]:
+    """The job's summary, or None and why it cannot be read ("" when there is none): the job's
+    exit status is what `rtxops run` must pass on, whatever state the job left the file in."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, ValueError, RecursionError) as e:
+        return None, f"{type(e).__name__}: {e}"[:200]
+    return (data, "") if isinstance(data, dict) else (None, "not a JSON object")
+
+
 def _daemon_coming_up(h, reason: str):
     """A client of the daemon another process is starting on home ``h`` (its store is open,
     it does not answer yet), once it announces itself; DaemonError after
@@ -840,6 +859,7 @@ def telemetry_prune(
 def _prune_file(path: Path, seconds: float, dry_run: bool) -> dict:
     import duckdb
 
+    from rtxops import settings
     from rtxops.telemetry import store_retention
     from rtxops.telemetry.store import Store, StoreError
 
@@ -847,6 +867,8 @@ def _prune_file(path: Path, seconds: float, dry_run: bool) -> dict:
         raise _fail(f"no store at {path}", 2)
     try:
         store = Store(path)
+    except settings.SettingError as e:
+        raise _fail(str(e)) from None
     except (StoreError, duckdb.IOException) as e:
         raise _fail(f"cannot open {path} for writing (a job writing to it?): {e}", 1) from None
     with store:

@@ -15,8 +15,8 @@ from rich.table import Table
 
 from rtxops.cli_text import plain
 
-err = Console(stderr=True)
-out = Console(highlight=False, soft_wrap=True, markup=False)  # names and paths are printed as they are
+err = Console(stderr=True, emoji=False)
+out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # names, paths as they are
 
 evolve_app = typer.Typer(help="The evolve loop: status, and the replay simulator.",
                          no_args_is_help=True)

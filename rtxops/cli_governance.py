@@ -15,8 +15,8 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-err = Console(stderr=True)
-out = Console(highlight=False, soft_wrap=True, markup=False)  # names and paths are printed as they are
+err = Console(stderr=True, emoji=False)
+out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # names, paths as they are
 
 keys_app = typer.Typer(help="Signing keys and the trusted keyring.", no_args_is_help=True)
 policy_app = typer.Typer(help="CEL policies over bundles.", no_args_is_help=True)

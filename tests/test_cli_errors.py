@@ -21,12 +21,20 @@ def rtxops(*args: str, env: dict | None = None, cwd=None) -> subprocess.Complete
                                   "run with a misspelt policies folder",
                                   "daemon with a misspelt policies folder",
                                   "submit with a hang timeout that is not a number",
-                                  "run with a name too long and no daemon"])
+                                  "run with a name too long and no daemon",
+                                  "daemon with an unreadable keyring", "run with an unreadable keyring",
+                                  "prune with a malformed store setting"])
 def test_a_clear_error_and_no_traceback(tmp_path, case):
     afile = tmp_path / "afile"
     afile.write_text("x")
     home = str(tmp_path / "home")
     (tmp_path / "home").mkdir()
+    if "keyring" in case:
+        (tmp_path / "home" / "keyring.json").write_text("garbage")
+    if "prune" in case:
+        from rtxops.telemetry.store import Store
+
+        Store(tmp_path / "home" / "rtxops.duckdb").close()
     args, env, said = {
         "ledger export onto a file": (["ledger", "export", str(afile), "--home", home], None, "File exists"),
         "home is a file": (["run", "--", sys.executable, "-c", "pass"], {"RTXOPS_HOME": str(afile)},
@@ -51,6 +59,15 @@ def test_a_clear_error_and_no_traceback(tmp_path, case):
         "run with a name too long and no daemon": (
             ["run", "--name", "n" * 300, "--", sys.executable, "-c", "print('the job ran')"],
             {"RTXOPS_HOME": home}, "name: at most 200 characters"),
+        # (a traceback, and the store's write-ahead log left behind)
+        "daemon with an unreadable keyring": (["daemon", "--port", "0", "--home", home], None,
+                                              "keyring.json is unreadable"),
+        "run with an unreadable keyring": (
+            ["run", "--", sys.executable, "-c", "print('the job ran')"], {"RTXOPS_HOME": home},
+            "keyring.json is unreadable"),
+        "prune with a malformed store setting": (
+            ["telemetry", "prune", "--older-than", "30d", "--dry-run", "--home", home],
+            {"RTXOPS_STORE_WAL": "bogus"}, "RTXOPS_STORE_WAL"),
     }[case]
     r = rtxops(*args, env=env, cwd=tmp_path)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)

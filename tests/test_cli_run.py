@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,6 @@ def rtxops_run(*args: str, cwd: Path | None = None, timeout: int = 300) -> subpr
 
 
 def _env():
-    import os
     return {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_") or k == "RTXOPS_HOME"}
 
 
@@ -373,3 +373,24 @@ def test_a_direct_run_makes_its_home_private(tmp_path):
     assert r.returncode == 0, r.stderr
     import stat
     assert stat.S_IMODE((tmp_path / "home").stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("written", ['{"steps": 1', '[1, 2]', '{"steps": 1}'])
+def test_a_summary_cut_short_or_malformed_still_passes_the_jobs_exit_code_on(written):
+    """A summary cut short (a process killed mid-write, a full disk) crashed `rtxops run` with a
+    traceback and exit 1; the job's own exit code (7) was lost."""
+    r = rtxops_run("--direct", "--no-telemetry", "--", "sh", "-c",
+                   f"printf '%s' '{written}' > \"$RTXOPS_SUMMARY\"; exit 7")
+    assert r.returncode == 7, r.stderr
+    assert "unreadable summary" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_run_on_a_damaged_store_says_so_at_once(tmp_path):
+    """A store that is no DuckDB file was taken for one another process holds: `rtxops run`
+    waited a minute for that process's daemon, then said the file is invalid."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "rtxops.duckdb").write_bytes(os.urandom(300_000))
+    r = rtxops_run("--", sys.executable, "-c", "pass", timeout=50)
+    assert r.returncode == 2, r.stderr
+    assert "waiting" not in r.stderr and "cannot open the store" in r.stderr, r.stderr

@@ -60,9 +60,17 @@ class Daemon:
         self.job_grace_s = job_grace_s
         self.token = home.token(create=True)
         self.store = Store(home.store)
+        from rtxops.governance import GovernanceError
         from rtxops.governance.authority import Authority  # signing key: made and trusted on first start
 
-        self.authority = Authority(home.root, self.store)
+        try:
+            self.authority = Authority(home.root, self.store)
+        except GovernanceError as e:   # an unreadable keyring, say: one line, and the store closed
+            self.store.close()
+            raise ValueError(str(e)) from None
+        except BaseException:
+            self.store.close()
+            raise
         self.board = PlanBoard(home.plans, authority=self.authority)
         self.jobs_sink = DuckDBJobSink(self.store)
         self.supervisor: Supervisor | None = None

@@ -130,3 +130,15 @@ def test_key_commands_lose_no_key_and_no_revocation(tmp_path, keys):
     code, out = cli("sign", str(bundle), "--key", str(signing))
     assert code == 2 and "cannot sign" in out and "symlink" in out, out
     assert sorted(p.name for p in bundle.iterdir()) == sorted(signed + ["link"])
+
+
+def test_names_with_colons_come_out_as_written(tmp_path):
+    """Rich turned ':fire:' in a key's name into an emoji in `keys list --json` (and in every
+    line the CLI prints): the JSON no longer said what the keyring holds."""
+    ring = tmp_path / "r.json"
+    r = CliRunner().invoke(app, ["keys", "init", "--name", "team:fire:ops", "--keyring", str(ring),
+                                 "--home", str(tmp_path / "home")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["keys", "list", "--json", "--keyring", str(ring)])
+    assert r.exit_code == 0, r.output
+    assert [k["name"] for k in json.loads(r.output)] == ["team:fire:ops"]

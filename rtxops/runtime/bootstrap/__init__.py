@@ -190,7 +190,13 @@ def _at_exit(dispatcher, summary_path: str | None, pid: int) -> None:
                 # several processes of one job (spawned DataLoader workers, ranks started by
                 # torch.multiprocessing.spawn) share the file: one that trained is never
                 # overwritten by one that did not
-                Path(summary_path).write_text(json.dumps(summary))
+                # whole or not at all (a process killed mid-write, a full disk, two at once)
+                part = Path(f"{summary_path}.{os.getpid()}.part")
+                try:
+                    part.write_text(json.dumps(summary))
+                    os.replace(part, summary_path)
+                finally:
+                    part.unlink(missing_ok=True)
     except Exception as e:  # the job's own exit status matters more than our summary
         print(f"rtxops: could not finish telemetry or the summary: {e}", file=sys.stderr)
 
