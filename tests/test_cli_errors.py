@@ -100,3 +100,20 @@ def test_a_stale_pid_file_naming_another_process_is_not_taken_for_the_daemon(tmp
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.parametrize("args", [["telemetry", "stats"], ["tune", "--show"],
+                                  ["telemetry", "export", "--format", "otlp-json", "-o", "x.json"]])
+def test_readers_of_a_duckdb_file_that_is_no_rtxops_store_say_so(tmp_path, args):
+    """Read-only commands on a DuckDB file without rtxops' tables (or of another schema
+    version) printed DuckDB's CatalogException as a traceback."""
+    import duckdb
+
+    home = tmp_path / "home"
+    home.mkdir()
+    con = duckdb.connect(str(home / "rtxops.duckdb"))
+    con.execute("CREATE TABLE t (x INTEGER)")
+    con.close()
+    r = rtxops(*args, "--home", str(home), cwd=tmp_path)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "is not an rtxops store" in r.stderr, r.stderr

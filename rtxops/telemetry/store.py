@@ -1201,6 +1201,18 @@ class ReadOnlyStore:
             self._con = duckdb.connect(str(self.path), read_only=True)
         except duckdb.Error as e:
             raise StoreError(f"cannot open {self.path} for reading: {e}") from None
+        try:
+            found = self._con.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+        except duckdb.Error:
+            found = None
+        if found != SCHEMA_VERSION:   # its tables are not the ones the readers ask for
+            self._con.close()
+            raise StoreError(
+                f"{self.path} is not an rtxops store" if found is None else
+                f"the store {self.path} has schema version {found}, newer than this rtxops "
+                f"understands ({SCHEMA_VERSION}): upgrade rtxops" if found > SCHEMA_VERSION else
+                f"the store {self.path} has schema version {found}, older than this rtxops's "
+                f"({SCHEMA_VERSION}): start `rtxops daemon` on its home once to bring it up to date")
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         return self._con.cursor()
