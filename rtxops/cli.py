@@ -640,7 +640,7 @@ def daemon_status(ctx: typer.Context, home: Optional[Path] = typer.Option(None))
 
 @daemon_app.command("stop")
 def daemon_stop(ctx: typer.Context, home: Optional[Path] = typer.Option(None),
-                timeout: float = typer.Option(60.0, help="seconds to wait for a clean stop")) -> None:
+                timeout: float = typer.Option(60.0, min=0.1, help="seconds to wait for a clean stop")) -> None:
     """Stop the daemon (SIGTERM: jobs are stopped gracefully, the store flushed)."""
     from rtxops.daemon import proctree
     from rtxops.daemon.client import DaemonClient
@@ -668,7 +668,7 @@ def daemon_stop(ctx: typer.Context, home: Optional[Path] = typer.Option(None),
             out.print(f"stopped daemon {pid}")
             return
         time.sleep(0.1)
-    raise _fail(f"daemon {pid} did not stop within {timeout:.0f}s", 1)
+    raise _fail(f"daemon {pid} is still stopping after {timeout:g} s (SIGTERM sent)", 1)
 
 
 # ---- jobs ----------------------------------------------------------------------------------------
