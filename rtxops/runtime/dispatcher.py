@@ -246,9 +246,14 @@ class FunctionSite:
         schedule = _explore_schedule(routes, weights)
         record_cell, counter = self.dispatcher.record_cell, [0]
 
+        steady = _steady_index(schedule, routes[0])
+
         def explore(*args, **kwargs):
-            n = counter[0] = (counter[0] + 1) % EXPLORE_PERIOD
-            fn, slot, on_error = schedule[n]
+            if _recomputable():
+                fn, slot, on_error = schedule[steady]
+            else:
+                n = counter[0] = (counter[0] + 1) % EXPLORE_PERIOD
+                fn, slot, on_error = schedule[n]
             t0 = perf_counter_ns()
             try:
                 out = fn(*args, **kwargs)
@@ -401,8 +406,11 @@ class ModuleSite(FunctionSite):
 
     def explore(self, routes: list, weights: list[float]) -> Callable:
         schedule, counter = _explore_schedule(routes, weights), [0]
+        steady = _steady_index(schedule, routes[0])
 
         def explore(module, parts, args, kwargs):
+            if _recomputable():
+                return schedule[steady](module, parts, args, kwargs)
             n = counter[0] = (counter[0] + 1) % EXPLORE_PERIOD
             return schedule[n](module, parts, args, kwargs)
 
@@ -918,6 +926,26 @@ def _explore_schedule(routes: list, weights: list[float]) -> list:
         schedule += [route] * max(0, round(w * EXPLORE_PERIOD))
     schedule = (schedule + [routes[0]] * EXPLORE_PERIOD)[:EXPLORE_PERIOD]
     return [schedule[(i * 7919) % EXPLORE_PERIOD] for i in range(EXPLORE_PERIOD)]
+
+
+_saved_tensors_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def _recomputable() -> bool:
+    """Whether this call may run again in a backward pass that must see what it saved: inside
+    activation checkpointing's forward (its saved-tensor hooks; the user's own too) or its
+    recompute (a backward pass running). Such calls do not explore: the recompute would take
+    another arm, which saves other tensors (torch raises CheckpointError)."""
+    if _saved_tensors_hooks is not None and _saved_tensors_hooks(False) is not None:
+        return True
+    return _graph_task_id is not None and _graph_task_id() != -1
+
+
+def _steady_index(schedule: list, main) -> int:
+    """Where the schedule holds the main arm (a place, not the route: a route replaced after
+    its first call is replaced there too)."""
+    return next((i for i, r in enumerate(schedule) if r is main), 0)
 
 
 def _replace_in_explore(route, old, new) -> None:

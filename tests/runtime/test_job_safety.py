@@ -413,3 +413,47 @@ def test_rms_norm_with_a_weight_of_another_dtype_keeps_torchs_output_dtype():
         torch.testing.assert_close(got, want)
     finally:
         patching.disable()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_explored_calls_inside_a_checkpoint_are_recomputed_on_the_arm_they_ran(reentrant):
+    """Explore arms took turns by a per-call counter, so a checkpoint's recompute often ran
+    another arm than its forward, which saved other tensors: CheckpointError from backward,
+    every explore round, whenever the explored op was not the block's last. Inside a checkpoint
+    (and its recompute) calls now keep the main arm; outside, they explore as before."""
+    from torch.utils.checkpoint import checkpoint
+
+    from rtxops.runtime.plan import ExploreArm
+    from rtxops.runtime.summary import summarize
+
+    from .helpers import bucket_id, plan_for
+
+    torch.manual_seed(0)
+    lin1, lin2 = nn.Linear(16, 16), nn.Linear(16, 16)
+    xs = [torch.randn(8, 16, requires_grad=True) for _ in range(30)]
+
+    def block(x):
+        return lin2(F.gelu(lin1(x)))   # gelu between two layers, as in any MLP
+
+    def grads() -> list[torch.Tensor]:
+        out = []
+        for x in xs:
+            x.grad = None
+            checkpoint(block, x, use_reentrant=reentrant).sum().backward()
+            out.append(x.grad.clone())
+        return out
+
+    want = grads()
+    explore = plan_for(1, ("gelu", bucket_id("gelu", torch.randn(8, 16)), "reference", {},
+                           [ExploreArm("eager", {}, 0.5)]))
+    dispatcher = patching.enable(explore)
+    try:
+        for got, expected in zip(grads(), want):
+            torch.testing.assert_close(got, expected)
+        for x in xs:                   # outside a checkpoint the arm still gets its share
+            block(x).sum().backward()
+        calls = {s["variant"]: s["calls"] for s in summarize(dispatcher)["slots"] if s["op"] == "gelu"}
+        assert calls.get("eager", 0) >= 10, calls
+        assert not dispatcher.disabled
+    finally:
+        patching.disable()
