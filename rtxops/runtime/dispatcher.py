@@ -360,8 +360,7 @@ class ModuleSite(FunctionSite):
             self.op.call_key, self.routes, self.original_forward, self.split, self._miss,
         )
 
-        by_mode = not self.whole_forward
-        dormant, live = self._dormant, self.dispatcher.live
+        cls, dormant, live = self.cls, self._dormant, self.dispatcher.live
 
         def forward(module, *args, **kwargs):
             if dormant[0] or not live[0] or (_is_compiling() and _traced_here()) or (
@@ -373,11 +372,13 @@ class ModuleSite(FunctionSite):
                 key = None if parts is None else call_key(*parts[0])
             except Exception:  # inputs the op's key cannot read (nested tensors): as written
                 return original(module, *args, **kwargs)
-            if key is not None and (by_mode or any_autocast()):
+            if key is not None:
                 # train and eval (and autocast) are checked apart: a forward may differ between
-                # them (dropout)
-                key = Scoped(key, (by_mode and module.training,
-                                   autocast_scope() if any_autocast() else None))
+                # them (dropout); so is a subclass that inherits the forward (it may set what
+                # that forward reads differently)
+                sub = type(module)
+                key = Scoped(key, (module.training, autocast_scope() if any_autocast() else None,
+                                   None if sub is cls else sub))
             route = routes.get(key)
             if route is None:
                 if key is None:

@@ -149,7 +149,11 @@ def _holds_only(module, names: set[str]) -> str | None:
 
 def _rms_norm_unfit(module) -> str | None:
     extra = _holds_only(module, {"weight"})
-    return f"it holds {extra!r}, which rms_norm does not take" if extra else None
+    if extra:
+        return f"it holds {extra!r}, which rms_norm does not take"
+    # a child without parameters (a Dropout) still does something the rewrite would drop
+    child = next((name for name, _ in module.named_children()), None)
+    return f"it holds module {child!r}, which rms_norm does not run" if child else None
 
 
 def _gated_mlp_unfit(module) -> str | None:

@@ -457,3 +457,72 @@ def test_explored_calls_inside_a_checkpoint_are_recomputed_on_the_arm_they_ran(r
         assert not dispatcher.disabled
     finally:
         patching.disable()
+
+
+class DropRMSNorm(nn.Module):
+    """An RMSNorm whose forward ends in a dropout (a module without parameters)."""
+
+    def __init__(self, dim: int, p: float = 0.5):
+        super().__init__()
+        self.weight, self.eps, self.drop = nn.Parameter(torch.ones(dim)), 1e-6, nn.Dropout(p)
+
+    def forward(self, x):
+        return self.drop(self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class OffsetRMSNorm(nn.Module):
+    unit_offset = False
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim) + 0.1 * torch.randn(dim)), 1e-6
+
+    def forward(self, x):
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x * (1 + self.weight if self.unit_offset else self.weight)
+
+
+class UnitOffsetRMSNorm(OffsetRMSNorm):   # inherits the forward, changes what it computes
+    unit_offset = True
+
+
+def test_an_rms_norm_class_with_a_dropout_keeps_it_after_an_eval_pass():
+    """Checked first in eval (a validation pass), the rewrite was reused in train mode: the
+    Dropout never ran again (0 of 128 zeros where its own forward gives ~64)."""
+    torch.manual_seed(0)
+    m, x, own = DropRMSNorm(16), torch.randn(8, 16), DropRMSNorm.forward
+    patching.enable(_plan({"rms_norm": "eager"}))
+    try:
+        m.eval()
+        with torch.no_grad():
+            m(x)
+        m.train()
+        torch.manual_seed(1)
+        got = m(x)
+        torch.manual_seed(1)
+        torch.testing.assert_close(got, own(m, x))
+        assert int((got == 0).sum()) > 20
+    finally:
+        patching.disable()
+
+
+def test_a_subclass_inheriting_an_rms_norm_forward_is_checked_on_its_own():
+    """A subclass that changes what the inherited forward computes took the parent's route,
+    checked on the parent's instances: silently other values (max error 2.4)."""
+    torch.manual_seed(0)
+    a, b, x = OffsetRMSNorm(16), UnitOffsetRMSNorm(16), torch.randn(8, 16)
+    own = OffsetRMSNorm.forward
+    patching.enable(_plan({"rms_norm": "eager"}))
+    try:
+        a(x), a(x)
+        torch.testing.assert_close(b(x), own(b, x))
+        torch.testing.assert_close(b(x), own(b, x))
+        torch.testing.assert_close(a(x), own(a, x))
+    finally:
+        patching.disable()
+
+
+def _plan(defaults: dict):
+    from .helpers import plan_for
+
+    return plan_for(1, defaults=defaults)
