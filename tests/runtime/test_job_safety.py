@@ -526,3 +526,24 @@ def _plan(defaults: dict):
     from .helpers import plan_for
 
     return plan_for(1, defaults=defaults)
+
+
+@pytest.mark.parametrize("op", ["silu", "gelu"])
+def test_a_chunked_activation_answers_a_transposed_input_in_its_layout(op):
+    """Sliced (a GLU's ``chunk``) and transposed inputs share one route, checked on the first:
+    chunked answered every one contiguous, so the transposed input's output, which torch lays
+    out transposed, could no longer be ``.view()``-ed as the job's next line did."""
+    from .helpers import plan_for
+
+    patching.enable(plan_for(1, defaults={op: "chunked"}))
+    try:
+        fn = getattr(F, op)
+        for _ in range(2):
+            fn(torch.randn(8, 64, 512).chunk(2, -1)[0])
+        x = torch.randn(8, 256, 64).transpose(1, 2)
+        y = fn(x)
+        assert y.stride() == x.stride()
+        y.transpose(1, 2).view(8 * 256, 64)
+        torch.testing.assert_close(y, originals.original(op)(x))
+    finally:
+        patching.disable()

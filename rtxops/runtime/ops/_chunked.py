@@ -5,6 +5,8 @@ from typing import Callable
 
 import torch
 
+from ._layout import stride_order
+
 
 def over_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int) -> torch.Tensor:
     """``fn`` over chunks of ``rows`` rows of ``x`` (all dims but the last flattened)."""
@@ -15,9 +17,15 @@ def over_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows:
 
 
 def over_elements(fn: Callable[..., torch.Tensor], n: int, *tensors: torch.Tensor) -> torch.Tensor:
-    """``fn`` over matching flat slices of ``n`` elements of same-shaped ``tensors``."""
+    """``fn`` over matching flat slices of ``n`` elements of same-shaped ``tensors``, in the first
+    one's memory order: the result is laid out as torch's elementwise kernels lay theirs (a
+    transposed input gives a transposed output, which a job may ``.view()`` as such)."""
     first = tensors[0]
     if first.numel() <= n:
         return fn(*tensors)
+    order = stride_order(first)
+    if order != list(range(first.dim())):
+        back = sorted(range(first.dim()), key=order.__getitem__)
+        return over_elements(fn, n, *(t.permute(order) for t in tensors)).permute(back)
     slices = zip(*(t.reshape(-1).split(n) for t in tensors))
     return torch.cat([fn(*s) for s in slices]).view(first.shape)
