@@ -171,6 +171,11 @@ class PlanPoller:
                          f"({type(e).__name__}: {e})") from None
         files = {name: base64.b64decode(text) for name, text in data.get("files", {}).items()}
         plan = Plan.from_json(self.verifier(files, self.dispatcher.plan.version))
+        if plan.version > served.version:
+            # the daemon published a newer plan between this poll's two requests: no verdict on
+            # the served one (a refusal would end that plan's tuning); the next poll gets both
+            raise _Retry(f"plan version {served.version}: the daemon now serves version "
+                         f"{plan.version}")
         if plan.digest != served.digest:
             raise PlanError(f"plan version {served.version} refused: the signed bundle holds "
                             f"version {plan.version} with another digest")

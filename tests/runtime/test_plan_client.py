@@ -160,3 +160,13 @@ def test_a_jobs_proxy_settings_do_not_reach_the_daemon(endpoint, monkeypatch):
     poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", None, verifier=refuse)
     assert poller.poll_once() == "refused"
     assert [r["reason"] for r in endpoint.reports] == ["refused in a test"]
+
+
+def test_a_plan_published_between_the_poll_and_the_bundle_fetch_is_no_refusal(endpoint):
+    """The daemon published v8 after serving v7 as current and before the job fetched the
+    bundle: v7 was refused and reported (which ends that plan's tuning in the evolve loop)."""
+    newer = plan_for(8).to_json()
+    poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", None,
+                        verifier=lambda files, running: newer.encode())
+    assert poller.poll_once() == "retry"
+    assert poller.refused == [] and endpoint.reports == [] and poller.etag is None
