@@ -78,9 +78,10 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
         from rtxops.governance import ledger as gl
 
         store = board.authority.store
-        return {"entries": gl.read_entries(store, limit=limit, offset=offset),
-                "total": gl.count_entries(store), "limit": limit, "offset": offset,
-                "head": gl.read_head(board.authority.head_file)}
+        with board.authority.ledger_lock:   # entries and head of one moment
+            return {"entries": gl.read_entries(store, limit=limit, offset=offset),
+                    "total": gl.count_entries(store), "limit": limit, "offset": offset,
+                    "head": gl.read_head(board.authority.head_file)}
 
     @router.post("/report", status_code=204, dependencies=[Depends(auth)])
     def report(refusal: Refusal) -> Response:

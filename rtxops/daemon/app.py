@@ -116,8 +116,9 @@ class _GovernanceReports:
 
         if self._chain is None:
             self._chain = ledger.ChainCheck()
-        problems = self._chain.problems(self.daemon.store,
-                                        ledger.read_head(self.daemon.authority.head_file))
+        authority = self.daemon.authority
+        with authority.ledger_lock:   # entries and head of one moment
+            problems = self._chain.problems(self.daemon.store, ledger.read_head(authority.head_file))
         return {"ok": not problems, "problems": problems}
 
     def verify_bundle(self, entry: dict) -> dict | None:

@@ -36,7 +36,11 @@ class Authority:
         self.bundles = self.root / "bundles"
         self.head_file = self.root / "ledger.head"
         self.store = store
-        if not self.key_file.exists():
+        # an entry and its head are written together: a reader holding this sees both or neither
+        # (between them the chain looked cut short, a false alarm of tampering)
+        self.ledger_lock = threading.Lock()
+        new_key = not self.key_file.exists()
+        if new_key:
             _keys.generate(self.key_file, self.key_file.with_suffix(".pub"))
         self.signer = Signer.from_key_file(self.key_file, builder="rtxops-daemon")
         keyring = Keyring.load(self.keyring_file)
@@ -51,8 +55,10 @@ class Authority:
         if store is not None:
             from . import ledger  # the store (DuckDB, Arrow): only the daemon needs it
 
+            # a home whose daemon key was made before starts no new ledger: its head and
+            # entries were there (a wiped ledger passed for a new one, bundles deleted too)
             ledger.start(store, self.head_file, self.signer.key,
-                         issued_before=any(self.bundles.glob("*/v*")))
+                         issued_before=not new_key or any(self.bundles.glob("*/v*")))
         # loaded on first use: building the CEL parser takes ~0.3 s, which `rtxops run` would
         # otherwise spend before its job starts
         self._policies: list | None = None
@@ -136,8 +142,10 @@ class Authority:
         if self.store is not None:
             from . import ledger  # the store (DuckDB, Arrow): only the daemon needs it
 
-            ledger.append(self.store, self.head_file, head_key=self.signer.key,
-                          keyring=Keyring.load(self.keyring_file), **entry)
+            keyring = Keyring.load(self.keyring_file)
+            with self.ledger_lock:
+                ledger.append(self.store, self.head_file, head_key=self.signer.key,
+                              keyring=keyring, **entry)
 
 
 def bundle_files(directory: Path) -> dict[str, bytes]:

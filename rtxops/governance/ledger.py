@@ -22,8 +22,8 @@ from ._errors import UsageError, VerificationError
 from ._layout import HEAD_KIND
 
 __all__ = ["ChainCheck", "append", "append_problem", "check_chain", "count_entries", "export_jsonl",
-           "head_signature_problem", "newest_version", "read_entries", "sign_head", "start",
-           "write_head"]
+           "head_signature_problem", "newest_version", "pending_head_file", "read_entries",
+           "sign_head", "start", "write_head"]
 
 _HEAD_DOMAIN = b"rtxops ledger head v1\n"
 
@@ -33,25 +33,51 @@ def append(store, head_file: Path | None, head_key: ec.EllipticCurvePrivateKey |
     """Append ``entry``; rewrite the head file (signed with ``head_key`` when given). With a key,
     the stored chain must end at a head a trusted key signed (:func:`append_problem`), else
     VerificationError: a daemon never signs over a chain it cannot vouch for."""
+    announce = None
     if head_file is not None and head_key is not None:
-        problem = append_problem(store, read_head(head_file), head_key, keyring)
+        problem = append_problem(store, read_head(head_file), head_key, keyring,
+                                 pending=read_head(pending_head_file(head_file)))
         if problem:
             raise VerificationError("ledger", problem + ": `rtxops ledger verify` says more")
-    row = append_entry(store, **entry)
+
+        def announce(row: dict) -> None:
+            # signed before the entry commits: a daemon killed between the commit and the head's
+            # write leaves a head for it, which the next start takes (nobody without the key can
+            # add an entry that way)
+            write_head(pending_head_file(head_file), row["seq"], row["entry_hash"], head_key)
+
+    row = append_entry(store, before_insert=announce, **entry)
     if head_file is not None:
         write_head(head_file, row["seq"], row["entry_hash"], head_key)
+        pending_head_file(head_file).unlink(missing_ok=True)
     return row
 
 
+def pending_head_file(head_file: Path) -> Path:
+    """The signed head of the entry being appended (it may not have committed)."""
+    return head_file.with_name(head_file.name + ".next")
+
+
 def start(store, head_file: Path, key: ec.EllipticCurvePrivateKey, issued_before: bool) -> bool:
-    """Write the signed head of an empty ledger (seq 0) when there is no head file, no entry and
-    ``issued_before`` is false (no bundle was issued); whether it wrote one. A daemon does this
-    at its start: from then on a missing head means a removed one (emptying the ledger and
-    deleting its head passed for a new ledger)."""
-    if head_file.exists() or issued_before or count_entries(store):
-        return False
-    write_head(head_file, 0, GENESIS, key)
-    return True
+    """At a daemon's start: write the signed head of an empty ledger (seq 0) when there is no
+    head file, no entry and ``issued_before`` is false (a daemon key made just now, no bundle
+    issued); whether it wrote one. From then on a missing head means a removed one (emptying the
+    ledger and deleting its head passed for a new ledger). Also takes the head a daemon killed
+    between an entry's commit and its head's write had signed for that entry."""
+    if not head_file.exists():
+        if issued_before or count_entries(store):
+            return False
+        write_head(head_file, 0, GENESIS, key)
+        return True
+    pending_file = pending_head_file(head_file)
+    pending, head = read_head(pending_file), read_head(head_file)
+    if pending and "invalid" not in head and pending.get("seq") == head.get("seq", -2) + 1 \
+            and append_problem(store, head, key, pending=pending) is None:
+        rows = store.query("SELECT entry_hash FROM ledger WHERE seq = ?", [pending["seq"]])
+        if rows and rows[0]["entry_hash"] == pending["entry_hash"]:
+            write_head(head_file, pending["seq"], pending["entry_hash"], key)
+    pending_file.unlink(missing_ok=True)
+    return False
 
 
 def write_head(head_file: Path, seq: int, entry_hash: str,
@@ -74,6 +100,11 @@ def sign_head(rows: list[dict], head: dict, head_file: Path,
     ``rows`` it closes is intact; the problems that kept it unsigned, else []. Someone's explicit
     act (``rtxops ledger sign-head``): a daemon never signs a head it did not write."""
     problems = check_chain(rows, head)
+    if not problems and not rows and not head:
+        # an empty ledger without a head (a home whose store was deleted on purpose): its
+        # first head, by the key holder's explicit act; a daemon never starts one by itself
+        write_head(head_file, 0, GENESIS, key)
+        return []
     if not problems and (not head or "invalid" in head):
         problems = ["there is no head to sign"]
     if not problems:
@@ -81,12 +112,14 @@ def sign_head(rows: list[dict], head: dict, head_file: Path,
     return problems
 
 
-def append_problem(store, head: dict, key: ec.EllipticCurvePrivateKey, keyring=None) -> str | None:
+def append_problem(store, head: dict, key: ec.EllipticCurvePrivateKey, keyring=None,
+                   pending: dict | None = None) -> str | None:
     """Why a daemon holding ``key`` must not chain onto the stored ledger and sign its new head,
     or None. The head must be readable, signed by ``key`` (or by a key ``keyring`` trusts for
-    the head), name a stored entry with its hash (seq 0: the empty ledger), and have at most one
-    entry after it (a daemon killed between committing an entry and writing the head leaves one).
-    Anything else is a chain the daemon cannot vouch for: signing over it would bless it."""
+    the head), name a stored entry with its hash (seq 0: the empty ledger), and have no entry
+    after it but the one ``pending`` names, signed by ``key`` (a daemon killed between committing
+    an entry and writing the head leaves it). Anything else is a chain the daemon cannot vouch
+    for: signing over it would bless it (one entry appended by whoever can write the store)."""
     if "invalid" in head:
         return f"the ledger's head file is unreadable ({head['invalid']})"
     if not head:
@@ -113,6 +146,15 @@ def append_problem(store, head: dict, key: ec.EllipticCurvePrivateKey, keyring=N
     if last > seq + 1:
         return (f"the ledger holds {last - seq} entries after entry {seq}, which its signed head "
                 "names (added without the head)")
+    if last == seq + 1:
+        (row,) = store.query("SELECT entry_hash FROM ledger WHERE seq = ?", [last])
+        announced = (pending and "signature" in pending and pending["seq"] == last
+                     and pending["entry_hash"] == row["entry_hash"]
+                     and pending["key_id"] == _keys.key_id(key.public_key())
+                     and _signed_by(pending, key.public_key()))
+        if not announced:
+            return (f"the ledger holds entry {last} after entry {seq}, which its signed head "
+                    "names, and this daemon never signed a head for it (added without the head)")
     return None
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 from .store import Store
 
@@ -23,8 +23,10 @@ def entry_hash(row: dict[str, Any]) -> str:
 
 def append_entry(store: Store, *, kind: str, scope: str, version: int, subject_digest: str,
                  decision: dict | None, signer: str, reason: str = "",
-                 timeout_s: float = 30.0) -> dict:
-    """Append one entry after the current last one; returns it (with seq and hashes)."""
+                 timeout_s: float = 30.0, before_insert: Callable[[dict], None] | None = None) -> dict:
+    """Append one entry after the current last one; returns it (with seq and hashes).
+    ``before_insert(row)`` runs once the row is known and before it is written (raising, it
+    writes nothing)."""
 
     def append(cur) -> dict:
         last = cur.execute("SELECT seq, entry_hash FROM ledger ORDER BY seq DESC LIMIT 1").fetchone()
@@ -33,6 +35,8 @@ def append_entry(store: Store, *, kind: str, scope: str, version: int, subject_d
                "decision": json.dumps(decision or {}, sort_keys=True, separators=(",", ":")),
                "signer": signer, "reason": reason, "prev_hash": last[1] if last else GENESIS}
         row["entry_hash"] = entry_hash(row)
+        if before_insert is not None:
+            before_insert(row)
         cur.execute(f"INSERT INTO ledger ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                     list(row.values()))
         return row

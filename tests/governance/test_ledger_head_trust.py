@@ -188,3 +188,107 @@ def test_a_new_home_starts_with_a_signed_empty_head_and_an_old_daemon_key_gets_t
     next_plan(home, version=1)
     code, output = cli("ledger", "verify", "--home", str(home))
     assert code == 0 and "ledger intact: 1 entries" in output, output
+
+
+def forge_entry(home, version=100):
+    """Whoever can write the store appends one well-chained entry after the signed head."""
+    store = Store(home / "rtxops.duckdb")
+    try:
+        gl.append(store, None, kind="promote", scope="job-1", version=version,
+                  subject_digest="sha256:" + "f" * 64, decision={}, signer="k")
+    finally:
+        store.close()
+
+
+def test_one_entry_appended_by_someone_else_is_not_signed_over(tmp_path):
+    """One entry past the head passed for a daemon killed between its commit and its head's
+    write: the daemon signed its next head over a forged promote (and `rtxops verify` then
+    refused the daemon's own newest bundle as a replay)."""
+    home = daemon_home(tmp_path, versions=(1,))
+    forge_entry(home)
+    with pytest.raises(VerificationError, match="never signed a head for it"):
+        next_plan(home)
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 1, output
+
+
+def test_a_daemon_killed_between_an_entry_and_its_head_is_taken_up_at_restart(tmp_path, monkeypatch):
+    home = daemon_home(tmp_path, versions=(1,))
+    real_write_head = gl.write_head
+
+    def killed(path, *args, **kwargs):
+        if path.name == "ledger.head":
+            raise KeyboardInterrupt("killed")
+        return real_write_head(path, *args, **kwargs)
+
+    monkeypatch.setattr(gl, "write_head", killed)
+    with pytest.raises(KeyboardInterrupt):
+        next_plan(home, version=2)
+    monkeypatch.setattr(gl, "write_head", real_write_head)
+    assert cli("ledger", "verify", "--home", str(home))[0] == 1   # the head is one behind
+    store = Store(home / "rtxops.duckdb")
+    Authority(home, store).close()   # a restart takes the head it signed for entry 2
+    store.close()
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 0 and "2 entries" in output, output
+    assert not (home / "ledger.head.next").exists()
+    next_plan(home, version=3)
+
+
+def test_a_wiped_ledger_is_not_started_afresh_by_a_restart_even_without_bundles(tmp_path):
+    """Ledger emptied, head and bundles deleted: the restarted daemon took it for its first
+    start and signed an empty head, and `ledger verify` said intact."""
+    home = daemon_home(tmp_path, versions=(1, 2))
+    store = Store(home / "rtxops.duckdb")
+    try:
+        store.run_write(lambda cur: cur.execute("DELETE FROM ledger")).result(30)
+    finally:
+        store.close()
+    (home / "ledger.head").unlink()
+    shutil.rmtree(home / "bundles")
+    store = Store(home / "rtxops.duckdb")
+    Authority(home, store).close()
+    store.close()
+    assert not (home / "ledger.head").exists()
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 1 and "head file is missing" in output, output
+    # starting a new ledger on purpose is the key holder's explicit act
+    code, output = cli("ledger", "sign-head", "--key", str(home / "keys" / "daemon.pem"),
+                       "--home", str(home))
+    assert code == 0, output
+    assert cli("ledger", "verify", "--home", str(home))[0] == 0
+
+
+def test_readers_never_see_an_entry_without_its_head(tmp_path):
+    """Entry and head were written one after the other with nothing to stop a reader between
+    them: `ledger verify` through the daemon and the dashboard reported tampering now and then
+    on a daemon that was only publishing."""
+    import threading
+
+    home = daemon_home(tmp_path, versions=(1,))
+    store = Store(home / "rtxops.duckdb")
+    authority = Authority(home, store)
+    stop, alarms = threading.Event(), []
+
+    def read() -> None:
+        check = gl.ChainCheck()
+        try:
+            while not stop.is_set():
+                with authority.ledger_lock:
+                    rows, head = gl.read_entries(store), gl.read_head(authority.head_file)
+                    alarms.extend(gl.check_chain(rows, head) + check.problems(store, head))
+        except Exception as e:  # noqa: BLE001 - a reader that died is a failure too
+            alarms.append(repr(e))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for v in range(2, 40):
+            authority._record(kind="manual", scope="job-1", version=v,
+                              subject_digest="sha256:" + "0" * 64, decision={}, signer="k")
+    finally:
+        stop.set()
+        reader.join()
+        authority.close()
+        store.close()
+    assert alarms == []

@@ -2,6 +2,7 @@
 entries verified once are not verified again, and a broken new entry is still caught."""
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -30,7 +31,8 @@ def append(store, head, n, start=1):
 def test_ledger_endpoint_pages(store, tmp_path):
     head = tmp_path / "ledger.head"
     append(store, head, 5)
-    board = SimpleNamespace(authority=SimpleNamespace(store=store, head_file=head))
+    board = SimpleNamespace(authority=SimpleNamespace(store=store, head_file=head,
+                                                      ledger_lock=threading.Lock()))
     app = FastAPI()
     app.include_router(make_router(board, auth=lambda: None))
     client = TestClient(app)
@@ -48,7 +50,8 @@ def test_ledger_endpoint_pages(store, tmp_path):
 def test_chain_is_verified_incrementally(store, tmp_path, monkeypatch):
     head = tmp_path / "ledger.head"
     append(store, head, 3)
-    reports = _GovernanceReports(SimpleNamespace(store=store, authority=SimpleNamespace(head_file=head)))
+    reports = _GovernanceReports(SimpleNamespace(store=store, authority=SimpleNamespace(
+        head_file=head, ledger_lock=threading.Lock())))
     checked = []
     real = gl.check_chain
     monkeypatch.setattr(gl, "check_chain", lambda rows, *a, **k: checked.append(len(rows)) or real(rows, *a, **k))

@@ -256,17 +256,29 @@ def test_a_head_written_before_heads_were_signed_is_signed_on_request_once_the_c
             assert code == 0 and "head signed by" in output, output
 
 
-def test_the_daemon_does_not_chain_onto_a_ledger_rewritten_under_its_signed_head(ledger_home):
+def test_the_daemon_does_not_chain_onto_a_ledger_rewritten_under_its_signed_head(ledger_home,
+                                                                                 monkeypatch):
     """An entry the signed head names was rewritten (hashes recomputed or not): the next append
     refuses instead of signing the rewritten chain; an entry past the head (a daemon killed
     between its commit and the head's write) is fine."""
     from rtxops.governance import VerificationError
 
     key = home_ledger_key(ledger_home)
+    head_file = ledger_home / "ledger.head"
     store = Store(ledger_home / "rtxops.duckdb")
     try:
-        gl.append(store, None, kind="manual", scope="job-1", version=5,  # past the head: fine
-                  subject_digest="sha256:" + "5" * 64, decision={}, signer="k")
+        real_write_head = gl.write_head
+
+        def killed_before_the_head(path, *args, **kwargs):
+            if path == head_file:
+                raise KeyboardInterrupt("killed")
+            return real_write_head(path, *args, **kwargs)
+
+        monkeypatch.setattr(gl, "write_head", killed_before_the_head)
+        with pytest.raises(KeyboardInterrupt):   # committed, its head never written
+            gl.append(store, head_file, head_key=key, kind="manual", scope="job-1", version=5,
+                      subject_digest="sha256:" + "5" * 64, decision={}, signer="k")
+        monkeypatch.setattr(gl, "write_head", real_write_head)
         gl.append(store, ledger_home / "ledger.head", head_key=key, kind="manual", scope="job-1",
                   version=6, subject_digest="sha256:" + "6" * 64, decision={}, signer="k")
         store.run_write(lambda cur: cur.execute(
