@@ -127,7 +127,8 @@ def keys_trust(public_key: Path = typer.Argument(..., help="PEM public key"),
         raise _fail(f"--days {days:g}: give a positive number of days")
     ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
     now = time.time()
-    entry = _guard(lambda: ring.trust(pem, name=name, kinds=kinds.split(","), not_before=now,
+    entry = _guard(lambda: ring.trust(pem, name=name, kinds=kinds.split(","),
+                                      not_before=now if days else None,
                                       not_after=now + days * 86400 if days else None))
     ring.save()
     out.print(f"trusted {entry.key_id} for {','.join(entry.kinds)}")

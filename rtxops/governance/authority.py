@@ -49,8 +49,12 @@ class Authority:
             keyring.trust(self.key_file.with_suffix(".pub").read_bytes(), name="rtxops daemon",
                           kinds=DAEMON_KINDS)
             keyring.save()
-        elif HEAD_KIND not in own.kinds and own.revoked_at is None:   # a home from before it
-            own.kinds.append(HEAD_KIND)
+        elif own.revoked_at is None and (HEAD_KIND not in own.kinds or own.not_before):
+            # a home from before the head kind, or from when the daemon's key was trusted "not
+            # before" its first start (a clock stepped back then refused every plan it issued)
+            if HEAD_KIND not in own.kinds:
+                own.kinds.append(HEAD_KIND)
+            own.not_before = 0.0
             keyring.save()
         if store is not None:
             from . import ledger  # the store (DuckDB, Arrow): only the daemon needs it

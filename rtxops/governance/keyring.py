@@ -28,7 +28,9 @@ class TrustedKey:
 
     def problem(self, kind: str | None, at: float) -> str | None:
         """Why this key cannot vouch for a ``kind`` bundle at time ``at``, or None."""
-        if self.revoked_at is not None and at >= self.revoked_at:
+        # revoked whatever the clock says: a bundle carries no trusted time, and a verifier
+        # whose clock lags the revoking machine's took a leaked key's bundles
+        if self.revoked_at is not None:
             return f"key {self.key_id[:16]} was revoked at {_iso(self.revoked_at)}" + (
                 f" ({self.revoked_reason})" if self.revoked_reason else "")
         if at < self.not_before:
@@ -86,8 +88,10 @@ class Keyring:
         if old is not None and old.revoked_at is not None:
             raise UsageError(f"key {kid[:16]} was revoked ({old.revoked_reason or 'no reason given'}); "
                              "a revoked key is not trusted again: make a new key")
+        # valid from the start unless told otherwise: "not before now" made a machine whose
+        # clock was stepped back (or a job's lagging clock) refuse the daemon's own plans
         entry = TrustedKey(kid, _keys.public_pem(key).decode(), name, list(kinds or KINDS),
-                           time.time() if not_before is None else not_before, not_after)
+                           0.0 if not_before is None else not_before, not_after)
         self.keys[kid] = entry
         return entry
 

@@ -142,3 +142,23 @@ def test_names_with_colons_come_out_as_written(tmp_path):
     r = CliRunner().invoke(app, ["keys", "list", "--json", "--keyring", str(ring)])
     assert r.exit_code == 0, r.output
     assert [k["name"] for k in json.loads(r.output)] == ["team:fire:ops"]
+
+
+def test_validity_does_not_hang_on_the_verifiers_clock(tmp_path):
+    """A key trusted "not before now" was refused by a machine whose clock was then stepped back
+    (the daemon's own plans, denied until the clock caught up) or lagged (a job); a revoked key
+    was still taken by a verifier whose clock lagged the revoking machine's."""
+    import time
+
+    from rtxops.governance import VerificationError
+    from rtxops.governance.keyring import Keyring
+
+    r = CliRunner().invoke(app, ["keys", "init", "--name", "k", "--keyring", str(tmp_path / "r.json"),
+                                 "--home", str(tmp_path / "home"), "--trust"])
+    assert r.exit_code == 0, r.output
+    ring = Keyring.load(tmp_path / "r.json")
+    (kid,) = ring.keys
+    ring.check(kid, "checkpoint", at=time.time() - 3600)    # a clock an hour behind
+    ring.revoke(kid, "leaked")
+    with pytest.raises(VerificationError, match="was revoked"):
+        ring.check(kid, "checkpoint", at=time.time() - 3600)
