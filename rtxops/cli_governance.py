@@ -229,9 +229,11 @@ def verify(path: Path = typer.Argument(..., help="bundle directory"),
             report.checks.append(Check("ledger", True, f"not checked: no rtxops home at {root} "
                                                        "(--home H checks against its ledger)"))
         else:  # the head's signer is the home's daemon: the home's keyring vouches for it
-            problem = _ledger_problem(home, report.facts, None)
+            problem, note = _ledger_problem(home, report.facts, None)
             if problem:
                 report.checks.append(Check("ledger", False, problem))
+            elif note:
+                report.checks.append(Check("ledger", True, note))
     if as_json:
         out.print(json.dumps(report.to_dict(), indent=1, default=str))
     else:
@@ -285,28 +287,36 @@ def _ledger_entries(home: Optional[Path]) -> tuple[list[dict], dict | None]:
         store.close()
 
 
-def _ledger_problem(home: Optional[Path], facts: dict, keyring: Optional[Path]) -> str | None:
+def _ledger_problem(home: Optional[Path], facts: dict,
+                    keyring: Optional[Path]) -> tuple[str | None, str | None]:
     """Why the ledger says this plan bundle must not be taken (a replay of an older version, or
-    another bundle under a version the ledger accepted), or None. A ledger that is not intact
-    cannot say: that fails too."""
+    another bundle under a version the ledger accepted), or None; and a note when the ledger
+    cannot say (it holds no plan of the bundle's signer: a bundle another home issued, imported
+    here). A ledger that is not intact cannot say either: that fails."""
     rows, head = _ledger_entries(home)
     problems = _chain_problems(rows, head, keyring, home)
     if problems:
         return (f"the ledger is not intact ({problems[0]}"
                 + (f"; {len(problems) - 1} more" if len(problems) > 1 else "")
-                + "): `rtxops ledger verify` lists what; the replay check cannot trust it")
+                + "): `rtxops ledger verify` lists what; the replay check cannot trust it"), None
     accepted = ("promote", "rollback", "explore", "manual")  # every kind the board publishes
     scope, version = facts["scope"], facts["version"]
+    signer = (facts.get("signer") or {}).get("key_id")
+    # only the signer's own record counts: another home's `_default` v5 is no replay of this
+    # home's `_default` v8
     issued = {r["version"]: r["subject_digest"] for r in rows
-              if r["scope"] == scope and r["kind"] in accepted}
-    newest = max(issued, default=None)
-    if newest is not None and version < newest:
+              if r["scope"] == scope and r["kind"] in accepted and r["signer"] == signer}
+    if not issued:
+        return None, (f"not checked: this home's ledger holds no plan of {scope} signed by "
+                      f"{str(signer)[:16]} (a bundle issued elsewhere)")
+    newest = max(issued)
+    if version < newest:
         return (f"version {version} is older than {newest}, the ledger's newest for {scope} "
-                "(replay of an older plan)")
+                "(replay of an older plan)"), None
     if version in issued and issued[version] != facts.get("digest"):
         return (f"the ledger accepted another bundle as version {version} of {scope} "
-                f"({issued[version][:23]}…, this one is {str(facts.get('digest'))[:23]}…)")
-    return None
+                f"({issued[version][:23]}…, this one is {str(facts.get('digest'))[:23]}…)"), None
+    return None, None
 
 
 # ---- policy --------------------------------------------------------------------------------------

@@ -329,7 +329,7 @@ def test_replay_of_an_older_plan_is_refused_by_the_ledger(keys, tmp_path):
     try:
         ledger.start(store, home / "ledger.head", keys.signer().key, issued_before=False)
         ledger.append(store, home / "ledger.head", head_key=keys.signer().key, kind="promote", scope="job-1", version=7,
-                      subject_digest="sha256:" + "0" * 64, decision={}, signer="k")
+                      subject_digest="sha256:" + "0" * 64, decision={}, signer=keys.signer().key_id)
     finally:
         store.close()
     code, output = run(str(bundle), "--keyring", str(keys.keyring_file), "--home", str(home))
@@ -337,6 +337,28 @@ def test_replay_of_an_older_plan_is_refused_by_the_ledger(keys, tmp_path):
     # another scope's ledger entries do not count
     other = plan_bundle(tmp_path / "other", keys.signer(), 5, scope="job-2")
     assert run(str(other), "--keyring", str(keys.keyring_file), "--home", str(home))[0] == 0
+
+
+def test_a_bundle_another_home_signed_is_not_checked_against_this_homes_ledger(keys, tmp_path):
+    """Every home has a `_default` scope: another home's v5, imported here, was refused as a
+    replay of this home's v7 though this ledger never saw that signer's plans."""
+    from rtxops.governance import ledger
+    from rtxops.telemetry.store import Store
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "keyring.json").write_bytes(keys.keyring_file.read_bytes())
+    store = Store(home / "rtxops.duckdb")
+    try:
+        ledger.start(store, home / "ledger.head", keys.signer().key, issued_before=False)
+        ledger.append(store, home / "ledger.head", head_key=keys.signer().key, kind="promote",
+                      scope="_default", version=7, subject_digest="sha256:" + "0" * 64,
+                      decision={}, signer=keys.signer().key_id)
+    finally:
+        store.close()
+    shipped = plan_bundle(tmp_path / "v5", keys.signer("stranger"), 5, scope="_default")
+    code, output = run(str(shipped), "--key", str(keys.root / "stranger.pub"), "--home", str(home))
+    assert code == 0 and "not checked: this home's ledger holds no plan of _default signed by" in output, output
 
 
 def test_the_ledger_check_trusts_no_tampered_ledger_and_no_second_bundle_of_a_version(keys, tmp_path):
@@ -357,9 +379,9 @@ def test_the_ledger_check_trusts_no_tampered_ledger_and_no_second_bundle_of_a_ve
     try:
         ledger.start(store, home / "ledger.head", keys.signer().key, issued_before=False)
         ledger.append(store, home / "ledger.head", head_key=keys.signer().key, kind="promote", scope="job-1", version=5,
-                      subject_digest=_root_digest(bundle), decision={}, signer="k")
+                      subject_digest=_root_digest(bundle), decision={}, signer=keys.signer().key_id)
         ledger.append(store, home / "ledger.head", head_key=keys.signer().key, kind="promote", scope="job-1", version=7,
-                      subject_digest="sha256:" + "0" * 64, decision={}, signer="k")
+                      subject_digest="sha256:" + "0" * 64, decision={}, signer=keys.signer().key_id)
     finally:
         store.close()
     args = ("--keyring", str(keys.keyring_file), "--home", str(home))
@@ -373,7 +395,7 @@ def test_the_ledger_check_trusts_no_tampered_ledger_and_no_second_bundle_of_a_ve
         ledger.start(store, one / "ledger.head", keys.signer().key, issued_before=False)
         ledger.append(store, one / "ledger.head", head_key=keys.signer().key, kind="promote",
                       scope="job-1", version=5, subject_digest=_root_digest(bundle), decision={},
-                      signer="k")
+                      signer=keys.signer().key_id)
     finally:
         store.close()
     code, output = run(str(twin), "--keyring", str(keys.keyring_file), "--home", str(one))
