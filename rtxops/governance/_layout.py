@@ -25,6 +25,7 @@ TRUST_KINDS = (*KINDS, HEAD_KIND)
 MAX_SIGNATURE_BYTES = 4 << 20   # the Sigstore bundle (statement with one line per file)
 MAX_METADATA_BYTES = 16 << 20   # plan, SBOM, provenance: parsed as JSON
 MAX_FILES = 100_000
+MAX_DEPTH = 64          # folders within folders a bundle may hold
 _CHUNK = 1 << 20
 _PIPELINE_BYTES = 8 << 20
 
@@ -58,6 +59,10 @@ def list_files(root: Path) -> list[str]:
         raise VerificationError("layout", f"cannot list {rel}: {e.strerror or e}")
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable, followlinks=False):
+        if dirnames and len(Path(os.path.relpath(dirpath, root)).parts) >= MAX_DEPTH:
+            # (os.walk recurses: a deep enough tree is a RecursionError, not an answer)
+            raise VerificationError("layout", f"folders nested deeper than {MAX_DEPTH} "
+                                              "(oversized input)")
         for d in dirnames:
             if os.path.islink(os.path.join(dirpath, d)):
                 rel = os.path.relpath(os.path.join(dirpath, d), root)

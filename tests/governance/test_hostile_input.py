@@ -160,3 +160,22 @@ def test_keys_init_with_an_unreadable_keyring_leaves_no_key_pair_and_a_bogus_kin
     code, output = cli("verify", str(good_plan), "--keyring", str(keys.keyring_file), "--no-ledger",
                        "--kind", "bogus")
     assert code == 2 and "--kind 'bogus'" in output, output
+
+
+def test_folders_nested_too_deep_are_a_clear_error_for_every_command(keys, tmp_path):
+    """1500 nested folders: `plan import` and `sign` died with a RecursionError traceback
+    (os.walk recurses). Past MAX_DEPTH the walk now stops; 100 show it (a tree as deep as
+    Python's recursion limit would break pytest's own clean-up of its temporary folders)."""
+    deep = tmp_path / "deep"
+    d = deep
+    for _ in range(100):
+        d = d / "d"
+    d.mkdir(parents=True)
+    (d / "f.txt").write_text("x")
+    home = tmp_path / "home"
+    home.mkdir()
+    for args in (["plan", "import", str(deep), "--home", str(home)],
+                 ["sign", str(deep), "--key", str(keys.root / "daemon.pem")],
+                 ["verify", str(deep), "--keyring", str(keys.keyring_file)]):
+        code, output = cli(*args)
+        assert code in (1, 2) and "nested deeper than" in " ".join(output.split()), (args, output)
