@@ -509,7 +509,7 @@ class Dispatcher:
         self.slots: list[Slot] = []
         self._slot_ids: dict[tuple, int] = {}
         self._builds: dict[tuple, Callable] = {}
-        self.disabled: dict[tuple, str] = {}  # (op, variant, config, bucket) -> reason
+        self.disabled: dict[tuple, str] = {}  # (op, variant, config, bucket, autocast) -> reason
         self.plan_rejections: list[str] = []
         self.on_miss: Callable[[], None] | None = None
         self.regions = None  # a RegionCompiler when the whole model is to be compiled (regions.py)
@@ -672,8 +672,9 @@ class Dispatcher:
         return timed
 
     # ---- resolution (route miss) ----------------------------------------------------------
-    def choices(self, op: OpSpec, bucket: Bucket) -> list[Choice]:
-        """The (variant, config, weight) arms the running plan asks for in ``bucket``."""
+    def choices(self, op: OpSpec, bucket: Bucket, autocast: tuple | None = None) -> list[Choice]:
+        """The (variant, config, weight) arms the running plan asks for in ``bucket`` (under
+        ``autocast``, the autocast state in force: a variant disabled there only may run outside)."""
         entry = self.plan.entry(op.name, bucket.id)
         if entry is not None:
             arms = [(entry.variant, dict(entry.config), 1.0 - sum(a.weight for a in entry.explore))]
@@ -685,7 +686,7 @@ class Dispatcher:
             variant = self.registry.variant(op.name, name)
             choice = Choice(variant, {**variant.default_config, **config}, weight)
             usable = variant.supports(bucket) and (
-                op.name, name, choice.config_json, bucket.id) not in self.disabled
+                op.name, name, choice.config_json, bucket.id, autocast) not in self.disabled
             if usable and variant.family == COMPILED_FAMILY and _background_compiles:
                 usable = False  # until the compile is over (see on_step)
             if not usable:
@@ -706,7 +707,10 @@ class Dispatcher:
                 route = site.bucket_routes.get(shared)
                 if route is None:
                     bucket = site.op.to_bucket(bucket_key)
-                    arms = [self._route(site, bucket, c) for c in self.choices(site.op, bucket)]
+                    # a variant that fails under autocast (torch upcasts some ops there) is
+                    # disabled under that autocast state only
+                    ac = autocast_scope() if any_autocast() else None
+                    arms = [self._route(site, bucket, c, ac) for c in self.choices(site.op, bucket, ac)]
                     if len(arms) == 1:
                         route = arms[0][0]
                     else:
@@ -730,7 +734,7 @@ class Dispatcher:
             self.readings.register_slot(info)
         return slot
 
-    def _route(self, site: FunctionSite, bucket: Bucket, choice: Choice):
+    def _route(self, site: FunctionSite, bucket: Bucket, choice: Choice, autocast: tuple | None = None):
         slot = self._slot(site, choice, bucket)
         if choice.variant.name == REFERENCE:
             fn = site.reference_fn()
@@ -738,7 +742,7 @@ class Dispatcher:
             if site.needs_reference_check:
                 return self._probation(site, fn, fast, slot, None, choice), choice.weight
             return fast, choice.weight
-        disable_key = (bucket.op, choice.variant.name, choice.config_json, bucket.id)
+        disable_key = (bucket.op, choice.variant.name, choice.config_json, bucket.id, autocast)
         try:
             fn = self._cached_build(choice, bucket, slot)
         except Exception as e:
@@ -880,7 +884,8 @@ class Dispatcher:
             for s in self.sites:
                 if s.op.name == key[0]:
                     s.clear()
-        log.warning("rtxops: disabled %s/%s %s on %s: %s", key[0], key[1], key[2], key[3], reason)
+        log.warning("rtxops: disabled %s/%s %s on %s%s: %s", key[0], key[1], key[2], key[3],
+                    f" under autocast {key[4]}" if key[4] else "", reason)
         self.readings.error(slot, reason)
 
     def _backward_sampler(self, fn: Callable, slot: int, disarm: Callable[[], None]) -> Callable:

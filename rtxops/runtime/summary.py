@@ -27,7 +27,8 @@ def summarize(dispatcher: Dispatcher) -> dict:
         "peak_rss_bytes": stats.peak_rss if stats else 0,
         "slots": rows,
         "disabled": [
-            {"op": k[0], "variant": k[1], "config": k[2], "bucket": k[3], "reason": reason}
+            {"op": k[0], "variant": k[1], "config": k[2], "bucket": k[3],
+             "reason": reason + (f" (under autocast {_autocast_text(k[4])})" if k[4] else "")}
             for k, reason in dispatcher.disabled.items()
         ],
         "modules_on_own_forward": [
@@ -63,3 +64,7 @@ def _call_stats(dispatcher: Dispatcher) -> CallStats | None:
         if isinstance(candidate, CallStats):
             return candidate
     return None
+
+
+def _autocast_text(scope: tuple) -> str:
+    return ", ".join(f"{device} {str(dtype).removeprefix('torch.')}" for device, dtype in scope)

@@ -547,3 +547,30 @@ def test_a_chunked_activation_answers_a_transposed_input_in_its_layout(op):
         torch.testing.assert_close(y, originals.original(op)(x))
     finally:
         patching.disable()
+
+
+def test_a_variant_that_fails_under_autocast_is_disabled_there_only():
+    """torch upcasts cross_entropy to fp32 under autocast; a bf16 variant checked there failed
+    and was disabled for the bucket's calls outside autocast too, for good."""
+    from rtxops.runtime.summary import summarize
+
+    from .helpers import plan_for
+
+    x, t = torch.randn(8, 16).bfloat16(), torch.randint(0, 16, (8,))
+    dispatcher = patching.enable(plan_for(1, defaults={"cross_entropy": "logsoftmax_nll"}))
+    try:
+        for _ in range(3):
+            F.cross_entropy(x, t)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            F.cross_entropy(x, t)
+            F.cross_entropy(x, t)
+        before = {s["variant"]: s["calls"] for s in summarize(dispatcher)["slots"]}
+        for _ in range(3):
+            F.cross_entropy(x, t)
+        data = summarize(dispatcher)
+        after = {s["variant"]: s["calls"] for s in data["slots"]}
+        assert after["logsoftmax_nll"] - before["logsoftmax_nll"] == 3, (before, after)
+        assert [d["reason"] for d in data["disabled"]] and all(
+            "under autocast cpu bfloat16" in d["reason"] for d in data["disabled"]), data["disabled"]
+    finally:
+        patching.disable()
