@@ -574,3 +574,22 @@ def test_a_variant_that_fails_under_autocast_is_disabled_there_only():
             "under autocast cpu bfloat16" in d["reason"] for d in data["disabled"]), data["disabled"]
     finally:
         patching.disable()
+
+
+def test_a_norm_weight_of_another_shape_gets_torchs_error_once_a_route_exists():
+    """The variants broadcast a weight torch refuses: after a first good call, a (4, 8) weight
+    for an (8,) normalized shape was applied row by row instead of raising."""
+    from .helpers import plan_for
+
+    x, w, b = torch.randn(4, 8), torch.randn(8), torch.randn(8)
+    patching.enable(plan_for(1, defaults={"layer_norm": "eager", "rms_norm": "eager"}))
+    try:
+        for _ in range(2):
+            F.layer_norm(x, (8,), w, b)
+            F.rms_norm(x, (8,), w)
+        with pytest.raises(RuntimeError):
+            F.layer_norm(x, (8,), torch.ones(4, 8), b)
+        with pytest.raises(RuntimeError):
+            F.rms_norm(x, (8,), torch.ones(1))
+    finally:
+        patching.disable()

@@ -22,8 +22,8 @@ def key(input, normalized_shape, weight=None, bias=None, eps=1e-05):
     try:
         ns = normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape)
         return (input.shape, input.dtype, input.device, ns,
-                None if weight is None else weight.dtype, None if bias is None else bias.dtype,
-                input.is_contiguous())
+                None if weight is None else (weight.dtype, weight.shape),
+                None if bias is None else (bias.dtype, bias.shape), input.is_contiguous())
     except (AttributeError, TypeError):
         return None
 
@@ -38,9 +38,9 @@ def bucket(input, normalized_shape, weight=None, bias=None, eps=1e-05):
         or normalized_shape[0] != shape[-1]
         or dtype not in _FLOATS
         or shape[-1] == 0
-        or (weight is not None and weight.dtype != dtype)
-        or (bias is not None and bias.dtype != dtype)
-    ):
+        or (weight is not None and (weight.dtype != dtype or weight.shape != shape[-1:]))
+        or (bias is not None and (bias.dtype != dtype or bias.shape != shape[-1:]))
+    ):   # (a weight of another shape: torch's error, not a variant's broadcast)
         return None
     hidden = shape[-1]
     return (dtype, device_type(input), hidden, pow2(input.numel() // hidden))

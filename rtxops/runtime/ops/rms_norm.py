@@ -20,8 +20,8 @@ def reference(input, normalized_shape, weight=None, eps=None):
 def key(input, normalized_shape, weight=None, eps=None):
     try:
         ns = normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape)
-        return (input.shape, input.dtype, input.device, ns, None if weight is None else weight.dtype,
-                input.is_contiguous())
+        return (input.shape, input.dtype, input.device, ns,
+                None if weight is None else (weight.dtype, weight.shape), input.is_contiguous())
     except (AttributeError, TypeError):
         return None
 
@@ -37,6 +37,7 @@ def bucket(input, normalized_shape, weight=None, eps=None):
         # the output's dtype follows the weight's too: a route checked with one weight dtype
         # must not answer another's (torch keeps a bf16 input's dtype under an fp32 weight)
         or (weight is not None and weight.dtype != input.dtype)
+        or (weight is not None and weight.shape != shape[-1:])   # torch's error, not a broadcast
     ):
         return None
     hidden = shape[-1]
