@@ -67,13 +67,15 @@ def default_path() -> Path:
 
 def _warn_if_shared(folder: Path) -> None:
     """DuckDB makes its write-ahead log (``.wal``, deleted at each checkpoint and made again)
-    with the process's umask, whatever the store file's mode: in a folder others may enter, the
-    jobs' environments and output written there can be read by them."""
+    with the process's umask, whatever the store file's mode: in a folder other users can reach,
+    the jobs' environments and output written there can be read by them."""
     try:
+        chain = [folder.resolve(), *folder.resolve().parents]
+        reachable = all(d.stat().st_mode & 0o001 for d in chain)   # every folder: o+x
         mode = folder.stat().st_mode
     except OSError:
         return
-    if mode & 0o005:
+    if reachable:
         log.warning("the store's folder %s is open to other users (mode %o): they can read the "
                     "store's write-ahead log; `chmod 700` it or keep the store elsewhere",
                     folder, mode & 0o7777)

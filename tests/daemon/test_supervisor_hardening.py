@@ -294,15 +294,22 @@ def test_a_home_open_to_others_is_made_private(tmp_path):
 
 
 def test_a_store_in_a_folder_others_may_enter_says_so(tmp_path, caplog):
+    import shutil
+
     from rtxops.telemetry.store import Store
 
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    os.chmod(shared, 0o755)
-    with caplog.at_level(logging.WARNING, logger="rtxops.telemetry.store"):
-        Store(shared / "s.duckdb").close()
-        assert "open to other users" in caplog.text
-        caplog.clear()
-        Store(tmp_path / "made-here" / "s.duckdb").close()   # a folder the store makes: private
-        assert not caplog.text
+    shared = Path(tempfile.mkdtemp(prefix="rtxops-shared-", dir="/tmp"))   # /tmp: o+x
+    try:
+        os.chmod(shared, 0o755)
+        with caplog.at_level(logging.WARNING, logger="rtxops.telemetry.store"):
+            Store(shared / "s.duckdb").close()
+            assert "open to other users" in caplog.text
+            caplog.clear()
+            inner = tmp_path / "inner"            # 0755, inside a folder others cannot enter
+            inner.mkdir(mode=0o755)
+            Store(inner / "s.duckdb").close()
+            Store(tmp_path / "made-here" / "s.duckdb").close()   # a folder the store makes
+            assert not caplog.text
+    finally:
+        shutil.rmtree(shared)
     assert stat.S_IMODE((tmp_path / "made-here").stat().st_mode) == 0o700
