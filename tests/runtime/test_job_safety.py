@@ -593,3 +593,18 @@ def test_a_norm_weight_of_another_shape_gets_torchs_error_once_a_route_exists():
             F.rms_norm(x, (8,), torch.ones(1))
     finally:
         patching.disable()
+
+
+def test_a_chunked_activation_answers_a_broadcast_input_as_torch_does():
+    """Stride-0 dimensions sort innermost: a broadcast input came out transposed where torch
+    answers contiguous, and its first-call check disabled chunked for the whole bucket."""
+    from .helpers import plan_for
+
+    dispatcher = patching.enable(plan_for(1, defaults={"gelu": "chunked"}))
+    try:
+        x = torch.randn(1, 1024).expand(512, 1024)
+        y = F.gelu(x)
+        assert y.stride() == originals.original("gelu")(x).stride()
+        assert not dispatcher.disabled
+    finally:
+        patching.disable()
