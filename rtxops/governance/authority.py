@@ -39,11 +39,20 @@ class Authority:
         # an entry and its head are written together: a reader holding this sees both or neither
         # (between them the chain looked cut short, a false alarm of tampering)
         self.ledger_lock = threading.Lock()
+        keyring = Keyring.load(self.keyring_file)   # unreadable: before any key is made
         new_key = not self.key_file.exists()
         if new_key:
             _keys.generate(self.key_file, self.key_file.with_suffix(".pub"))
         self.signer = Signer.from_key_file(self.key_file, builder="rtxops-daemon")
-        keyring = Keyring.load(self.keyring_file)
+        if store is not None:
+            from . import ledger  # the store (DuckDB, Arrow): only the daemon needs it
+
+            # right after the key: a daemon key on disk means its ledger was started. A home
+            # whose daemon key was made before starts no new ledger: its head and entries were
+            # there (a wiped ledger passed for a new one, bundles deleted too)
+            ledger.start(store, self.head_file, self.signer.key,
+                         issued_before=not new_key or any(self.bundles.glob("*/v*")),
+                         keyring=keyring)
         own = keyring.keys.get(self.signer.key_id)
         if own is None:
             keyring.trust(self.key_file.with_suffix(".pub").read_bytes(), name="rtxops daemon",
@@ -56,13 +65,6 @@ class Authority:
                 own.kinds.append(HEAD_KIND)
             own.not_before = 0.0
             keyring.save()
-        if store is not None:
-            from . import ledger  # the store (DuckDB, Arrow): only the daemon needs it
-
-            # a home whose daemon key was made before starts no new ledger: its head and
-            # entries were there (a wiped ledger passed for a new one, bundles deleted too)
-            ledger.start(store, self.head_file, self.signer.key,
-                         issued_before=not new_key or any(self.bundles.glob("*/v*")))
         # loaded on first use: building the CEL parser takes ~0.3 s, which `rtxops run` would
         # otherwise spend before its job starts
         self._policies: list | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -58,7 +59,8 @@ def pending_head_file(head_file: Path) -> Path:
     return head_file.with_name(head_file.name + ".next")
 
 
-def start(store, head_file: Path, key: ec.EllipticCurvePrivateKey, issued_before: bool) -> bool:
+def start(store, head_file: Path, key: ec.EllipticCurvePrivateKey, issued_before: bool,
+          keyring=None) -> bool:
     """At a daemon's start: write the signed head of an empty ledger (seq 0) when there is no
     head file, no entry and ``issued_before`` is false (a daemon key made just now, no bundle
     issued); whether it wrote one. From then on a missing head means a removed one (emptying the
@@ -71,12 +73,16 @@ def start(store, head_file: Path, key: ec.EllipticCurvePrivateKey, issued_before
         return True
     pending_file = pending_head_file(head_file)
     pending, head = read_head(pending_file), read_head(head_file)
-    if pending and "invalid" not in head and pending.get("seq") == head.get("seq", -2) + 1 \
-            and append_problem(store, head, key, pending=pending) is None:
-        rows = store.query("SELECT entry_hash FROM ledger WHERE seq = ?", [pending["seq"]])
-        if rows and rows[0]["entry_hash"] == pending["entry_hash"]:
-            write_head(head_file, pending["seq"], pending["entry_hash"], key)
-    pending_file.unlink(missing_ok=True)
+    if not pending or "invalid" in pending or "invalid" in head:
+        return False   # (an unreadable head: `ledger verify` says so; the pending one is kept)
+    rows = store.query("SELECT entry_hash FROM ledger WHERE seq = ?", [pending["seq"]])
+    stored = bool(rows) and rows[0]["entry_hash"] == pending["entry_hash"]
+    if pending["seq"] <= head["seq"] or not stored:
+        pending_file.unlink(missing_ok=True)   # taken already, or its entry never committed
+    elif (pending["seq"] == head["seq"] + 1
+          and append_problem(store, head, key, keyring, pending=pending) is None):
+        write_head(head_file, pending["seq"], pending["entry_hash"], key)
+        pending_file.unlink(missing_ok=True)
     return False
 
 
@@ -90,7 +96,10 @@ def write_head(head_file: Path, seq: int, entry_hash: str,
         head.update(key_id=_keys.key_id(key.public_key()),
                     signature=base64.b64encode(signature).decode())
     tmp = head_file.with_name(head_file.name + ".tmp")
-    tmp.write_text(json.dumps(head) + "\n")
+    with open(tmp, "w") as f:   # on disk before the entry commits (DuckDB's commit is)
+        f.write(json.dumps(head) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     tmp.replace(head_file)
 
 
@@ -124,7 +133,8 @@ def append_problem(store, head: dict, key: ec.EllipticCurvePrivateKey, keyring=N
         return f"the ledger's head file is unreadable ({head['invalid']})"
     if not head:
         return ("the ledger's head file is missing (a daemon writes it at its first start and "
-                "with every entry)")
+                "with every entry; on an empty ledger, `rtxops ledger sign-head` with the "
+                "daemon's key starts it)")
     if "signature" not in head:
         return ("the ledger's head file is not signed (if `rtxops ledger verify` finds the chain "
                 "intact, `rtxops ledger sign-head` signs it)")
@@ -150,8 +160,11 @@ def append_problem(store, head: dict, key: ec.EllipticCurvePrivateKey, keyring=N
         (row,) = store.query("SELECT entry_hash FROM ledger WHERE seq = ?", [last])
         announced = (pending and "signature" in pending and pending["seq"] == last
                      and pending["entry_hash"] == row["entry_hash"]
-                     and pending["key_id"] == _keys.key_id(key.public_key())
-                     and _signed_by(pending, key.public_key()))
+                     and ((pending["key_id"] == _keys.key_id(key.public_key())
+                           and _signed_by(pending, key.public_key()))
+                          # signed by the daemon's key before a rotation: one trusted for heads
+                          or (keyring is not None
+                              and head_signature_problem(pending, keyring) is None)))
         if not announced:
             return (f"the ledger holds entry {last} after entry {seq}, which its signed head "
                     "names, and this daemon never signed a head for it (added without the head)")

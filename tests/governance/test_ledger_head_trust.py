@@ -292,3 +292,51 @@ def test_readers_never_see_an_entry_without_its_head(tmp_path):
         authority.close()
         store.close()
     assert alarms == []
+
+
+def test_a_crash_mid_append_after_a_key_rotation_is_taken_up_at_restart(tmp_path, monkeypatch):
+    """The head was signed by the daemon's earlier key (still trusted for heads): the restart
+    checked the pending head against the current key alone, threw it away, and the ledger was
+    stuck for good ("never signed a head for it")."""
+    home = daemon_home(tmp_path, versions=(1,))            # head signed by K1
+    (home / "keys" / "daemon.pem").rename(tmp_path / "old.pem")   # rotated: K1 stays trusted
+    (home / "keys" / "daemon.pub").rename(tmp_path / "old.pub")
+    real_write_head = gl.write_head
+
+    def killed(path, *args, **kwargs):
+        if path.name == "ledger.head":
+            raise KeyboardInterrupt("killed")
+        return real_write_head(path, *args, **kwargs)
+
+    monkeypatch.setattr(gl, "write_head", killed)
+    with pytest.raises(KeyboardInterrupt):
+        next_plan(home, version=2)                         # K2: entry 2 committed, no head
+    monkeypatch.setattr(gl, "write_head", real_write_head)
+    store = Store(home / "rtxops.duckdb")
+    Authority(home, store).close()
+    store.close()
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 0 and "2 entries" in output, output
+    next_plan(home, version=3)
+
+
+def test_a_first_start_that_failed_on_the_keyring_leaves_no_key_without_a_ledger(tmp_path):
+    """The key was made before the keyring was read: a first start that failed there left a
+    key, so the next start took the home for an old one and never started its ledger (every
+    plan refused: head missing)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "keyring.json").write_text("{not json")
+    store = Store(home / "rtxops.duckdb")
+    try:
+        from rtxops.governance import UsageError
+
+        with pytest.raises(UsageError):
+            Authority(home, store)
+        assert not (home / "keys" / "daemon.pem").exists()
+        (home / "keyring.json").unlink()
+        Authority(home, store).close()
+    finally:
+        store.close()
+    assert gl.read_head(home / "ledger.head")["seq"] == 0
+    next_plan(home, version=1)
