@@ -302,15 +302,16 @@ def _ledger_problem(home: Optional[Path], facts: dict,
     accepted = ("promote", "rollback", "explore", "manual")  # every kind the board publishes
     scope, version = facts["scope"], facts["version"]
     signer = (facts.get("signer") or {}).get("key_id")
-    # only the signer's own record counts: another home's `_default` v5 is no replay of this
-    # home's `_default` v8
-    issued = {r["version"]: r["subject_digest"] for r in rows
-              if r["scope"] == scope and r["kind"] in accepted and r["signer"] == signer}
-    if not issued:
-        return None, (f"not checked: this home's ledger holds no plan of {scope} signed by "
+    # a signer this ledger never recorded issued the bundle elsewhere: another home's `_default`
+    # v5 is no replay of this home's `_default` v8. A signer it did record is one of this home's
+    # daemon keys (the one before a rotation too): all of the home's entries count
+    if not any(r["signer"] == signer for r in rows):
+        return None, (f"not checked: this home's ledger holds no plan signed by "
                       f"{str(signer)[:16]} (a bundle issued elsewhere)")
-    newest = max(issued)
-    if version < newest:
+    issued = {r["version"]: r["subject_digest"] for r in rows
+              if r["scope"] == scope and r["kind"] in accepted}
+    newest = max(issued, default=None)
+    if newest is not None and version < newest:
         return (f"version {version} is older than {newest}, the ledger's newest for {scope} "
                 "(replay of an older plan)"), None
     if version in issued and issued[version] != facts.get("digest"):

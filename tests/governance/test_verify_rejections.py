@@ -358,7 +358,31 @@ def test_a_bundle_another_home_signed_is_not_checked_against_this_homes_ledger(k
         store.close()
     shipped = plan_bundle(tmp_path / "v5", keys.signer("stranger"), 5, scope="_default")
     code, output = run(str(shipped), "--key", str(keys.root / "stranger.pub"), "--home", str(home))
-    assert code == 0 and "not checked: this home's ledger holds no plan of _default signed by" in output, output
+    assert code == 0 and "not checked: this home's ledger holds no plan signed by" in output, output
+
+
+def test_a_plan_of_the_daemons_key_before_a_rotation_is_still_a_replay(keys, tmp_path):
+    """Counting only the bundle's own signer's entries passed the last plan of a rotated-out
+    daemon key (v5 of K1) though the ledger holds v8 of its successor K2."""
+    from rtxops.governance import ledger
+    from rtxops.telemetry.store import Store
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "keyring.json").write_bytes(keys.keyring_file.read_bytes())
+    bundle = plan_bundle(tmp_path / "v5", keys.signer(), 5, scope="job-1")
+    store = Store(home / "rtxops.duckdb")
+    try:
+        ledger.start(store, home / "ledger.head", keys.signer().key, issued_before=False)
+        for version, signer, digest in ((5, keys.signer().key_id, _root_digest(bundle)),
+                                        (8, "k2-" + "0" * 61, "sha256:" + "8" * 64)):
+            ledger.append(store, home / "ledger.head", head_key=keys.signer().key, kind="promote",
+                          scope="job-1", version=version, subject_digest=digest, decision={},
+                          signer=signer)
+    finally:
+        store.close()
+    code, output = run(str(bundle), "--keyring", str(keys.keyring_file), "--home", str(home))
+    assert code == 1 and "replay of an older plan" in output, output
 
 
 def test_the_ledger_check_trusts_no_tampered_ledger_and_no_second_bundle_of_a_version(keys, tmp_path):
