@@ -423,7 +423,9 @@ class EvolveLoop:
         during a round): the job would explore them for good unless their bucket is tuned again,
         and every later plan, derived from the board's, would carry them."""
         current = self.board.current(job)
-        for e in current.entries if current else ():
+        if current is None or current is self.board.current(None):
+            return   # the default plan (the user's, for every job): not a round of a loop
+        for e in current.entries:
             if e.explore:
                 bt = BucketTuning(e.op, e.bucket, Arm.of(e.variant, dict(e.config)), phase="rejected",
                                   plan_version=current.version)

@@ -324,14 +324,26 @@ def test_explore_arms_an_earlier_daemon_left_on_the_plan_are_taken_off(monkeypat
     plan carried them). The first tick puts the bucket's incumbent back without the arms."""
     from rtxops.runtime.plan import ExploreArm, PlanEntry, default_plan
 
+    class _JobBoard(_Board):
+        default = None
+
+        def current(self, job):
+            return self.default if job is None else super().current(job)
+
     loop = loop_over_rows(monkeypatch, [], last=3)      # below min_steps: nothing is opened
-    loop.board = _Board()
+    loop.board = _JobBoard()
     exploring = PlanEntry("gelu", "b", "reference", {}, (ExploreArm("fastish", {}, 0.1),))
     settled = PlanEntry("softmax", "c", "online", {})
+    # the default plan (every job's, the user's) is left as it is
+    loop.board.default = default_plan().derive(entries=[exploring])
+    loop.board.published.append(loop.board.default)
+    loop.tick()
+    assert len(loop.board.published) == 1
+    del loop.jobs["job"]
     loop.board.published.append(default_plan().derive(entries=[exploring, settled]))
     loop.tick()
     current = loop.board.current("job")
     assert current.entry("gelu", "b") == PlanEntry("gelu", "b", "reference", {})
     assert current.entry("softmax", "c") == settled
     loop.tick()
-    assert len(loop.board.published) == 2, "the arms are taken off once"
+    assert len(loop.board.published) == 3, "the arms are taken off once"
