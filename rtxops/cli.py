@@ -218,7 +218,7 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
             except ValueError as e:  # a malformed RTXOPS_EVOLVE_* setting
                 raise DaemonError(str(e)) from None
             except (StoreError, duckdb.IOException) as e:
-                if "Conflicting lock" not in str(e):   # a damaged store, or one of a newer rtxops
+                if "Could not set lock" not in str(e):   # a damaged store, or of a newer rtxops
                     raise DaemonError(f"cannot open the store of {home.root}: {e}") from None
                 stuck = _silent_daemon(home)   # a daemon that does not answer holds it
                 if stuck:

@@ -256,6 +256,8 @@ def _ledger_entries(home: Optional[Path]) -> tuple[list[dict], dict | None]:
     try:
         store = ReadOnlyStore(h.store)
     except StoreError as e:
+        if "schema version" in str(e) or "not an rtxops store" in str(e):
+            raise _fail(str(e)) from None   # not a daemon's matter
         from rtxops.daemon.client import DaemonClient, DaemonError
 
         client = DaemonClient.find(h)

@@ -2,11 +2,13 @@
 the PID file, plans and job work files."""
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger("rtxops.daemon")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 
@@ -90,6 +92,9 @@ def _make_private(folder: Path) -> None:
     try:
         st = folder.stat()
         if st.st_mode & 0o077 and st.st_uid == os.getuid():
-            os.chmod(folder, 0o700)
+            os.chmod(folder, (st.st_mode & 0o7000) | 0o700)   # (setgid, sticky kept)
+            log.warning("rtxops: made %s private (mode %o was %o): the store there holds the "
+                        "jobs' environments", folder, (st.st_mode & 0o7000) | 0o700,
+                        st.st_mode & 0o7777)
     except OSError:
         pass
