@@ -212,8 +212,9 @@ def test_one_entry_appended_by_someone_else_is_not_signed_over(tmp_path):
     assert code == 1, output
 
 
-def test_a_daemon_killed_between_an_entry_and_its_head_is_taken_up_at_restart(tmp_path, monkeypatch):
-    home = daemon_home(tmp_path, versions=(1,))
+def killed_between_entry_and_head(home, monkeypatch) -> None:
+    """The restarted daemon on ``home`` issues v2 and is killed after the entry's commit, before
+    its head is written."""
     real_write_head = gl.write_head
 
     def killed(path, *args, **kwargs):
@@ -221,10 +222,15 @@ def test_a_daemon_killed_between_an_entry_and_its_head_is_taken_up_at_restart(tm
             raise KeyboardInterrupt("killed")
         return real_write_head(path, *args, **kwargs)
 
-    monkeypatch.setattr(gl, "write_head", killed)
-    with pytest.raises(KeyboardInterrupt):
-        next_plan(home, version=2)
-    monkeypatch.setattr(gl, "write_head", real_write_head)
+    with monkeypatch.context() as m:
+        m.setattr(gl, "write_head", killed)
+        with pytest.raises(KeyboardInterrupt):
+            next_plan(home, version=2)
+
+
+def test_a_daemon_killed_between_an_entry_and_its_head_is_taken_up_at_restart(tmp_path, monkeypatch):
+    home = daemon_home(tmp_path, versions=(1,))
+    killed_between_entry_and_head(home, monkeypatch)
     assert cli("ledger", "verify", "--home", str(home))[0] == 1   # the head is one behind
     store = Store(home / "rtxops.duckdb")
     Authority(home, store).close()   # a restart takes the head it signed for entry 2
@@ -301,17 +307,7 @@ def test_a_crash_mid_append_after_a_key_rotation_is_taken_up_at_restart(tmp_path
     home = daemon_home(tmp_path, versions=(1,))            # head signed by K1
     (home / "keys" / "daemon.pem").rename(tmp_path / "old.pem")   # rotated: K1 stays trusted
     (home / "keys" / "daemon.pub").rename(tmp_path / "old.pub")
-    real_write_head = gl.write_head
-
-    def killed(path, *args, **kwargs):
-        if path.name == "ledger.head":
-            raise KeyboardInterrupt("killed")
-        return real_write_head(path, *args, **kwargs)
-
-    monkeypatch.setattr(gl, "write_head", killed)
-    with pytest.raises(KeyboardInterrupt):
-        next_plan(home, version=2)                         # K2: entry 2 committed, no head
-    monkeypatch.setattr(gl, "write_head", real_write_head)
+    killed_between_entry_and_head(home, monkeypatch)     # entry 2 committed by K2, no head
     store = Store(home / "rtxops.duckdb")
     Authority(home, store).close()
     store.close()
