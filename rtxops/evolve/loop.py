@@ -485,8 +485,14 @@ class EvolveLoop:
             self._publish(job, bt, entry, last, {"kind": "explore", "arms": [], "op": bt.op,
                                                  "bucket": bt.bucket})
             bt.phase = "rejected"
-            self._decide_record(job, bt, "reject", best, cmp,
-                                reason=cmp.reason if best is not None else "nothing measured")
+            if not any(mine for _, arms in bt.rounds for mine in arms.values()):
+                # (the incumbent ran: the bucket is not gone; no call took an arm)
+                reason = (f"no call ran an explore arm in {len(bt.rounds)} rounds (calls inside "
+                          "activation checkpointing or other saved-tensor hooks keep the main "
+                          "arm): nothing to compare")
+            else:
+                reason = cmp.reason if best is not None else "nothing measured"
+            self._decide_record(job, bt, "reject", best, cmp, reason=reason)
             return
         decision = self._decision(bt, "promote", best, cmp)
         published = self._publish(job, bt, PlanEntry(bt.op, bt.bucket, best.variant, best.config),

@@ -347,3 +347,16 @@ def test_explore_arms_an_earlier_daemon_left_on_the_plan_are_taken_off(monkeypat
     assert current.entry("softmax", "c") == settled
     loop.tick()
     assert len(loop.board.published) == 3, "the arms are taken off once"
+
+
+def test_rounds_whose_arms_never_ran_are_rejected_saying_so(monkeypatch):
+    """Under saved-tensor hooks everywhere (every block checkpointed) no call takes an explore
+    arm: the bucket was rejected with a comparison's reason, as if the arms had been measured."""
+    decisions = []
+    loop = loop_over_rows(monkeypatch, [], last=40, decisions=decisions)
+    inc, cand = Arm.of("reference"), Arm.of("fastish")
+    bt = L.BucketTuning("gelu", "b", inc, strategy=make_strategy("exhaustive", [cand], budget=1))
+    bt.rounds = [({s: 1e5 for s in range(10, 40)}, {cand: {}})]
+    bt.strategy.tell(cand, float("inf"))
+    loop._decide("job", bt, 40)
+    assert bt.phase == "rejected" and "no call ran an explore arm in 1 rounds" in decisions[-1]["reason"]
