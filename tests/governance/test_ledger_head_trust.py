@@ -55,6 +55,25 @@ def next_plan(home, version=9):
         store.close()
 
 
+def restart(home) -> None:
+    """The daemon on ``home`` starts (its governance part) and stops."""
+    store = Store(home / "rtxops.duckdb")
+    try:
+        Authority(home, store).close()
+    finally:
+        store.close()
+
+
+def wipe_ledger(home) -> None:
+    """Whoever can write the store empties the ledger and deletes its head."""
+    store = Store(home / "rtxops.duckdb")
+    try:
+        store.run_write(lambda cur: cur.execute("DELETE FROM ledger")).result(30)
+    finally:
+        store.close()
+    (home / "ledger.head").unlink()
+
+
 def rewrite_entry_2(home):
     """Whoever can write the store: entry 2 forged, every later hash recomputed."""
     store = Store(home / "rtxops.duckdb")
@@ -150,12 +169,7 @@ def test_an_emptied_ledger_with_its_head_deleted_is_not_a_new_one(tmp_path):
     shutil.copytree(home / "bundles" / "job-1" / "v1", replay)
     code, output = cli("verify", str(replay), "--home", str(home))
     assert code == 1 and "replay of an older plan" in output, output
-    store = Store(home / "rtxops.duckdb")
-    try:
-        store.run_write(lambda cur: cur.execute("DELETE FROM ledger")).result(30)
-    finally:
-        store.close()
-    (home / "ledger.head").unlink()
+    wipe_ledger(home)
     code, output = cli("ledger", "verify", "--home", str(home))
     assert code == 1 and "head file is missing" in output, output
     code, output = cli("verify", str(replay), "--home", str(home))
@@ -168,9 +182,7 @@ def test_an_emptied_ledger_with_its_head_deleted_is_not_a_new_one(tmp_path):
 def test_a_new_home_starts_with_a_signed_empty_head_and_an_old_daemon_key_gets_the_head_kind(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    store = Store(home / "rtxops.duckdb")
-    Authority(home, store).close()
-    store.close()
+    restart(home)
     head = gl.read_head(home / "ledger.head")
     assert (head["seq"], head["entry_hash"]) == (0, GENESIS) and "signature" in head
     code, output = cli("ledger", "verify", "--home", str(home))
@@ -181,9 +193,7 @@ def test_a_new_home_starts_with_a_signed_empty_head_and_an_old_daemon_key_gets_t
         entry["kinds"] = ["plan", "telemetry", "ledger", "checkpoint"]
     (home / "keyring.json").write_text(json.dumps(ring))
     assert cli("ledger", "verify", "--home", str(home))[0] == 1
-    store = Store(home / "rtxops.duckdb")
-    Authority(home, store).close()
-    store.close()
+    restart(home)
     assert cli("ledger", "verify", "--home", str(home))[0] == 0
     next_plan(home, version=1)
     code, output = cli("ledger", "verify", "--home", str(home))
@@ -232,9 +242,7 @@ def test_a_daemon_killed_between_an_entry_and_its_head_is_taken_up_at_restart(tm
     home = daemon_home(tmp_path, versions=(1,))
     killed_between_entry_and_head(home, monkeypatch)
     assert cli("ledger", "verify", "--home", str(home))[0] == 1   # the head is one behind
-    store = Store(home / "rtxops.duckdb")
-    Authority(home, store).close()   # a restart takes the head it signed for entry 2
-    store.close()
+    restart(home)   # takes the head it signed for entry 2
     code, output = cli("ledger", "verify", "--home", str(home))
     assert code == 0 and "2 entries" in output, output
     assert not (home / "ledger.head.next").exists()
@@ -245,16 +253,9 @@ def test_a_wiped_ledger_is_not_started_afresh_by_a_restart_even_without_bundles(
     """Ledger emptied, head and bundles deleted: the restarted daemon took it for its first
     start and signed an empty head, and `ledger verify` said intact."""
     home = daemon_home(tmp_path, versions=(1, 2))
-    store = Store(home / "rtxops.duckdb")
-    try:
-        store.run_write(lambda cur: cur.execute("DELETE FROM ledger")).result(30)
-    finally:
-        store.close()
-    (home / "ledger.head").unlink()
+    wipe_ledger(home)
     shutil.rmtree(home / "bundles")
-    store = Store(home / "rtxops.duckdb")
-    Authority(home, store).close()
-    store.close()
+    restart(home)
     assert not (home / "ledger.head").exists()
     code, output = cli("ledger", "verify", "--home", str(home))
     assert code == 1 and "head file is missing" in output, output
@@ -308,9 +309,7 @@ def test_a_crash_mid_append_after_a_key_rotation_is_taken_up_at_restart(tmp_path
     (home / "keys" / "daemon.pem").rename(tmp_path / "old.pem")   # rotated: K1 stays trusted
     (home / "keys" / "daemon.pub").rename(tmp_path / "old.pub")
     killed_between_entry_and_head(home, monkeypatch)     # entry 2 committed by K2, no head
-    store = Store(home / "rtxops.duckdb")
-    Authority(home, store).close()
-    store.close()
+    restart(home)
     code, output = cli("ledger", "verify", "--home", str(home))
     assert code == 0 and "2 entries" in output, output
     next_plan(home, version=3)
