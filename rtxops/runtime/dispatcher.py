@@ -134,6 +134,36 @@ def autocast_scope() -> tuple:
                  if torch.is_autocast_enabled(d))
 
 
+class _Live(int):
+    """The dispatcher's on flag as wrappers read it (``live[0]``): true while rtxops routes.
+
+    cloudpickle ships a ``__main__`` class or function by value, with the wrapper rtxops put in
+    its place and everything the wrapper's closure holds (Ray, joblib's loky, submitit). The
+    flag goes as False, the routes as an empty table and the site as a stand-in: the copy in the
+    other process runs the original, and nothing of this process's dispatcher goes with it.
+    """
+
+    def __reduce__(self):
+        return (bool, (False,))
+
+
+LIVE = _Live(1)
+
+
+class _RouteTable(dict):
+    """Routes by call key (see :class:`_Live`): pickled empty."""
+
+    __slots__ = ()
+
+    def __reduce__(self):
+        return (dict, ())
+
+
+class _SiteLeftBehind:
+    """What a site pickles as (see :class:`_Live`): a pickled wrapper never routes, so never
+    calls it."""
+
+
 @dataclass(frozen=True)
 class Choice:
     variant: Variant
@@ -159,12 +189,12 @@ class FunctionSite:
 
     def __init__(self, dispatcher: Dispatcher, op: OpSpec, name: str, reference: Callable) -> None:
         self.dispatcher, self.op, self.name, self.reference = dispatcher, op, name, reference
-        self.routes: dict[Any, Any] = {}  # call key -> route
+        self.routes: dict[Any, Any] = _RouteTable()  # call key -> route
         self.bucket_routes: dict[tuple, Any] = {}  # bucket key -> route (shared by call keys)
         self.wrapper = self._make_wrapper()
 
     def _make_wrapper(self) -> Callable:
-        call_key, routes, ref, miss = self.op.call_key, self.routes, self.reference, self._miss
+        call_key, route_of, ref, miss = self.op.call_key, self.routes.get, self.reference, self._miss
         record_cell, live = self.dispatcher.record_cell, self.dispatcher.live
         as_written = naming_itself(ref)
 
@@ -181,7 +211,7 @@ class FunctionSite:
                 key = call_key(*args, **kwargs)
                 if any_autocast() and key is not None:
                     key = Scoped(key, autocast_scope())
-                route = routes.get(key)
+                route = route_of(key)
             except Exception:  # an unhashable argument, or a signature the op does not know
                 return ref(*args, **kwargs)
             if route is None:
@@ -211,6 +241,9 @@ class FunctionSite:
         dispatching.__wrapped__ = ref  # type: ignore[attr-defined]
         dispatching.__rtxops_wrapper__ = True  # type: ignore[attr-defined]
         return dispatching
+
+    def __reduce__(self):
+        return (_SiteLeftBehind, ())
 
     def _miss(self, key, args: tuple, kwargs: dict) -> Any:
         if _tracing_state() is not None:
@@ -356,8 +389,8 @@ class ModuleSite(FunctionSite):
             not self.whole_forward and not d.reroute_partial and not routed)
 
     def _make_wrapper(self) -> Callable:
-        call_key, routes, original, split, miss = (
-            self.op.call_key, self.routes, self.original_forward, self.split, self._miss,
+        call_key, route_of, original, split, miss = (
+            self.op.call_key, self.routes.get, self.original_forward, self.split, self._miss,
         )
 
         cls, dormant, live = self.cls, self._dormant, self.dispatcher.live
@@ -379,7 +412,7 @@ class ModuleSite(FunctionSite):
                 sub = type(module)
                 key = Scoped(key, (module.training, autocast_scope() if any_autocast() else None,
                                    None if sub is cls else sub))
-            route = routes.get(key)
+            route = route_of(key)
             if route is None:
                 if key is None:
                     return original(module, *args, **kwargs)
@@ -485,7 +518,7 @@ class Dispatcher:
         self.registry = registry or default_registry()
         self.readings: Readings = readings if readings is not None else CallStats()
         self.record_cell = [self.readings.record]  # the hot path reads the sink through this cell
-        self.live = [True]  # False once disabled: wrappers still held somewhere call torch's own
+        self.live = [LIVE]  # False once disabled: wrappers still held somewhere call torch's own
         self.verify_first_call = verify_first_call
         self.backward_every = backward_every  # time one backward per route every N steps (0: never)
         self.cuda_timer: CudaEventTimer | None = None

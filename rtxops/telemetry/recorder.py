@@ -113,10 +113,20 @@ class Recorder(Readings):
         self.on_step(rec)
 
 
+class _CallBuffer(array):
+    """The preallocated buffer. A wrapper pickled by value (see ``dispatcher._Live``) takes
+    ``record`` with it, and so this: it goes empty, not as megabytes of this job's calls."""
+
+    __slots__ = ()
+
+    def __reduce_ex__(self, protocol):  # array's own __reduce_ex__ would take precedence over __reduce__
+        return (array, ("q",))
+
+
 def _make_buffer(capacity: int):
     """A (record, take) pair sharing one preallocated buffer through closure cells."""
     limit = capacity * RECORD_WIDTH
-    buf = array("q", bytes(8 * limit))
+    buf = _CallBuffer("q", bytes(8 * limit))
     pos = 0
     dropped = 0
 
