@@ -30,6 +30,10 @@ class LoopConfig:
     variants: str = ""               # comma-separated allow-list of variant names ("": all)
     seed: int = 0
     gate_timeout_s: float = 600.0
+    # gates (candidate kernels in a worker process that imports torch, perhaps compiling) running
+    # at once over all jobs: they take CPU and memory from the jobs themselves, and a job tuning
+    # a bucket another has just gated finds the verdicts stored
+    gates: int = 1
     swap_timeout_s: float = 300.0    # a job that has not swapped to a published plan by then: failed
 
     @classmethod
@@ -72,7 +76,7 @@ class LoopConfig:
                              "only so far")
         if self.objective != "time":
             raise ValueError(f"RTXOPS_EVOLVE_OBJECTIVE={self.objective!r}: time")
-        for name in ("interval_s", "window_steps", "budget", "max_arms"):
+        for name in ("interval_s", "window_steps", "budget", "max_arms", "gates"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RTXOPS_EVOLVE_{name.upper()} must be > 0")
         if not 0 < self.explore_share <= 0.5:

@@ -47,4 +47,5 @@ def loop_over_rows(monkeypatch, rows: list[dict], *, last: int, swapped: int = 9
     loop.tuning.key = lambda *a: {}
     loop.trial_spans = type("T", (), {"record": lambda self, t: None})()
     loop.jobs, loop._lock, loop._status = {}, threading.Lock(), {}
+    loop._gate_slots = threading.Semaphore(loop.config.gates)
     return loop

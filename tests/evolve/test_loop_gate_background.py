@@ -98,3 +98,34 @@ def test_a_gate_that_could_not_run_leaves_the_bucket_to_be_opened_again(monkeypa
     assert loop.jobs["job"].active is None and not loop.jobs["job"].done and not decisions
     loop.tick()
     assert loop.jobs["job"].active.phase == "exploring" and len(calls) == 2
+
+
+def test_gates_of_several_jobs_run_one_at_a_time(monkeypatch):
+    """Each gate is a worker process importing torch beside the jobs themselves: with eight jobs
+    opening buckets at once, eight of them ran together. ``RTXOPS_EVOLVE_GATES`` (1) bounds them;
+    a bucket waiting for its turn stays in phase gating."""
+    release, running, most = threading.Event(), [0], [0]
+    lock = threading.Lock()
+
+    def slow_screen(tuning, op, bucket, arms, timeout_s):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        release.wait(30)
+        with lock:
+            running[0] -= 1
+        return arms, {}
+
+    loop, _ = _loop(monkeypatch, slow_screen)
+    jobs = ["a", "b", "c"]
+    loop.running_jobs = lambda: jobs
+    loop.tick()
+    time.sleep(0.3)   # time for every gate thread to reach the screen if nothing held it back
+    assert [loop.jobs[j].active.phase for j in jobs] == ["gating"] * 3
+    assert most[0] == 1
+    release.set()
+    for j in jobs:
+        loop.jobs[j].active.gating.result(10)
+    loop.tick()
+    assert [loop.jobs[j].active.phase for j in jobs] == ["exploring"] * 3
+    assert most[0] == 1
