@@ -368,6 +368,7 @@ class ModuleSite(FunctionSite):
         self.unfit = unfit or (lambda module: None)
         self.original_forward = cls.forward
         self.failed: str | None = None
+        self.subclasses_back: dict[type, str] = {}   # subclasses given up alone, and why
         self._dormant = [False]  # a cell the wrapper reads: run the class's own forward, untimed
         super().__init__(dispatcher, op, name, self.original_forward)
         self._update_dormant()
@@ -501,13 +502,28 @@ class ModuleSite(FunctionSite):
         elapsed = perf_counter_ns() - t0
         return (out if post is None else post(module, out)), elapsed
 
-    def give_up(self, reason: str) -> None:
-        """Put the class back on its original forward for good."""
+    def give_up(self, reason: str, module: torch.nn.Module | None = None) -> None:
+        """Put the class back on its original forward for good; only ``module``'s class when that
+        is a subclass inheriting the forward (the class's own instances were checked apart)."""
+        sub = type(module) if module is not None else self.cls
+        if sub is not self.cls and "forward" not in sub.__dict__:
+            sub.forward = self.original_forward   # in the subclass's own namespace: no wrapper
+            self.subclasses_back[sub] = reason
+            log.warning("rtxops: %s (subclass of %s) stays on its own forward: %s",
+                        sub.__qualname__, self.name, reason)
+            return
         self.failed = reason
         if self.cls.__dict__.get("forward") is self.wrapper:
             self.cls.forward = self.original_forward
         self.clear()
         log.warning("rtxops: %s stays on its own forward: %s", self.name, reason)
+
+    def forget_subclasses(self) -> None:
+        """Take the forwards :meth:`give_up` gave subclasses off again (``disable()``)."""
+        for sub in self.subclasses_back:
+            if sub.__dict__.get("forward") is self.original_forward:
+                del sub.forward
+        self.subclasses_back.clear()
 
 
 class Dispatcher:
@@ -850,7 +866,7 @@ class Dispatcher:
             rewrite = isinstance(site, ModuleSite) and fn is not site.original_forward
             unfit = site.unfit(args[0]) if rewrite else None
             if unfit:   # not the variant's fault: only the class goes back on its own forward
-                site.give_up(unfit)
+                site.give_up(unfit, args[0])
                 return site.run_reference(args, kwargs)
             rng = _RandomState()
             unreadable = False
@@ -899,7 +915,7 @@ class Dispatcher:
             if reference_slot is not None:
                 self.readings.record(reference_slot, t_ref, perf_counter_ns() - t_ref)
             if isinstance(site, ModuleSite):
-                site.give_up(f"{choice.variant.name}: {problem}")
+                site.give_up(f"{choice.variant.name}: {problem}", args[0])
                 if rewrite and _agrees_with_op(site, fn, args, tol):
                     return expected   # the class's forward is not the op; the variant is fine
             if disable_key is not None:

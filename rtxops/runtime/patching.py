@@ -229,6 +229,9 @@ class _Patch:
             if _ours(owner.__dict__.get(name)):
                 setattr(owner, name, fn)
         self._put_back()
+        for site in self.dispatcher.sites:
+            if isinstance(site, ModuleSite):
+                site.forget_subclasses()
         if self.step_hook is not None:
             self.step_hook.remove()
         for region in (self.dispatcher.regions, self.dispatcher.optimizer_region):

@@ -32,8 +32,11 @@ def summarize(dispatcher: Dispatcher) -> dict:
             for k, reason in dispatcher.disabled.items()
         ],
         "modules_on_own_forward": [
-            {"site": s.name, "reason": s.failed}
-            for s in dispatcher.sites if isinstance(s, ModuleSite) and s.failed
+            *({"site": s.name, "reason": s.failed}
+              for s in dispatcher.sites if isinstance(s, ModuleSite) and s.failed),
+            *({"site": f"{s.name} subclass {sub.__module__}.{sub.__qualname__}", "reason": why}
+              for s in dispatcher.sites if isinstance(s, ModuleSite)
+              for sub, why in s.subclasses_back.items()),
         ],
         "plan_rejections": list(dispatcher.plan_rejections),
     }

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rtxops.runtime import originals, patching
+from rtxops.runtime.summary import summarize
 
 from .helpers import LlamaMLP
 
@@ -424,7 +425,6 @@ def test_explored_calls_inside_a_checkpoint_are_recomputed_on_the_arm_they_ran(r
     from torch.utils.checkpoint import checkpoint
 
     from rtxops.runtime.plan import ExploreArm
-    from rtxops.runtime.summary import summarize
 
     from .helpers import bucket_id, plan_for
 
@@ -512,14 +512,24 @@ def test_a_subclass_inheriting_an_rms_norm_forward_is_checked_on_its_own():
     torch.manual_seed(0)
     a, b, x = OffsetRMSNorm(16), UnitOffsetRMSNorm(16), torch.randn(8, 16)
     own = OffsetRMSNorm.forward
-    patching.enable(_plan({"rms_norm": "eager"}))
+    d = patching.enable(_plan({"rms_norm": "eager"}))
     try:
         a(x), a(x)
         torch.testing.assert_close(b(x), own(b, x))
         torch.testing.assert_close(b(x), own(b, x))
         torch.testing.assert_close(a(x), own(a, x))
+        # only the subclass went back on its own forward: the parent's instances keep routing
+        assert "forward" in UnitOffsetRMSNorm.__dict__
+        eager = lambda: sum(d.readings.calls[s.id] for s in d.readings.slots  # noqa: E731
+                            if s.op == "rms_norm" and s.variant == "eager")
+        before = eager()
+        a(x)
+        assert eager() == before + 1
+        assert [m["site"] for m in summarize(d)["modules_on_own_forward"]] == [
+            f"module:{__name__}.OffsetRMSNorm subclass {__name__}.UnitOffsetRMSNorm"]
     finally:
         patching.disable()
+    assert "forward" not in UnitOffsetRMSNorm.__dict__   # disable() takes it off again
 
 
 def _plan(defaults: dict):
@@ -552,7 +562,6 @@ def test_a_chunked_activation_answers_a_transposed_input_in_its_layout(op):
 def test_a_variant_that_fails_under_autocast_is_disabled_there_only():
     """torch upcasts cross_entropy to fp32 under autocast; a bf16 variant checked there failed
     and was disabled for the bucket's calls outside autocast too, for good."""
-    from rtxops.runtime.summary import summarize
 
     from .helpers import plan_for
 
