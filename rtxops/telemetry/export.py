@@ -16,7 +16,8 @@ _TYPED_COLUMNS = {
     "config": S.CONFIG, "bucket": S.BUCKET, "site": S.SITE, "phase": S.PHASE, "count": S.COUNT,
     "total_ns": S.TOTAL_NS, "min_ns": S.MIN_NS, "max_ns": S.MAX_NS,
 }
-_LANES = {S.STEP: 0, S.SWAP: 0, S.COMPILE: 1, S.KERNEL: 2, S.CALL: 3, S.TRIAL: 4}
+_LANES = {S.STEP: 0, S.SWAP: 0, S.COMPILE: 1, S.CALL: 3, S.TRIAL: 4}
+_FIRST_KERNEL_LANE = 10   # then one lane per kernel
 
 
 def span_attributes(row: dict) -> dict[str, Any]:
@@ -37,12 +38,14 @@ def _dumps(obj: Any) -> str:
 
 def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iterator[str]:
     """Chrome trace-event JSON, in pieces: one process per (job, rank), lanes for steps, compiles,
-    kernels, calls and trials. Times in microseconds, as the format wants, from ``origin``
+    calls and trials, and one lane per kernel (op, variant, phase, bucket): a step's kernel spans
+    overlap one another (each spans its first call to its last), and slices on one lane must nest. Times in microseconds, as the format wants, from ``origin``
     (default: the first row's start, for rows oldest first; ``otherData.origin_unix_ns``): Unix
     times in µs are ~1.8e15, where a double keeps only 0.25 µs, and back-to-back steps would
     overlap (Perfetto drops overlapping slices)."""
     yield '{"traceEvents":['
     processes: dict[tuple, int] = {}
+    kernel_lanes: dict[tuple, int] = {}   # (pid, kernel) -> tid
     items: list[str] = []
     first = True
     for row in rows:
@@ -60,9 +63,17 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
             label = f"{attrs[S.OP]}/{attrs.get(S.VARIANT, '?')} {attrs.get(S.PHASE, '')}".strip()
         elif row["name"] == S.STEP:
             label = f"step {attrs.get(S.STEP_NUMBER)}"
+        tid = _LANES.get(row["name"], 5)
+        if row["name"] == S.KERNEL:
+            lane = (pid, label, attrs.get(S.BUCKET))
+            tid = kernel_lanes.get(lane)
+            if tid is None:
+                tid = kernel_lanes[lane] = _FIRST_KERNEL_LANE + len(kernel_lanes)
+                items.append(_dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                                     "args": {"name": f"kernel {label} {lane[2] or ''}".strip()}}))
         items.append(_dumps({
             "ph": "X", "name": label, "cat": row["name"], "pid": pid,
-            "tid": _LANES.get(row["name"], 5),
+            "tid": tid,
             "ts": (row["start_ns"] - (origin or 0)) / 1000,
             "dur": max(0, row["end_ns"] - row["start_ns"]) / 1000,
             "args": attrs,
@@ -71,8 +82,8 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
             yield ("" if first else ",") + ",".join(items)
             first, items = False, []
     for (job, rank), pid in processes.items():
-        for name, tid in (("steps", 0), ("compile", 1), ("kernels (per step)", 2),
-                          ("sampled calls", 3), ("trials", 4), ("other spans", 5)):
+        for name, tid in (("steps", 0), ("compile", 1), ("sampled calls", 3), ("trials", 4),
+                          ("other spans", 5)):
             items.append(_dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                                  "args": {"name": name}}))
     if items:
