@@ -13,7 +13,9 @@ It reports on its stdout, one JSON line: ``{"pid": N}`` once the job runs (as th
 session of its own, with the environment this process got, the job's token restored), or
 ``{"error": ..., "errno": ..., "filename": ...}`` when it cannot start. It stays out of the job's
 session and does not carry its token, so the signals the supervisor sends the job's processes
-never reach it. Its exit status mirrors the job's.
+never reach it. Its command line ends with the job's, so ``pkill -f train.py`` (or a scheduler
+signalling every process) finds it too: it outlives SIGTERM, SIGINT and SIGHUP, which the job gets
+as usual (a handler, unlike SIG_IGN, does not pass to the job). Its exit status mirrors the job's.
 """
 import json
 import os
@@ -60,10 +62,16 @@ def _exit_like(returncode: int) -> None:
     os._exit(128 + sig)
 
 
+def _outlive(signum, frame) -> None:
+    """The job's exit status is this process's to keep: a signal meant for the job ends it alone."""
+
+
 def main(argv: list[str]) -> None:
     status_path, stdout_fd, separator, command = argv[1], int(argv[2]), argv[3], argv[4:]
     if separator != "--" or not command:
         sys.exit("usage: _waiter.py STATUS_FILE STDOUT_FD -- ARGV...")
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _outlive)
     env = dict(os.environ)
     token = env.pop(CARRIED_TOKEN, None)
     if token is not None:

@@ -471,6 +471,7 @@ class _Runner:
         self.wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.hang_kill = False  # (set before start: an adopted attempt a hang kill was ending)
+        self._waiter_lost: int | None = None   # the waiter's status, when it died before the job
         self._proc: subprocess.Popen | None = None
         self._tail: LogTail | None = None
         self._started_mono = 0.0
@@ -576,6 +577,7 @@ class _Runner:
                                  base=os.environ, extra_env=sup.extra_env, step_base=step_base)
         self._oom_before = self._probe("oom_counters", OomCounters.read, None)
         attempt = Attempt(number=number, started_at_ns=time.time_ns())
+        self._waiter_lost = None
         status_file = _status_file(job, number)
         status_file.unlink(missing_ok=True)
         try:
@@ -676,6 +678,7 @@ class _Runner:
             if not self._probe("alive", _attempt_alive, False, attempt, self.job.token):
                 return True, rc   # (the waiter died with the job, or could not write the file)
             self._proc = None     # someone killed the waiter alone: watch the job as adopted
+            self._waiter_lost = rc
             self.sup._event(self.job_id, "waiter_lost", attempt=attempt.number, exit=rc)
             return False, None
         # adopted: the job's own process ended when its waiter wrote the exit status, whatever
@@ -810,6 +813,12 @@ class _Runner:
         if killed_by is Outcome.HUNG:
             return ExitInfo(Outcome.HUNG, rc if rc and rc > 0 else None,
                             signal_name(-rc) if rc and rc < 0 else None, f"killed after a hang{how}")
+        if self._waiter_lost is not None:
+            rc = self._waiter_lost
+            how = f"by {signal_name(-rc)}" if rc < 0 else f"(exit {rc})"
+            return ExitInfo(Outcome.LOST, None, None,
+                            f"ended after its waiter, which keeps its exit status, was killed {how}; "
+                            "exit status unknown")
         return ExitInfo(Outcome.LOST, None, None,
                         "ended while re-adopted after a daemon restart; exit status unknown")
 

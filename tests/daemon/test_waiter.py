@@ -106,10 +106,38 @@ def test_a_job_whose_waiter_is_killed_alone_runs_on(sup, tmp_path):
     until(lambda: [ln.text for ln in sup.logs(job.id)] == ["up"])
     attempt = sup.job(job.id).attempt
     waiter = proctree.read_proc(attempt.pid).ppid
-    os.kill(waiter, signal.SIGTERM)
+    os.kill(waiter, signal.SIGKILL)
     until(lambda: any(e.kind == "waiter_lost" for e in sup.events(job.id)))
     assert proctree.read_proc(attempt.pid).alive and sup.job(job.id).state is JobState.RUNNING
     go.touch()
     done = sup.wait(job.id, 30)
     assert [ln.text for ln in sup.logs(job.id)] == ["up", "done"]
     assert done.state is JobState.LOST and "exit status unknown" in done.reason
+    assert "its waiter" in done.reason and "SIGKILL" in done.reason   # no daemon restart to blame
+
+
+def test_a_job_and_its_waiter_signalled_together_keep_the_jobs_exit_status(sup, tmp_path):
+    """`pkill -f train.py` (or a scheduler's SIGTERM to every process) finds the waiter too, whose
+    command line ends with the job's: it died before writing the status, and a job that saved
+    its checkpoint and exited 0 was reported lost (its restart budget never applied)."""
+    body = script(tmp_path, "saves.py", """
+        import signal, sys, time
+        def save(*_):
+            print("saved", flush=True)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, save)
+        print("up", flush=True)
+        time.sleep(600)
+    """)
+    job = sup.submit(spec(PY, body))
+    until(lambda: [ln.text for ln in sup.logs(job.id)] == ["up"])
+    attempt = sup.job(job.id).attempt
+    waiter = proctree.read_proc(attempt.pid).ppid
+    for sig in (signal.SIGHUP, signal.SIGINT):   # the waiter outlives these too
+        os.kill(waiter, sig)
+    os.kill(waiter, signal.SIGTERM)
+    os.kill(attempt.pid, signal.SIGTERM)
+    done = sup.wait(job.id, 30)
+    assert [ln.text for ln in sup.logs(job.id)] == ["up", "saved"]
+    assert done.state is JobState.SUCCEEDED and done.attempt.exit_code == 0, done.reason
+    assert not any(e.kind == "waiter_lost" for e in sup.events(job.id))
