@@ -71,6 +71,7 @@ class DaemonClient:
         return r.json() if r.content else {}
 
     def submit(self, **spec) -> dict:
+        _check_text(spec)
         return self._call("POST", "/v1/jobs", json=spec)
 
     def jobs(self, limit: int = 100) -> list[dict]:
@@ -119,6 +120,30 @@ class DaemonClient:
         finally:
             part.unlink(missing_ok=True)
         return size
+
+
+def _check_text(spec: dict) -> None:
+    """Raise :class:`DaemonError` naming the first string of ``spec`` that holds bytes that are not
+    UTF-8 (Python keeps them as surrogate escapes): JSON, and the daemon, take text only."""
+    for field, value in spec.items():
+        if field == "base_env" and value:
+            items = [(f"environment variable {k}", t) for k, v in value.items() for t in (k, v)]
+        elif isinstance(value, dict):
+            items = [(f"{field} variable {k}", t) for k, v in value.items() for t in (k, v)]
+        elif isinstance(value, list):
+            items = [(f"{field} argument {i}", t) for i, t in enumerate(value)]
+        else:
+            items = [("working folder" if field == "cwd" else field, value)]
+        for where, text in items:
+            if not isinstance(text, str):
+                continue
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                hint = ": unset it, or run with --direct" if field == "base_env" else " (run with --direct)"
+                raise DaemonError(f"the {where} holds bytes that are not UTF-8 ('{shown}'); the daemon "
+                                  f"takes text{hint}") from None
 
 
 def _readable(detail) -> str:

@@ -363,6 +363,29 @@ def test_rtxops_run_gives_the_job_its_callers_environment_with_a_daemon_running(
     assert os.stat(shared.home / "rtxops.duckdb").st_mode & 0o077 == 0
 
 
+def test_run_and_submit_name_what_is_not_utf8_with_a_daemon_running(shared, tmp_path):
+    """Python keeps bytes that are not UTF-8 (a Latin-1 folder name in OLDPWD, a file name) as
+    surrogate escapes, which JSON cannot carry: `rtxops run`/`submit` printed a UnicodeEncodeError
+    traceback when a daemon was up (and worked without one)."""
+    import subprocess
+
+    from .live import RTXOPS, clean_env
+
+    env = clean_env(shared.mark, RTXOPS_HOME=str(shared.home))
+    before = shared.client().get("/v1/jobs").json()["total"]
+    latin1 = os.fsdecode(b"/home/u/caf\xe9")
+    cases = [(["run", "--no-summary", "--", "echo", "hi"], {"OLDPWD": latin1},
+              "environment variable OLDPWD holds bytes that are not UTF-8 ('/home/u/caf\\xe9')"),
+             (["submit", "--", "cat", os.fsdecode(b"/tmp/f\xff")], {},
+              "command argument 1 holds bytes that are not UTF-8 ('/tmp/f\\xff')")]
+    for args, extra, said in cases:
+        r = subprocess.run([*RTXOPS, *args], capture_output=True, text=True, timeout=120,
+                           cwd=tmp_path, env={**env, **extra})
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert said in " ".join(r.stderr.split()) and "Traceback" not in r.stderr, r.stderr
+    assert shared.client().get("/v1/jobs").json()["total"] == before
+
+
 @pytest.mark.parametrize("path, body", [
     ("/v1/jobs", b'{"command": ["sh"], "grace_s": 1e400}'),
     ("/v1/jobs", b'{"command": ["sh"], "hang_timeout_s": NaN}'),
