@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import typer
 from rich.console import Console
@@ -178,8 +178,8 @@ def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path, te
 
 
 def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path, name: str,
-                    telemetry: bool) -> int:
-    from rtxops.daemon.client import DaemonClient, DaemonError
+                    telemetry: bool, handovers: int = 3) -> int:
+    from rtxops.daemon.client import DaemonClient, DaemonClosing, DaemonError
     from rtxops.daemon.server import Daemon
 
     home = _home()
@@ -213,20 +213,27 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
 
             from rtxops.telemetry.store import StoreError
 
-            try:
-                local = Daemon(home, port=0).prepare()
-            except ValueError as e:  # a malformed RTXOPS_EVOLVE_* setting
-                raise DaemonError(str(e)) from None
-            except (StoreError, duckdb.IOException) as e:
-                if "Could not set lock" not in str(e):   # a damaged store, or of a newer rtxops
-                    raise DaemonError(f"cannot open the store of {home.root}: {e}") from None
+            def open_here():
+                """A daemon in this process, or None while another process holds the store."""
+                try:
+                    return Daemon(home, port=0).prepare()
+                except ValueError as e:  # a malformed RTXOPS_EVOLVE_* setting
+                    raise DaemonError(str(e)) from None
+                except (StoreError, duckdb.IOException) as e:
+                    if "Could not set lock" not in str(e):   # a damaged store, or of a newer rtxops
+                        raise DaemonError(f"cannot open the store of {home.root}: {e}") from None
+                    return None
+
+            local = open_here()
+            if local is None:
                 stuck = _silent_daemon(home)   # a daemon that does not answer holds it
                 if stuck:
                     raise DaemonError(f"cannot open the store of {home.root}: daemon process "
-                                      f"{stuck} holds it but does not answer (stopped, or hung?)") from None
-                # another `rtxops run` (or a restarted daemon) is starting its daemon there: its
-                # store is open before it answers
-                client = _daemon_coming_up(home, str(e))
+                                      f"{stuck} holds it but does not answer (stopped, or hung?)")
+                # another `rtxops run` (or a restarted daemon) is starting its daemon there (its
+                # store is open before it answers), or one is shutting down (its store is open
+                # until it has stopped serving): submit to the first, take over from the second
+                client, local = _daemon_coming_up(home, open_here)
         if client is None:
             try:
                 job_id = local.supervisor.submit(JobSpec(command=list(command), name=name, env=env,
@@ -242,8 +249,19 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
             client = DaemonClient(local.url, local.token)
         else:
             # the job starts from this environment, as it does with a daemon in this process
-            job_id = client.submit(command=list(command), name=name, env=env, cwd=os.getcwd(),
-                                   base_env=dict(os.environ))["id"]
+            try:
+                job_id = client.submit(command=list(command), name=name, env=env, cwd=os.getcwd(),
+                                       base_env=dict(os.environ))["id"]
+            except DaemonClosing:
+                if handovers <= 0:
+                    raise
+                # the `rtxops run` whose daemon this is found no other job and is ending: once
+                # its daemon is gone, this run starts one (or submits to whoever did meanwhile)
+                _wait_until_gone(home, client.url)
+                for s, handler in stops.items():
+                    signal.signal(s, handler)
+                stops = {}
+                return _run_supervised(command, plan, summary_file, name, telemetry, handovers - 1)
             # a daemon of its own (not this process's) may go down and come back: follow it there
             client = _Reconnecting(client, home, job_id)
         return _follow(client, job_id, cancel_on_interrupt=True)
@@ -269,14 +287,15 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
 def _serve_other_jobs(local, own_job: str | None) -> None:
     """Keep this process's daemon up while jobs that other ``rtxops run``/``submit`` commands
     gave it (it announced itself in the home) are unfinished: stopping it would cancel them.
-    Ctrl-C (or SIGTERM) stops waiting; the daemon's shutdown then stops them."""
-    others = local.supervisor.unfinished() - {own_job}
-    if not others:
+    Ctrl-C (or SIGTERM) stops waiting; the daemon's shutdown then stops them. Once none is left
+    the daemon takes no more (a ``run`` that submits then waits for it to go, and starts its own)."""
+    if local.supervisor.close_if_idle(own_job):
         return
+    others = local.supervisor.unfinished() - {own_job}
     err.print(f"rtxops: {len(others)} other job(s) run on the daemon this command started; it "
               "stops once they end (Ctrl-C stops them now)")
     try:
-        while local.supervisor.unfinished() - {own_job}:
+        while not local.supervisor.close_if_idle(own_job):
             time.sleep(0.5)
     except (KeyboardInterrupt, _Stopped):
         pass
@@ -581,10 +600,28 @@ def _read_summary(path: Path) -> tuple[Optional[dict], str]:
     return (data, "") if isinstance(data, dict) else (None, "not a JSON object")
 
 
-def _daemon_coming_up(h, reason: str):
-    """A client of the daemon another process is starting on home ``h`` (its store is open,
-    it does not answer yet), once it announces itself; DaemonError after
-    :data:`DAEMON_COMING_UP_S` (whatever holds the store is no daemon)."""
+def _wait_until_gone(h, url: str) -> None:
+    """Wait for the daemon at ``url`` to finish shutting down: it takes its url file away last,
+    after closing the store (DaemonError after :data:`DAEMON_COMING_UP_S`)."""
+    from rtxops.daemon.client import DaemonError
+
+    deadline = time.monotonic() + DAEMON_COMING_UP_S
+    while time.monotonic() < deadline:
+        try:
+            if h.url_file.read_text().strip() != url:
+                return
+        except OSError:
+            return
+        time.sleep(0.1)
+    raise DaemonError(f"the daemon at {url} is shutting down and did not finish within "
+                      f"{DAEMON_COMING_UP_S:g} s")
+
+
+def _daemon_coming_up(h, open_here: Callable):
+    """``(client, None)`` for the daemon another process is starting on home ``h`` (its store is
+    open, it does not answer yet), once it announces itself; ``(None, daemon)`` when the store
+    comes free first (a daemon that was shutting down) and ``open_here()`` opens it; DaemonError
+    after :data:`DAEMON_COMING_UP_S` (whatever holds the store is no daemon)."""
     from rtxops.daemon.client import DaemonClient, DaemonError
 
     err.print(f"rtxops: another process holds the store of {h.root}; waiting up to "
@@ -593,9 +630,13 @@ def _daemon_coming_up(h, reason: str):
     while time.monotonic() < deadline:
         client = DaemonClient.find(h)
         if client is not None:
-            return client
+            return client, None
+        local = open_here()
+        if local is not None:
+            return None, local
         time.sleep(0.2)
-    raise DaemonError(f"cannot open the store of {h.root}: {reason}")
+    raise DaemonError(f"cannot open the store of {h.root}: another process holds it and no "
+                      f"daemon answered within {DAEMON_COMING_UP_S:g} s")
 
 
 def _silent_daemon(h) -> Optional[int]:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -204,9 +205,12 @@ def test_a_second_run_on_the_daemon_a_first_run_started_outlives_the_first(tmp_p
     import time
 
     home = Path(os.environ["RTXOPS_HOME"])
-    ticks = tmp_path / "ticks.py"
-    ticks.write_text("import sys, time\nfor i in range(int(sys.argv[1])):\n"
-                     "    print(i, flush=True)\n    time.sleep(0.2)\n")
+    go = tmp_path / "second-started"
+    ticks = tmp_path / "ticks.py"   # the first job ends only once the second runs
+    ticks.write_text("import os, sys, time\n"
+                     f"if sys.argv[1] == '40':\n    open({str(go)!r}, 'w').close()\n"
+                     "for i in range(int(sys.argv[1])):\n    print(i, flush=True)\n    time.sleep(0.2)\n"
+                     f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n")
 
     def run(n: int) -> subprocess.Popen:
         return subprocess.Popen([*RTXOPS, "run", "--no-summary", "--", sys.executable, str(ticks),
@@ -229,6 +233,68 @@ def test_a_second_run_on_the_daemon_a_first_run_started_outlives_the_first(tmp_p
         for p in (first, second):
             if p is not None and p.poll() is None:
                 p.kill()
+
+
+def _run_while(home: Path, daemon, release_after_s: float) -> subprocess.CompletedProcess:
+    """`rtxops run -- echo handed-over` started while ``daemon`` (in this process) is shutting
+    down; its shutdown finishes ``release_after_s`` later."""
+    import threading
+
+    timer = threading.Timer(release_after_s, daemon.shutdown)
+    timer.start()
+    try:
+        return rtxops_run("--no-summary", "--", "echo", "handed-over", timeout=120)
+    finally:
+        timer.join()
+
+
+def test_a_run_reaching_a_daemon_that_is_shutting_down_starts_its_own_once_it_is_gone(tmp_path):
+    """The `rtxops run` whose daemon another run used found no job left and shut it down: a run
+    submitting meanwhile got 503 ("shutting down") and exited 2. It waits for that daemon to
+    go and starts its own."""
+    from rtxops.daemon.home import Home
+    from rtxops.daemon.server import Daemon
+
+    home = Path(os.environ["RTXOPS_HOME"])
+    daemon = Daemon(Home.resolve(home), port=0, job_grace_s=1).start_in_thread()
+    assert daemon.supervisor.close_if_idle()       # as the first run does before shutting down
+    r = _run_while(home, daemon, 1.5)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["handed-over"]
+
+
+def test_a_run_finding_the_store_held_by_a_daemon_that_stopped_answering_takes_over(tmp_path):
+    """A daemon shutting down stops answering before it closes the store: a run arriving then
+    waited 60 s for a daemon to announce itself, and failed."""
+    from rtxops.daemon.home import Home
+    from rtxops.daemon.server import Daemon
+
+    home = Path(os.environ["RTXOPS_HOME"])
+    daemon = Daemon(Home.resolve(home), port=0, job_grace_s=1).prepare()   # store open, no server
+    started = time.monotonic()
+    r = _run_while(home, daemon, 1.5)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["handed-over"] and time.monotonic() - started < 50
+
+
+def test_a_job_submitted_as_the_first_run_lets_its_daemon_go_is_refused_not_cancelled(tmp_path):
+    """The first run checked for other jobs, then shut its daemon down: a job submitted between
+    the two was accepted and then cancelled by the shutdown."""
+    from rtxops.daemon.errors import SupervisorClosed
+    from rtxops.daemon.home import Home
+    from rtxops.daemon.jobs import JobSpec
+    from rtxops.daemon.server import Daemon
+
+    daemon = Daemon(Home.resolve(Path(os.environ["RTXOPS_HOME"])), port=0, job_grace_s=1).prepare()
+    try:
+        sup = daemon.supervisor
+        other = sup.submit(JobSpec(command=["sleep", "30"], cwd=str(tmp_path)))
+        assert not sup.close_if_idle() and not sup.close_if_idle(own="nobody")
+        assert sup.close_if_idle(own=other.id)
+        with pytest.raises(SupervisorClosed):
+            sup.submit(JobSpec(command=["true"], cwd=str(tmp_path)))
+    finally:
+        daemon.shutdown()
 
 
 def test_pythons_the_job_starts_under_direct_leave_the_store_to_it(tmp_path):

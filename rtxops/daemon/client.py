@@ -17,6 +17,10 @@ class DaemonUnreachable(DaemonError):
     """Nothing answered at the daemon's address (it is down, or restarting)."""
 
 
+class DaemonClosing(DaemonError):
+    """The daemon takes no new jobs: it is shutting down."""
+
+
 def _segment(text: str) -> str:
     """``text`` as one URL path segment: a job id is never read as a path (``j-a/../j-b``)."""
     return urllib.parse.quote(text, safe="").replace(".", "%2E")
@@ -72,7 +76,12 @@ class DaemonClient:
 
     def submit(self, **spec) -> dict:
         _check_text(spec)
-        return self._call("POST", "/v1/jobs", json=spec)
+        try:
+            return self._call("POST", "/v1/jobs", json=spec)
+        except DaemonError as e:
+            if str(e).startswith("503:"):   # (the supervisor's SupervisorClosed)
+                raise DaemonClosing(str(e)) from None
+            raise
 
     def jobs(self, limit: int = 100) -> list[dict]:
         return self._call("GET", "/v1/jobs", params={"limit": limit})["jobs"]

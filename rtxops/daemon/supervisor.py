@@ -141,6 +141,16 @@ class Supervisor:
         with self._lock:
             return {j.id for j in self._jobs.values() if not j.state.terminal}
 
+    def close_if_idle(self, own: str | None = None) -> bool:
+        """Take no new jobs from now on if no job but ``own`` is unfinished; True if so. One step
+        (under the lock): a job submitted just before keeps the supervisor open, and one submitted
+        just after is refused (SupervisorClosed), never accepted and then cancelled by a shutdown."""
+        with self._lock:
+            if any(not j.state.terminal for j in self._jobs.values() if j.id != own):
+                return False
+            self._closed = True
+            return True
+
     def page(self, offset: int, limit: int) -> tuple[int, list[Job]]:
         """How many jobs there are, and copies of ``limit`` of them from ``offset``, newest first."""
         with self._lock:
