@@ -53,7 +53,7 @@ def load_sweep(path: str | Path) -> dict[str, list[float]]:
 def load_sweep_file(path: str | Path) -> Sweep:
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:   # RecursionError: arrays nested too deep
         raise SweepError(f"cannot read sweep {path}: {type(e).__name__}: {e}") from None
     return load_sweep_data(data, path)
 
@@ -77,7 +77,7 @@ def load_sweep_data(data: Any, source: Any = "sweep") -> Sweep:
         sweep.op, sweep.bucket = data.get("op"), data.get("bucket")
     except SweepError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
         raise SweepError(f"cannot read sweep {source}: {type(e).__name__}: {e}") from None
     if not sweep.arms:
         raise SweepError(f"sweep {source} has no arms")

@@ -173,14 +173,18 @@ class ThompsonSampling(Strategy):
         draw. Without it a relative prior can trap the bandit: re-measuring only the prior's
         favourite moves the bucket's scale, never the ranking."""
         fit, noise = self._fit(), self._noise()
-        post = {a: self.posterior(a, fit, noise) for a in self.arms}
+        # an arm told only failures (inf) ranks last, as in _draw: its posterior is its prior,
+        # which would keep picking a favourite that fails every trial
+        live = [a for a in self.arms
+                if not self.values.get(a) or any(math.isfinite(x) for x in _logs(self.values[a]))]
+        post = {a: self.posterior(a, fit, noise) for a in (live or self.arms)}
 
         def lead() -> tuple[Arm, dict]:
             draws = {a: self.rng.gauss(m, sd) for a, (m, sd) in post.items()}
             return min(draws, key=draws.get), draws
 
         leader, draws = lead()
-        if len(self.arms) == 1 or self.rng.random() < self.top_two:
+        if len(post) == 1 or self.rng.random() < self.top_two:
             return leader
         for _ in range(50):
             other, draws = lead()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -72,7 +73,9 @@ def test_replay_counts_trials_to_within_five_percent(tmp_path):
                                   '{"arms": [{"variant": "a", "values": [1, NaN]}]}',
                                   '{"arms": [{"variant": "a", "values": [1, Infinity]}]}',
                                   '{"arms": [{"variant": "a", "values": "123"}]}',
-                                  '{"arms": [{"variant": "a", "values": [1]}, {"variant": "a", "values": [2]}]}'])
+                                  '{"arms": [{"variant": "a", "values": [1]}, {"variant": "a", "values": [2]}]}',
+                                  '{"arms": [{"variant": "a", "values": [1%s]}]}' % ("0" * 400),
+                                  "[" * 100_000 + "]" * 100_000])
 def test_replay_rejects_malformed_sweeps(tmp_path, text):
     path = tmp_path / "bad.json"
     path.write_text(text)
@@ -136,3 +139,19 @@ def test_a_failed_measurement_never_makes_an_arm_the_best(name):
     for arm in only.ask():
         only.tell(arm, float("nan"))
     assert only.best() is None
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_thompson_with_priors_asks_no_more_of_an_arm_whose_trials_all_failed(batch):
+    """An arm told only failures (inf) kept its prior as posterior: the prior's favourite was
+    asked again and again (11 of 20 trials), each a worker run failing once more."""
+    arms = ["crashes", "b", "c", "d"]
+    value = {"crashes": math.inf, "b": 100.0, "c": 120.0, "d": 140.0}
+    prior = {"crashes": (0.0, 0.2), "b": (0.1, 0.2), "c": (0.3, 0.2), "d": (0.5, 0.2)}
+    s = search.make_strategy("thompson", arms, 20, seed=0, batch=batch, prior=prior)
+    asked = []
+    while batch_arms := s.ask():
+        for arm in batch_arms:
+            asked.append(arm)
+            s.tell(arm, value[arm])
+    assert asked.count("crashes") == 1 and len(asked) == 20 and s.best() == "b"
