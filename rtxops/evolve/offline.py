@@ -55,8 +55,7 @@ def targets(store, registry: Registry, op: str | None, bucket: str | None) -> li
     if op is not None:
         _check(registry.op, op)
     if bucket is not None:
-        _check(Bucket.parse, op, bucket)
-        return [(op, bucket)]
+        return [(op, _check(lambda: registry.op(op).parse_bucket(bucket).id))]
     found = [(r["op"], r["bucket"]) for r in store_evolve.recorded_buckets(store, op)]
     known = {s.name for s in registry.ops()}
     found = [t for t in found if t[0] in known]
@@ -78,7 +77,7 @@ def validate(registry: Registry, op: str | None, bucket: str | None, strategy: s
     if op is not None:
         _check(registry.op, op)
         if bucket is not None:
-            _check(Bucket.parse, op, bucket)
+            _check(lambda: registry.op(op).parse_bucket(bucket))
         for v in variants or ():
             _check(registry.variant, op, v)
 

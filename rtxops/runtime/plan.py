@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from .bucket import Bucket
 from .errors import PlanError, RuntimeErrorBase
 
 MAX_VERSION = 2**62  # versions and steps fit the ledger's and the store's BIGINT columns
@@ -154,8 +153,10 @@ class Plan:
             _check(registry, op, variant, {}, f"plan.defaults.{op}")
         for i, e in enumerate(self.entries):
             where = f"plan.entries[{i}]"
-            Bucket.parse(e.op, e.bucket)
             _check(registry, e.op, e.variant, e.config, where)
+            canonical = registry.op(e.op).parse_bucket(e.bucket).id
+            if canonical != e.bucket:   # the runtime would never find the entry
+                raise PlanError(f"{where}.bucket {e.bucket!r}: write it as {canonical!r}")
             for j, a in enumerate(e.explore):
                 _check(registry, e.op, a.variant, a.config, f"{where}.explore[{j}]")
         return self

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .bucket import Bucket
+from .errors import PlanError
 
 Args = tuple[tuple, dict]
 REFERENCE = "reference"
@@ -68,6 +69,16 @@ class OpSpec:
 
     def to_bucket(self, key: tuple) -> Bucket:
         return Bucket.from_key(self.name, self.dims, key)
+
+    def parse_bucket(self, text: str) -> Bucket:
+        """Parse a bucket of this op written by hand; PlanError unless it names exactly the op's
+        dims. Its :attr:`Bucket.id` is the one the runtime keys on (dims in the op's order)."""
+        bucket = Bucket.parse(self.name, text)
+        given = dict(bucket.dims)
+        if len(given) != len(bucket.dims) or set(given) != set(self.dims):
+            raise PlanError(f"bucket {text!r} for op {self.name!r} must give each of "
+                            f"{', '.join(self.dims)} once")
+        return Bucket(self.name, bucket.dtype, bucket.device, tuple((d, given[d]) for d in self.dims))
 
     def tolerance(self, dtype: torch.dtype, grad: bool = False) -> Tolerance:
         table = self.grad_tolerances if grad else self.tolerances

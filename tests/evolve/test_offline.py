@@ -175,6 +175,7 @@ def test_bad_input_is_refused_before_any_work(tmp_path, registry):
             (dict(op="nope"), "unknown op 'nope'"),
             (dict(bucket=GELU), "--bucket needs --op"),
             (dict(op="gelu", bucket="float32-cpu"), "not of the form"),
+            (dict(op="gelu", bucket="float32/cpu/hidden=64,rows=8"), "must give each of tanh, hidden, rows"),
             (dict(op="gelu", bucket=GELU, strategy="annealing"), "unknown strategy 'annealing'"),
             (dict(op="gelu", bucket=GELU, budget=0), "at least 1"),
             (dict(op="gelu", bucket=GELU, variants=["warp_drive"]), "unknown variant 'warp_drive'"),
@@ -199,5 +200,17 @@ def test_a_budget_of_one_says_only_the_reference_was_measured(tmp_path, registry
         assert b["trials"] == 1
         (decision,) = store_evolve.decisions(store)
         assert decision["reason"] == "only the reference was measured (the budget held no candidate)"
+    finally:
+        store.close()
+
+
+def test_a_bucket_given_with_its_dims_in_another_order_is_tuned_under_the_runtimes_key(tmp_path, registry):
+    """`--bucket` was keyed as typed: results for `rows=16,hidden=64,...` were never found by the
+    loop (which keys `tanh=0,hidden=64,rows=16`) and fed its priors as another bucket's."""
+    from rtxops.evolve.offline import targets
+
+    store = Store(tmp_path / "rtxops.duckdb")
+    try:
+        assert targets(store, registry, "gelu", "float32/cpu/rows=16,hidden=064,tanh=0") == [("gelu", GELU)]
     finally:
         store.close()

@@ -77,6 +77,10 @@ def test_malformed_plans_raise_plan_error(text, message):
     (_with(entries__0__config={"tile": 3}), "unknown config key 'tile'"),
     (_with(entries__0__bucket="float32-cpu"), "is not of the form"),
     (_with(entries__0__bucket="float99/cpu/hidden=4"), "unknown dtype 'float99'"),
+    # the runtime keys on the dims in the op's order: an entry written otherwise never applied
+    (_with(entries__0__bucket="float32/cpu/rows=512,hidden=64"),
+     "bucket 'float32/cpu/rows=512,hidden=64': write it as 'float32/cpu/hidden=64,rows=512'"),
+    (_with(entries__0__bucket="float32/cpu/hidden=64"), "must give each of hidden, rows once"),
     (_with(defaults={"gelu": "nope"}), "plan.defaults.gelu: unknown variant 'nope'"),
 ])
 def test_plans_naming_unknown_things_fail_validation(text, message):
