@@ -32,8 +32,9 @@ class Registry:
     def add_op(self, spec: OpSpec, variants: Iterable[Variant] = ()) -> None:
         self._ops[spec.name] = spec
         self._variants[spec.name] = {}
+        reference = spec.reference   # (closed over: its module is then part of the source hash)
         self.add_variant(
-            Variant(spec.name, REFERENCE, "reference", lambda config, bucket: spec.reference,
+            Variant(spec.name, REFERENCE, "reference", lambda config, bucket: reference,
                     dtypes=frozenset(spec.tolerances), description="what the job would have run")
         )
         for v in variants:

@@ -44,3 +44,22 @@ def test_an_edit_to_a_triton_helper_changes_the_kernel_hash(monkeypatch, op, hel
     monkeypatch.setattr(Path, "read_bytes", lambda self: real(self) + (
         b"# edited" if self.name == helper else b""))
     assert triton.source_hash != before
+
+
+def test_the_reference_variant_hashes_its_ops_reference_code(monkeypatch):
+    """The reference's build closed over the op spec, which the hash does not follow: every op's
+    reference hashed registry.py alone, so an edit to an op's reference left its tuning rows
+    (which priors read) and gate verdicts current."""
+    registry = default_registry()
+    ops = ("gelu", "silu", "softmax", "rms_norm", "rope", "swiglu")
+    before = {op: registry.variant(op, "reference").source_hash for op in ops}
+    assert len(set(before.values())) == len(ops)
+    real = inspect.getsource
+
+    def edited(obj):
+        text = real(obj)
+        return text + "\n# edited\n" if getattr(obj, "__name__", "") == "rtxops.runtime.ops.rope" else text
+
+    monkeypatch.setattr(inspect, "getsource", edited)
+    assert registry.variant("rope", "reference").source_hash != before["rope"]
+    assert registry.variant("gelu", "reference").source_hash == before["gelu"]
