@@ -595,7 +595,10 @@ class EvolveLoop:
             since = max(0, last - self.config.window_steps)
             live = [r["total_ns"] / r["calls"] for r in store_evolve.arm_steps(
                 self.store, job, bt.op, bt.bucket, since) if Arm(r["variant"], r["config"] or "{}") == bt.winner]
-            if not live or len(live) < self.config.window_steps // 2:
+            if not live or len(live) < min(stats.MIN_SAMPLES, self.config.window_steps // 2):
+                # too few calls to tell (a bucket some steps skip still counts): no strike either
+                # way, and the next strike is not "in a row" with an earlier one
+                bt.drift_strikes = 0
                 continue
             ratio = statistics.median(live) / bt.decision_ns
             if abs(ratio - 1) <= self.config.drift_threshold:

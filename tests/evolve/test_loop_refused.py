@@ -360,3 +360,38 @@ def test_rounds_whose_arms_never_ran_are_rejected_saying_so(monkeypatch):
     bt.strategy.tell(cand, float("inf"))
     loop._decide("job", bt, 40)
     assert bt.phase == "rejected" and "no call ran an explore arm in 1 rounds" in decisions[-1]["reason"]
+
+
+def _drift_loop(monkeypatch, rows):
+    loop = loop_over_rows(monkeypatch, rows, last=0)
+    loop.config = L.LoopConfig(window_steps=20, min_steps=5)
+    bt = L.BucketTuning("gelu", "b", Arm.of("reference"), phase="settled", winner=Arm.of("fastish"))
+    bt.decision_ns = 1e5
+    return loop, bt, L.JobEvolution(done={("gelu", "b"): bt})
+
+
+def _window_rows(start: int, ns: float, every: int = 1) -> list[dict]:
+    return [{"step": s, "variant": "fastish", "config": "{}", "calls": 2, "total_ns": 2 * ns}
+            for s in range(start, start + 20, every)]
+
+
+def test_drift_needs_two_slow_windows_in_a_row(monkeypatch):
+    """A window with too few calls to tell left the strike count as it was: two slow windows with
+    quiet ones between them re-opened the bucket, as if in a row."""
+    rows: list[dict] = []
+    loop, bt, state = _drift_loop(monkeypatch, rows)
+    for last in (20, 40, 60, 80, 100):     # slow, quiet x3, slow
+        if last in (20, 100):
+            rows += _window_rows(last - 20, 3e5)
+        loop._check_drift("job", state, last)
+    assert ("gelu", "b") in state.done and bt.drift_strikes == 1
+
+
+def test_a_bucket_called_every_third_step_is_checked_for_drift(monkeypatch):
+    """Windows were judged only with calls in half their steps: a bucket called every 3rd step
+    (7 of 20) 3x slower than at its decision was never re-opened."""
+    rows = _window_rows(0, 3e5, every=3) + _window_rows(20, 3e5, every=3)
+    loop, bt, state = _drift_loop(monkeypatch, rows)
+    for last in (20, 40):
+        loop._check_drift("job", state, last)
+    assert ("gelu", "b") not in state.done
