@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 
 from rtxops.runtime.bucket import Bucket
@@ -36,8 +37,30 @@ def candidates(registry: Registry, op: str, bucket: Bucket, *, deterministic: bo
     for variant in registry.variants(op):
         if not variant.supports(bucket) or (deterministic and not variant.deterministic):
             continue
-        for i, config in enumerate(variant.configs()):
-            if i >= max_configs_per_variant:
-                break
-            out.append(Arm.of(variant.name, {**variant.default_config, **config}))
+        configs = [{**variant.default_config, **c} for c in variant.configs()]
+        for config in _spread(configs, variant.default_config, max_configs_per_variant,
+                              f"{op}/{variant.name}"):
+            out.append(Arm.of(variant.name, config))
     return out
+
+
+def _spread(configs: list[dict], default: dict, cap: int, seed: str) -> list[dict]:
+    """At most ``cap`` of ``configs``: the default first, then ones that bring values of some key
+    not yet among the chosen (most new values first), then a sample; the same for the same
+    ``seed``. The first ``cap`` in order left whole dimensions untried (every triton
+    cross_entropy candidate had ``block_v`` auto)."""
+    if len(configs) <= cap:
+        return configs
+    order = list(configs)
+    random.Random(seed).shuffle(order)
+    chosen = [c for c in order if c == default][:1]
+    covered = {item for c in chosen for item in c.items()}
+    rest = [c for c in order if c not in chosen]
+    while len(chosen) < cap and rest:
+        best = max(rest, key=lambda c: len(set(c.items()) - covered))   # first of the most new
+        if not set(best.items()) - covered:
+            break
+        chosen.append(best)
+        covered |= set(best.items())
+        rest.remove(best)
+    return chosen + rest[:cap - len(chosen)]
