@@ -107,7 +107,7 @@ def tables(kernel: pa.Table, hits: pa.Array, misses: pa.Array,
     sums = pa.table({"g": group, "count": kernel["count"], "total_ns": kernel["total_ns"],
                      "min_ns": kernel["min_ns"], "max_ns": kernel["max_ns"],
                      "start_ns": kernel["start_ns"], "cache_hits": hits, "cache_misses": misses})
-    totals = sums.group_by("g", use_threads=False).aggregate([
+    totals = _grouped(sums, [
         ([], "count_all"), ("count", "sum"), ("total_ns", "sum"), ("min_ns", "min"),
         ("max_ns", "max"), ("start_ns", "min"), ("start_ns", "max"), ("cache_hits", "sum"),
         ("cache_misses", "sum")])
@@ -130,6 +130,36 @@ def tables(kernel: pa.Table, hits: pa.Array, misses: pa.Array,
     out = out.append_column("mean_hist", hist)
     # keys that differ in what KEYS leave out (site, rank, ...) share a kernel_minutes row
     return out if key_index is None else _combine(out)
+
+
+_INT64 = (-2**63, 2**63 - 1)
+
+
+def _grouped(table: pa.Table, aggregates: list) -> pa.Table:
+    """``table.group_by("g").aggregate(aggregates)`` with its int64 sums saturating at the int64
+    bounds: Arrow's wrap around silently (1100 spans of 2^53 ns summed to a negative total, and
+    the store's compaction, which sums in SQL, failed on every run after). Sums that cannot reach
+    the bounds, as any real job's, skip the check."""
+    risky = []
+    for column, how in aggregates:
+        if how == "sum" and table.num_rows:
+            lo, hi = pc.min_max(table[column]).values()
+            bound = max(abs(lo.as_py() or 0), abs(hi.as_py() or 0))
+            if bound * table.num_rows > 2**62:
+                risky.append(column)
+    shadow = table
+    for column in risky:
+        shadow = shadow.append_column(f"{column}__f",
+                                      pc.cast(table[column], pa.float64(), safe=False))
+    out = shadow.group_by("g", use_threads=False).aggregate(
+        aggregates + [(f"{c}__f", "sum") for c in risky])
+    for column in risky:
+        exact, approx = out[f"{column}_sum"], out[f"{column}__f_sum"]
+        saturated = pc.if_else(pc.greater(approx, 9.2e18), _INT64[1],
+                               pc.if_else(pc.less(approx, -9.2e18), _INT64[0], exact))
+        out = out.set_column(out.schema.get_field_index(f"{column}_sum"), f"{column}_sum",
+                             pc.cast(saturated, pa.int64()))
+    return out.drop_columns([f"{c}__f_sum" for c in risky])
 
 
 def _histograms(group: np.ndarray, bins: np.ndarray, counts: np.ndarray, groups: int) -> pa.Array:
@@ -175,7 +205,7 @@ def _combine(rows: pa.Table) -> pa.Table:
     """``rows`` with those of the same key and minute made one."""
     group, first = narrow.distinct_rows(rows, GROUP)
     sums = rows.select(list(_SUMS)).append_column("g", pa.array(group))
-    totals = sums.group_by("g", use_threads=False).aggregate(list(_SUMS.items()))
+    totals = _grouped(sums, list(_SUMS.items()))
     totals = totals.take(pa.array(np.argsort(np.asarray(totals["g"]), kind="stable")))
     maps = rows["mean_hist"].combine_chunks()
     offsets = np.asarray(maps.offsets)               # null maps are empty (see _histograms)

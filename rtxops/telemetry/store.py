@@ -1012,8 +1012,15 @@ def _rollup(cur: duckdb.DuckDBPyConnection, batches: list[Batch]) -> None:
 
 
 # Merges the rows of a (key, minute) that separate commits wrote, in minutes before $before.
+def _saturated(column: str) -> str:
+    """``sum(column)`` (a HUGEINT in DuckDB) held within BIGINT, as the rollup's sums are."""
+    low, high = -2**63, 2**63 - 1   # (not least/greatest: DuckDB's skip NULL, the sum of nulls)
+    return (f"CAST(CASE WHEN sum({column}) > {high} THEN {high} WHEN sum({column}) < {low} "
+            f"THEN {low} ELSE sum({column}) END AS BIGINT) AS {column}")
+
+
 _COMPACT = (
-    """CREATE TEMP TABLE _rtx_compact AS
+    f"""CREATE TEMP TABLE _rtx_compact AS
     WITH dup AS (
         SELECT key_id, minute FROM kernel_minutes WHERE minute < $before
         GROUP BY ALL HAVING count(*) > 1
@@ -1027,10 +1034,10 @@ _COMPACT = (
     )
     SELECT any_value(job_id) AS job_id, any_value(op) AS op, any_value(bucket) AS bucket,
            any_value(variant) AS variant, any_value(config) AS config, any_value(phase) AS phase,
-           minute, sum(samples) AS samples, sum(calls) AS calls, sum(total_ns) AS total_ns,
+           minute, {_saturated("samples")}, {_saturated("calls")}, {_saturated("total_ns")},
            min(min_ns) AS min_ns, max(max_ns) AS max_ns, min(first_ns) AS first_ns,
-           max(last_ns) AS last_ns, sum(cache_hits) AS cache_hits,
-           sum(cache_misses) AS cache_misses, any_value(hist.mean_hist) AS mean_hist, key_id
+           max(last_ns) AS last_ns, {_saturated("cache_hits")},
+           {_saturated("cache_misses")}, any_value(hist.mean_hist) AS mean_hist, key_id
     FROM old LEFT JOIN hist USING (key_id, minute) GROUP BY key_id, minute""",
     """DELETE FROM kernel_minutes USING _rtx_compact c
     WHERE kernel_minutes.key_id = c.key_id AND kernel_minutes.minute = c.minute""",

@@ -303,6 +303,29 @@ def test_compaction_merges_minute_rows_without_changing_results(store):
     assert again == stats
 
 
+def test_kernel_totals_past_int64_saturate_and_compaction_goes_on(store):
+    """1100 kernel spans of 2^53 ns each (within the figures the store takes) summed to a negative
+    total in the rollup, and the compaction, which sums in SQL, failed on every run after, so no
+    other key's rows were merged again either."""
+    minute = (time.time_ns() // 60_000_000_000 - 5) * 60_000_000_000
+
+    def kernels(n: int, total: int, op: str, at: int):
+        return batch_of([span("rtx.kernel", {S.OP: op, S.COUNT: 1, S.TOTAL_NS: total},
+                              start=at + i, duration=1) for i in range(n)], {"rtx.job.id": "J"})
+
+    store.write(kernels(1100, 2**53, "big", minute))          # one batch past int64
+    row = store.query("SELECT total_ns, calls FROM kernel_minutes")[0]
+    assert row == {"total_ns": 2**63 - 1, "calls": 1100}
+    store.write(kernels(100, 2**53, "big", minute))           # and the compaction's sum
+    for _ in range(2):
+        store.write(kernels(3, 1000, "mm", minute + 60_000_000_000))    # an ordinary key
+    store.compact(before_ns=time.time_ns())
+    rows = store.query("SELECT op, total_ns, calls FROM kernel_minutes ORDER BY op")
+    assert rows == [{"op": "big", "total_ns": 2**63 - 1, "calls": 1200},
+                    {"op": "mm", "total_ns": 6000, "calls": 6}]
+    assert store.last_write_error is None
+
+
 def test_a_batch_larger_than_the_queue_goes_in_when_the_queue_is_empty(tmp_path, monkeypatch):
     """Refused with the queue empty, it would be refused on every retry (a 429 for good)."""
     blocked = BlockedWriter(monkeypatch)
