@@ -617,3 +617,24 @@ def test_a_chunked_activation_answers_a_broadcast_input_as_torch_does():
         assert not dispatcher.disabled
     finally:
         patching.disable()
+
+
+@pytest.mark.parametrize("variant", ["eager", "chunked"])
+def test_rms_norm_answers_a_channels_last_input_channels_last(variant):
+    """torch's rms_norm answers a transposed input contiguous and a channels-last one
+    channels-last; the variants answered both contiguous, and the two share a route (checked on
+    whichever came first)."""
+    from .helpers import plan_for
+
+    patching.enable(plan_for(1, defaults={"rms_norm": variant}))
+    try:
+        w = torch.randn(8)
+        for _ in range(2):
+            F.rms_norm(torch.randn(64, 8, 4, 3).transpose(1, 3), [8], w, 1e-6)   # same shape
+        x = torch.randn(64, 3, 4, 8).to(memory_format=torch.channels_last)
+        y = F.rms_norm(x, [8], w, 1e-6)
+        want = originals.original("rms_norm")(x, [8], w, 1e-6)
+        assert y.stride() == want.stride()
+        torch.testing.assert_close(y, want)
+    finally:
+        patching.disable()

@@ -41,3 +41,16 @@ def stride_order(t: torch.Tensor) -> list[int]:
     """``t``'s dimensions, outermost (largest stride) first; ties keep their order (torch's
     kernels lay their outputs out in this order of their input's)."""
     return sorted(range(t.dim()), key=lambda d: -t.stride(d))
+
+
+def suggested_memory_format(t: torch.Tensor) -> torch.memory_format:
+    """The memory format torch's C++ ``suggest_memory_format`` gives ``t`` (ops that copy their
+    input dense, as rms_norm does, keep it): channels-last for a 4-D (5-D) tensor laid out so,
+    else contiguous (a transposed view's copy is contiguous)."""
+    if t.is_contiguous():
+        return torch.contiguous_format
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d
+    return torch.contiguous_format

@@ -8,6 +8,7 @@ from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
 from ._chunked import over_rows
 from ._compiled import compiled_variant
+from ._layout import suggested_memory_format
 from .triton import variants as triton_variants
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -58,7 +59,8 @@ def _eps(x, eps):
 
 def eager(input, normalized_shape, weight=None, eps=None):
     """Hand-written math with fp32 accumulation (what Llama-style modules do)."""
-    x = input.float().contiguous()   # torch's rms_norm answers a strided input contiguous
+    # torch's rms_norm answers a strided input contiguous, and a channels-last one channels-last
+    x = input.float().contiguous(memory_format=suggested_memory_format(input))
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _eps(input, eps))
     y = y.to(input.dtype)
     return y * weight if weight is not None else y
@@ -73,7 +75,8 @@ def _build_chunked(config, b: Bucket):
     rows = config["chunk_rows"]
 
     def chunked(input, normalized_shape, weight=None, eps=None):
-        return over_rows(lambda c: eager(c, normalized_shape, weight, eps), input, rows)
+        out = over_rows(lambda c: eager(c, normalized_shape, weight, eps), input, rows)
+        return out.contiguous(memory_format=suggested_memory_format(input))   # (as eager's)
 
     return chunked
 
