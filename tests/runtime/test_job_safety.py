@@ -638,3 +638,22 @@ def test_rms_norm_answers_a_channels_last_input_channels_last(variant):
         torch.testing.assert_close(y, want)
     finally:
         patching.disable()
+
+
+@pytest.mark.parametrize("variant", ["eager", "chunked"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rms_norm_without_eps_uses_torchs_default_for_half_types(variant, dtype):
+    """`nn.RMSNorm(dim)` passes eps=None: the variants took bf16's own epsilon (0.0078) where torch
+    takes fp32's; the first call (activations near 1) passed the check, later small ones were
+    off by 80 %."""
+    from .helpers import plan_for
+
+    patching.enable(plan_for(1, defaults={"rms_norm": variant}))
+    try:
+        w = torch.ones(64, dtype=dtype)
+        F.rms_norm(torch.randn(8, 64, dtype=dtype), [64], w, None)
+        x = (0.02 * torch.randn(8, 64)).to(dtype)
+        torch.testing.assert_close(F.rms_norm(x, [64], w, None),
+                                   originals.original("rms_norm")(x, [64], w, None))
+    finally:
+        patching.disable()

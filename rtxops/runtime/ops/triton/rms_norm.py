@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ...bucket import Bucket
-from ..rms_norm import reference
+from ..rms_norm import eps_or_default, reference
 from ._common import (as_rows, cdiv, dense, either, next_pow2, reference_grads, row_limit,
                       rows_per_program, warps_for, zeros_or_none)
 from ._report import Reporter
@@ -113,7 +113,7 @@ def build(config: dict, bucket: Bucket) -> Callable[..., torch.Tensor]:
     def rms_norm(input, normalized_shape, weight=None, eps=None):
         if weight is not None and weight.dtype != input.dtype:
             return reference(input, normalized_shape, weight, eps)  # mixed dtypes: not this kernel
-        e = torch.finfo(input.dtype).eps if eps is None else eps
+        e = eps_or_default(input, eps)
         return RMSNormFunction.apply(input, weight, e, resolved, reporter)
 
     return rms_norm
