@@ -657,3 +657,22 @@ def test_rms_norm_without_eps_uses_torchs_default_for_half_types(variant, dtype)
                                    originals.original("rms_norm")(x, [64], w, None))
     finally:
         patching.disable()
+
+
+def test_arguments_torch_takes_by_keyword_only_are_refused_positionally_once_routed():
+    """gelu's approximate and attention's scale/enable_gqa are keyword-only in torch; once a
+    route existed the variants took them positionally, and a call torch refuses ran."""
+    from .helpers import plan_for
+
+    patching.enable(plan_for(1, defaults={"gelu": "eager", "attention": "math"}))
+    try:
+        x, q = torch.randn(8, 16), torch.randn(1, 2, 4, 8)
+        for _ in range(2):
+            F.gelu(x, approximate="tanh")
+            F.scaled_dot_product_attention(q, q, q, None, 0.0, False, scale=0.5)
+        with pytest.raises(TypeError):
+            F.gelu(x, "tanh")
+        with pytest.raises(TypeError):
+            F.scaled_dot_product_attention(q, q, q, None, 0.0, False, 0.5)
+    finally:
+        patching.disable()

@@ -21,8 +21,8 @@ def reference(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                                   is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-def key(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-        enable_gqa=False):
+def key(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+        enable_gqa=False):   # scale, enable_gqa: keyword-only, as torch takes them
     try:
         mask = None if attn_mask is None else (attn_mask.shape, attn_mask.dtype)
         # the layouts too: torch's output follows the query's (a (B, L, H, E) view transposed
@@ -35,7 +35,7 @@ def key(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale
         return None
 
 
-def bucket(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+def bucket(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
            enable_gqa=False):
     if dropout_p != 0 or enable_gqa or type(is_causal) is not bool:
         return None

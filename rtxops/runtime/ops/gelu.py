@@ -22,14 +22,14 @@ def reference(input, approximate="none"):
     return originals.gelu(input, approximate=approximate)
 
 
-def key(input, approximate="none"):
+def key(input, *, approximate="none"):   # keyword-only, as torch takes it
     try:
         return (input.shape, input.dtype, input.device, approximate, input.is_contiguous())
     except AttributeError:
         return None
 
 
-def bucket(input, approximate="none"):
+def bucket(input, *, approximate="none"):
     shape = input.shape
     if (
         type(approximate) is not str
