@@ -676,3 +676,28 @@ def test_arguments_torch_takes_by_keyword_only_are_refused_positionally_once_rou
             F.scaled_dot_product_attention(q, q, q, None, 0.0, False, 0.5)
     finally:
         patching.disable()
+
+
+def test_attention_with_a_3d_mask_keeps_torchs_double_backward():
+    """torch takes its math backend for a 3-D mask, whose backward has a derivative (a gradient
+    penalty works); flash_cpu called ATen's flash kernel, whose backward has none: the job died
+    in backward, past anything the first-call check sees."""
+    from .helpers import plan_for
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    mask = torch.randn(2, 4, 4)
+
+    def penalty_grad(sdpa):
+        qq = q.clone().requires_grad_()
+        (g,) = torch.autograd.grad(sdpa(qq, k, v, attn_mask=mask).square().sum(), qq, create_graph=True)
+        (gg,) = torch.autograd.grad(g.square().sum(), qq)
+        return gg
+
+    want = penalty_grad(originals.original("scaled_dot_product_attention"))
+    patching.enable(plan_for(1, defaults={"attention": "flash_cpu"}))
+    try:
+        for _ in range(2):
+            torch.testing.assert_close(penalty_grad(F.scaled_dot_product_attention), want)
+    finally:
+        patching.disable()

@@ -129,15 +129,15 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 def flash_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False):
-    """ATen's CPU flash kernel; a mask that needs its own gradient goes through ``math``."""
+    """ATen's CPU flash kernel; a mask that needs its own gradient, or a 3-D one (torch takes its
+    math backend there, whose backward has a derivative: a gradient penalty works through it),
+    goes through ``math``."""
     if attn_mask is not None:
-        if attn_mask.requires_grad:
+        if attn_mask.requires_grad or attn_mask.dim() == 3:
             return math(query, key, value, attn_mask, dropout_p, is_causal, scale)
         if attn_mask.dtype == torch.bool:
             attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device) \
                 .masked_fill(~attn_mask, float("-inf"))
-        if attn_mask.dim() == 3:
-            attn_mask = attn_mask.unsqueeze(0)
     return _flash(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
