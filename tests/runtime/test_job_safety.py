@@ -701,3 +701,31 @@ def test_attention_with_a_3d_mask_keeps_torchs_double_backward():
             torch.testing.assert_close(penalty_grad(F.scaled_dot_product_attention), want)
     finally:
         patching.disable()
+
+
+@pytest.mark.parametrize("op,variant", [("softmax", "eager"), ("softmax", "logsumexp"),
+                                        ("softmax", "chunked"), ("cross_entropy", "chunked")])
+def test_changing_the_input_in_place_after_the_call_leaves_backward_as_torchs(op, variant):
+    """torch's softmax and cross-entropy save their output for backward, so a job may change the
+    input in place afterwards; these variants saved the input, and backward died."""
+    from .helpers import plan_for
+
+    def run(fn_of_input):
+        torch.manual_seed(0)
+        leaf = torch.randn(64, 32, requires_grad=True)
+        x = leaf * 1.0
+        out = fn_of_input(x)
+        x.mul_(0)                       # e.g. a buffer reused for the next micro-batch
+        out.sum().backward() if op == "softmax" else out.backward()
+        return leaf.grad
+
+    target = torch.randint(0, 32, (64,))
+    call = (lambda x: F.softmax(x, -1)) if op == "softmax" else (lambda x: F.cross_entropy(x, target))
+    patching.enable(plan_for(1, defaults={op: variant}))
+    try:
+        run(call)
+        got = run(call)
+    finally:
+        patching.disable()
+    want = run(call)
+    torch.testing.assert_close(got, want)

@@ -109,18 +109,24 @@ class _ChunkedCE(torch.autograd.Function):
                 p.sub_(smoothing / vocab)
             grad[rows] = p.mul_(k.unsqueeze(1))
         ctx.reduction, ctx.smoothing = reduction, smoothing
-        # the input and target too (references: a job keeps its logits anyway) for a backward
-        # that must itself be differentiable
-        ctx.save_for_backward(grad, keep.sum(), input, target, keep)
+        ctx.save_for_backward(grad, keep.sum(), target, keep)
+        # the input too (a reference: a job keeps its logits anyway), for a backward that must
+        # itself be differentiable; not saved for backward, which would refuse a plain backward
+        # after the job changed the logits in place, as torch's own (it saves its output) does not
+        ctx.input, ctx.input_version = input, input._version
         return _reduce(loss, keep, reduction).to(input.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad, count, input, target, keep = ctx.saved_tensors
+        grad, count, target, keep = ctx.saved_tensors
         if torch.is_grad_enabled():
             # create_graph (a gradient penalty): the gradient made in forward is a constant to
             # autograd, so it is made again from the input with differentiable ops
-            grad = _differentiable_grad(input, target, keep, ctx.smoothing)
+            if ctx.input._version != ctx.input_version:
+                raise RuntimeError("one of the variables needed for gradient computation has been "
+                                   "modified by an inplace operation: the logits of cross_entropy "
+                                   "(rtxops chunked variant), needed for its double backward")
+            grad = _differentiable_grad(ctx.input, target, keep, ctx.smoothing)
         g = grad_out.float()
         if ctx.reduction == "none":
             g = g.unsqueeze(1)

@@ -49,7 +49,10 @@ def example_inputs(b: Bucket, seed: int = 0):
 def eager(input, dim=None, _stacklevel=3, dtype=None):
     """Max-subtracted exp over the sum, in fp32."""
     x = input.float().contiguous()   # torch's softmax answers a strided input contiguous
-    e = (x - x.amax(-1, keepdim=True)).exp()
+    # the shift is detached: its gradient is zero (softmax does not change under it), and amax
+    # would save the input itself, which the job may change in place before backward (torch's
+    # softmax saves only its output)
+    e = (x - x.detach().amax(-1, keepdim=True)).exp()
     return (e / e.sum(-1, keepdim=True)).to(input.dtype)
 
 
@@ -61,7 +64,10 @@ def aten(input, dim=None, _stacklevel=3, dtype=None):
 def logsumexp(input, dim=None, _stacklevel=3, dtype=None):
     """``exp(x - logsumexp(x))`` in fp32: no division."""
     x = input.float().contiguous()
-    return (x - torch.logsumexp(x, -1, keepdim=True)).exp().to(input.dtype)
+    # logsumexp by hand around a detached shift: torch.logsumexp saves its input (see eager)
+    m = x.detach().amax(-1, keepdim=True)
+    lse = m + (x - m).exp().sum(-1, keepdim=True).log()
+    return (x - lse).exp().to(input.dtype)
 
 
 def _build_chunked(config, b: Bucket):
