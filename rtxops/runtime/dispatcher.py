@@ -23,6 +23,7 @@ import torch.utils.checkpoint
 from .bucket import Bucket
 from .errors import PlanError
 from .memory import rss_bytes
+from .ops._layout import layout_kind
 from .originals import naming_itself
 from .timing import BackwardTimer, CudaEventTimer
 from .plan import Plan, default_plan
@@ -75,10 +76,12 @@ class _LeadOptimizer:
         return True
 
 
-def _strided(args: tuple, kwargs: dict) -> bool:
-    """Whether a call's first argument is a tensor that is not contiguous."""
+def _strided(args: tuple, kwargs: dict) -> tuple | None:
+    """The layout kind of a call's first argument when it is a tensor that is not contiguous."""
     first = args[0] if args else next(iter(kwargs.values()), None)
-    return isinstance(first, torch.Tensor) and not first.is_contiguous()
+    if isinstance(first, torch.Tensor) and not first.is_contiguous():
+        return layout_kind(first)
+    return None
 
 
 def _traced_here() -> bool:
@@ -252,10 +255,12 @@ class FunctionSite:
             # gets torch's own ops, and no route is kept
             return self.unrouted()
         scope = key.scope if isinstance(key, Scoped) else None
-        if _strided(args, kwargs):
+        strided = _strided(args, kwargs)
+        if strided is not None:
             # a view of another layout (ops whose key tells layouts apart): routed as its bucket,
-            # and checked on its own first call (a variant may answer in another layout)
-            scope = (scope, "strided")
+            # and each kind of layout checked on its own first call (a variant may answer one as
+            # torch does and another not)
+            scope = (scope, "strided", strided)
         try:
             bucket_key = self.op.bucket(*args, **kwargs)
         except Exception:  # values the bucket cannot read (FX proxies, nested tensors): as written

@@ -729,3 +729,25 @@ def test_changing_the_input_in_place_after_the_call_leaves_backward_as_torchs(op
         patching.disable()
     want = run(call)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("op", ["gelu", "silu"])
+def test_each_strided_layout_of_a_shape_is_checked_on_its_own(op):
+    """Strided inputs of one shape shared one route, checked on whichever came first: a sliced
+    row-major input passed, and a sliced transposed one then got a row-major answer where torch
+    keeps the transpose (the job's `.t().view(-1)` failed)."""
+    from .helpers import plan_for
+
+    patching.enable(plan_for(1, defaults={op: "chunked"}))
+    try:
+        fn = getattr(F, op)
+        for _ in range(2):
+            fn(torch.randn(512, 512)[:, ::2])                 # (512, 256), row-major, sliced
+        x = torch.randn(512, 512)[::2].t()                    # (512, 256), transposed, sliced
+        y = fn(x)
+        want = originals.original(op)(x)
+        assert y.stride() == want.stride()
+        torch.testing.assert_close(y, want)
+        y.t().reshape(-1).view(-1)
+    finally:
+        patching.disable()

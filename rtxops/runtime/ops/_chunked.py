@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from ._layout import stride_order
+from ._layout import is_dense, stride_order
 
 
 def over_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -26,18 +26,10 @@ def over_elements(fn: Callable[..., torch.Tensor], n: int, *tensors: torch.Tenso
     order = stride_order(first)
     # only a dense layout is kept (as torch keeps it): a sliced or broadcast (stride 0) input
     # gets a contiguous answer from torch too
-    if order != list(range(first.dim())) and _dense(first, order):
+    if order != list(range(first.dim())) and is_dense(first, order):
         back = sorted(range(first.dim()), key=order.__getitem__)
         return over_elements(fn, n, *(t.permute(order) for t in tensors)).permute(back)
     slices = zip(*(t.reshape(-1).split(n) for t in tensors))
     return torch.cat([fn(*s) for s in slices]).view(first.shape)
 
 
-def _dense(t: torch.Tensor, order: list[int]) -> bool:
-    """Whether ``t`` fills its memory without gaps or overlaps in ``order`` (its stride order)."""
-    step = 1
-    for d in reversed(order):
-        if t.shape[d] != 1 and t.stride(d) != step:
-            return False
-        step *= t.shape[d]
-    return True

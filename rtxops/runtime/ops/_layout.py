@@ -43,6 +43,23 @@ def stride_order(t: torch.Tensor) -> list[int]:
     return sorted(range(t.dim()), key=lambda d: -t.stride(d))
 
 
+def is_dense(t: torch.Tensor, order: list[int]) -> bool:
+    """Whether ``t`` fills its memory without gaps or overlaps in ``order`` (its stride order)."""
+    step = 1
+    for d in reversed(order):
+        if t.shape[d] != 1 and t.stride(d) != step:
+            return False
+        step *= t.shape[d]
+    return True
+
+
+def layout_kind(t: torch.Tensor) -> tuple:
+    """What sets apart the strided layouts a variant may answer differently: the order of the
+    dimensions in memory, and whether they fill it (sliced ones do not)."""
+    order = stride_order(t)
+    return tuple(order), is_dense(t, order)
+
+
 def suggested_memory_format(t: torch.Tensor) -> torch.memory_format:
     """The memory format torch's C++ ``suggest_memory_format`` gives ``t`` (ops that copy their
     input dense, as rms_norm does, keep it): channels-last for a 4-D (5-D) tensor laid out so,
@@ -54,3 +71,10 @@ def suggested_memory_format(t: torch.Tensor) -> torch.memory_format:
     if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
         return torch.channels_last_3d
     return torch.contiguous_format
+
+
+def layout_key(t: torch.Tensor):
+    """``t``'s layout as a call key part: True when contiguous, else its strides. Each strided
+    layout gets a route of its own, checked on its own first call (a variant may answer one
+    layout as torch does and another not)."""
+    return True if t.is_contiguous() else t.stride()

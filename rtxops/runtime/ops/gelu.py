@@ -12,6 +12,7 @@ from ..spec import OpSpec, Variant
 from ._chunked import over_elements
 from ._compiled import compiled_variant
 from .triton import variants as triton_variants
+from ._layout import layout_key
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _APPROX = {"none": 0, "tanh": 1}
@@ -24,7 +25,7 @@ def reference(input, approximate="none"):
 
 def key(input, *, approximate="none"):   # keyword-only, as torch takes it
     try:
-        return (input.shape, input.dtype, input.device, approximate, input.is_contiguous())
+        return (input.shape, input.dtype, input.device, approximate, layout_key(input))
     except AttributeError:
         return None
 

@@ -10,6 +10,7 @@ from ..spec import OpSpec, Variant
 from ._chunked import over_rows
 from ._compiled import compiled_variant
 from .triton import variants as triton_variants
+from ._layout import layout_key
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -23,7 +24,7 @@ def key(input, normalized_shape, weight=None, bias=None, eps=1e-05):
         ns = normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape)
         return (input.shape, input.dtype, input.device, ns,
                 None if weight is None else (weight.dtype, weight.shape),
-                None if bias is None else (bias.dtype, bias.shape), input.is_contiguous())
+                None if bias is None else (bias.dtype, bias.shape), layout_key(input))
     except (AttributeError, TypeError):
         return None
 

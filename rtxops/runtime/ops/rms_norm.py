@@ -8,7 +8,7 @@ from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
 from ._chunked import over_rows
 from ._compiled import compiled_variant
-from ._layout import suggested_memory_format
+from ._layout import layout_key, suggested_memory_format
 from .triton import variants as triton_variants
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -22,7 +22,7 @@ def key(input, normalized_shape, weight=None, eps=None):
     try:
         ns = normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape)
         return (input.shape, input.dtype, input.device, ns,
-                None if weight is None else (weight.dtype, weight.shape), input.is_contiguous())
+                None if weight is None else (weight.dtype, weight.shape), layout_key(input))
     except (AttributeError, TypeError):
         return None
 

@@ -8,6 +8,7 @@ from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
 from ._chunked import over_elements
 from ._compiled import compiled_variant
+from ._layout import layout_key
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -18,7 +19,7 @@ def reference(input, inplace=False):
 
 def key(input, inplace=False):
     try:
-        return (input.shape, input.dtype, input.device, inplace, input.is_contiguous())
+        return (input.shape, input.dtype, input.device, inplace, layout_key(input))
     except AttributeError:
         return None
 

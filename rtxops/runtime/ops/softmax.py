@@ -9,6 +9,7 @@ from ..spec import OpSpec, Variant
 from ._chunked import over_rows
 from ._compiled import compiled_variant
 from .triton import variants as triton_variants
+from ._layout import layout_key
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -19,7 +20,7 @@ def reference(input, dim=None, _stacklevel=3, dtype=None):
 
 def key(input, dim=None, _stacklevel=3, dtype=None):
     try:
-        return (input.shape, input.dtype, input.device, dim, dtype, input.is_contiguous())
+        return (input.shape, input.dtype, input.device, dim, dtype, layout_key(input))
     except AttributeError:
         return None
 

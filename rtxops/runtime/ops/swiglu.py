@@ -10,6 +10,7 @@ from ..spec import OpSpec, Variant
 from ._chunked import over_elements
 from ._compiled import compiled_variant
 from .triton import variants as triton_variants
+from ._layout import layout_key
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -20,7 +21,7 @@ def reference(a, b):
 
 def key(a, b):
     try:
-        return (a.shape, a.dtype, a.device, b.shape, b.dtype)
+        return (a.shape, a.dtype, a.device, b.shape, b.dtype, layout_key(a), layout_key(b))
     except AttributeError:
         return None
 
