@@ -325,6 +325,9 @@ class EvolveLoop:
         return bt
 
     def _screen(self, op: str, bucket: str, arms: list[Arm]) -> tuple[list[Arm], dict[Arm, str]]:
+        if all(self.tuning.gate(op, bucket, a) is not None for a in arms):
+            # every verdict stored (another job's gate, an earlier run): no worker, no slot
+            return screen(self.tuning, op, bucket, arms, self.config.gate_timeout_s)
         with self._gate_slots:   # a gate waiting here stays in phase "gating"
             return screen(self.tuning, op, bucket, arms, self.config.gate_timeout_s)
 

@@ -45,6 +45,7 @@ def loop_over_rows(monkeypatch, rows: list[dict], *, last: int, swapped: int = 9
     loop.config = LoopConfig(window_steps=20, min_steps=5)
     loop.tuning = L.TuningDB(None, _Registry())
     loop.tuning.key = lambda *a: {}
+    loop.tuning.gate = lambda op, bucket, arm: None   # no verdict stored
     loop.trial_spans = type("T", (), {"record": lambda self, t: None})()
     loop.jobs, loop._lock, loop._status = {}, threading.Lock(), {}
     loop._gate_slots = threading.Semaphore(loop.config.gates)

@@ -129,3 +129,26 @@ def test_gates_of_several_jobs_run_one_at_a_time(monkeypatch):
     loop.tick()
     assert [loop.jobs[j].active.phase for j in jobs] == ["exploring"] * 3
     assert most[0] == 1
+
+
+def test_a_bucket_whose_verdicts_are_stored_does_not_wait_for_another_jobs_gate(monkeypatch):
+    release = threading.Event()
+
+    def screen(tuning, op, bucket, arms, timeout_s):
+        if not known[0]:
+            release.wait(30)
+        return arms, {}
+
+    known = [False]
+    loop, _ = _loop(monkeypatch, screen)
+    monkeypatch.setattr(loop.tuning, "gate", lambda op, bucket, arm: {"passed": True} if known[0] else None)
+    loop.running_jobs = lambda: ["a"]
+    loop.tick()                                  # job a's gate holds the slot
+    assert loop.jobs["a"].active.phase == "gating"
+    known[0] = True                              # (as if another home's gate had stored them)
+    loop.running_jobs = lambda: ["a", "b"]
+    monkeypatch.setattr(L, "GATE_WAIT_S", 5.0, raising=False)
+    started = time.monotonic()
+    loop.tick()
+    assert loop.jobs["b"].active.phase == "exploring" and time.monotonic() - started < 4
+    release.set()
