@@ -130,10 +130,12 @@ class _GovernanceReports:
 
         authority = self.daemon.authority
         directory = authority.bundle_dir(entry["scope"], entry["version"])
-        if not directory.is_dir():
-            return None
+        if entry.get("kind") == "deny" or not directory.is_dir():
+            return None   # a denied bundle is never kept: the folder is another entry's
         report = verify(directory, Trust(keyring=Keyring.load(authority.keyring_file)),
                         policies=authority.policies).to_dict()
+        if (report.get("facts") or {}).get("digest") != entry.get("subject_digest"):
+            return None   # the scope's version was issued again since: not this entry's bundle
 
         def read(name: str) -> dict:
             try:

@@ -205,7 +205,7 @@ def governance(q, paging: Paging, reports: GovernanceReports | None) -> dict:
     return {"ledger_table": V.table_exists(q, V.LEDGER), "ledger": page(total, rows, paging),
             "chain": _call(reports, "verify_chain", None) if total else None,
             "policies": _call(reports, "policies", []) or [],
-            "last_denial": next((r for r in rows if r.get("kind") == "deny"), None)}
+            "last_denial": V.last_denial(q)}   # of the whole ledger, not the page shown
 
 
 def bundle(q, digest: str, reports: GovernanceReports | None) -> dict | None:

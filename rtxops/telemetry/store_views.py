@@ -511,6 +511,14 @@ def ledger(q, *, limit: int, offset: int) -> tuple[int, list[Row]]:
     return total, rows
 
 
+def last_denial(q) -> Row | None:
+    """The newest ``deny`` entry of the whole ledger, or None."""
+    if not table_exists(q, LEDGER):
+        return None
+    rows = q.query(f"SELECT * FROM {LEDGER} WHERE kind = 'deny' ORDER BY seq DESC LIMIT 1")
+    return rows[0] if rows else None
+
+
 def ledger_entry(q, digest: str) -> Row | None:
     """The newest ledger entry about the bundle whose digest is ``digest``, or None."""
     if not table_exists(q, LEDGER):
