@@ -188,3 +188,17 @@ def test_a_job_id_holding_a_slash_opens(api, live):
     assert page.status_code == 200 and job in page.text
     listed = api.get("/jobs", params={"search": "run-7"}).text
     assert 'href="/jobs/team' in listed
+
+
+def test_a_pinned_windows_kernel_page_asks_its_charts_and_links_about_that_window(api, live):
+    """The before/after chart dropped `until_ns` (it asked about the window ending now, found no
+    swap there for a job that ran earlier, and said 'No data'), and so did the "over time" links."""
+    import html
+    import re
+
+    until = time.time_ns() + 60 * 10**9
+    page = api.get("/kernels", params={"job": live.job_id, "window_s": 3600, "until_ns": until}).text
+    src = html.unescape(re.search(r'id="breakdown-chart"[^>]*data-src="([^"]*)"', page).group(1))
+    assert f"until_ns={until}" in src and "window_s=3600" in src
+    links = [html.unescape(h) for h in re.findall(r'class="series-link" href="([^"]*)"', page)]
+    assert links and all(f"until_ns={until}" in h for h in links)
