@@ -98,3 +98,36 @@ def test_governance_shows_the_signed_plan_and_its_verify_report(web, live, artif
     assert web.page.locator("table", has_text="purl").locator("tbody tr").count() >= 1
     web.page.screenshot(path=str(artifacts / "bundle.png"), full_page=True)
     assert web.errors == []
+
+
+def test_charts_keep_their_zoom_across_refreshes_and_show_utc(browser, live):
+    """Every 5 s refresh redrew the charts without a uirevision (a zoom or a legend choice was
+    lost), replaced the trials chart with a fresh element, and the charts drew times in the
+    browser's zone where the tables print UTC."""
+    import datetime
+
+    context = browser.new_context(base_url=live.url, viewport={"width": 1400, "height": 900},
+                                  timezone_id="America/New_York")
+    try:
+        page = context.new_page()
+        page.goto(f"/?job={live.job_id}")
+        page.wait_for_function("document.querySelector('#steps-chart').dataset.drawn === '1'")
+        first = page.evaluate("document.querySelector('#steps-chart').data[0].x[0]")
+        t_ns = next(s for s in page.request.get(f"/api/steps?job={live.job_id}").json()["series"])["t_ns"][0]
+        utc = datetime.datetime.fromtimestamp(t_ns / 1e9, datetime.timezone.utc)
+        assert first.startswith(utc.strftime("%Y-%m-%dT%H:%M")), (first, utc)
+        zoomed = page.evaluate("""async () => {
+            const el = document.querySelector('#steps-chart');
+            const xs = el.data[0].x;
+            await Plotly.relayout(el, {'xaxis.range': [xs[0], xs[xs.length - 1]]});
+            return el.layout.xaxis.range; }""")
+        page.wait_for_timeout(6500)                      # past one refresh
+        assert page.evaluate("document.querySelector('#steps-chart').layout.xaxis.range") == zoomed
+        page.goto("/evolve")
+        page.wait_for_function("document.querySelector('#trials-chart').dataset.drawn === '1'")
+        page.evaluate("document.querySelector('#trials-chart').kept = true")
+        page.wait_for_timeout(6500)                      # past one refresh
+        assert page.evaluate("document.querySelector('#trials-chart').kept === true")
+        assert page.evaluate("document.querySelector('#trials-chart').layout.uirevision") == "trials-chart"
+    finally:
+        context.close()

@@ -6,10 +6,11 @@
   const LOG_POLL_MS = 2000;
   // plotly reads a few HTML-like tags in text; every label from the store is shown literally
   const esc = (s) => String(s ?? "").replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-  const date = (ns) => new Date(ns / 1e6);
+  // UTC wall-clock strings, as the tables print times: plotly shows a Date in the browser's zone
+  const date = (ns) => new Date(ns / 1e6).toISOString().replace("Z", "");
   const base = (extra) => Object.assign({
     margin: { t: 24, r: 60, b: 40, l: 60 }, height: 340, hovermode: "closest",
-    legend: { orientation: "h", y: -0.2 }, xaxis: { type: "date" },
+    legend: { orientation: "h", y: -0.2 }, xaxis: { type: "date", title: { text: "UTC" } },
   }, extra);
   const sum = (xs) => xs.reduce((a, b) => a + (b || 0), 0);
 
@@ -118,7 +119,9 @@
     }
     if (!el.dataset.drawn) el.textContent = "";
     el.classList.remove("no-data");
-    await window.Plotly.react(el, fig.traces, fig.layout, { displaylogo: false, responsive: true });
+    // the same uirevision on every redraw: a zoom or a legend choice outlives the refresh
+    const layout = Object.assign({}, fig.layout, { uirevision: el.id });
+    await window.Plotly.react(el, fig.traces, layout, { displaylogo: false, responsive: true });
     el.dataset.drawn = "1";
   }
 
@@ -130,7 +133,14 @@
     const fresh = new DOMParser().parseFromString(await r.text(), "text/html");
     for (const el of live) {
       const next = fresh.getElementById(el.id);
-      if (next && !el.contains(document.activeElement)) el.replaceChildren(...next.childNodes);
+      if (!next || el.contains(document.activeElement)) continue;
+      // a chart in the section stays the element it is (its zoom with it); only its source moves
+      const charts = new Map([...el.querySelectorAll("[data-chart][id]")].map((c) => [c.id, c]));
+      el.replaceChildren(...next.childNodes);
+      for (const c of el.querySelectorAll("[data-chart][id]")) {
+        const old = charts.get(c.id);
+        if (old) { old.dataset.src = c.dataset.src; c.replaceWith(old); }
+      }
     }
   }
 
