@@ -96,10 +96,14 @@ DROPS_WINDOW_S = 900
 def ingest(q, *, window: Window, stats: dict | None, problems: list[str] | None) -> dict:
     """Ingest rate (last minute), drops jobs reported in the window's last 15 minutes at most,
     the daemon's counters and readiness (``problems``: why it is not ready; None: unknown)."""
-    drops_since = max(window.since_ns, window.until_ns - DROPS_WINDOW_S * 10**9)
-    return {"rate": V.ingest_rate(q, now_ns=time.time_ns()),
+    now = time.time_ns()
+    # counted back from now, not from the window's end, which runs a minute ahead of now for
+    # clocks ahead of ours (the last 15 minutes were 14, and a 5-minute window said 6)
+    end = min(window.until_ns, now)
+    drops_since = max(window.since_ns, end - DROPS_WINDOW_S * 10**9)
+    return {"rate": V.ingest_rate(q, now_ns=now),
             "drops_reported": V.reported_drops(q, since_ns=drops_since, until_ns=window.until_ns),
-            "drops_window_s": (window.until_ns - drops_since) // 10**9,
+            "drops_window_s": max(0, min((end - drops_since) // 10**9, window.window_s)),
             "daemon": stats or {},
             "health": {"ready": None if problems is None else not problems, "problems": problems or []}}
 

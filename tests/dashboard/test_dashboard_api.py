@@ -202,3 +202,10 @@ def test_a_pinned_windows_kernel_page_asks_its_charts_and_links_about_that_windo
     assert f"until_ns={until}" in src and "window_s=3600" in src
     links = [html.unescape(h) for h in re.findall(r'class="series-link" href="([^"]*)"', page)]
     assert links and all(f"until_ns={until}" in h for h in links)
+
+
+def test_the_drops_window_is_counted_back_from_now(api):
+    """It was counted back from the window's end, which runs a minute ahead of now: "last 15
+    min" covered 14, and a 5-minute window said 6."""
+    for window_s, said in ((300, 300), (900, 900), (3600, 900)):
+        assert api.get("/api/ingest", params={"window_s": window_s}).json()["drops_window_s"] == said
