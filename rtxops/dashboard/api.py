@@ -10,6 +10,7 @@ from rtxops.telemetry import store_views as V
 
 from . import data
 from .params import (
+    MAX_TEXT,
     Filter,
     Paging,
     Window,
@@ -22,8 +23,8 @@ from .params import (
 
 
 def id_path():
-    """A path parameter holding an id (1-200 characters); one instance per route."""
-    return Path(min_length=1, max_length=200)
+    """A path parameter holding an id (1 to MAX_TEXT characters); one instance per route."""
+    return Path(min_length=1, max_length=MAX_TEXT)
 
 
 def points_query():
@@ -117,7 +118,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         return data.kernel_series(store, job_id=job, op=op, bucket=bucket, window=win, points=points)
 
     @router.get("/kernels/breakdown", responses={404: {"description": "unknown job"}})
-    def breakdown(job: str = Query(..., min_length=1, max_length=200),
+    def breakdown(job: str = Query(..., min_length=1, max_length=MAX_TEXT),
                   at_ns: int | None = Query(None, ge=0, le=2**62, description="the swap (default: the last)"),
                   span_s: int = Query(30, ge=1, le=3600, description="seconds on each side"),
                   win: Window = Depends(window)) -> dict:

@@ -13,6 +13,7 @@ from rtxops.telemetry import store_views as V
 
 from . import data
 from .params import (
+    MAX_TEXT,
     WINDOWS,
     Filter,
     Paging,
@@ -100,7 +101,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
                       jobs=data.jobs_page(store, state=state, search=search, paging=page))
 
     @router.get("/jobs/{job_id:path}")  # ids may hold "/"
-    def job(request: Request, job_id: str = Path(min_length=1, max_length=200),
+    def job(request: Request, job_id: str = Path(min_length=1, max_length=MAX_TEXT),
             search: Filter = text_filter("case-insensitive substring"),
             win: Window = Depends(window)):
         detail = data.job_detail(store, job_id)

@@ -62,9 +62,14 @@ Filter = Annotated[str | None, AfterValidator(_blank_is_none)]
 """An optional text filter; an empty value (a blank form field) means no filter."""
 
 
+MAX_TEXT = 1024
+"""The longest id or filter value taken: any OpenTelemetry client names its own job ids, and the
+store keeps them whole (a 228-character one was listed, then a 422 on its own page)."""
+
+
 def text_filter(description: str):
-    """An optional filter on a text column (at most 200 characters; blank: none)."""
-    return Query(None, max_length=200, description=description)
+    """An optional filter on a text column (at most :data:`MAX_TEXT` characters; blank: none)."""
+    return Query(None, max_length=MAX_TEXT, description=description)
 
 
 def one_of(values: tuple[str, ...], description: str):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import urllib.parse
 from pathlib import Path
 
 from fastapi.templating import Jinja2Templates
@@ -54,6 +55,12 @@ def compact(value: object) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
+def segment(value: object) -> str:
+    """``value`` as one URL path segment: ``/`` and ``.`` escaped too, so a job id such as
+    ``exp/../other`` links to itself (a browser resolves a literal ``..`` before asking)."""
+    return urllib.parse.quote(str(value), safe="").replace(".", "%2E")
+
+
 templates = Jinja2Templates(directory=str(TEMPLATES))
 templates.env.filters.update(ms=ms, when=when, pct=pct, size=size, num=num, pretty=pretty,
-                            compact=compact)
+                            compact=compact, segment=segment)

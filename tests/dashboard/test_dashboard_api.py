@@ -49,7 +49,7 @@ def test_unknown_ids_are_404(api, path):
 @pytest.mark.parametrize("path,params", [
     ("/api/steps", {"window_s": "abc"}), ("/api/steps", {"window_s": 5}),
     ("/api/steps", {"until_ns": 5}), ("/api/steps", {"points": 1}),
-    ("/api/jobs", {"state": "bogus"}), ("/api/kernels", {"job": "x" * 201}),
+    ("/api/jobs", {"state": "bogus"}), ("/api/kernels", {"job": "x" * 1025}),
     ("/api/kernels/breakdown", {}), ("/api/kernels/breakdown", {"job": "j", "span_s": 0}),
     ("/api/jobs/x/logs", {"stream": "stdin"}), ("/api/jobs/x/logs", {"limit": 5001}),
     ("/api/jobs/x/logs", {"after": -1}), ("/kernels", {"at_ns": "soon"}),
@@ -188,6 +188,31 @@ def test_a_job_id_holding_a_slash_opens(api, live):
     assert page.status_code == 200 and job in page.text
     listed = api.get("/jobs", params={"search": "run-7"}).text
     assert 'href="/jobs/team' in listed
+
+
+def test_listed_job_ids_link_to_their_own_pages(api, live):
+    """A 228-character id (OTLP takes any) was listed, then a 422 on its page; `exp/../other`
+    linked as `/jobs/exp/../other`, which a browser resolves to another job's page."""
+    import html
+    import re
+    import urllib.parse
+
+    from ..daemon.live import otlp_batch
+
+    long_id, dotted = "j" * 228, "exp/../other"
+    with live.client(token=True) as c:
+        for seed, job in enumerate((long_id, dotted)):
+            request, _ = otlp_batch(3, seed=10 + seed, job_id=job)
+            r = c.post("/v1/traces", content=request.SerializeToString(),
+                       headers={"Content-Type": "application/x-protobuf"})
+            assert r.status_code == 200, r.text
+    for job in (long_id, dotted):
+        listed = api.get("/jobs", params={"search": job[:20]}).text
+        hrefs = [html.unescape(h) for h in re.findall(r'<a href="(/jobs/[^"]+)"', listed)]
+        href, = [h for h in hrefs if urllib.parse.unquote(h[len("/jobs/"):]) == job]
+        assert "/../" not in href     # (what a browser would resolve away)
+        page = api.get(href)
+        assert page.status_code == 200 and f"Job {html.escape(job)}" in page.text, href
 
 
 def test_a_pinned_windows_kernel_page_asks_its_charts_and_links_about_that_window(api, live):
