@@ -318,18 +318,14 @@ class EvolveLoop:
                  op, bucket, 100 * (hs["share"] or 0))
         # the gate runs kernels in worker processes (a compile may take minutes): off the loop's
         # thread, so the other jobs' canaries and rollbacks do not wait for it
-        bt.gating = _in_background(lambda: self._screen(op, bucket, arms), name=f"rtxops-gate-{op}")
+        bt.gating = _in_background(
+            lambda: screen(self.tuning, op, bucket, arms, self.config.gate_timeout_s,
+                           worker_slot=self._gate_slots),   # waiting there: phase "gating"
+            name=f"rtxops-gate-{op}")
         futures.wait([bt.gating], timeout=GATE_WAIT_S)   # verdicts all known: at once
         if bt.gating.done():
             self._gated(job, bt, last)
         return bt
-
-    def _screen(self, op: str, bucket: str, arms: list[Arm]) -> tuple[list[Arm], dict[Arm, str]]:
-        if all(self.tuning.gate(op, bucket, a) is not None for a in arms):
-            # every verdict stored (another job's gate, an earlier run): no worker, no slot
-            return screen(self.tuning, op, bucket, arms, self.config.gate_timeout_s)
-        with self._gate_slots:   # a gate waiting here stays in phase "gating"
-            return screen(self.tuning, op, bucket, arms, self.config.gate_timeout_s)
 
     def _gated(self, job: str, bt: BucketTuning, last: int) -> None:
         """The gate has answered: explore the arms that passed, or reject the bucket."""

@@ -3,7 +3,9 @@ stored: an arm that failed is never retried for the same (variant, config, bucke
 A gate that could not run (a worker that timed out, a module it cannot import) is no verdict."""
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import ContextManager
 
 from .candidates import Arm
 from .runner import WorkerError, run_isolating
@@ -12,9 +14,10 @@ from .tuning import TuningDB
 log = logging.getLogger("rtxops.evolve")
 
 
-def screen(tuning: TuningDB, op: str, bucket: str, arms: list[Arm],
-           timeout_s: float = 600.0) -> tuple[list[Arm], dict[Arm, str]]:
-    """The arms that pass the gate, and the reason for each that does not."""
+def screen(tuning: TuningDB, op: str, bucket: str, arms: list[Arm], timeout_s: float = 600.0,
+           worker_slot: ContextManager = contextlib.nullcontext()) -> tuple[list[Arm], dict[Arm, str]]:
+    """The arms that pass the gate, and the reason for each that does not. A worker runs only
+    for arms with no stored verdict, inside ``worker_slot`` (the loop's bound on gates at once)."""
     passed, failed, unknown = [], {}, []
     for arm in arms:
         known = tuning.gate(op, bucket, arm)
@@ -24,7 +27,12 @@ def screen(tuning: TuningDB, op: str, bucket: str, arms: list[Arm],
             passed.append(arm)
         else:
             failed[arm] = known["reason"]
-    for arm, (ok, reason) in _gate(tuning, op, bucket, unknown, timeout_s).items():
+    if unknown:
+        with worker_slot:
+            gated = _gate(tuning, op, bucket, unknown, timeout_s)
+    else:
+        gated = {}
+    for arm, (ok, reason) in gated.items():
         if ok:
             passed.append(arm)
         else:

@@ -28,7 +28,9 @@ class _Board:
         return plan
 
 
-def _loop(monkeypatch, screen):
+def _loop(monkeypatch, screen=None, gate=None):
+    """A loop over one hot gelu bucket whose screening is ``screen`` (arms -> (passed, failed)),
+    or the real screening with ``gate`` for its worker (arms -> {arm: (ok, reason)})."""
     decisions: list[dict] = []
     loop = loop_over_rows(monkeypatch, [], last=50, decisions=decisions)
     loop.board = _Board()
@@ -37,7 +39,13 @@ def _loop(monkeypatch, screen):
     monkeypatch.setattr(se, "hotspots", lambda q, job, since: [HOT])
     monkeypatch.setattr(se, "swap_step", lambda q, job, v: None)
     monkeypatch.setattr(L, "candidates", lambda *a, **k: [Arm.of("reference"), Arm.of("fast")])
-    monkeypatch.setattr(L, "screen", screen)
+    if screen is not None:
+        monkeypatch.setattr(L, "screen", lambda tuning, op, bucket, arms, timeout_s, worker_slot:
+                            screen(tuning, op, bucket, arms, timeout_s))
+    if gate is not None:
+        from rtxops.evolve import screen as screening
+
+        monkeypatch.setattr(screening, "_gate", gate)
     monkeypatch.setattr(se, "tuning_rows", lambda *a, **k: [])
     monkeypatch.setattr(L, "GATE_WAIT_S", 0.05, raising=False)
     return loop, decisions
@@ -107,16 +115,16 @@ def test_gates_of_several_jobs_run_one_at_a_time(monkeypatch):
     release, running, most = threading.Event(), [0], [0]
     lock = threading.Lock()
 
-    def slow_screen(tuning, op, bucket, arms, timeout_s):
+    def slow_gate(tuning, op, bucket, arms, timeout_s):
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
         release.wait(30)
         with lock:
             running[0] -= 1
-        return arms, {}
+        return {a: (True, "") for a in arms}
 
-    loop, _ = _loop(monkeypatch, slow_screen)
+    loop, _ = _loop(monkeypatch, gate=slow_gate)
     jobs = ["a", "b", "c"]
     loop.running_jobs = lambda: jobs
     loop.tick()
@@ -134,13 +142,12 @@ def test_gates_of_several_jobs_run_one_at_a_time(monkeypatch):
 def test_a_bucket_whose_verdicts_are_stored_does_not_wait_for_another_jobs_gate(monkeypatch):
     release = threading.Event()
 
-    def screen(tuning, op, bucket, arms, timeout_s):
-        if not known[0]:
-            release.wait(30)
-        return arms, {}
+    def gate(tuning, op, bucket, arms, timeout_s):
+        release.wait(30)
+        return {a: (True, "") for a in arms}
 
     known = [False]
-    loop, _ = _loop(monkeypatch, screen)
+    loop, _ = _loop(monkeypatch, gate=gate)
     monkeypatch.setattr(loop.tuning, "gate", lambda op, bucket, arm: {"passed": True} if known[0] else None)
     loop.running_jobs = lambda: ["a"]
     loop.tick()                                  # job a's gate holds the slot
