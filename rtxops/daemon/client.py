@@ -10,7 +10,12 @@ from .home import Home
 
 
 class DaemonError(Exception):
-    """The daemon answered with an error (message from its response) or could not be reached."""
+    """The daemon answered with an error (message from its response) or could not be reached;
+    ``status`` is the HTTP status it answered with, if any."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class DaemonUnreachable(DaemonError):
@@ -71,7 +76,7 @@ class DaemonClient:
                 detail = _readable(r.json().get("detail", r.text))
             except (ValueError, AttributeError):
                 detail = r.text
-            raise DaemonError(f"{r.status_code}: {detail}")
+            raise DaemonError(f"{r.status_code}: {detail}", status=r.status_code)
         return r.json() if r.content else {}
 
     def submit(self, **spec) -> dict:
@@ -79,8 +84,8 @@ class DaemonClient:
         try:
             return self._call("POST", "/v1/jobs", json=spec)
         except DaemonError as e:
-            if str(e).startswith("503:"):   # (the supervisor's SupervisorClosed)
-                raise DaemonClosing(str(e)) from None
+            if e.status == 503:   # (the supervisor's SupervisorClosed)
+                raise DaemonClosing(str(e), status=503) from None
             raise
 
     def jobs(self, limit: int = 100) -> list[dict]:
