@@ -16,12 +16,13 @@ import torch
 from _gpt import Trainer, block_options, emit, paired_ratios
 
 from rtxops.runtime.optimizer_region import _switch_back, _switch_to_fused
+from rtxops.runtime.regions import compile_kwargs
 
 
 def main() -> None:
     a = block_options(__doc__, block=45, skip=5)
     t = Trainer()
-    compiled = torch.compile(t.model)
+    compiled = torch.compile(t.model, **compile_kwargs(None, t.model))  # as the region compiles it
     t.steps(5)
     t.forward, saved = compiled, _switch_to_fused(t.opt)
     t.steps(10)  # compiles

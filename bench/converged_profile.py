@@ -18,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 from rtxops.runtime.optimizer_region import _switch_to_fused
+from rtxops.runtime.regions import compile_kwargs
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul")
 
@@ -34,7 +35,7 @@ def main() -> None:
     flops = fc.get_total_flops()
     by_op = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
     eager_s = statistics.median(t.steps(a.steps))
-    t.forward = torch.compile(t.model)
+    t.forward = torch.compile(t.model, **compile_kwargs(None, t.model))  # as the region compiles it
     _switch_to_fused(t.opt)
     t.steps(10)  # compiles
     converged_s = statistics.median(t.steps(a.steps))

@@ -11,7 +11,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from rtxops.runtime import dispatcher, patching
-from rtxops.runtime.regions import COMPILED, EAGER, FAILED, TRIAL, RegionCompiler, forward_timer
+from rtxops.runtime.regions import COMPILED, EAGER, FAILED, TRIAL, RegionCompiler, compile_kwargs, forward_timer
 
 
 class Head(nn.Module):
@@ -195,6 +195,45 @@ def test_a_failing_compile_leaves_the_job_in_eager_with_the_reason():
     regions, reports, losses, net = run_with(broken, steps=20)
     assert regions.state == FAILED and "inductor fell over" in regions.error
     assert reports == [] and len(losses) == 20 and "forward" not in net.__dict__
+
+
+def test_a_cpu_model_compiles_with_the_cpp_wrapper_and_a_mode_is_passed_as_given():
+    calls = []
+
+    def recording(fn, **kw):
+        calls.append(kw)
+        return aot_eager(fn)
+
+    regions, *_ = run_with(recording, steps=20, settle=True)
+    assert regions.error is None and calls == [{"options": {"cpp_wrapper": True}}]
+    assert compile_kwargs("reduce-overhead", Net()) == {"mode": "reduce-overhead"}
+    meta = nn.Linear(2, 2, device="meta")
+    assert compile_kwargs(None, meta) == {}   # not a CPU model: torch.compile's own defaults
+
+
+def test_a_compile_failing_with_the_cpp_wrapper_is_compiled_again_with_the_defaults():
+    calls = []
+
+    def no_cpp_wrapper(fn, **kw):
+        calls.append(kw)
+        if kw:
+            raise RuntimeError("no C++ wrapper here")
+        return aot_eager(fn)
+
+    regions, reports, losses, _ = run_with(no_cpp_wrapper, steps=20, settle=True)
+    assert calls == [{"options": {"cpp_wrapper": True}}, {}]
+    assert regions.error is None and reports and reports[0][1] == "compiled"
+    plain, _, _ = train(len(losses))
+    torch.testing.assert_close(losses, plain, rtol=1e-4, atol=1e-5)
+
+
+def test_inductor_with_the_cpp_wrapper_trains_as_eager_does():
+    """The real compiler, as ``--compile-model`` runs it on the CPU."""
+    regions, reports, losses, _ = run_with(torch.compile, steps=20, settle=True)
+    assert regions.error is None, regions.error
+    assert reports and reports[0][1] == "compiled"
+    plain, _, _ = train(len(losses))
+    torch.testing.assert_close(losses, plain, rtol=1e-4, atol=1e-5)
 
 
 def test_a_compiled_model_that_raises_later_goes_back_to_eager_and_the_step_goes_on():
