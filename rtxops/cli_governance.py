@@ -168,13 +168,11 @@ def sign(directory: Path = typer.Argument(..., help="directory to turn into a bu
         raise _fail("give either --key or --keyless, not both")
     if not keyless and (identity_token or trust_config):
         raise _fail("--identity-token and --trust-config are for --keyless signing")
-    if kind == "plan":
-        try:
-            version = json.loads((directory / "plan.json").read_text())["version"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise _fail(f"a plan bundle needs a readable plan.json with a version: {e}") from None
     if not directory.is_dir() or directory.is_symlink():
         raise _fail(f"{directory} is not a directory")
+    kernels: list = []
+    if kind == "plan":
+        version, kernels = _plan_kernels_written(directory)
     if keyless:
         signer = _guard(lambda: KeylessSigner.create(identity_token, trust_config))
         who = f"as {signer.identity} ({signer.issuer})"
@@ -182,8 +180,34 @@ def sign(directory: Path = typer.Argument(..., help="directory to turn into a bu
         key = key or _home(home).root / "keys" / "signing.pem"
         signer = _guard(lambda: Signer.from_key_file(key))
         who = f"with key {signer.key_id[:16]}"
-    digest = _guard(lambda: signer.sign_directory(directory, kind=kind, version=version))
+    digest = _guard(lambda: signer.sign_directory(directory, kind=kind, version=version,
+                                                  kernels=kernels))
     out.print(f"signed {directory} ({kind}) {digest} {who}")
+
+
+def _plan_kernels_written(directory: Path) -> tuple[int, list]:
+    """A plan bundle's version and the SBOM components of the variants its plan.json uses, whose
+    sources are written under ``kernels/`` (as the daemon lays a plan bundle out: `verify` wants
+    the SBOM to list exactly the plan's variants, each with its signed source)."""
+    from rtxops.governance._kernels import plan_kernels
+    from rtxops.runtime.plan import Plan, PlanError
+    from rtxops.runtime.registry import default_registry
+
+    try:
+        plan = Plan.from_json((directory / "plan.json").read_bytes())
+        plan.validate(default_registry())
+    except OSError as e:
+        raise _fail(f"a plan bundle needs a readable plan.json: {e.strerror}") from None
+    except PlanError as e:
+        raise _fail(f"{directory / 'plan.json'} is not a plan rtxops can run: {e}") from None
+    kernels, sources = plan_kernels(plan, default_registry())
+    for rel, text in sources.items():
+        path = directory / rel
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise _fail(f"{path} is in the way of the kernel source the bundle holds there")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return plan.version, kernels
 
 
 def verify(path: Path = typer.Argument(..., help="bundle directory"),
@@ -345,6 +369,9 @@ def policy_check(path: Path = typer.Argument(..., help="bundle directory"),
     raise typer.Exit(1)
 
 
+HEAD_EXPORT = "ledger.head.json"  # the head, beside the entries in an export
+
+
 # ---- ledger --------------------------------------------------------------------------------------
 @ledger_app.command("verify")
 def ledger_verify(keyring: Optional[Path] = typer.Option(None, help="keyring that vouches for "
@@ -397,8 +424,13 @@ def ledger_sign_head(key: Optional[Path] = typer.Option(None, help="the daemon's
         raise _fail(f"{e.message} in {ring.path}: sign with the daemon's key", 1) from None
     rows, head = _ledger_entries(home)
     if head and "signature" in head:
-        out.print(f"the head (entry {head['seq']}) is signed already")
-        return
+        untrusted = gl.head_signature_problem(head, ring)
+        if untrusted is None:
+            out.print(f"the head (entry {head['seq']}) is signed already")
+            return
+        # a signer revoked or rotated away: signed anew as an unsigned head would be, once the
+        # chain checks intact (its key holder vouches for the chain as it stands)
+        out.print(f"the head's signature is not trusted: {untrusted}")
     problems = gl.sign_head(rows, head, h.root / "ledger.head", signer.key)
     for p in problems:
         out.print(f"FAIL {p}")
@@ -416,25 +448,36 @@ def ledger_export(out_dir: Path = typer.Argument(..., help="folder to write ledg
     from rtxops.governance import Signer
     from rtxops.governance import ledger as gl
 
-    rows, _ = _ledger_entries(home)
+    rows, head = _ledger_entries(home)
     if sign_it:  # the key first: a bad one must not leave an unsigned export behind
         key = key or _home(home).root / "keys" / "daemon.pem"
         signer = _guard(lambda: Signer.from_key_file(key))
+        # a signed export vouches for the ledger: as a daemon never signs over a chain it cannot
+        # vouch for, nor does this (without --sign a broken ledger still exports, to look at)
+        problems = _chain_problems(rows, head, None, home)
+        for p in problems:
+            out.print(f"FAIL {p}")
+        if problems:
+            raise _fail("the ledger does not check intact (`rtxops ledger verify`): nothing "
+                        "signed; export it without --sign to look at it", 1)
         from rtxops.governance import PROVENANCE, SBOM, SIGNATURE
 
         # the signature covers the whole folder: whatever else lies there would be signed too
         # (an earlier export is replaced)
         held = {p.name for p in out_dir.iterdir()} if out_dir.is_dir() and not out_dir.is_symlink() else set()
-        others = sorted(held - {"ledger.jsonl", SBOM, PROVENANCE, SIGNATURE})
+        others = sorted(held - {"ledger.jsonl", HEAD_EXPORT, SBOM, PROVENANCE, SIGNATURE})
         if out_dir.is_symlink() or others or any((out_dir / n).is_symlink() for n in held):
             raise _fail(f"{out_dir} holds {others[0] if others else 'a symlink'}: a signed export "
                         "goes into a new or empty folder, or over an earlier export")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ledger.jsonl").write_text(gl.export_jsonl(rows))
+    # the head (last seq and hash, signed by the daemon): a reader of the export can tell a cut
+    # tail from the whole ledger
+    (out_dir / HEAD_EXPORT).write_text(json.dumps(head or {}, sort_keys=True) + "\n")
     if sign_it:
         last = rows[-1]["seq"] if rows else 0
         _guard(lambda: signer.sign_directory(out_dir, kind="ledger", version=last))
-    out.print(f"{len(rows)} entries → {out_dir / 'ledger.jsonl'}" + (" (signed)" if sign_it else ""))
+    out.print(f"{len(rows)} entries → {out_dir / 'ledger.jsonl'} and {HEAD_EXPORT}" + (" (signed)" if sign_it else ""))
 
 
 # ---- plan export / import ------------------------------------------------------------------------
@@ -511,6 +554,8 @@ def plan_import(bundle: Path = typer.Argument(..., help="signed plan bundle fold
     if imported == bundle.resolve() or bundle.resolve() in imported.parents:
         raise _fail(f"{bundle} holds this home's imported plans ({imported}): give the bundle's "
                     "own folder")  # it would be copied into itself
+    if not bundle.is_dir():
+        raise _fail(f"{bundle} is not a folder" if bundle.exists() else f"{bundle} does not exist")
     try:   # before the copy: a device file in it would be read without end
         list_files(bundle)
     except VerificationError as e:

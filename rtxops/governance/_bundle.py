@@ -2,8 +2,10 @@
 DSSE statement lists every file's sha256."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +65,7 @@ class DirectorySigner:
         # signed before anything is written: a signing that fails (a keyless signer offline)
         # leaves a signed folder as it was
         signature = (json.dumps(self._sign_statement(_dsse.statement(digests)), indent=1) + "\n").encode()
-        for name, data in ((SBOM, sbom_bytes), (PROVENANCE, prov), (SIGNATURE, signature)):
-            _replace(root / name, data)
+        _replace_all(root, {SBOM: sbom_bytes, PROVENANCE: prov, SIGNATURE: signature})
         return "sha256:" + _dsse.root_digest(digests)
 
 
@@ -92,10 +93,23 @@ class Signer(DirectorySigner):
         return _dsse.sign(statement, self.key)
 
 
-def _replace(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+def _replace_all(root: Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` into ``root``, each replacing the one there: all of them on disk before
+    the first replaces anything, so a write that fails (a full disk) leaves the folder as it was."""
+    temps = {name: root / f".{name}.tmp" for name in files}
+    try:
+        for name, data in files.items():
+            with open(temps[name], "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        for name, tmp in temps.items():
+            tmp.replace(root / name)
+    except OSError as e:
+        for tmp in temps.values():
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise UsageError(f"cannot write the bundle's files into {root}: {e}") from None
 
 
 def write_plan_bundle(directory: Path, plan_json: str, sources: dict[str, str]) -> None:

@@ -61,8 +61,8 @@ class Keyring:
             if not isinstance(data, dict) or not isinstance(data.get("keys"), dict):
                 raise ValueError('expected {"keys": {key id: entry}}')
             keys = {k: _entry(k, v) for k, v in data["keys"].items()}
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise UsageError(f"keyring {path} is unreadable: {e}") from None
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            raise UsageError(f"keyring {path} is unreadable: {type(e).__name__}: {e}") from None
         return cls(path, keys)
 
     def save(self) -> None:

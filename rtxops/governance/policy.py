@@ -38,6 +38,31 @@ _EVALUATING = threading.Lock()
 logging.getLogger("celpy").setLevel(logging.CRITICAL)
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: it keeps the last one,
+    so a second ``rules:`` or ``require:`` would drop rules without a word (failing open)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *defaults``: overridden on purpose
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:   # an unhashable key: the base constructor says so
+                break
+            if duplicate:
+                raise _DuplicateKey(f"the key {key!r} is given twice in one mapping "
+                                    f"(line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
@@ -61,9 +86,11 @@ class Policy:
     @classmethod
     def from_yaml(cls, text: str, where: str = "policy") -> Policy:
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError as e:
             raise UsageError(f"{where} is not valid YAML: {e}") from None
+        except _DuplicateKey as e:
+            raise UsageError(f"{where}: {e}") from None
         if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
             raise UsageError(f"{where} must be a mapping with a 'rules' list")
         env = _cel_environment()

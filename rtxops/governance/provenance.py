@@ -58,7 +58,8 @@ def parse(data: bytes) -> dict:
     try:
         params = st["predicate"]["buildDefinition"]["externalParameters"]
         builder = st["predicate"]["runDetails"]["builder"]
-        if not isinstance(params, dict) or not isinstance(builder.get("id"), str):
+        if not isinstance(params, dict) or not isinstance(builder, dict) \
+                or not isinstance(builder.get("id"), str):
             raise TypeError
     except (KeyError, TypeError):
         raise VerificationError("provenance", "provenance lacks externalParameters or builder.id") from None

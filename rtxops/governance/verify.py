@@ -117,6 +117,10 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
             raise VerificationError("manifest", f"{n} is not among the signed files")
     prov_bytes = read_limited(root / PROVENANCE, MAX_METADATA_BYTES, "provenance")
     sbom_bytes = read_limited(root / SBOM, MAX_METADATA_BYTES, "sbom")
+    # the kind and the signer's rights are read from the provenance: only from the signed one (a
+    # swapped provenance fails as tampered, not on what it claims)
+    _files([PROVENANCE], {PROVENANCE: signed[PROVENANCE]},
+           {PROVENANCE: hashlib.sha256(prov_bytes).hexdigest()})
     prov = provenance.parse(prov_bytes)
     params = prov["predicate"]["buildDefinition"]["externalParameters"]
     kind = params.get("kind")

@@ -335,3 +335,41 @@ def test_a_first_start_that_failed_on_the_keyring_leaves_no_key_without_a_ledger
         store.close()
     assert gl.read_head(home / "ledger.head")["seq"] == 0
     next_plan(home, version=1)
+
+
+
+def revoke_and_rotate_the_daemon_key(home) -> str:
+    """The daemon's key leaked: revoked, and a new one made by the next start. Its key id."""
+    old = next(k for k in Keyring.load(home / "keyring.json").keys.values() if k.name == "rtxops daemon")
+    assert cli("keys", "revoke", old.key_id[:16], "--reason", "leaked", "--home", str(home))[0] == 0
+    for name in ("daemon.pem", "daemon.pub"):
+        (home / "keys" / name).unlink()
+    restart(home)   # a new daemon key, trusted for the head
+    return old.key_id
+
+
+def test_a_head_signed_by_a_revoked_key_is_signed_anew_once_the_chain_checks(tmp_path):
+    """A leaked daemon key revoked and rotated: `sign-head` said "signed already" (exit 0) and the
+    daemon refused every plan until someone edited the head file by hand."""
+    home = daemon_home(tmp_path)
+    revoke_and_rotate_the_daemon_key(home)
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 1 and "revoked" in output, output
+    code, output = cli("ledger", "sign-head", "--home", str(home))
+    assert code == 0 and "not trusted" in output and "signed the head" in output, output
+    assert cli("ledger", "verify", "--home", str(home))[0] == 0
+    assert next_plan(home, version=9).is_dir()   # the daemon chains on again
+
+
+def test_a_head_signed_by_a_revoked_key_over_an_edited_chain_stays_unsigned(tmp_path):
+    home = daemon_home(tmp_path)
+    old_key = revoke_and_rotate_the_daemon_key(home)
+    store = Store(home / "rtxops.duckdb")
+    try:
+        store.run_write(lambda cur: cur.execute(
+            "UPDATE ledger SET version = 42 WHERE seq = 2")).result(30)
+    finally:
+        store.close()
+    code, output = cli("ledger", "sign-head", "--home", str(home))
+    assert code == 1 and "entry 2" in output, output
+    assert json.loads((home / "ledger.head").read_text())["key_id"] == old_key

@@ -307,3 +307,47 @@ def test_a_signed_export_signs_only_the_ledger(ledger_home, tmp_path, keys):
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 0, r.output
         assert verify(out, Trust(keyring=Keyring.load(keys.keyring_file)), expected_kind="ledger").ok
+
+
+def test_a_ledger_that_does_not_check_intact_is_not_signed_on_export(ledger_home, tmp_path, keys):
+    """`ledger export --sign` signed an edited ledger with the daemon's key: the bundle verified."""
+    tamper(ledger_home, "UPDATE ledger SET version = 9 WHERE seq = 2")
+    out = tmp_path / "export"
+    args = ["ledger", "export", str(out), "--home", str(ledger_home)]
+    r = CliRunner().invoke(app, [*args, "--sign", "--key", str(keys.root / "daemon.pem")])
+    assert r.exit_code == 1 and "entry 2" in r.output and "nothing signed" in " ".join(r.output.split())
+    assert not out.exists()
+    r = CliRunner().invoke(app, args)   # unsigned, to look at
+    assert r.exit_code == 0, r.output
+    head = json.loads((out / "ledger.head.json").read_text())   # the head, to tell a cut tail
+    assert head["seq"] == 5 and head["signature"]
+
+
+def test_a_plan_signed_with_the_cli_verifies_and_a_plan_rtxops_cannot_run_is_not_signed(keys, tmp_path):
+    """`rtxops sign --kind plan` wrote an SBOM without the plan's kernels: every such bundle
+    failed `verify`; a plan.json whose version was a string was signed too."""
+    d = tmp_path / "plan"
+    d.mkdir()
+    (d / "plan.json").write_text(json.dumps({"version": 3, "defaults": {"gelu": "algebraic"}}))
+    sign = ["sign", str(d), "--kind", "plan", "--key", str(keys.root / "daemon.pem")]
+    r = CliRunner().invoke(app, sign)
+    assert r.exit_code == 0, r.output
+    assert verify(d, Trust(keyring=Keyring.load(keys.keyring_file)), expected_kind="plan").ok
+    (d / "plan.json").write_text(json.dumps({"version": "3"}))
+    r = CliRunner().invoke(app, sign)
+    assert r.exit_code == 2 and "plan.version must be int" in r.output, r.output
+
+
+def test_a_signing_whose_write_fails_leaves_the_signed_folder_as_it_was(keys, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "weights.bin").write_bytes(b"w" * 100)
+    sign = ["sign", str(ckpt), "--key", str(keys.root / "daemon.pem")]
+    assert CliRunner().invoke(app, [*sign, "--version", "1"]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    (ckpt / ".bundle.sigstore.json.tmp").mkdir()   # the last file's write fails (a full disk)
+    r = CliRunner().invoke(app, [*sign, "--version", "2"])
+    assert r.exit_code == 2 and "cannot write the bundle's files" in r.output, r.output
+    (ckpt / ".bundle.sigstore.json.tmp").rmdir()
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
+    assert verify(ckpt, Trust(keyring=Keyring.load(keys.keyring_file))).ok

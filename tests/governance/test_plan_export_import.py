@@ -105,3 +105,13 @@ def test_importing_a_folder_that_holds_the_home_is_refused(tmp_path):
     code, output = cli("plan", "import", str(project), "--home", str(project / ".rtxops"))
     assert code == 2 and "holds this home's imported plans" in " ".join(output.split()), output
     assert len(output) < 1000 and not (project / ".rtxops" / "imported").exists()
+
+
+def test_importing_a_path_that_is_no_folder_is_a_usage_error(tmp_path):
+    """Exit 1 ("FAIL layout cannot list"), as for a bundle that failed its checks."""
+    home = tmp_path / "home"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for path, said in ((tmp_path / "missing", "does not exist"), (afile, "is not a folder")):
+        code, output = cli("plan", "import", str(path), "--home", str(home))
+        assert code == 2 and said in " ".join(output.split()), output

@@ -35,6 +35,12 @@ def test_policy_files_that_cannot_be_policies_are_refused_on_loading(tmp_path):
         Policy.load(binary)
     with pytest.raises(UsageError, match="params must hold JSON values"):
         Policy.from_yaml("params: {since: 2024-01-01}\n" + TRUSTED.split("\n", 1)[1])
+    # PyYAML keeps the last of a repeated key: a second `rules:` dropped the first ones unsaid
+    with pytest.raises(UsageError, match="the key 'rules' is given twice"):
+        Policy.from_yaml(TRUSTED + "rules: []\n")
+    anchored = ("base: &b {name: a, require: 'true', reason: r}\n"
+                "rules:\n  - <<: *b\n    name: b\n")   # a merge key is overridden on purpose
+    assert [r.name for r in Policy.from_yaml(anchored).rules] == ["b"]
 
 
 def test_a_misspelt_policies_folder_is_an_error_not_the_shipped_policy(tmp_path, monkeypatch):

@@ -216,6 +216,19 @@ def case_provenance_digest(b, keys):
     (b / "provenance.intoto.json").write_text(json.dumps(prov))
 
 
+def case_provenance_of_another_kind(b, keys):
+    """A swapped, unsigned provenance was judged on what it claims before its digest."""
+    prov = json.loads((b / "provenance.intoto.json").read_text())
+    prov["predicate"]["buildDefinition"]["externalParameters"]["kind"] = "checkpoint"
+    (b / "provenance.intoto.json").write_text(json.dumps(prov))
+
+
+def case_provenance_builder_not_an_object(b, keys):
+    prov = json.loads((b / "provenance.intoto.json").read_text())
+    prov["predicate"]["runDetails"]["builder"] = ["not", "an", "object"]
+    (b / "provenance.intoto.json").write_text(json.dumps(prov))
+
+
 def case_provenance_subjects(b, keys):
     prov = json.loads((b / "provenance.intoto.json").read_text())
     prov["subject"] = prov["subject"][1:]
@@ -269,6 +282,8 @@ CASES = {
     "sbom schema": (case_sbom_schema, "sbom", "fails the CycloneDX 1.6 schema"),
     "sbom digest": (case_sbom_digest, "files", "the SBOM's sha256"),
     "provenance digest": (case_provenance_digest, "files", "the provenance's sha256"),
+    "provenance of another kind": (case_provenance_of_another_kind, "files", "the provenance's sha256"),
+    "provenance builder": (case_provenance_builder_not_an_object, "files", "the provenance's sha256"),
     "provenance subjects": (case_provenance_subjects, "provenance", "subjects do not match"),
     "sbom lists no kernels": (case_sbom_without_kernels, "kernels", "not in the SBOM: gelu/algebraic"),
     "sbom kernel hash": (case_sbom_kernel_hash, "kernels", "is not a signed file with the sha256"),
@@ -314,6 +329,9 @@ def test_unreadable_input_and_bad_usage_exit_2(good_plan, keys, tmp_path):
     bad.write_text("{not json")
     code, output = run(str(good_plan), "--keyring", str(bad))
     assert code == 2 and "keyring" in output
+    bad.write_text("[" * 100_000)   # nested past the JSON parser's recursion limit
+    code, output = run(str(good_plan), "--keyring", str(bad))
+    assert code == 2 and "keyring" in output and "RecursionError" in output, output
 
 
 def test_replay_of_an_older_plan_is_refused_by_the_ledger(keys, tmp_path):
