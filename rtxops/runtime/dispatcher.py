@@ -93,6 +93,25 @@ def _traced_here() -> bool:
             or threading.get_ident() in _background_compiles)
 
 
+class _ThisThread(threading.local):
+    unrouted = 0   # how deep this thread is in tracers that must see torch's own ops
+
+
+_this_thread = _ThisThread()
+
+
+@contextlib.contextmanager
+def unrouted_on_this_thread():
+    """Nothing routed on this thread meanwhile (an fx or TorchScript trace, which must record
+    torch's own ops); other threads, the job's among them (a background compile traces beside
+    it), stay routed."""
+    _this_thread.unrouted += 1
+    try:
+        yield
+    finally:
+        _this_thread.unrouted -= 1
+
+
 @contextlib.contextmanager
 def background_compile():
     """Mark this thread's torch.compile work as a background one (see :func:`_traced_here`).
@@ -198,11 +217,11 @@ class FunctionSite:
 
     def _make_wrapper(self) -> Callable:
         call_key, route_of, ref, miss = self.op.call_key, self.routes.get, self.reference, self._miss
-        record_cell, live = self.dispatcher.record_cell, self.dispatcher.live
+        record_cell, live, here = self.dispatcher.record_cell, self.dispatcher.live, _this_thread
         as_written = naming_itself(ref)
 
         def dispatching(*args, **kwargs):
-            if not live[0] or (_is_compiling() and _traced_here()):
+            if not live[0] or here.unrouted or (_is_compiling() and _traced_here()):
                 # not live: a wrapper held past disable() (``self.act = F.gelu``) is torch's again
                 return ref(*args, **kwargs)
             if (_has_torch_function(args) or (kwargs and _has_torch_function(kwargs.values()))) \
@@ -399,10 +418,10 @@ class ModuleSite(FunctionSite):
             self.op.call_key, self.routes.get, self.original_forward, self.split, self._miss,
         )
 
-        cls, dormant, live = self.cls, self._dormant, self.dispatcher.live
+        cls, dormant, live, here = self.cls, self._dormant, self.dispatcher.live, _this_thread
 
         def forward(module, *args, **kwargs):
-            if dormant[0] or not live[0] or (_is_compiling() and _traced_here()) or (
+            if dormant[0] or not live[0] or here.unrouted or (_is_compiling() and _traced_here()) or (
                     (_has_torch_function(args) or (kwargs and _has_torch_function(kwargs.values())))
                     and _subclass_among(args, kwargs)):
                 return original(module, *args, **kwargs)

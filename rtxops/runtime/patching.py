@@ -30,7 +30,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch import nn
 
 from . import originals, script_shims
-from .dispatcher import Dispatcher, ModuleSite
+from .dispatcher import Dispatcher, ModuleSite, unrouted_on_this_thread
 from .plan import Plan
 from .readings import Readings
 from .registry import Registry
@@ -46,8 +46,12 @@ FUNCTIONAL_OPS = {
     "linear": "linear",
 }
 ROPE_FUNCTION_NAMES = ("apply_rotary_pos_emb",)
-# (owner, attribute) of the tracers and compilers that must see torch unpatched
-UNROUTED_ENTRY_POINTS = ((torch.jit, "script"), (torch.jit, "trace"), (torch.jit, "trace_module"),
+# (owner, attribute) of the tracers and compilers that must see torch unpatched. TorchScript's
+# compiler reads the classes' forward source: they are put back meanwhile, in every thread. The
+# tracers run the code on the calling thread, which alone runs unrouted meanwhile (AOTAutograd's
+# make_fx traces through fx's Tracer in a background compile, beside the job's routed steps).
+PUT_BACK_ENTRY_POINTS = ((torch.jit, "script"),)
+UNROUTED_ENTRY_POINTS = (*PUT_BACK_ENTRY_POINTS, (torch.jit, "trace"), (torch.jit, "trace_module"),
                          (torch.fx.Tracer, "trace"))
 
 log = logging.getLogger("rtxops.runtime")
@@ -293,12 +297,15 @@ class _Patch:
             if fn is None:
                 continue
             self.entry_points[(owner, name)] = fn
-            setattr(owner, name, self._unrouted_during(fn))
+            put_back = (owner, name) in PUT_BACK_ENTRY_POINTS
+            setattr(owner, name, self._unrouted_during(fn, self.suspended if put_back
+                                                        else unrouted_on_this_thread))
 
-    def _unrouted_during(self, fn: Callable) -> Callable:
+    @staticmethod
+    def _unrouted_during(fn: Callable, unrouted_scope: Callable) -> Callable:
         @functools.wraps(fn)
         def unrouted(*args, **kwargs):
-            with self.suspended():
+            with unrouted_scope():
                 return fn(*args, **kwargs)
 
         unrouted.__rtxops_wrapper__ = True  # type: ignore[attr-defined]

@@ -259,6 +259,52 @@ def test_fx_symbolic_trace_records_torchs_own_functions():
     assert torch.fx.Tracer.__dict__["trace"].__module__ == "torch.fx._symbolic_trace"
 
 
+def test_a_trace_on_another_thread_leaves_the_jobs_thread_routed():
+    """AOTAutograd's make_fx (inside every torch.compile, the --compile-model background compile
+    among them) goes through fx's Tracer: it took every patch down process-wide, so the job's
+    steps ran unrouted meanwhile and a checkpoint recomputed torch's op (CheckpointError)."""
+    import threading
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    lin1, lin2 = nn.Linear(16, 16), nn.Linear(16, 16)
+    x = torch.randn(8, 16, requires_grad=True)
+
+    def block(t):
+        return lin2(F.gelu(lin1(t)))
+
+    d = patching.enable(plan_for(1, ("gelu", bucket_id("gelu", torch.randn(8, 16)), "eager")))
+    tracing, done = threading.Event(), threading.Event()
+
+    def traced(t):      # a long trace: held until the job's thread is done
+        tracing.set()
+        done.wait(30)
+        return F.gelu(t) * 2
+
+    graphs = []
+    tracer = threading.Thread(target=lambda: graphs.append(make_fx(traced)(torch.randn(2))))
+    try:
+        block(x)   # the first call, checked
+        y = checkpoint(block, x, use_reentrant=False)
+        tracer.start()
+        assert tracing.wait(30)
+        eager = next(s.id for s in d.readings.slots if s.op == "gelu" and s.variant == "eager")
+        before = d.readings.calls[eager]
+        assert getattr(F.gelu, "__rtxops_wrapper__", False)
+        F.gelu(torch.randn(8, 16))
+        assert d.readings.calls[eager] == before + 1   # still routed and recorded
+        y.sum().backward()                             # the recompute took the same variant
+        assert x.grad is not None
+    finally:
+        done.set()
+        tracer.join(30)
+        patching.disable()
+    targets = {n.target for n in graphs[0].graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.gelu.default in targets   # the trace saw torch's own op
+
+
 class _HoldsFunctions(nn.Module):
     """Holds F functions taken before scripting or tracing (as nn.TransformerEncoderLayer does)."""
 
