@@ -8,6 +8,7 @@ once per (site, call signature) and plan version.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -643,7 +644,17 @@ class Dispatcher:
     def on_step(self, optimizer=None) -> None:
         """Optimizer-step boundary (after ``optimizer`` stepped): count the step, apply a queued
         plan, let the regions act, report the step. With several optimizers one of them marks
-        the steps (see :class:`_LeadOptimizer`)."""
+        the steps (see :class:`_LeadOptimizer`). An optimizer stepped from a backward hook
+        (optimizer-in-backward: one per parameter, stepped as its gradient lands) marks the
+        boundary at that backward's end: a plan swapped in before would answer a checkpoint's
+        recompute later in the same backward with another variant."""
+        if torch._C._current_graph_task_id() != -1:
+            torch.autograd.Variable._execution_engine.queue_callback(
+                functools.partial(self._boundary, optimizer))
+            return
+        self._boundary(optimizer)
+
+    def _boundary(self, optimizer) -> None:
         leads = optimizer is None or self._lead.leads(optimizer)
         if leads:
             self.step += 1

@@ -259,6 +259,40 @@ def test_routed_variants_inside_non_reentrant_checkpointing_train_as_without_rtx
         patching.disable()
 
 
+def test_a_plan_queued_during_an_optimizer_in_backward_step_swaps_in_after_that_backward():
+    """Optimizers stepped from gradient hooks (PyTorch's "optimizer step in backward", torchtune's
+    optimizer_in_bwd) fired the step boundary mid-backward: the queued plan swapped in there and
+    a checkpoint recomputed later in that backward took the new variant (CheckpointError)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from .helpers import bucket_id, plan_for
+
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16))
+                           for _ in range(2))
+    optimizers = {p: torch.optim.SGD([p], lr=0.01) for p in blocks.parameters()}
+
+    def step(p):
+        optimizers[p].step()
+        optimizers[p].zero_grad()
+
+    for p in blocks.parameters():
+        p.register_post_accumulate_grad_hook(step)
+    d = patching.enable()
+    try:
+        for i in range(3):
+            if i == 1:   # the daemon's plan arrives while a step runs
+                d.install_plan(plan_for(2, ("gelu", bucket_id("gelu", torch.randn(8, 16)), "eager")))
+            h = torch.randn(8, 16)
+            for block in blocks:
+                h = checkpoint(block, h, use_reentrant=False)
+            h.sum().backward()
+        assert d.plan.version == 2 and d.step == 3
+        assert [s[:3] for s in d.readings.swaps] == [(2, 0, 2)]   # at the second step's end
+    finally:
+        patching.disable()
+
+
 @pytest.mark.parametrize("op, extra", [("softmax", (-1,)), ("gelu", ()), ("silu", ()),
                                        ("layer_norm", ([8],)), ("rms_norm", ([8],))])
 def test_a_non_contiguous_input_gets_the_layout_torch_gives_after_a_contiguous_one(op, extra):
