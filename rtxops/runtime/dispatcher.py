@@ -210,8 +210,12 @@ class FunctionSite:
     kind = "function"
     needs_reference_check = False
 
-    def __init__(self, dispatcher: Dispatcher, op: OpSpec, name: str, reference: Callable) -> None:
+    def __init__(self, dispatcher: Dispatcher, op: OpSpec, name: str, reference: Callable,
+                 matched_by_name: bool = False) -> None:
         self.dispatcher, self.op, self.name, self.reference = dispatcher, op, name, reference
+        # a job's own function taken for the op by its name (``apply_rotary_pos_emb``), not
+        # torch's: only a first call's check proves a variant computes what it computes
+        self.matched_by_name = matched_by_name
         self.routes: dict[Any, Any] = _RouteTable()  # call key -> route
         self.bucket_routes: dict[tuple, Any] = {}  # bucket key -> route (shared by call keys)
         self.wrapper = self._make_wrapper()
@@ -386,6 +390,7 @@ class ModuleSite(FunctionSite):
     """
 
     kind = "module"
+    matched_by_name = True   # a class taken for the op by its pattern (see FunctionSite)
 
     def __init__(self, dispatcher, op, name, cls: type, split: Callable, whole_forward: bool,
                  unfit: Callable | None = None) -> None:
@@ -395,7 +400,7 @@ class ModuleSite(FunctionSite):
         self.failed: str | None = None
         self.subclasses_back: dict[type, str] = {}   # subclasses given up alone, and why
         self._dormant = [False]  # a cell the wrapper reads: run the class's own forward, untimed
-        super().__init__(dispatcher, op, name, self.original_forward)
+        super().__init__(dispatcher, op, name, self.original_forward, matched_by_name=True)
         self._update_dormant()
 
     def clear(self) -> None:
@@ -592,8 +597,9 @@ class Dispatcher:
         self._lock = threading.RLock()
 
     # ---- sites ----------------------------------------------------------------------------
-    def function_site(self, op: str, name: str, reference: Callable) -> FunctionSite:
-        site = FunctionSite(self, self.registry.op(op), name, reference)
+    def function_site(self, op: str, name: str, reference: Callable,
+                      matched_by_name: bool = False) -> FunctionSite:
+        site = FunctionSite(self, self.registry.op(op), name, reference, matched_by_name)
         self.sites.append(site)
         return site
 
@@ -848,9 +854,9 @@ class Dispatcher:
             return out
 
         fast = self._timed_on_device(site, fn, slot, on_error, bucket)
-        if not self.verify_first_call and not site.needs_reference_check:
-            # a class rewritten as the op (a gated MLP found by its layers' names) is always
-            # checked: its first call is the one proof that its forward is that op
+        if not self.verify_first_call and not site.matched_by_name:
+            # a class or function rewritten as the op (found by its name or its layers') is
+            # always checked: its first call is the one proof that it computes that op
             return fast, choice.weight
         return self._probation(site, fn, fast, slot, disable_key, choice,
                                reference_slot), choice.weight

@@ -359,7 +359,8 @@ class _Patch:
                 if callable(fn) and (module, name) not in self.functions and \
                         getattr(fn, "__module__", None) == module_name and _takes_q_k_cos_sin(fn):
                     self.functions[(module, name)] = fn
-                    site = self.dispatcher.function_site("rope", f"fn:{module.__name__}.{name}", fn)
+                    site = self.dispatcher.function_site("rope", f"fn:{module.__name__}.{name}", fn,
+                                                         matched_by_name=True)
                     _set(module, name, site.wrapper)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import threading
 
 import pytest
@@ -115,6 +116,56 @@ def test_a_class_rewritten_as_an_op_is_checked_even_with_first_call_checks_off()
                     verify_first_call=False)
     for _ in range(2):
         torch.testing.assert_close(m(x), want)
+
+
+def test_a_norm_class_and_a_rope_function_found_by_name_are_checked_with_first_call_checks_off():
+    """Only gated MLPs kept their check: a Gemma-style norm (``x * (1 + weight)``) and a rope of
+    interleaved pairs were rewritten unchecked, every output wrong."""
+    import types
+
+    from torch import nn
+
+    from .helpers import bucket_id, plan_for
+
+    class GemmaRMSNorm(nn.Module):
+        def __init__(self, dim, eps=1e-6):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.zeros(dim))
+
+        def forward(self, x):
+            out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+            return out * (1.0 + self.weight)
+
+    def rotate_every_two(x):
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+    def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + rotate_every_two(q) * sin, k * cos + rotate_every_two(k) * sin
+
+    module = types.ModuleType("interleaved_rope_model")
+    apply_rotary_pos_emb.__module__ = module.__name__
+    module.apply_rotary_pos_emb = apply_rotary_pos_emb
+    sys.modules[module.__name__] = module
+    try:
+        torch.manual_seed(0)
+        norm, x = GemmaRMSNorm(16), torch.randn(8, 16)
+        q, k, angle = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16), torch.randn(2, 8, 16)
+        cos, sin = angle.cos(), angle.sin()
+        want_norm, want_rope = norm(x), apply_rotary_pos_emb(q, k, cos, sin)
+        patching.enable(plan_for(1, ("rms_norm", bucket_id("rms_norm", x, (16,), norm.weight, 1e-6),
+                                     "eager"),
+                                 ("rope", bucket_id("rope", q, k, cos, sin), "halves")),
+                        verify_first_call=False)
+        assert module.apply_rotary_pos_emb is not apply_rotary_pos_emb   # routed
+        for _ in range(2):
+            torch.testing.assert_close(norm(x), want_norm)
+            torch.testing.assert_close(module.apply_rotary_pos_emb(q, k, cos, sin), want_rope)
+    finally:
+        patching.disable()
+        del sys.modules[module.__name__]
 
 
 def test_a_training_step_with_two_optimizers_is_one_step():
