@@ -910,14 +910,14 @@ class Dispatcher:
                 site.give_up(unfit, args[0])
                 return site.run_reference(args, kwargs)
             rng = _RandomState()
-            unreadable = False
+            unreadable = raised = False
             with torch.no_grad():
                 try:
                     got, _ = site.run_variant(fn, args, kwargs)
                 except _NOT_A_FAILURE:
                     raise
                 except Exception as e:
-                    problem = f"raised {_describe(e)}"
+                    problem, raised = f"raised {_describe(e)}", True
                     unreadable = _functorch_active()   # see on_error in _route
                 else:
                     rng.restore()
@@ -943,7 +943,7 @@ class Dispatcher:
                 except _NOT_A_FAILURE:
                     raise
                 except Exception as e:
-                    problem = f"raised {_describe(e)}"
+                    problem, raised = f"raised {_describe(e)}", True
                     rng.restore()
                 else:
                     self.readings.record(slot, t0, elapsed)
@@ -955,7 +955,9 @@ class Dispatcher:
             expected = site.run_reference(args, kwargs)
             if reference_slot is not None:
                 self.readings.record(reference_slot, t_ref, perf_counter_ns() - t_ref)
-            if isinstance(site, ModuleSite):
+            if isinstance(site, ModuleSite) and not (raised and _is_the_op(site, args, expected, tol)):
+                # (a variant that raised on a class that is the op is the variant's fault alone:
+                # it is disabled below, and the class stays routed for the variants that work)
                 site.give_up(f"{choice.variant.name}: {problem}", args[0])
                 if rewrite and _agrees_with_op(site, fn, args, tol):
                     return expected   # the class's forward is not the op; the variant is fine
@@ -1088,6 +1090,18 @@ def _agrees_with_op(site: ModuleSite, fn: Callable, a: tuple, tol: Callable) -> 
     try:
         with torch.no_grad():
             return _compare(fn(*canonical), site.op.reference(*canonical), tol) is None
+    except Exception:
+        return False
+
+
+def _is_the_op(site: ModuleSite, a: tuple, expected: Any, tol: Callable) -> bool:
+    """Whether the op's reference on the op's part of the call ``a`` (finished as the class's
+    forward finishes it) gives the class's own output ``expected``."""
+    module, (canonical, post), _, _ = a
+    try:
+        with torch.no_grad():
+            out = site.op.reference(*canonical)
+            return _compare(out if post is None else post(module, out), expected, tol) is None
     except Exception:
         return False
 

@@ -168,6 +168,33 @@ def test_a_norm_class_and_a_rope_function_found_by_name_are_checked_with_first_c
         del sys.modules[module.__name__]
 
 
+def test_a_variant_that_raises_on_a_norm_class_leaves_the_class_routed_for_the_next_plan():
+    """The raise put the class back on its own forward for good: a later plan's working variant
+    never ran on it."""
+    from .helpers import TinyRMSNorm
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("a shape the kernel refuses")
+
+    registry = load_builtin()
+    registry.add_variant(Variant("rms_norm", "refuses", "eager", lambda config, bucket: refuses))
+    norm, x = TinyRMSNorm(16), torch.randn(8, 16)
+    want = norm(x)
+    bucket = bucket_id("rms_norm", x, (16,), norm.weight, 1e-6)
+    d = patching.enable(plan_for(1, ("rms_norm", bucket, "refuses")), registry=registry)
+    try:
+        torch.testing.assert_close(norm(x), want)
+        assert ("rms_norm", "refuses", "{}", bucket, None) in d.disabled
+        d.install_plan(plan_for(2, ("rms_norm", bucket, "eager")))
+        d.on_step()
+        for _ in range(3):
+            torch.testing.assert_close(norm(x), want)
+        calls = {s.variant: d.readings.calls[s.id] for s in d.readings.slots if s.op == "rms_norm"}
+        assert calls.get("eager") == 3 and not calls.get("refuses")
+    finally:
+        patching.disable()
+
+
 def test_a_training_step_with_two_optimizers_is_one_step():
     """A GAN steps two optimizers per iteration: one step each iteration, not two; an optimizer
     replaced mid-run (the old one kept alive) hands the count over to the new one."""
