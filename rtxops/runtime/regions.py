@@ -81,6 +81,7 @@ class RegionCompiler:
         self._depth = threading.local()
         self._compiled: Callable | None = None
         self._exiting = False
+        self._closed = False
         self._step_ns: list[int] = []
         self._last_ns: int | None = None
         self._swap_step = 0
@@ -118,7 +119,7 @@ class RegionCompiler:
 
         def capture(module, args, kwargs):  # one call's inputs, for the background compile
             handle.remove()
-            if self.state == WAIT_INPUTS:
+            if self.state == WAIT_INPUTS and not self._closed:
                 self.state = COMPILING
                 try:
                     clones = ([_clone(a) for a in args], {k: _clone(v) for k, v in kwargs.items()})
@@ -131,6 +132,7 @@ class RegionCompiler:
                 atexit.register(self._finish_compile, thread)
 
         handle = model.register_forward_pre_hook(capture, with_kwargs=True)
+        self._hooks.append(handle)   # close() takes it off a model not called since
 
     # ---- background compile ----------------------------------------------------------------------
     def _finish_compile(self, thread: threading.Thread) -> None:
@@ -260,6 +262,7 @@ class RegionCompiler:
 
     def close(self) -> None:
         """Remove the hooks and put the model back on its own forward."""
+        self._closed = True
         for h in self._hooks:
             h.remove()
         self._hooks = []

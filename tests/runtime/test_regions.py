@@ -236,6 +236,28 @@ def test_inductor_with_the_cpp_wrapper_trains_as_eager_does():
     torch.testing.assert_close(losses, plain, rtol=1e-4, atol=1e-5)
 
 
+def test_disable_right_after_the_model_was_found_leaves_no_hook_and_compiles_nothing():
+    """The capture hook stayed on the model: its next call, rtxops off, started a compile."""
+    calls = []
+
+    def recording(fn, **kw):
+        calls.append(fn)
+        return fn
+
+    d = patching.enable()
+    regions = d.regions = RegionCompiler(lambda step, outcome: None, compile_fn=recording)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    assert regions.state == "wait_inputs"
+    patching.disable()   # closes the region
+    assert not model._forward_pre_hooks
+    model(torch.randn(2, 4))
+    time.sleep(0.2)
+    assert calls == [] and regions.state == "wait_inputs"
+
+
 def test_a_compiled_model_that_raises_later_goes_back_to_eager_and_the_step_goes_on():
     calls = []
 
