@@ -97,6 +97,9 @@ def _traced_here() -> bool:
 class _ThisThread(threading.local):
     unrouted = 0   # how deep this thread is in tracers that must see torch's own ops
 
+    def __reduce__(self):   # a wrapper cloudpickled (see _Live): a fresh one over there
+        return (_ThisThread, ())
+
 
 _this_thread = _ThisThread()
 
@@ -393,8 +396,14 @@ class ModuleSite(FunctionSite):
     matched_by_name = True   # a class taken for the op by its pattern (see FunctionSite)
 
     def __init__(self, dispatcher, op, name, cls: type, split: Callable, whole_forward: bool,
-                 unfit: Callable | None = None) -> None:
+                 unfit: Callable | None = None, key_of: Callable | None = None) -> None:
         self.cls, self.split, self.whole_forward = cls, split, whole_forward
+        # ``key_of(module, *args, **kwargs)``: the call's key without running the split, for a
+        # split that computes (a gated MLP's gate and up projections). Then routes get parts
+        # None and split when they run the op: a route that runs the class's own forward (or a
+        # first call that puts the class back) has computed nothing besides, and nothing saved
+        # for backward that a checkpoint's recompute would not save again
+        self.key_of = key_of
         self.unfit = unfit or (lambda module: None)
         self.original_forward = cls.forward
         self.failed: str | None = None
@@ -425,6 +434,7 @@ class ModuleSite(FunctionSite):
         )
 
         cls, dormant, live, here = self.cls, self._dormant, self.dispatcher.live, _this_thread
+        key_of = self.key_of
 
         def forward(module, *args, **kwargs):
             if dormant[0] or not live[0] or here.unrouted or (_is_compiling() and _traced_here()) or (
@@ -432,8 +442,11 @@ class ModuleSite(FunctionSite):
                     and _subclass_among(args, kwargs)):
                 return original(module, *args, **kwargs)
             try:
-                parts = split(module, *args, **kwargs)
-                key = None if parts is None else call_key(*parts[0])
+                if key_of is None:
+                    parts = split(module, *args, **kwargs)
+                    key = None if parts is None else call_key(*parts[0])
+                else:
+                    parts, key = None, key_of(module, *args, **kwargs)
             except Exception:  # inputs the op's key cannot read (nested tensors): as written
                 return original(module, *args, **kwargs)
             if key is not None:
@@ -447,7 +460,14 @@ class ModuleSite(FunctionSite):
             if route is None:
                 if key is None:
                     return original(module, *args, **kwargs)
-                route = miss(key, parts[0], {})
+                if parts is None:
+                    with torch.no_grad():   # the op's arguments, for their bucket only
+                        canonical = split(module, *args, **kwargs)
+                    if canonical is None:
+                        return original(module, *args, **kwargs)
+                    route = miss(key, canonical[0], {})
+                else:
+                    route = miss(key, parts[0], {})
             return route(module, parts, args, kwargs)
 
         forward.__wrapped__ = original  # type: ignore[attr-defined]
@@ -503,7 +523,13 @@ class ModuleSite(FunctionSite):
             whole_forward.parts, whole_forward.whole = (fn, slot, on_error), True  # type: ignore[attr-defined]
             return whole_forward
 
+        split, original = self.split, self.original_forward
+
         def route(module, parts, args, kwargs):  # time only the op, not the rest of the forward
+            if parts is None:
+                parts = split(module, *args, **kwargs)
+                if parts is None:   # (key_of took it for the op's)
+                    return original(module, *args, **kwargs)
             canonical, post = parts
             t0 = perf_counter_ns()
             try:
@@ -525,8 +551,19 @@ class ModuleSite(FunctionSite):
         module, _, args, kwargs = a
         return self.original_forward(module, *args, **kwargs)
 
+    def parts_of(self, a: tuple) -> tuple:
+        """The op's part of the call ``a`` (``(canonical args, post)``), split now if the wrapper
+        did not (``key_of``)."""
+        module, parts, args, kwargs = a
+        if parts is None:
+            parts = self.split(module, *args, **kwargs)
+            if parts is None:
+                raise TypeError(f"the call does not fit {self.op.name} ({self.name}'s split)")
+        return parts
+
     def run_variant(self, fn: Callable, a: tuple, k: dict) -> tuple[Any, int]:
-        module, (canonical, post), _, _ = a
+        module = a[0]
+        canonical, post = self.parts_of(a)
         t0 = perf_counter_ns()
         out = fn(*canonical)
         elapsed = perf_counter_ns() - t0
@@ -604,9 +641,9 @@ class Dispatcher:
         return site
 
     def module_site(self, op: str, cls: type, split: Callable, whole_forward: bool,
-                    unfit: Callable | None = None) -> ModuleSite:
+                    unfit: Callable | None = None, key_of: Callable | None = None) -> ModuleSite:
         name = f"module:{cls.__module__}.{cls.__qualname__}"
-        site = ModuleSite(self, self.registry.op(op), name, cls, split, whole_forward, unfit)
+        site = ModuleSite(self, self.registry.op(op), name, cls, split, whole_forward, unfit, key_of)
         self.sites.append(site)
         return site
 
@@ -1086,9 +1123,9 @@ UNCHECKED_CALLS_KEPT = 16   # first calls a route may fail to be checked on befo
 def _agrees_with_op(site: ModuleSite, fn: Callable, a: tuple, tol: Callable) -> bool:
     """Whether variant ``fn`` gives the op's reference values on the op's part of the call ``a``
     (a class whose forward differs from the op is then the class's own matter)."""
-    canonical = a[1][0]
     try:
         with torch.no_grad():
+            canonical = site.parts_of(a)[0]
             return _compare(fn(*canonical), site.op.reference(*canonical), tol) is None
     except Exception:
         return False
@@ -1097,9 +1134,10 @@ def _agrees_with_op(site: ModuleSite, fn: Callable, a: tuple, tol: Callable) -> 
 def _is_the_op(site: ModuleSite, a: tuple, expected: Any, tol: Callable) -> bool:
     """Whether the op's reference on the op's part of the call ``a`` (finished as the class's
     forward finishes it) gives the class's own output ``expected``."""
-    module, (canonical, post), _, _ = a
+    module = a[0]
     try:
         with torch.no_grad():
+            canonical, post = site.parts_of(a)
             out = site.op.reference(*canonical)
             return _compare(out if post is None else post(module, out), expected, tol) is None
     except Exception:

@@ -31,6 +31,7 @@ from torch import nn
 
 from . import originals, script_shims
 from .dispatcher import Dispatcher, ModuleSite, unrouted_on_this_thread
+from .ops._layout import layout_key
 from .plan import Plan
 from .readings import Readings
 from .registry import Registry
@@ -124,7 +125,8 @@ def _mlp_layout(module):
     return None
 
 
-def _split_gated_mlp(module, x=None, *args, **kwargs):
+def _gated_mlp_layers(module, x=None, *args, **kwargs):
+    """(gate, up, down) when ``module(x)`` is a gated MLP's call by its layers, else None."""
     if x is None or args or kwargs or not isinstance(x, torch.Tensor):
         return None
     layers = _mlp_layout(module)
@@ -135,7 +137,28 @@ def _split_gated_mlp(module, x=None, *args, **kwargs):
     if not (gate.in_features == up.in_features == width
             and gate.out_features == up.out_features == down.in_features):
         return None   # not gate/up/down by shape (a plain MLP named w1, w2, w3): before any work
+    return layers
+
+
+def _split_gated_mlp(module, *args, **kwargs):
+    layers = _gated_mlp_layers(module, *args, **kwargs)
+    if layers is None:
+        return None
+    gate, up, down = layers
+    x = args[0]
     return (gate(x), up(x)), _down_projection(down)
+
+
+def _gated_mlp_key(module, *args, **kwargs):
+    """The call key of a gated MLP's call, from its input and layers: the gate and up
+    projections (the op's arguments) are computed only where the route runs the op."""
+    layers = _gated_mlp_layers(module, *args, **kwargs)
+    if layers is None:
+        return None
+    gate, up, _ = layers
+    x = args[0]
+    return ("gated_mlp", x.shape, x.dtype, x.device, layout_key(x), gate.out_features,
+            gate.weight.dtype, up.weight.dtype, gate.bias is None, up.bias is None)
 
 
 def _down_projection(down):
@@ -178,10 +201,12 @@ def _is_gated_mlp_class(cls: type) -> bool:
     return bool(_MLP_NAME.search(cls.__name__)) and not cls.__module__.startswith("torch.")
 
 
-MODULE_PATTERNS: list[tuple[str, Callable[[type], bool], Callable, bool, Callable]] = [
-    # (op, class test, split, op is the whole forward, why an instance cannot be rewritten)
-    ("rms_norm", _is_rms_norm_class, _split_rms_norm, True, _rms_norm_unfit),
-    ("swiglu", _is_gated_mlp_class, _split_gated_mlp, False, _gated_mlp_unfit),
+MODULE_PATTERNS: list[tuple[str, Callable[[type], bool], Callable, bool, Callable,
+                           Callable | None]] = [
+    # (op, class test, split, op is the whole forward, why an instance cannot be rewritten,
+    #  the call's key without the split (None: the key of the split's op arguments))
+    ("rms_norm", _is_rms_norm_class, _split_rms_norm, True, _rms_norm_unfit, None),
+    ("swiglu", _is_gated_mlp_class, _split_gated_mlp, False, _gated_mlp_unfit, _gated_mlp_key),
 ]
 
 
@@ -314,9 +339,9 @@ class _Patch:
     def patch_class(self, cls: type) -> None:
         if cls in self.classes or "forward" not in cls.__dict__:
             return
-        for op, matches, split, whole, unfit in MODULE_PATTERNS:
+        for op, matches, split, whole, unfit, key_of in MODULE_PATTERNS:
             if matches(cls):
-                site = self.dispatcher.module_site(op, cls, split, whole, unfit)
+                site = self.dispatcher.module_site(op, cls, split, whole, unfit, key_of)
                 self.classes[cls] = cls.forward
                 cls.forward = site.wrapper
                 return

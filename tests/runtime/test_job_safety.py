@@ -219,6 +219,71 @@ def test_a_first_call_inside_activation_checkpointing_saves_what_its_recomputati
         patching.disable()
 
 
+@pytest.mark.parametrize("make", ["not swiglu", "holds more"])
+def test_a_gated_mlp_put_back_on_its_first_call_inside_a_checkpoint_trains_as_without_rtxops(make):
+    """The gate and up projections ran with autograd before the route was known; the class then
+    went back on its own forward, which the recompute ran alone (CheckpointError)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from rtxops.runtime.plan import Plan
+
+    from .helpers import GeluGatedMLP
+
+    class ScaledMLP(nn.Module):   # swiglu, and a parameter the op does not take
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj = nn.Linear(8, 16), nn.Linear(8, 16)
+            self.down_proj = nn.Linear(16, 8)
+            self.scale = nn.Parameter(torch.full((8,), 2.0))
+
+        def forward(self, x):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)) * self.scale
+
+    def model():
+        torch.manual_seed(0)
+        return GeluGatedMLP() if make == "not swiglu" else ScaledMLP()
+
+    x = torch.randn(4, 8, requires_grad=True)
+    m = model()
+    checkpoint(m, x, use_reentrant=False).sum().backward()
+    want = x.grad.clone()
+    x.grad = None
+    patching.enable(Plan.from_dict({"version": 1, "defaults": {"swiglu": "eager"}}))
+    try:
+        m = model()
+        checkpoint(m, x, use_reentrant=False).sum().backward()
+        torch.testing.assert_close(x.grad, want)
+    finally:
+        patching.disable()
+
+
+def test_a_gated_mlp_answered_by_its_own_forward_computes_its_projections_once():
+    """A route on the class's own forward (outputs never readable: a zero-initialised down
+    projection) ran after the wrapper had computed the gate and up projections for nothing."""
+    from rtxops.runtime.plan import Plan
+
+    torch.manual_seed(0)
+    m = LlamaMLP()
+    nn.init.zeros_(m.down_proj.weight)
+    nn.init.zeros_(m.down_proj.bias)
+    calls = [0]
+
+    def count(module, args, out):
+        calls[0] += 1
+
+    for layer in (m.gate_proj, m.up_proj, m.down_proj):
+        layer.register_forward_hook(count)
+    patching.enable(Plan.from_dict({"version": 1, "defaults": {"swiglu": "eager"}}))
+    try:
+        for _ in range(20):   # unreadable first calls, then the class's own forward
+            m(torch.randn(4, 8))
+        calls[0] = 0
+        m(torch.randn(4, 8))
+        assert calls[0] == 3
+    finally:
+        patching.disable()
+
+
 @pytest.mark.parametrize("plan", ["defaults", "explore"])
 def test_routed_variants_inside_non_reentrant_checkpointing_train_as_without_rtxops(plan):
     """A non-reentrant checkpoint stops its recomputation early by raising from inside the
