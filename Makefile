@@ -50,6 +50,7 @@ bench: install
 	$(PY) bench/explore_cost.py --out bench/results/explore_cost.json
 	$(PY) bench/converged_inprocess.py --out bench/results/converged_inprocess.json
 	$(PY) bench/converged_profile.py --out bench/results/converged_profile.json
+	$(PY) bench/compile_options.py --out bench/results/compile_options.json
 	$(PY) bench/replay.py --out bench/results/replay.json
 	$(PY) bench/sign_verify.py --out bench/results/sign_verify.json
 	$(PY) bench/dashboard_api.py --out bench/results/dashboard_api.json
