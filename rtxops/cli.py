@@ -427,8 +427,9 @@ class _EndedInStore:
     """A job that ended before its daemon stopped, read from the store the daemon left: its last
     lines and its outcome, for a follower that would otherwise wait for a daemon to come back."""
 
-    def __init__(self, job: dict, lines: list[dict]) -> None:
+    def __init__(self, job: dict, lines: list[dict], store_path=None, last_seq: int = 0) -> None:
         self._job, self._lines = job, lines
+        self._store_path, self._last_seq = store_path, last_seq
 
     @classmethod
     def read(cls, home, job_id: str) -> Optional["_EndedInStore"]:
@@ -447,16 +448,33 @@ class _EndedInStore:
             job = Job.from_dict(json.loads(rows[0]["record"])) if rows else None
             if job is None or not job.state.terminal:
                 return None
-            lines = store_jobs.read_logs(store, job_id, limit=1_000_000)
+            lines = store_jobs.read_logs(store, job_id, limit=1_000_000)   # (at most 8 MiB)
+            last_seq = store_jobs.last_log_seq(store, job_id)
         except Exception:   # (a store being written again: wait on)
             return None
         finally:
             store.close()
-        return cls(job_view(job), lines)
+        return cls(job_view(job), lines, home.store, last_seq)
 
     def logs(self, job_id: str, after: int = 0, rank: Optional[int] = None, wait_s: float = 0) -> dict:
         lines = [ln for ln in self._lines if ln["seq"] > after and (rank is None or ln["rank"] == rank)]
-        return {"lines": lines, "done": True}
+        if not lines and after < self._last_seq and (not self._lines or self._lines[-1]["seq"] < self._last_seq):
+            lines = self._read_on(job_id, after, rank)   # past what the first read held
+        # done once nothing follows: the follower asks again after the last line it got
+        return {"lines": lines, "done": not lines}
+
+    def _read_on(self, job_id: str, after: int, rank: Optional[int]) -> list[dict]:
+        from rtxops.telemetry import store_jobs
+        from rtxops.telemetry.store import ReadOnlyStore, StoreError
+
+        try:
+            store = ReadOnlyStore(self._store_path)
+        except (StoreError, OSError):   # (a daemon serves the store again: its lines are gone here)
+            return []
+        try:
+            return store_jobs.read_logs(store, job_id, rank=rank, after_seq=after)
+        finally:
+            store.close()
 
     def job(self, job_id: str) -> dict:
         return self._job

@@ -460,3 +460,37 @@ def test_run_on_a_damaged_store_says_so_at_once(tmp_path):
     r = rtxops_run("--", sys.executable, "-c", "pass", timeout=50)
     assert r.returncode == 2, r.stderr
     assert "waiting" not in r.stderr and "cannot open the store" in r.stderr, r.stderr
+
+
+def test_a_run_following_a_job_whose_daemon_stopped_gets_the_whole_tail_from_the_store(tmp_path):
+    """The fallback read the stored lines once, at most 8 MiB: a follower past them got nothing
+    and stopped, the job's last lines (its error, its final metrics) never shown."""
+    from rtxops.cli import _EndedInStore
+    from rtxops.daemon.home import Home
+    from rtxops.daemon.jobs import Job, JobSpec, JobState
+    from rtxops.telemetry import store_jobs
+    from rtxops.telemetry.store import Store
+
+    home = Home.resolve(tmp_path / "home")
+    home.root.mkdir()
+    now = time.time_ns()
+    job = Job(id="j-0000tail", spec=JobSpec(command=("python", "x.py"), runtime=False),
+              state=JobState.SUCCEEDED, created_at_ns=now, updated_at_ns=now, token="j-0000tail.0",
+              log_dir=str(tmp_path))
+    lines = [(now, seq, f"{'x' * 1000} {seq}") for seq in range(1, 12_001)]   # 12 MB of text
+    store = Store(home.store)
+    try:
+        store_jobs.save_job(store, job.id, "x", "succeeded", now, now, json.dumps(job.to_dict()))
+        for start in range(0, len(lines), 3000):
+            store_jobs.append_logs(store, job.id, 1, 0, "stdout", lines[start:start + 3000])
+    finally:
+        store.close()
+    ended = _EndedInStore.read(home, job.id)
+    seen, after = [], 11_000      # a follower that had printed up to line 11000
+    while True:
+        page = ended.logs(job.id, after=after)
+        seen += [ln["seq"] for ln in page["lines"]]
+        after = seen[-1] if seen else after
+        if not page["lines"] and page["done"]:
+            break
+    assert seen == list(range(11_001, 12_001))
