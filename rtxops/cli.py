@@ -370,9 +370,12 @@ def _reconnect_s() -> float:
     """How long ``rtxops run`` waits for its daemon to come back (``RTXOPS_RECONNECT_S``)."""
     raw = os.environ.get("RTXOPS_RECONNECT_S", "120")
     try:
-        return max(0.0, float(raw))
+        value = float(raw)
     except ValueError:
         raise _fail(f"RTXOPS_RECONNECT_S={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise _fail(f"RTXOPS_RECONNECT_S={raw!r}: give a number of seconds, 0 or more")
+    return value
 
 
 class _DaemonGone(Exception):

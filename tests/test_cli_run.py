@@ -494,3 +494,17 @@ def test_a_run_following_a_job_whose_daemon_stopped_gets_the_whole_tail_from_the
         if not page["lines"] and page["done"]:
             break
     assert seen == list(range(11_001, 12_001))
+
+
+@pytest.mark.parametrize("raw", ["nan", "-5", "soon"])
+def test_a_reconnect_wait_that_is_no_duration_is_refused(monkeypatch, raw):
+    """nan and negatives were taken as 0: a run gave up on its daemon at once."""
+    import typer
+
+    from rtxops.cli import _reconnect_s
+
+    monkeypatch.setenv("RTXOPS_RECONNECT_S", raw)
+    with pytest.raises(typer.Exit):
+        _reconnect_s()
+    monkeypatch.setenv("RTXOPS_RECONNECT_S", "0")
+    assert _reconnect_s() == 0

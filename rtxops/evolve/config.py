@@ -1,10 +1,12 @@
 """The evolve loop's knobs (no torch here: the daemon reads them at start)."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields
 
 MIN_GAIN = 0.03
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 @dataclass
@@ -54,10 +56,18 @@ class LoopConfig:
             if raw is None:
                 continue
             kind = type(f.default)
+            if kind is bool:
+                word = raw.strip().lower()
+                if word not in _TRUE + _FALSE:
+                    raise ValueError(f"{name}={raw!r}: give 1 or 0 (true/false, yes/no, on/off)")
+                values[f.name] = word in _TRUE
+                continue
             try:
-                values[f.name] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
+                values[f.name] = kind(raw)
             except ValueError:
                 raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+            if kind is float and not math.isfinite(values[f.name]):
+                raise ValueError(f"{name}={raw!r}: give a finite number")
         config = cls(**{**values, **overrides})
         config.check()
         return config
@@ -76,8 +86,19 @@ class LoopConfig:
                              "only so far")
         if self.objective != "time":
             raise ValueError(f"RTXOPS_EVOLVE_OBJECTIVE={self.objective!r}: time")
-        for name in ("interval_s", "window_steps", "budget", "max_arms", "gates"):
+        for f in fields(self):   # nan passes every comparison below unless refused here
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"RTXOPS_EVOLVE_{f.name.upper()}={value!r}: give a finite number")
+        for name in ("interval_s", "hot_window_steps", "window_steps", "budget", "max_arms", "gates",
+                     "rollback_threshold", "step_rollback_threshold", "drift_threshold",
+                     "gate_timeout_s", "swap_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RTXOPS_EVOLVE_{name.upper()} must be > 0")
+        for name in ("min_steps", "margin_steps", "min_gain"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RTXOPS_EVOLVE_{name.upper()} must be ≥ 0")
+        if not 0 <= self.min_share < 1:
+            raise ValueError("RTXOPS_EVOLVE_MIN_SHARE must be in [0, 1)")
         if not 0 < self.explore_share <= 0.5:
             raise ValueError("RTXOPS_EVOLVE_EXPLORE_SHARE must be in (0, 0.5]")

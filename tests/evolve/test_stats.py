@@ -115,3 +115,29 @@ def test_a_misspelt_setting_is_refused_with_the_nearest_name(monkeypatch):
     monkeypatch.delenv("RTXOPS_EVOLVE_WINDOW")
     monkeypatch.setenv("RTXOPS_EVOLVE_WINDOW_STEPS", "40")
     assert LoopConfig.from_env().window_steps == 40
+
+
+@pytest.mark.parametrize("name, raw", [
+    ("INTERVAL_S", "nan"),          # Event.wait(nan) returns at once: an idle daemon spun a core
+    ("INTERVAL_S", "inf"),          # the loop's thread died on OverflowError, status said nothing
+    ("MIN_GAIN", "nan"),
+    ("MIN_STEPS", "-1"),
+    ("MARGIN_STEPS", "-3"),
+    ("GATE_TIMEOUT_S", "-5"),
+    ("MIN_SHARE", "1.5"),
+    ("DETERMINISTIC", "enabled"),   # read as false: non-deterministic variants stayed in
+])
+def test_an_evolve_setting_out_of_its_range_is_refused_with_its_name(monkeypatch, name, raw):
+    from rtxops.evolve.config import LoopConfig
+
+    monkeypatch.setenv(f"RTXOPS_EVOLVE_{name}", raw)
+    with pytest.raises(ValueError, match=f"RTXOPS_EVOLVE_{name}"):
+        LoopConfig.from_env()
+
+
+def test_an_evolve_switch_takes_on_and_off(monkeypatch):
+    from rtxops.evolve.config import LoopConfig
+
+    for raw, want in (("on", True), ("Yes", True), ("1", True), ("off", False), ("0", False)):
+        monkeypatch.setenv("RTXOPS_EVOLVE_DETERMINISTIC", raw)
+        assert LoopConfig.from_env().deterministic is want
