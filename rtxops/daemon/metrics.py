@@ -1,9 +1,10 @@
 """Prometheus metrics, read from the store and the supervisor at scrape time."""
 from __future__ import annotations
 
-
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from rtxops.telemetry.store import StoreError
 
 from .jobs import JobState
 
@@ -39,8 +40,12 @@ class _Collector:
         restarts.add_metric(["crash"], crashes)
         restarts.add_metric(["hang"], hangs)
         yield restarts
-        yield CounterMetricFamily("rtxops_plan_swaps", "plan swaps reported by jobs",
-                                  value=d.swap_count())
+        try:
+            swaps = d.swap_count()
+        except StoreError:   # the store being reopened (a full disk): the counters above still
+            swaps = None     # serve, the write errors among them
+        if swaps is not None:
+            yield CounterMetricFamily("rtxops_plan_swaps", "plan swaps reported by jobs", value=swaps)
         yield CounterMetricFamily("rtxops_plans_refused", "plans jobs refused",
                                   value=d.board.refused_total)
 
