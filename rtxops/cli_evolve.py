@@ -211,11 +211,20 @@ def _arm_label(arm: dict) -> str:
     return arm["variant"] + (f" {json.dumps(arm['config'], sort_keys=True)}" if arm["config"] else "")
 
 
+TUNING_ROWS_SHOWN = 100_000
+
+
 def _tuning_rows(h, op: Optional[str]) -> list[dict]:
     client = _daemon(h)
-    if client is not None:
-        params = {"limit": 1000, **({"op": op} if op else {})}
-        return _call(client, "GET", "/v1/evolve/tuning", params=params)["tuning"]
+    if client is not None:   # page by page, up to as many rows as a read of the store gives
+        rows: list[dict] = []
+        while len(rows) < TUNING_ROWS_SHOWN:
+            params = {"limit": 1000, "offset": len(rows), **({"op": op} if op else {})}
+            page = _call(client, "GET", "/v1/evolve/tuning", params=params)["tuning"]
+            rows += page
+            if len(page) < 1000:
+                break
+        return rows[:TUNING_ROWS_SHOWN]
     from rtxops.telemetry import store_evolve
     from rtxops.telemetry.store import ReadOnlyStore, StoreError
 
@@ -227,7 +236,7 @@ def _tuning_rows(h, op: Optional[str]) -> list[dict]:
     except StoreError as e:
         raise _fail(str(e), 1) from None
     try:
-        return store_evolve.tuning_rows(store, op=op, limit=100_000)
+        return store_evolve.tuning_rows(store, op=op, limit=TUNING_ROWS_SHOWN)
     finally:
         store.close()
 

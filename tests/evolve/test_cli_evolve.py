@@ -232,3 +232,25 @@ def test_the_decisions_table_shows_job_ids_whole_at_80_columns():
     buf = io.StringIO()
     Console(file=buf, width=80).print(_decisions_table(decisions))
     assert "j-52de9d4a" in buf.getvalue(), buf.getvalue()
+
+
+def test_tune_show_lists_every_row_through_a_daemon_as_without_one(tmp_path, daemons):
+    """Through a daemon it asked for one page of 1000 rows and titled the cut list as the whole."""
+    import duckdb
+
+    from rtxops.telemetry.store import Store
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    Store(home / "rtxops.duckdb").close()
+    con = duckdb.connect(str(home / "rtxops.duckdb"))
+    con.execute("INSERT INTO tuning SELECT 'gelu', 'float32/cpu/hidden=64,rows=8', 'eager', "
+                "'{\"chunk\": ' || i || '}', 'cpu', 't', '', 'h', 'offline', 1, i, 0.0, 0, 'ok', '', i "
+                "FROM range(1500) r(i)")
+    con.close()
+    shown = lambda: json.loads(cli("tune", "--show", "--json", "--home", str(home),  # noqa: E731
+                                   mark=daemons.mark).stdout)
+    assert len(shown()) == 1500
+    daemons.start(home)
+    rows = shown()
+    assert len(rows) == 1500 and len({r["config"] for r in rows}) == 1500
