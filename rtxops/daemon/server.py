@@ -90,7 +90,8 @@ class Daemon:
     # ---- parts ------------------------------------------------------------------------------
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host   # an IPv6 address
+        return f"http://{host}:{self.port}"
 
     def _make_supervisor(self) -> Supervisor:
         env = {
@@ -379,8 +380,9 @@ def _check_policies() -> None:
 
 
 def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
+    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as sock:   # an IPv6 host needs an IPv6 socket
+        sock.bind(address)
         return sock.getsockname()[1]
 
 
