@@ -71,11 +71,18 @@ class Home:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(token + "\n")
-            tmp.replace(self.token_file)
+            try:   # only where there is none: two daemons starting at once keep one token
+                os.link(tmp, self.token_file)
+            except FileExistsError:
+                existing = self.token_file.read_text().strip()
+                if existing:
+                    return existing
+                tmp.replace(self.token_file)   # an empty one would check nothing
         except OSError as e:   # a full disk: say which file, and leave no half-written one
-            tmp.unlink(missing_ok=True)
             raise OSError(e.errno, f"cannot write the daemon's token: {e.strerror or e}",
                           str(self.token_file)) from None
+        finally:
+            tmp.unlink(missing_ok=True)
         return token
 
     def daemon_url(self) -> str | None:

@@ -104,6 +104,30 @@ def test_an_empty_token_file_gets_a_real_token_and_an_empty_token_checks_nothing
         require_token("")
 
 
+def _make_token(root, barrier, out):
+    barrier.wait()
+    out.put(Home(root).token(create=True))
+
+
+def test_two_daemons_starting_at_once_on_a_new_home_keep_one_token(tmp_path):
+    """Each wrote its own: the one that won the store served with a token not in the file (the
+    loser wrote last), and every CLI write got 401."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    for i in range(20):
+        root = tmp_path / f"home{i}"
+        barrier, out = ctx.Barrier(2), ctx.Queue()
+        starts = [ctx.Process(target=_make_token, args=(root, barrier, out)) for _ in range(2)]
+        for p in starts:
+            p.start()
+        for p in starts:
+            p.join(30)
+        tokens = {out.get(timeout=10), out.get(timeout=10)}
+        assert tokens == {Home(root).token()}, i
+        assert sorted(p.name for p in root.iterdir()) == ["jobs", "plans", "token"]
+
+
 def test_a_token_the_disk_cannot_take_names_its_file_and_leaves_no_temporary_one(tmp_path):
     """On a full disk (here: a file-size limit of 8 bytes, so the write itself fails) the daemon
     said "No space left on device" with no path, and left ``token.<pid>.tmp`` behind."""
