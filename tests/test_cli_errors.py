@@ -117,3 +117,18 @@ def test_readers_of_a_duckdb_file_that_is_no_rtxops_store_say_so(tmp_path, args)
     r = rtxops(*args, "--home", str(home), cwd=tmp_path)
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and "is not an rtxops store" in r.stderr, r.stderr
+
+
+def test_a_daemon_on_a_port_in_use_says_so_and_touches_nothing(tmp_path):
+    """uvicorn printed its own error line and exited 3, after the home was set up."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        home = tmp_path / "home"
+        r = rtxops("daemon", "--port", str(port), "--home", str(home), env={"RTXOPS_EVOLVE": "0"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"port {port}" in r.stderr and "in use" in r.stderr
+    assert not home.exists()

@@ -55,6 +55,8 @@ class Daemon:
         self.retention_s = retention_from(retention)   # and so does a malformed retention
         _check_policies()  # and so does a misspelt RTXOPS_POLICIES (it would at the first plan)
         self.job_log_max_bytes = settings.whole_number("RTXOPS_JOB_LOG_MAX_BYTES", MAX_STORED_BYTES)
+        if port:
+            _check_port_free(host, port)   # and so does a port in use (uvicorn: a log line, exit 3)
         self.home = home.ensure()
         self.host, self.port = host, port or _free_port(host)
         self.job_grace_s = job_grace_s
@@ -377,6 +379,18 @@ def _check_policies() -> None:
         default_policy_dir()
     except UsageError as e:
         raise ValueError(str(e)) from None
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """ValueError when ``host:port`` cannot be listened on (in use, or no such address here)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn binds
+            sock.bind(address)
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host} port {port}: {e.strerror or e} (another "
+                         "daemon or program holds it? `--port 0` takes a free one)") from None
 
 
 def _free_port(host: str) -> int:
