@@ -20,7 +20,8 @@ import os
 from dataclasses import dataclass
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from rtxops import settings
@@ -37,6 +38,7 @@ from .spans import CallSampling, SpanBuilder
 
 DEFAULT_DAEMON = "http://127.0.0.1:8765"
 DEFAULT_EXPORT_INTERVAL_S = settings.EXPORT_INTERVAL_S
+MAX_SPAN_ITEMS = 128  # attributes, events and links a span keeps (the SDK's default)
 EXIT_FLUSH_S = 3.0  # what the job's exit waits for its last export (a daemon down retries for 10 s)
 
 
@@ -74,7 +76,15 @@ def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store
                         resource: dict | None = None,
                         export_interval_s: float = DEFAULT_EXPORT_INTERVAL_S) -> JobTelemetry:
     """Wire a recorder into ``dispatcher`` that exports through ``exporter``."""
-    provider = TracerProvider(resource=Resource.create(resource or job_resource_attributes()))
+    # always on, no length limit: these spans are the run's measurements (each an aggregate of
+    # a step), not a sample of traces. OTEL_TRACES_SAMPLER or a span limit from the environment
+    # dropped whole steps uncounted, or cut bucket names into keys that exist nowhere
+    limits = SpanLimits(max_span_attributes=MAX_SPAN_ITEMS, max_events=MAX_SPAN_ITEMS,
+                        max_links=MAX_SPAN_ITEMS, max_event_attributes=MAX_SPAN_ITEMS,
+                        max_link_attributes=MAX_SPAN_ITEMS, max_attribute_length=SpanLimits.UNSET,
+                        max_span_attribute_length=SpanLimits.UNSET)
+    provider = TracerProvider(resource=Resource.create(resource or job_resource_attributes()),
+                              sampler=ALWAYS_ON, span_limits=limits)
     processor = StepProcessor()
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("rtxops")

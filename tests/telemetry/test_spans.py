@@ -319,3 +319,17 @@ def test_the_calls_of_steps_the_queue_refused_still_reach_the_runs_totals():
         [60, 60, 60], [sum(100 + i for i in range(30) if i % 3 == s) * 6 for s in range(3)],
         [0, 0, 6])
     assert totals["built"][3] == 0 and totals["dropped"][3] > 0
+
+
+def test_the_sdks_sampler_and_limits_from_the_environment_do_not_thin_the_measurements(monkeypatch):
+    """OTEL_TRACES_SAMPLER (set for a job's own tracing) dropped most steps with their kernels,
+    uncounted, and OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT cut bucket names into keys that exist nowhere."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.1")
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "16")
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "4")
+    d, stats, spans, _ = _run(steps=20)
+    assert [s.attributes[S.STEP_NUMBER] for s in _by_name(spans, S.STEP)] == list(range(1, 21))
+    kernels = [k for k in _by_name(spans, S.KERNEL) if k.attributes[S.PHASE] == "fwd"]
+    assert sum(k.attributes[S.COUNT] for k in kernels) == sum(stats.calls)
+    assert {k.attributes[S.BUCKET] for k in kernels} == {s.bucket for s in stats.slots}
