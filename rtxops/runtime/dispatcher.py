@@ -707,6 +707,7 @@ class Dispatcher:
             self.optimizer_region.on_step(self.step, optimizer)
         if not leads:
             return
+        ran_under = self.plan.version   # the step that ends here ran under this plan
         swapped = self.pending is not None and self.apply_pending()
         compiling = bool(_background_compiles)
         if compiling != self._compiling_elsewhere:
@@ -725,7 +726,7 @@ class Dispatcher:
         for timer in (self.cuda_timer, self.region_timer):
             if timer is not None:
                 timer.drain()
-        self.readings.step(self.step, perf_counter_ns(), self.plan.version, rss_bytes())
+        self.readings.step(self.step, perf_counter_ns(), ran_under, rss_bytes())
 
     def set_reroute_partial(self, on: bool) -> None:
         """Route gated-MLP-like classes on every plan (``RTXOPS_REROUTE_MLP=1``), or only on plans

@@ -333,3 +333,30 @@ def test_the_sdks_sampler_and_limits_from_the_environment_do_not_thin_the_measur
     kernels = [k for k in _by_name(spans, S.KERNEL) if k.attributes[S.PHASE] == "fwd"]
     assert sum(k.attributes[S.COUNT] for k in kernels) == sum(stats.calls)
     assert {k.attributes[S.BUCKET] for k in kernels} == {s.bucket for s in stats.slots}
+
+
+def test_the_step_that_ends_in_a_plan_swap_is_labelled_with_the_plan_it_ran_under():
+    """It carried the new plan's version beside the old plan's variants."""
+    import torch
+
+    d = patching.enable(plan=Plan(version=1, defaults={"gelu": "eager"}))
+    exporter = InMemorySpanExporter()
+    telemetry = start_job_telemetry(d, exporter, resource=RESOURCE)
+    try:
+        net, x = TinyNet(), torch.randn(8, 32)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        for step in (1, 2, 3):
+            if step == 2:
+                d.install_plan(Plan(version=2, defaults={"gelu": "algebraic"}))
+            net(x).sum().backward()
+            opt.step()
+        telemetry.close(d)
+    finally:
+        patching.disable()
+    spans = exporter.get_finished_spans()
+    assert {s.attributes[S.STEP_NUMBER]: s.attributes[S.PLAN_VERSION]
+            for s in _by_name(spans, S.STEP)} == {1: 1, 2: 1, 3: 2}
+    gelu = {k.attributes[S.STEP_NUMBER]: (k.attributes[S.VARIANT], k.attributes[S.PLAN_VERSION])
+            for k in _by_name(spans, S.KERNEL) if k.attributes[S.OP] == "gelu"
+            and k.attributes[S.PHASE] == "fwd"}
+    assert gelu == {1: ("eager", 1), 2: ("eager", 1), 3: ("algebraic", 2)}
