@@ -53,6 +53,7 @@ class SpanBuilder:
         self.totals = totals  # a CallStats the whole run's calls and time are added to
         self._sampled: dict[int, int] = {}
         self._static: dict[tuple[int, str], dict] = {}
+        self._memory_carried: dict[int, tuple[int, int]] = {}   # slot -> (delta, peak) not shown yet
         self._window = 0
         self._direct = self._use_direct = _direct_spans(tracer)
         # as the SDK sets them: sampled, and W3C "random trace id" where the SDK knows that flag
@@ -73,7 +74,9 @@ class SpanBuilder:
         calls = np.frombuffer(rec.calls, dtype=np.int64).reshape(-1, RECORD_WIDTH)
         misses = _misses(rec)
         for s, (count, total, *_) in aggregate(calls).items():
-            self._add_totals(s, count, total, misses.get(s, 0))
+            self._add_totals(s, count, total, misses.pop(s, 0))
+        for s, missed in misses.items():   # a build whose calls are recorded later (CUDA)
+            self._add_totals(s, 0, 0, missed)
 
     def _add_totals(self, slot: int, count: int, total: int, missed: int) -> None:
         self.totals.calls[slot] += count
@@ -154,19 +157,25 @@ class SpanBuilder:
 
     def _kernel_spans(self, ctx, calls: np.ndarray, rec: StepRecord, phase: str,
                       sampled: bool = False) -> int:
-        if not len(calls):
-            return 0
-        misses = _misses(rec)
         fwd = phase == "fwd"
+        misses = _misses(rec) if fwd else {}
+        if fwd:
+            # a slot's memory reading or build can come a step before its calls (on CUDA the
+            # calls are recorded once their events are done): kept for its next kernel span
+            for s, (delta, peak) in rec.memory.items():
+                before = self._memory_carried.get(s)
+                self._memory_carried[s] = (delta, peak) if before is None else (
+                    before[0] + delta, max(before[1], peak))
         made = 0
-        for s, (count, total, lo, hi, first, last, hist) in aggregate(calls).items():
+        for s, (count, total, lo, hi, first, last, hist) in (aggregate(calls).items() if len(calls) else ()):
             attrs = {**self._static_attributes(s, phase), S.COUNT: count, S.TOTAL_NS: total,
                      S.MIN_NS: lo, S.MAX_NS: hi, S.HIST: hist, S.PLAN_VERSION: rec.plan_version,
                      S.STEP_NUMBER: rec.step}
             if fwd:
-                if s in rec.memory:
-                    attrs[S.MEM_DELTA], attrs[S.MEM_PEAK] = rec.memory[s]
-                missed = misses.get(s, 0)
+                memory = self._memory_carried.pop(s, None)
+                if memory is not None:
+                    attrs[S.MEM_DELTA], attrs[S.MEM_PEAK] = memory
+                missed = misses.pop(s, 0)
                 attrs[S.CACHE_MISSES] = missed
                 attrs[S.CACHE_HITS] = count - missed
                 if self.totals is not None:
@@ -175,6 +184,9 @@ class SpanBuilder:
                 attrs[S.SAMPLED] = True
             self._emit(S.KERNEL, ctx, attrs, self.epoch(first), self.epoch(last), clean=False)
             made += 1
+        if self.totals is not None:
+            for s, missed in misses.items():   # builds with no call of theirs in this step
+                self._add_totals(s, 0, 0, missed)
         return made
 
     def _static_attributes(self, slot: int, phase: str) -> dict:

@@ -360,3 +360,37 @@ def test_the_step_that_ends_in_a_plan_swap_is_labelled_with_the_plan_it_ran_unde
             for k in _by_name(spans, S.KERNEL) if k.attributes[S.OP] == "gelu"
             and k.attributes[S.PHASE] == "fwd"}
     assert gelu == {1: ("eager", 1), 2: ("eager", 1), 3: ("algebraic", 2)}
+
+
+def test_a_build_or_a_memory_reading_a_step_before_its_calls_is_kept():
+    """Both were shown only on a kernel span of the same step: a variant whose first call raised
+    (its build, no call) vanished from the summary, and on CUDA, where calls are recorded once
+    their events are done (the next step), every memory reading was lost."""
+    from array import array
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from rtxops.runtime.readings import CallStats, Slot
+    from rtxops.telemetry.exporters import StepProcessor
+    from rtxops.telemetry.recorder import StepRecord
+    from rtxops.telemetry.spans import SpanBuilder
+
+    slots = [Slot(i, "gelu", "eager", "{}", f"b{i}", "F.gelu", "eager") for i in range(2)]
+    stats = CallStats()
+    for slot in slots:
+        stats.register_slot(slot)
+    provider = TracerProvider(resource=Resource.create(RESOURCE))
+    processor = StepProcessor()
+    provider.add_span_processor(processor)
+    builder = SpanBuilder(provider.get_tracer("rtxops"), slots, totals=stats)
+    builder.build(StepRecord(1, 0, 10, 1, 0, array("q", [0, 1, 5]), builds=[(1, 2, 3, False)],
+                             memory={1: (4096, 8192)}))
+    builder.build(StepRecord(2, 10, 20, 1, 0, array("q", [0, 11, 5, 1, 12, 5]),
+                             memory={1: (-1024, 2048)}))
+    assert stats.build_misses[1] == 1 and stats.calls[1] == 1
+    kernels = {(k.attributes[S.STEP_NUMBER], k.attributes[S.BUCKET]): k.attributes
+               for k in processor.drain() if k.name == S.KERNEL}
+    assert (1, "b1") not in kernels
+    assert (kernels[(2, "b1")][S.MEM_DELTA], kernels[(2, "b1")][S.MEM_PEAK]) == (3072, 8192)
+    assert S.MEM_DELTA not in kernels[(2, "b0")]
