@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Callable, Sequence
 
@@ -34,6 +35,20 @@ class StepProcessor(SpanProcessor):
         with self._lock:
             spans, self._spans = self._spans, []
         return spans
+
+
+_export_threads: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # the child of a fork (a DataLoader worker, a multiprocessing fork) has none of the parent's
+    # threads: steps it would queue for one would wait forever, holding their records
+    for thread in list(_export_threads):
+        thread._forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class ExportThread:
@@ -67,10 +82,15 @@ class ExportThread:
         self.steps_built = 0
         self.steps_failed = 0
         self.cpu_s = 0.0                  # this thread's CPU time: what telemetry takes from the job
+        self._forked = False
         self._thread = threading.Thread(target=self._run, name="rtxops-telemetry", daemon=True)
         self._thread.start()
+        _export_threads.add(self)
 
     def submit(self, rec: StepRecord) -> None:
+        if self._forked:   # no export thread in a forked child: its steps are counted, not kept
+            self.steps_dropped += 1
+            return
         n = len(self._pending)
         if n >= self.max_queue:
             self.steps_dropped += 1

@@ -394,3 +394,31 @@ def test_a_build_or_a_memory_reading_a_step_before_its_calls_is_kept():
     assert (1, "b1") not in kernels
     assert (kernels[(2, "b1")][S.MEM_DELTA], kernels[(2, "b1")][S.MEM_PEAK]) == (3072, 8192)
     assert S.MEM_DELTA not in kernels[(2, "b0")]
+
+
+def test_a_forked_child_counts_its_steps_and_keeps_none_of_them():
+    """A forked child has no export thread: its steps queued for none (256, then 4096 more held
+    for counting), kept in memory for good."""
+    import json
+    import os
+
+    from rtxops.telemetry.exporters import ExportThread, StepProcessor
+
+    thread = ExportThread(lambda rec, counters: 0, StepProcessor(), _CountingExporter(),
+                          max_queue=8, interval_s=60, poll_s=60, count=lambda rec: None)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: report and leave without running the parent's exit handlers
+        try:
+            for step in range(100):
+                thread.submit(_record(step))
+            os.write(write, json.dumps([len(thread._pending), len(thread._count_only),
+                                        thread.steps_dropped]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        got = json.loads(f.read())
+    os.waitpid(pid, 0)
+    thread.close()
+    assert got == [0, 0, 100]
