@@ -736,6 +736,15 @@ class Dispatcher:
             for site in self.sites:
                 site.clear()
 
+    def drain_timers(self) -> None:
+        """Report the CUDA-timed calls still pending (at exit: their events done by a
+        synchronize, which only the end of the job may wait for)."""
+        timers = [t for t in (self.cuda_timer, self.region_timer) if t is not None]
+        if timers and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        for timer in timers:
+            timer.drain()
+
     def set_readings(self, readings: Readings) -> None:
         """Send readings elsewhere; routes are rebuilt so the hot path calls the new sink."""
         with self._lock:

@@ -56,6 +56,7 @@ class JobTelemetry:
     def close(self, dispatcher: Dispatcher | None = None) -> None:
         """Export what is left (the part of a step after the last optimizer step too) and stop."""
         if dispatcher is not None:
+            dispatcher.drain_timers()   # CUDA-timed calls whose events were not done at the last step
             self.recorder.flush(dispatcher.plan.version, rss_bytes())
         self.thread.close(EXIT_FLUSH_S)
         self.exporter.shutdown()  # a request still retrying gives up now

@@ -422,3 +422,34 @@ def test_a_forked_child_counts_its_steps_and_keeps_none_of_them():
     os.waitpid(pid, 0)
     thread.close()
     assert got == [0, 0, 100]
+
+
+def test_cuda_timed_calls_still_pending_at_exit_are_reported():
+    """Calls whose CUDA events were not done at the last step boundary were never reported.
+    (No GPU here: events stand in that the device has finished.)"""
+    from rtxops.runtime.timing import CudaEventTimer
+
+    class DoneEvent:
+        def query(self):
+            return True
+
+        def elapsed_time(self, other):
+            return 0.5   # ms
+
+    d = patching.enable(plan=Plan(version=1, defaults={"gelu": "eager"}))
+    exporter = InMemorySpanExporter()
+    telemetry = start_job_telemetry(d, exporter, resource=RESOURCE)
+    try:
+        train_losses(TinyNet(), steps=2)
+        d.cuda_timer = CudaEventTimer(d.readings, memory=False)
+        for _ in range(7):   # the last step's calls, their events not done at its boundary
+            d.cuda_timer._pending.append((0, 123, DoneEvent(), DoneEvent()))
+        before = d.readings.totals.calls[0]
+        telemetry.close(d)
+    finally:
+        patching.disable()
+    assert not d.cuda_timer._pending
+    tail = [k for k in _by_name(exporter.get_finished_spans(), S.KERNEL)
+            if k.attributes[S.STEP_NUMBER] == -1 and k.attributes[S.PHASE] == "fwd"]
+    assert [k.attributes[S.COUNT] for k in tail] == [7]
+    assert d.readings.totals.calls[0] >= before + 7

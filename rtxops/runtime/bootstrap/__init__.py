@@ -183,6 +183,7 @@ def _at_exit(dispatcher, summary_path: str | None, pid: int) -> None:
     if os.getpid() != pid:
         return
     try:
+        dispatcher.drain_timers()   # the last step's CUDA-timed calls, into the readings
         dispatcher.readings.close()
         if summary_path:
             summary = summarize(dispatcher)
