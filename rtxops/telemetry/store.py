@@ -277,6 +277,14 @@ _V8 = (
     FROM span_rows r JOIN span_keys k USING (key_id)""",
 )
 _V9 = ("ALTER TABLE ingest_batches ADD COLUMN digest BLOB",)
+# a job's exit exports what ran after its last optimizer step as an rtx.step numbered -1 (its
+# kernel spans hang under it): not a training step, kept out of step times and step counts
+_V10 = (
+    """CREATE OR REPLACE VIEW step_times AS
+        SELECT job_id, rank, step, duration_ns, plan_version, start_ns, end_ns, trace_id,
+               count AS calls
+        FROM spans WHERE name = 'rtx.step' AND (step IS NULL OR step >= 0)""",
+)
 
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "resources, spans, span events, ingest log; kernel/step/memory/swap views", _V1),
@@ -288,6 +296,7 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (7, "offline tuning tasks (they outlive the daemon)", _V7),
     (8, "span rows narrow: integer ids, strings once per key (span_keys); spans a view", _V8),
     (9, "ingest_batches.digest: a retried request is stored once", _V9),
+    (10, "step_times leaves out the tail after a job's last optimizer step (step -1)", _V10),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -187,7 +187,7 @@ def speedups(q, *, job_id: str | None, since_ns: int, until_ns: int) -> list[Row
         ), steps AS (
             SELECT job_id, duration_ns, start_ns,
                    row_number() OVER (PARTITION BY job_id, resource_id ORDER BY step) AS nth
-            FROM spans WHERE name = 'rtx.step' AND job_id IN (SELECT job_id FROM sw)
+            FROM spans WHERE name = 'rtx.step' AND step >= 0 AND job_id IN (SELECT job_id FROM sw)
         ), med AS (
             SELECT s.job_id, any_value(sw.swaps) AS swaps,
                    median(s.duration_ns) FILTER (WHERE s.start_ns < sw.first_ns) AS before_ns,

@@ -385,3 +385,34 @@ def test_a_store_holding_a_table_named_like_the_writers_rows_is_refused(tmp_path
     con.close()
     with pytest.raises(StoreError, match="named _rtx_rows"):
         Store(path)
+
+
+def test_the_tail_after_the_last_optimizer_step_is_no_step_in_step_times(tmp_path):
+    """The exit flush is an rtx.step numbered -1 (it spans from the last step to the exit): it
+    counted as a step, a slow one, in step times and the loop's step figures."""
+    import torch
+
+    from rtxops.runtime import patching
+    from rtxops.runtime.plan import Plan
+    from rtxops.telemetry.exporters import DuckDBSpanExporter
+    from rtxops.telemetry.job import start_job_telemetry
+
+    from ..runtime.helpers import TinyNet, train_losses
+
+    store = Store(tmp_path / "s.duckdb")
+    d = patching.enable(plan=Plan(version=1, defaults={"gelu": "eager"}))
+    telemetry = start_job_telemetry(d, DuckDBSpanExporter(store), store=None,
+                                    resource={S.SERVICE_NAME: "t", S.JOB_ID: "job-tail", S.RANK: 0})
+    try:
+        net = TinyNet()
+        train_losses(net, steps=3)
+        net(torch.randn(4, 32))   # an evaluation after the last step: the tail
+        telemetry.close(d)
+    finally:
+        patching.disable()
+    try:
+        assert sorted(r["step"] for r in store.step_times(job_id="job-tail")) == [1, 2, 3]
+        tail = store.query("SELECT count(*) AS n FROM spans WHERE name = 'rtx.kernel' AND step = -1")
+        assert tail[0]["n"] > 0   # its calls are still stored, as kernel spans
+    finally:
+        store.close()
