@@ -402,6 +402,8 @@ def _chain_problems(rows: list[dict], head: dict | None, keyring: Optional[Path]
         ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
         problem = gl.head_signature_problem(head, ring)
         problems += [problem] if problem else []
+        if not problems:
+            problems += gl.unrecorded_bundles(h.root / "bundles", rows, ring)
     return problems
 
 

@@ -24,7 +24,7 @@ from ._layout import HEAD_KIND
 
 __all__ = ["ChainCheck", "append", "append_problem", "check_chain", "count_entries", "export_jsonl",
            "head_signature_problem", "newest_version", "pending_head_file", "read_entries",
-           "sign_head", "start", "write_head"]
+           "sign_head", "start", "unrecorded_bundles", "write_head"]
 
 _HEAD_DOMAIN = b"rtxops ledger head v1\n"
 
@@ -284,6 +284,34 @@ def read_head(head_file: Path) -> dict:
             return {"invalid": "a signature without a string key_id and a numeric signed_at"}
         out.update({k: head[k] for k in ("signed_at", "key_id", "signature")})
     return out
+
+
+ISSUED_KINDS = ("promote", "rollback", "explore", "manual")   # entries whose bundle the daemon keeps
+
+
+def unrecorded_bundles(bundles: Path, rows: list[dict], keyring) -> list[str]:
+    """The plan bundles under ``bundles`` (``<scope>/v<version>``) that this home's daemon
+    issued (they verify against ``keyring``, built by the daemon) and no entry of ``rows``
+    records. The daemon records an entry before it moves a bundle into place, so such a bundle
+    means entries were deleted: a tail cut and an older signed head put back passes the chain
+    and head checks, not this one."""
+    from .verify import Trust, verify
+
+    recorded = {(r["scope"], r["version"], r["subject_digest"]) for r in rows
+                if r.get("kind") in ISSUED_KINDS}
+    problems = []
+    for directory in sorted(bundles.glob("*/v*")) if bundles.is_dir() else ():
+        if not directory.is_dir() or not directory.name[1:].isdigit():
+            continue   # (a staging folder, say)
+        report = verify(directory, Trust(keyring=keyring), expected_kind="plan")
+        facts = report.facts
+        if not report.ok or not str(facts.get("builder", {}).get("id", "")).startswith("rtxops-daemon"):
+            continue   # not this daemon's word: it proves nothing about the ledger
+        if (facts["scope"], facts["version"], facts["digest"]) not in recorded:
+            problems.append(f"{directory.parent.name}/{directory.name}: this home's daemon issued "
+                            "it, and no ledger entry records it (entries deleted at the end, and "
+                            "an older head put back?)")
+    return problems
 
 
 def export_jsonl(rows: list[dict]) -> str:

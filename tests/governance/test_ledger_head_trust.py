@@ -373,3 +373,25 @@ def test_a_head_signed_by_a_revoked_key_over_an_edited_chain_stays_unsigned(tmp_
     code, output = cli("ledger", "sign-head", "--home", str(home))
     assert code == 1 and "entry 2" in output, output
     assert json.loads((home / "ledger.head").read_text())["key_id"] == old_key
+
+
+def test_a_tail_cut_under_an_older_signed_head_is_found_by_the_bundles_the_daemon_issued(tmp_path):
+    """Whoever kept a copy of an earlier head could delete the entries after it and put that head
+    back: the chain and its signed head checked intact, and the older plan passed `verify` as
+    the newest. The bundles the daemon issued meanwhile are still in the home."""
+    home = daemon_home(tmp_path, versions=(1, 2))
+    old_head = (home / "ledger.head").read_bytes()
+    next_plan(home, version=3)
+    v2 = tmp_path / "v2"
+    shutil.copytree(home / "bundles" / "job-1" / "v2", v2)
+    assert cli("ledger", "verify", "--home", str(home))[0] == 0
+    store = Store(home / "rtxops.duckdb")
+    try:
+        store.run_write(lambda cur: cur.execute("DELETE FROM ledger WHERE seq = 3")).result(30)
+    finally:
+        store.close()
+    (home / "ledger.head").write_bytes(old_head)
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 1 and "job-1/v3: this home's daemon issued it, and no ledger entry" in output, output
+    code, output = cli("verify", str(v2), "--home", str(home))
+    assert code == 1 and "the ledger is not intact" in output, output
