@@ -94,8 +94,11 @@ class ExportThread:
         n = len(self._pending)
         if n >= self.max_queue:
             self.steps_dropped += 1
-            if self._count is not None and len(self._count_only) < 16 * self.max_queue:
-                self._count_only.append(rec)
+            if self._count is not None:
+                if len(self._count_only) < 16 * self.max_queue:
+                    self._count_only.append(rec)
+                else:   # this thread is stuck (a daemon down): the calls are counted here, now,
+                    self._count_dropped(rec)   # rather than lost to the summary
             return
         self._pending.append(rec)
         if n >= self.max_queue // 2 and not self._wake.is_set():
@@ -125,13 +128,15 @@ class ExportThread:
             if closing:
                 return
 
+    def _count_dropped(self, rec: StepRecord) -> None:
+        try:
+            self._count(rec)
+        except Exception:  # noqa: BLE001 - as a failed build: logged, the job goes on
+            log.exception("rtxops: counting the calls of dropped step %s failed", rec.step)
+
     def _build_some(self, n: int) -> None:
         while self._count_only:
-            rec = self._count_only.popleft()
-            try:
-                self._count(rec)
-            except Exception:  # noqa: BLE001 - as a failed build: logged, the job goes on
-                log.exception("rtxops: counting the calls of dropped step %s failed", rec.step)
+            self._count_dropped(self._count_only.popleft())
         for _ in range(n):
             rec = self._pending.popleft()
             try:

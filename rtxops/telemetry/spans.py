@@ -7,6 +7,7 @@ Per step: one ``rtx.step`` span and, as its children, one ``rtx.kernel`` span pe
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from time import perf_counter_ns
@@ -54,6 +55,7 @@ class SpanBuilder:
         self._sampled: dict[int, int] = {}
         self._static: dict[tuple[int, str], dict] = {}
         self._memory_carried: dict[int, tuple[int, int]] = {}   # slot -> (delta, peak) not shown yet
+        self._totals_lock = threading.Lock()
         self._window = 0
         self._direct = self._use_direct = _direct_spans(tracer)
         # as the SDK sets them: sampled, and W3C "random trace id" where the SDK knows that flag
@@ -79,6 +81,10 @@ class SpanBuilder:
             self._add_totals(s, 0, 0, missed)
 
     def _add_totals(self, slot: int, count: int, total: int, missed: int) -> None:
+        with self._totals_lock:   # the training thread counts here too when the export is stuck
+            self._add_totals_held(slot, count, total, missed)
+
+    def _add_totals_held(self, slot: int, count: int, total: int, missed: int) -> None:
         self.totals.calls[slot] += count
         self.totals.total_ns[slot] += total
         self.totals.build_misses[slot] += missed
