@@ -242,10 +242,15 @@ class DeferredExporter(SpanExporter):
 
 def otlp_http_exporter(daemon_url: str | None, token: str | None) -> SpanExporter:
     """OTLP/HTTP protobuf exporter: to the standard ``OTEL_EXPORTER_OTLP_*`` endpoint when one is
-    set, else to the rtxops daemon at ``daemon_url`` with its bearer token."""
+    set, else to the rtxops daemon at ``daemon_url`` with its bearer token. A job the daemon
+    supervises (``RTXOPS_DAEMON_URL_FILE``) always sends to the daemon: its evolve loop and hang
+    checks live on those spans, and an endpoint in the caller's shell (meant for the job's own
+    tracing) took them elsewhere."""
     quiet_export_warnings()
     cls = _fast_otlp_exporter_class()
-    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+    supervised = bool(os.environ.get("RTXOPS_DAEMON_URL_FILE"))
+    if not supervised and (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                           or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
         return cls()
     import requests
 

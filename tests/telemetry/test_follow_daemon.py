@@ -126,3 +126,23 @@ def test_without_a_new_address_a_failed_batch_is_a_failure(tmp_path):
     exporter = _exporter(DaemonAddress(_dead_url(), tmp_path / "daemon.url"))
     assert exporter.export(_spans("x")) is SpanExportResult.FAILURE
     exporter.shutdown()
+
+
+def test_a_supervised_jobs_spans_go_to_its_daemon_whatever_otlp_endpoint_the_shell_set(
+        tmp_path, collectors, monkeypatch):
+    """An OTEL_EXPORTER_OTLP_ENDPOINT in the caller's shell (for the job's own tracing) took a
+    supervised job's spans away from its daemon: no evolve loop, no step heartbeats. A job no
+    daemon supervises still sends there."""
+    from rtxops.telemetry.exporters import otlp_http_exporter
+
+    daemon, collector = collectors(), collectors()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+    monkeypatch.delenv("RTXOPS_DAEMON_URL_FILE", raising=False)
+    alone = otlp_http_exporter(daemon.url, "token")
+    assert alone.export(_spans("standalone")) is SpanExportResult.SUCCESS
+    monkeypatch.setenv("RTXOPS_DAEMON_URL_FILE", str(tmp_path / "daemon.url"))
+    supervised = otlp_http_exporter(daemon.url, "token")
+    assert supervised.export(_spans("supervised")) is SpanExportResult.SUCCESS
+    for exporter in (alone, supervised):
+        exporter.shutdown()
+    assert (daemon.names, collector.names) == (["supervised"], ["standalone"])
