@@ -4,7 +4,9 @@ the bucket's real shapes, forward and gradients.
 The oracle is the reference computed in float64. A candidate passes where it is within the op's
 tolerance of the oracle, or no further from it than twice the reference's own error in the bucket's
 dtype (ATen's bf16/fp16 kernels are sometimes less accurate than an fp32-accumulating variant,
-which must not fail for being better). Where the oracle is finite the candidate must be too.
+which must not fail for being better), both elementwise and over each whole tensor against its
+size (``‖c − o‖ ≤ 4·rtol·‖o‖``, so values all below the absolute tolerance are still checked).
+Where the oracle is finite the candidate must be too.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from rtxops.runtime.bucket import Bucket
 from rtxops.runtime.spec import OpSpec, Variant
 
 REFERENCE_ERROR_FACTOR = 2.0
+NORM_RTOL_FACTOR = 4.0   # the whole tensor's error, against its size, may be 4× the op's rtol
+RULES = 2   # stored verdicts of other rules are not used (1 passed anything below atol)
 
 
 @dataclass(frozen=True)
@@ -117,9 +121,19 @@ def _compare(c, o, r, tol) -> tuple[str | None, float]:
         return "NaN/Inf where the reference has none", float("inf")
     err = (c64 - o64).abs()[finite]
     worst = float(err.max()) if err.numel() else 0.0
+    r64 = r.double() if r is not None else None
+    # the whole tensor against its own size: an absolute tolerance passes anything where the
+    # values are all below it (a mean-reduced loss's gradient, 1/rows each: a backward answering
+    # zeros passed)
+    relative = _relative_error(c64, o64, finite)
+    ref_relative = _relative_error(r64, o64, finite) if r64 is not None else float("inf")
+    if relative > NORM_RTOL_FACTOR * tol.rtol and not relative <= REFERENCE_ERROR_FACTOR * ref_relative:
+        return (f"error {relative:.3g} of the tensor's size exceeds {NORM_RTOL_FACTOR:g}× rtol "
+                f"{tol.rtol} and {REFERENCE_ERROR_FACTOR:g}× the reference's own "
+                f"{ref_relative:.3g}"), worst
     if bool((err <= tol.atol + tol.rtol * o64.abs()[finite]).all()):
         return None, worst
-    ref_err = (r.double() - o64).abs()[finite] if r is not None else None
+    ref_err = (r64 - o64).abs()[finite] if r64 is not None else None
     # where the reference itself overflows (inf against a finite oracle) it allows nothing: an
     # infinite allowance would pass any candidate
     ref_err = ref_err[torch.isfinite(ref_err)] if ref_err is not None else None
@@ -128,3 +142,13 @@ def _compare(c, o, r, tol) -> tuple[str | None, float]:
         return None, worst
     return (f"max error {worst:.3g} exceeds tolerance (atol {tol.atol}, rtol {tol.rtol}) and "
             f"{REFERENCE_ERROR_FACTOR:g}× the reference's own error {allowed / REFERENCE_ERROR_FACTOR:.3g}"), worst
+
+
+def _relative_error(c64: torch.Tensor, o64: torch.Tensor, finite: torch.Tensor) -> float:
+    """``‖c − o‖ / ‖o‖`` over the oracle's finite values (0 when both are zero, inf when only
+    the oracle is, nan-free)."""
+    diff = float(torch.linalg.vector_norm(c64[finite] - o64[finite]))
+    size = float(torch.linalg.vector_norm(o64[finite]))
+    if size == 0:
+        return 0.0 if diff == 0 else float("inf")
+    return diff / size if diff == diff else float("inf")

@@ -39,10 +39,16 @@ class TuningDB:
         return rows[0] if rows else None
 
     def gate(self, op: str, bucket: str, arm: Arm) -> dict | None:
-        """A stored gate result for ``arm`` under the current versions, or None."""
-        return store_evolve.gate_result(self.store, self.key(op, bucket, arm))
+        """A stored gate result for ``arm`` under the current versions and gate rules, or None."""
+        return store_evolve.gate_result(self.store, self._gate_key(op, bucket, arm))
 
     def save_gate(self, op: str, bucket: str, arm: Arm, passed: bool, reason: str,
                   max_error: float | None) -> None:
-        store_evolve.save_gate_result(self.store, self.key(op, bucket, arm), passed, reason,
+        store_evolve.save_gate_result(self.store, self._gate_key(op, bucket, arm), passed, reason,
                                       max_error, time.time_ns())
+
+    def _gate_key(self, op: str, bucket: str, arm: Arm) -> dict:
+        from .gate import RULES   # (torch there)
+
+        key = self.key(op, bucket, arm)
+        return {**key, "source_hash": f"{key['source_hash']}/gate{RULES}"}

@@ -34,7 +34,7 @@ def test_real_variants_pass(op, variant, dtype):
     assert result.max_error is not None and result.max_error < 0.1
 
 
-@pytest.mark.parametrize("name,needle", [("wrong", "max error"), ("nan", "NaN/Inf")])
+@pytest.mark.parametrize("name,needle", [("wrong", "exceeds"), ("nan", "NaN/Inf")])
 def test_wrong_values_and_nan_fail_with_the_reason(name, needle):
     spec = default_registry().op("gelu")
     result = check(spec, PLUGINS[name], {}, bucket("gelu", torch.randn(4, 64)))
@@ -121,3 +121,26 @@ def test_a_reference_failing_only_in_the_buckets_dtype_fails_the_candidate_with_
     result = check(dataclasses.replace(spec, reference=reference), registry.variant("gelu", "eager"),
                    {}, bucket)
     assert not result.passed and "the reference itself fails" in result.reason
+
+
+class _ZeroGradCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, target):
+        ctx.shape, ctx.dtype = x.shape, x.dtype
+        return torch.nn.functional.cross_entropy(x.detach(), target)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.zeros(ctx.shape, dtype=ctx.dtype), None
+
+
+def test_a_backward_whose_true_values_all_lie_below_the_absolute_tolerance_is_still_checked():
+    """A mean-reduced loss's gradient is 1/rows an element: a cross_entropy answering zeros in
+    backward passed the gate (every error below atol), and the runtime checks forward only."""
+    zeros = Variant("cross_entropy", "zero_grad", "test", lambda config, bucket: (
+        lambda input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+        reduction="mean", label_smoothing=0.0: _ZeroGradCrossEntropy.apply(input, target)))
+    spec = default_registry().op("cross_entropy")
+    b = Bucket.parse("cross_entropy", "float32/cpu/vocab=512,rows=16384,reduction=1,smoothing=0")
+    result = check(spec, zeros, {}, b)
+    assert not result.passed and "of the tensor's size" in result.reason, result.reason

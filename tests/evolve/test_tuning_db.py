@@ -122,3 +122,17 @@ def test_a_canary_marks_an_offline_row_without_replacing_its_figure(tmp_path, re
         row = db.lookup("gelu", BUCKET, ARM)
         assert (row["source"], row["median_ns"], row["status"]) == ("offline", 1000.0, "regressed")
         assert row["reason"] == "canary: kernel time +200%"
+
+
+def test_a_gate_verdict_of_earlier_gate_rules_is_checked_again(tmp_path, registry):
+    """The gate once passed any backward below its absolute tolerance: a "passed" stored then
+    must not stand in for a check under the rules that would fail it."""
+    from rtxops.telemetry import store_evolve
+
+    with Store(tmp_path / "s.duckdb") as store:
+        db = TuningDB(store, registry)
+        earlier = db.key("gelu", BUCKET, ARM)   # a verdict stored as the earlier rules keyed it
+        store_evolve.save_gate_result(store, earlier, True, "", 0.0, 1)
+        assert db.gate("gelu", BUCKET, ARM) is None
+        db.save_gate("gelu", BUCKET, ARM, True, "", 0.0)
+        assert db.gate("gelu", BUCKET, ARM)["passed"] is True
