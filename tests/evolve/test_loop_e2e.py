@@ -154,7 +154,7 @@ def test_loop_promotes_the_faster_variant_rolls_back_a_regression_and_never_prom
     gates = {(r["bucket"], r["variant"]): r for r in d.store.query("SELECT * FROM gate_results")}
     for bucket in (fast_bucket, slow_bucket):
         assert not gates[(bucket, "wrong")]["passed"]
-        assert "max error" in gates[(bucket, "wrong")]["reason"]
+        assert "exceeds" in gates[(bucket, "wrong")]["reason"]
         assert not gates[(bucket, "nan")]["passed"]
         assert "NaN" in gates[(bucket, "nan")]["reason"]
         assert gates[(bucket, "toggle")]["passed"]
