@@ -72,7 +72,9 @@ def run_worker(request: dict, timeout_s: float = 600.0,
             try:
                 event = json.loads(line)
             except ValueError:
-                continue  # a kernel printing to stdout must not break the protocol
+                continue  # (the worker sends kernels' output to stderr; whatever else came)
+            if not isinstance(event, dict):
+                continue
             if event.get("event") == "result":
                 results.append(event)
             elif event.get("event") == "progress" and on_progress:

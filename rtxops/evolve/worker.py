@@ -22,7 +22,21 @@ CPU_MIN_REP_NS = 2_000_000
 CPU_MAX_CALLS_PER_REP = 256
 
 
+_protocol = sys.stdout   # where the JSON lines go (see _own_stdout)
+
+
+def _own_stdout() -> None:
+    """The protocol keeps the process's stdout to itself: what kernels print (Python's print,
+    C code's printf) goes to stderr instead. A printed line ran into a result's line (a correct
+    kernel stored as failed), a printed number broke the reader."""
+    global _protocol
+    sys.stdout.flush()
+    _protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+
+
 def main() -> int:
+    _own_stdout()
     # background work: training jobs come first (a process of its own, so no thread of the
     # daemon holds the GIL niced); and it goes when the daemon does, also a daemon killed -9
     if hasattr(os, "nice"):
@@ -192,8 +206,8 @@ def _peak(fn, args, kwargs) -> int:
 
 
 def _emit(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj, default=str) + "\n")
-    sys.stdout.flush()
+    _protocol.write(json.dumps(obj, default=str) + "\n")
+    _protocol.flush()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Broken ``gelu`` variants for the offline tuner's tests, loaded through
 ``RTXOPS_VARIANT_MODULES=tests.evolve.plugins_broken``: one returns NaN, one raises, one passes the
-correctness gate (a single call) and then kills its process on the third call in it."""
+correctness gate (a single call) and then kills its process on the third call in it; two are
+correct and print to stdout, where the worker's protocol runs."""
 from __future__ import annotations
 
 import os
@@ -32,8 +33,24 @@ def _crashes(config, bucket):
     return gelu
 
 
+def _chatty(config, bucket):
+    def gelu(input, approximate="none"):
+        print("chatty kernel, no newline", end="", flush=True)   # a correct kernel that talks
+        return _gelu(input, approximate=approximate)
+    return gelu
+
+
+def _prints_number(config, bucket):
+    def gelu(input, approximate="none"):
+        print(128, flush=True)   # valid JSON, not an object
+        return _gelu(input, approximate=approximate)
+    return gelu
+
+
 VARIANTS = [
     Variant("gelu", "broken_nan", "eager", _nan, description="returns NaN"),
     Variant("gelu", "broken_raise", "eager", _raises, description="raises"),
     Variant("gelu", "crashes", "eager", _crashes, description="kills its process on the 3rd call"),
+    Variant("gelu", "chatty", "eager", _chatty, description="correct; prints without a newline"),
+    Variant("gelu", "prints_number", "eager", _prints_number, description="correct; prints 128"),
 ]

@@ -214,3 +214,25 @@ def test_a_bucket_given_with_its_dims_in_another_order_is_tuned_under_the_runtim
         assert targets(store, registry, "gelu", "float32/cpu/rows=16,hidden=064,tanh=0") == [("gelu", GELU)]
     finally:
         store.close()
+
+
+def test_kernels_printing_to_stdout_are_gated_on_their_values(tmp_path, monkeypatch):
+    """The worker's JSON lines share stdout with the kernels: a print without a newline ran into
+    a result's line (a correct kernel stored as failed for good), a printed number broke the
+    reader (no verdict for any arm)."""
+    from rtxops.evolve.candidates import Arm
+    from rtxops.evolve.screen import screen
+    from rtxops.evolve.tuning import TuningDB
+
+    monkeypatch.setenv("RTXOPS_VARIANT_MODULES", "tests.evolve.plugins_broken")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the worker processes import the plugin too
+    registry = load_builtin(Registry())
+    store = Store(tmp_path / "rtxops.duckdb")
+    try:
+        tuning = TuningDB(store, registry)
+        arms = [Arm("chatty", "{}"), Arm("prints_number", "{}"), Arm("eager", "{}")]
+        passed, failed = screen(tuning, "gelu", GELU, arms, timeout_s=120)
+        assert failed == {} and set(passed) == set(arms)
+        assert all(tuning.gate("gelu", GELU, arm)["passed"] for arm in arms)
+    finally:
+        store.close()
