@@ -44,6 +44,7 @@ from .tuning import TuningDB
 log = logging.getLogger("rtxops.evolve")
 ROUND_MAX_WINDOWS = 10  # an explore round waits at most this many windows for its arms' samples
 GATE_WAIT_S = 1.0       # a tick waits this long for a gate (verdicts already stored take ms)
+GATE_ERRORS_KEPT = 3   # gates of one bucket that could not run before it is rejected
 
 
 @dataclass
@@ -111,6 +112,7 @@ class BucketTuning:
 class JobEvolution:
     active: BucketTuning | None = None
     done: dict[tuple[str, str], BucketTuning] = field(default_factory=dict)
+    gate_errors: dict[tuple[str, str], int] = field(default_factory=dict)   # gates that could not run
 
 
 class EvolveLoop:
@@ -174,7 +176,7 @@ class EvolveLoop:
             if not bt.gating.done():
                 return
             try:
-                self._gated(job, bt, last)
+                self._gated(job, state, bt, last)
             except Exception:
                 # the gate could not run (the store, a worker that would not start): no verdict;
                 # a later tick opens a hot bucket afresh
@@ -291,7 +293,7 @@ class EvolveLoop:
                 break
             if (hs["op"], hs["bucket"]) in state.done:
                 continue
-            bt = self._open(job, hs, last)
+            bt = self._open(job, state, hs, last)
             if bt is not None:
                 state.active = bt
                 if bt.phase not in _ACTIVE:
@@ -299,7 +301,7 @@ class EvolveLoop:
                     state.active = None
                 return
 
-    def _open(self, job: str, hs: dict, last: int) -> BucketTuning | None:
+    def _open(self, job: str, state: JobEvolution, hs: dict, last: int) -> BucketTuning | None:
         op, bucket = hs["op"], hs["bucket"]
         try:
             spec_bucket = Bucket.parse(op, bucket)
@@ -324,12 +326,28 @@ class EvolveLoop:
             name=f"rtxops-gate-{op}")
         futures.wait([bt.gating], timeout=GATE_WAIT_S)   # verdicts all known: at once
         if bt.gating.done():
-            self._gated(job, bt, last)
+            self._gated(job, state, bt, last)
         return bt
 
-    def _gated(self, job: str, bt: BucketTuning, last: int) -> None:
-        """The gate has answered: explore the arms that passed, or reject the bucket."""
-        passed, failed = bt.gating.result()
+    def _gated(self, job: str, state: JobEvolution, bt: BucketTuning, last: int) -> None:
+        """The gate has answered: explore the arms that passed, or reject the bucket. A gate
+        that could not run raises (a later tick opens the bucket again), up to
+        :data:`GATE_ERRORS_KEPT` times for one bucket: then the bucket is rejected with the
+        reason (it was gated afresh every tick, for good)."""
+        key = (bt.op, bt.bucket)
+        try:
+            passed, failed = bt.gating.result()
+        except Exception as e:
+            bt.gating = None
+            errors = state.gate_errors[key] = state.gate_errors.get(key, 0) + 1
+            if errors < GATE_ERRORS_KEPT:
+                raise
+            bt.phase = "rejected"
+            self._decide_record(job, bt, "no_candidates", None, None,
+                                reason=f"the gate could not run ({errors} times): "
+                                       f"{type(e).__name__}: {e}")
+            return
+        state.gate_errors.pop(key, None)
         bt.gating = None
         bt.gate_failures = {str(a): r for a, r in failed.items()}
         for arm, reason in failed.items():

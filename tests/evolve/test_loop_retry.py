@@ -103,3 +103,35 @@ def test_a_round_whose_publish_failed_is_published_again_with_the_same_arms(monk
             loop.tick()
     assert bt.strategy.asked == 4
     assert {str(k): len(v) for k, v in bt.strategy.values.items()} == {f"v{i}": 1 for i in range(4)}
+
+
+def test_a_gate_that_cannot_run_is_tried_a_few_times_then_the_bucket_is_rejected(monkeypatch):
+    """An error of the gate other than a worker's (a worker that would not start, a bug) left the
+    bucket unrecorded: the next tick opened and gated it again, every tick, for good."""
+    from rtxops.telemetry import store_evolve as se
+
+    decisions: list = []
+    loop = loop_over_rows(monkeypatch, [], last=100, decisions=decisions)
+    runs = []
+
+    def screen(*args, **kwargs):
+        runs.append(1)
+        raise AttributeError("the gate fell over")
+
+    monkeypatch.setattr(L, "screen", screen)
+    monkeypatch.setattr(L, "candidates", lambda registry, op, bucket, deterministic=False: [Arm.of("eager")])
+    monkeypatch.setattr(se, "region_swap_step", lambda q, job: None)
+    monkeypatch.setattr(se, "hotspots", lambda q, job, since: [
+        {"op": "gelu", "bucket": "float32/cpu/tanh=0,hidden=64,rows=8", "variant": "reference",
+         "config": "{}", "share": 0.5}])
+    loop.registry.op = lambda op: None
+    loop._regressed = lambda *a: False
+    logging.disable(logging.CRITICAL)
+    try:
+        for _ in range(8):
+            loop.tick()
+    finally:
+        logging.disable(logging.NOTSET)
+    assert len(runs) == L.GATE_ERRORS_KEPT
+    assert [d["kind"] for d in decisions] == ["no_candidates"]
+    assert "the gate could not run (3 times): AttributeError: the gate fell over" in decisions[0]["reason"]
