@@ -18,20 +18,28 @@ def screen(tuning: TuningDB, op: str, bucket: str, arms: list[Arm], timeout_s: f
            worker_slot: ContextManager = contextlib.nullcontext()) -> tuple[list[Arm], dict[Arm, str]]:
     """The arms that pass the gate, and the reason for each that does not. A worker runs only
     for arms with no stored verdict, inside ``worker_slot`` (the loop's bound on gates at once)."""
-    passed, failed, unknown = [], {}, []
-    for arm in arms:
-        known = tuning.gate(op, bucket, arm)
-        if known is None:
-            unknown.append(arm)
-        elif known["passed"]:
-            passed.append(arm)
-        else:
-            failed[arm] = known["reason"]
+    passed: list[Arm] = []
+    failed: dict[Arm, str] = {}
+
+    def unknown_of(candidates: list[Arm]) -> list[Arm]:
+        left = []
+        for arm in candidates:
+            known = tuning.gate(op, bucket, arm)
+            if known is None:
+                left.append(arm)
+            elif known["passed"]:
+                passed.append(arm)
+            else:
+                failed[arm] = known["reason"]
+        return left
+
+    unknown = unknown_of(arms)
+    gated = {}
     if unknown:
         with worker_slot:
+            # once more, in the slot: a job tuning the same bucket may have gated them meanwhile
+            unknown = unknown_of(unknown)
             gated = _gate(tuning, op, bucket, unknown, timeout_s)
-    else:
-        gated = {}
     for arm, (ok, reason) in gated.items():
         if ok:
             passed.append(arm)

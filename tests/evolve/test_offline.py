@@ -236,3 +236,35 @@ def test_kernels_printing_to_stdout_are_gated_on_their_values(tmp_path, monkeypa
         assert all(tuning.gate("gelu", GELU, arm)["passed"] for arm in arms)
     finally:
         store.close()
+
+
+def test_a_job_waiting_for_the_gate_slot_takes_the_verdicts_another_just_stored(tmp_path, monkeypatch):
+    """Two jobs open the same hot bucket: the second chose its arms to gate before it waited for
+    the slot, and gated them all again."""
+    import threading
+
+    from rtxops.evolve import screen as screen_module
+    from rtxops.evolve.candidates import Arm
+    from rtxops.evolve.tuning import TuningDB
+
+    gated, real_gate = [], screen_module._gate
+
+    def counting(tuning, op, bucket, arms, timeout_s):
+        gated.append([a.variant for a in arms])
+        return real_gate(tuning, op, bucket, arms, timeout_s)
+
+    monkeypatch.setattr(screen_module, "_gate", counting)
+    store = Store(tmp_path / "rtxops.duckdb")
+    try:
+        tuning = TuningDB(store, load_builtin(Registry()))
+        arms, slot, results = [Arm.of("eager"), Arm.of("algebraic")], threading.Semaphore(1), []
+        jobs = [threading.Thread(target=lambda: results.append(screen_module.screen(
+            tuning, "gelu", GELU, arms, 120, worker_slot=slot))) for _ in range(2)]
+        for job in jobs:
+            job.start()
+        for job in jobs:
+            job.join(180)
+        assert [g for g in gated if g] == [["eager", "algebraic"]]
+        assert all(set(passed) == set(arms) and not failed for passed, failed in results)
+    finally:
+        store.close()
