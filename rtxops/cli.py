@@ -92,13 +92,14 @@ def run(
         raise _fail(f"--json {json_summary}: not a file in an existing folder")
     if not direct:
         _reconnect_s()  # a malformed RTXOPS_RECONNECT_S is said before the job is submitted
-    if telemetry:   # (the job would train on without telemetry, saying why only in its output)
-        from rtxops import settings
+    from rtxops import settings
 
-        try:
+    try:   # (the job would train on without them, saying why only in its output)
+        settings.check_runtime()
+        if telemetry:
             settings.check_job(direct)
-        except settings.SettingError as e:
-            raise _fail(str(e)) from None
+    except settings.SettingError as e:
+        raise _fail(str(e)) from None
     if compile_model:
         os.environ["RTXOPS_COMPILE_MODEL"] = "1"  # the job inherits it, directly or via the daemon
     if fuse_optimizer:

@@ -106,6 +106,48 @@ def store_wal() -> str:
     return memory_size("RTXOPS_STORE_WAL", "256MB")
 
 
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def switch(name: str, default: bool = False) -> bool:
+    """An on/off setting: 1/0, true/false, yes/no, on/off; ``default`` when unset or empty
+    (``false`` once read as on: anything but ``0`` was)."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    word = raw.strip().lower()
+    if word not in _ON + _OFF:
+        raise SettingError(f"{name}={raw!r}: give 1 or 0 (true/false, yes/no, on/off)")
+    return word in _ON
+
+
+def compile_model() -> tuple[bool, str | None]:
+    """``RTXOPS_COMPILE_MODEL``: (on, torch.compile mode); on with no mode for 1/true/yes/on,
+    a mode by its name."""
+    raw = _raw("RTXOPS_COMPILE_MODEL")
+    if raw is None:
+        return False, None
+    word = raw.strip().lower()
+    if word in _ON + _OFF:
+        return word in _ON, None
+    if word not in COMPILE_MODES:
+        raise SettingError(f"RTXOPS_COMPILE_MODEL={raw!r}: give 1 or 0, or a torch.compile mode "
+                           f"({', '.join(COMPILE_MODES)})")
+    return True, word
+
+
+JOB_SWITCHES = ("RTXOPS_CALL_MEMORY", "RTXOPS_REROUTE_MLP", "RTXOPS_FUSE_OPTIMIZER")
+
+
+def check_runtime() -> None:
+    """Raise :class:`SettingError` for a malformed switch of the job's runtime (the job would take
+    it as off, saying so only in its output)."""
+    for name in JOB_SWITCHES:
+        switch(name)
+    compile_model()
+
+
 def check_job(direct: bool) -> None:
     """Raise :class:`SettingError` for a malformed setting a job's telemetry would read (``rtxops
     run`` checks before it submits; the job would train on without telemetry); ``direct``: the

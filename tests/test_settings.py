@@ -20,7 +20,8 @@ NAME = re.compile(r"RTXOPS_[A-Z][A-Z0-9_]*[A-Z0-9]")
 
 
 def test_every_variable_the_code_reads_is_documented_and_every_documented_one_is_read():
-    in_code = {m for p in (ROOT / "rtxops").rglob("*.py") for m in NAME.findall(p.read_text())}
+    readers = [*(ROOT / "rtxops").rglob("*.py"), ROOT / "examples" / "demo.sh"]
+    in_code = {m for p in readers for m in NAME.findall(p.read_text())}
     in_code.discard("RTXOPS_EVOLVE")   # (also the prefix of RTXOPS_EVOLVE_<FIELD>)
     documented = set(NAME.findall((ROOT / "docs" / "settings.md").read_text()))
     fields = {n for n in in_code if n.startswith("RTXOPS_EVOLVE_")}   # the loop's config fields
@@ -110,3 +111,37 @@ def test_job_telemetry_reads_its_settings_before_it_opens_the_store(tmp_path, mo
     with pytest.raises(settings.SettingError, match="RTXOPS_RECORDER_CAPACITY='lots' is not a whole number"):
         readings_for_job(None)
     assert not (tmp_path / "s.duckdb").exists()
+
+
+@pytest.mark.parametrize("raw,on", [("1", True), ("yes", True), ("On", True), ("0", False),
+                                    ("false", False), ("off", False), ("", False)])
+def test_a_switch_reads_the_words_people_write(monkeypatch, raw, on):
+    """``RTXOPS_FUSE_OPTIMIZER=false`` switched the fused optimizer on: anything but 0 was on."""
+    monkeypatch.setenv("RTXOPS_FUSE_OPTIMIZER", raw)
+    assert settings.switch("RTXOPS_FUSE_OPTIMIZER") is on
+
+
+def test_compile_model_takes_a_switch_or_a_mode_and_refuses_other_words(monkeypatch):
+    for raw, expected in (("1", (True, None)), ("yes", (True, None)), ("off", (False, None)),
+                          ("max-autotune", (True, "max-autotune"))):
+        monkeypatch.setenv("RTXOPS_COMPILE_MODEL", raw)
+        assert settings.compile_model() == expected
+    monkeypatch.setenv("RTXOPS_COMPILE_MODEL", "fast")   # was passed to torch.compile as a mode
+    with pytest.raises(settings.SettingError, match="RTXOPS_COMPILE_MODEL='fast'"):
+        settings.compile_model()
+
+
+def test_a_job_with_a_malformed_switch_is_not_started_and_false_means_off(tmp_path):
+    done = tmp_path / "ran"
+    for name, raw in (("RTXOPS_FUSE_OPTIMIZER", "maybe"), ("RTXOPS_COMPILE_MODEL", "fast"),
+                      ("RTXOPS_REROUTE_MLP", "enabled")):
+        r = rtxops("run", "--direct", "--", sys.executable, "-c", f"open({str(done)!r}, 'w')",
+                   env={"RTXOPS_HOME": str(tmp_path / "home"), name: raw})
+        assert r.returncode == 2 and f"{name}={raw!r}" in r.stderr, r.stderr
+        assert not done.exists()
+    script = ("from rtxops.runtime import patching; d = patching.active(); "
+              "print('fused', d.optimizer_region is not None, 'reroute', d.reroute_partial)")
+    r = rtxops("run", "--direct", "--no-summary", "--", sys.executable, "-c", script,
+               env={"RTXOPS_HOME": str(tmp_path / "home"), "RTXOPS_FUSE_OPTIMIZER": "false",
+                    "RTXOPS_REROUTE_MLP": "no", "RTXOPS_TELEMETRY": "off"})
+    assert r.returncode == 0 and "fused False reroute False" in r.stdout, (r.stdout, r.stderr)

@@ -72,9 +72,9 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
              stream: Filter = one_of(("stdout", "stderr"), "only this stream"),
              search: Filter = text_filter("case-insensitive substring"),
              limit: int = Query(500, ge=1, le=5000)) -> dict:
-        """Output lines after ``after`` (follow: pass the last ``seq`` back). A line's text is
-        cut to 4096 characters for display (``cut``; ``size``: its bytes; ``rtxops logs`` has it
-        whole)."""
+        """Output lines after ``after`` (follow: pass the last ``seq`` back). A line longer than
+        4000 bytes is stored in pieces, each a row here as in ``rtxops logs`` (``size``: its
+        bytes; ``cut``: cut for display)."""
         lines = V.job_logs(store, known_job(job_id), rank=rank, stream=stream, search=search,
                            after_seq=after, limit=limit)
         return {"job_id": job_id, "after": after, "lines": lines,
@@ -182,7 +182,7 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
 
     @router.get("/governance")
     def governance_(page: Paging = Depends(paging)) -> dict:
-        """Ledger entries, chain verification, policies in force (empty until governance lands)."""
+        """Ledger entries, chain verification, policies in force."""
         return data.governance(store, page, governance)
 
     @router.get("/governance/bundles/{digest}", responses={404: {"description": "unknown bundle"}})

@@ -38,6 +38,8 @@ import signal
 import sys
 from pathlib import Path
 
+from rtxops import settings
+
 DIRECTORY = str(Path(__file__).resolve().parent)
 
 
@@ -78,8 +80,8 @@ def start() -> None:
         except Exception as e:  # the job runs without telemetry rather than not at all
             print(f"rtxops: telemetry not started ({factory}): {type(e).__name__}: {e}", file=sys.stderr)
     daemon, job_id = os.environ.get("RTXOPS_DAEMON"), os.environ.get("RTXOPS_JOB_ID")
-    dispatcher.call_memory = os.environ.get("RTXOPS_CALL_MEMORY", "0") not in ("", "0")
-    dispatcher.set_reroute_partial(os.environ.get("RTXOPS_REROUTE_MLP", "0") not in ("", "0"))
+    dispatcher.call_memory = _switch("RTXOPS_CALL_MEMORY")
+    dispatcher.set_reroute_partial(_switch("RTXOPS_REROUTE_MLP"))
     interval = _seconds("RTXOPS_PLAN_POLL_S", 2.0)
     if daemon and job_id and interval > 0:
         from ..daemon_address import DaemonAddress
@@ -88,17 +90,20 @@ def start() -> None:
         address = DaemonAddress(daemon, os.environ.get("RTXOPS_DAEMON_URL_FILE"))
         PlanPoller(dispatcher, address, job_id, os.environ.get("RTXOPS_TOKEN"), interval,
                    verifier=_plan_verifier()).start()
-    compile_model = os.environ.get("RTXOPS_COMPILE_MODEL", "")
-    if compile_model and compile_model != "0":
+    try:
+        compile_model, mode = settings.compile_model()
+    except settings.SettingError as e:   # (`rtxops run` refuses it before the job starts)
+        print(f"rtxops: {e}; the model is not compiled", file=sys.stderr)
+        compile_model, mode = False, None
+    if compile_model:
         from ..regions import RegionCompiler, forward_timer
 
         def report(step: int, outcome: str) -> None:
             v = dispatcher.plan.version
             dispatcher.readings.swap(step, v, v, f"region:model:{outcome}")
 
-        mode = None if compile_model == "1" else compile_model
         dispatcher.regions = RegionCompiler(report, mode=mode, timed=forward_timer(dispatcher, mode))
-    if os.environ.get("RTXOPS_FUSE_OPTIMIZER", "0") not in ("", "0"):
+    if _switch("RTXOPS_FUSE_OPTIMIZER"):
         from ..optimizer_region import FusedOptimizer, step_clock
         from ..regions import SETTLED
 
@@ -112,6 +117,16 @@ def start() -> None:
             report_optimizer, ready=lambda: regions is None or regions.state in SETTLED,
             clock=step_clock(dispatcher))
     atexit.register(_at_exit, dispatcher, os.environ.get("RTXOPS_SUMMARY"), os.getpid())
+
+
+def _switch(name: str) -> bool:
+    """An on/off setting; a malformed one is named and taken as off (``rtxops run`` refuses it
+    before the job starts)."""
+    try:
+        return settings.switch(name)
+    except settings.SettingError as e:
+        print(f"rtxops: {e}; taken as off", file=sys.stderr)
+        return False
 
 
 def _seconds(name: str, default: float) -> float:
