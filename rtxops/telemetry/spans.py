@@ -82,12 +82,9 @@ class SpanBuilder:
 
     def _add_totals(self, slot: int, count: int, total: int, missed: int) -> None:
         with self._totals_lock:   # the training thread counts here too when the export is stuck
-            self._add_totals_held(slot, count, total, missed)
-
-    def _add_totals_held(self, slot: int, count: int, total: int, missed: int) -> None:
-        self.totals.calls[slot] += count
-        self.totals.total_ns[slot] += total
-        self.totals.build_misses[slot] += missed
+            self.totals.calls[slot] += count
+            self.totals.total_ns[slot] += total
+            self.totals.build_misses[slot] += missed
 
     def build(self, rec: StepRecord, extra: dict | None = None) -> int:
         """Emit the spans for ``rec``; returns how many spans were made."""
