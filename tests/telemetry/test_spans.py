@@ -280,18 +280,32 @@ def test_a_queue_filling_up_between_polls_wakes_the_thread():
     assert thread.steps_dropped <= 5 and thread.steps_built == 40 - thread.steps_dropped
 
 
+def _builder_with_totals(slots):
+    """A span builder over ``slots`` adding up a run's totals, and the processor its spans reach."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from rtxops.runtime.readings import CallStats
+    from rtxops.telemetry.exporters import StepProcessor
+    from rtxops.telemetry.spans import SpanBuilder
+
+    stats = CallStats()
+    for slot in slots:
+        stats.register_slot(slot)
+    provider = TracerProvider(resource=Resource.create(RESOURCE))
+    processor = StepProcessor()
+    provider.add_span_processor(processor)
+    return SpanBuilder(provider.get_tracer("rtxops"), slots, totals=stats), processor, stats
+
+
 def test_the_calls_of_steps_the_queue_refused_still_reach_the_runs_totals():
     """The summary's call counts come from the totals: a step dropped for want of queue room
     is counted (no spans), as the same step built would be."""
     from array import array
 
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-
-    from rtxops.runtime.readings import CallStats, Slot
-    from rtxops.telemetry.exporters import ExportThread, StepProcessor
+    from rtxops.runtime.readings import Slot
+    from rtxops.telemetry.exporters import ExportThread
     from rtxops.telemetry.recorder import StepRecord
-    from rtxops.telemetry.spans import SpanBuilder
 
     slots = [Slot(i, "gelu", "eager", "{}", f"b{i}", "F.gelu", "eager") for i in range(3)]
     calls = array("q", [v for i in range(30) for v in (i % 3, 1000 * i, 100 + i)])
@@ -301,13 +315,7 @@ def test_the_calls_of_steps_the_queue_refused_still_reach_the_runs_totals():
 
     totals = {}
     for label, max_queue in (("built", 64), ("dropped", 2)):
-        stats = CallStats()
-        for slot in slots:
-            stats.register_slot(slot)
-        provider = TracerProvider(resource=Resource.create(RESOURCE))
-        processor = StepProcessor()
-        provider.add_span_processor(processor)
-        builder = SpanBuilder(provider.get_tracer("rtxops"), slots, totals=stats)
+        builder, processor, stats = _builder_with_totals(slots)
         thread = ExportThread(builder.build, processor, _CountingExporter(), max_queue=max_queue,
                               interval_s=60, poll_s=60, count=builder.count)
         # past what waits to be counted too (16 x max_queue): a thread stuck on a daemon that
@@ -370,22 +378,11 @@ def test_a_build_or_a_memory_reading_a_step_before_its_calls_is_kept():
     their events are done (the next step), every memory reading was lost."""
     from array import array
 
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-
-    from rtxops.runtime.readings import CallStats, Slot
-    from rtxops.telemetry.exporters import StepProcessor
+    from rtxops.runtime.readings import Slot
     from rtxops.telemetry.recorder import StepRecord
-    from rtxops.telemetry.spans import SpanBuilder
 
     slots = [Slot(i, "gelu", "eager", "{}", f"b{i}", "F.gelu", "eager") for i in range(2)]
-    stats = CallStats()
-    for slot in slots:
-        stats.register_slot(slot)
-    provider = TracerProvider(resource=Resource.create(RESOURCE))
-    processor = StepProcessor()
-    provider.add_span_processor(processor)
-    builder = SpanBuilder(provider.get_tracer("rtxops"), slots, totals=stats)
+    builder, processor, stats = _builder_with_totals(slots)
     builder.build(StepRecord(1, 0, 10, 1, 0, array("q", [0, 1, 5]), builds=[(1, 2, 3, False)],
                              memory={1: (4096, 8192)}))
     builder.build(StepRecord(2, 10, 20, 1, 0, array("q", [0, 11, 5, 1, 12, 5]),
