@@ -11,9 +11,17 @@ better of eager-with-variants and the compiled model. Steps:
    share its storage but not its autograd version counters (so the job's optimizer stepping
    meanwhile cannot fail the pass; ``torch.autograd.grad``: no ``.grad`` is touched);
 3. *trial* — once compiled, ``trial_steps`` more eager steps are timed (with no compiler running
-   beside them), then ``model.forward`` is replaced at a step boundary and as many compiled steps
-   are timed; the slower one loses and the outcome is reported as an ``rtx.swap`` with digest
-   ``region:model:<compiled|eager>``.
+   beside them), then ``model.forward`` is replaced at a step boundary by each compiled candidate
+   in turn and as many of its steps are timed; the fastest of eager and the candidates stays, and
+   each swap is reported as an ``rtx.swap`` with digest ``region:model:<candidate|eager>``.
+
+The candidates: ``compiled`` (torch.compile as configured); for a CPU model whose step called
+``F.scaled_dot_product_attention``, also ``compiled_math_attention``, the same compile with SDPA's
+math backend (``softmax(q k^T) v`` as matrix products that Inductor fuses around). torch picks
+its flash kernel on the CPU whatever the shapes, and at short sequences its fixed cost per call
+outweighs what it saves (4 % of the example GPT's compiled step, ``bench/compile_options.py``);
+at long ones the math backend's (L, S) score matrix loses. So both are measured, not guessed.
+On CUDA the flash and memory-efficient kernels are what a job wants and only ``compiled`` runs.
 
 Caveats (documented, not hidden): the background pass runs the model once more, so modules with
 side effects in forward (BatchNorm running statistics, dropout's RNG) see one extra call. Jobs
@@ -34,6 +42,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .dispatcher import _NOT_A_FAILURE, background_compile
 
@@ -43,6 +52,7 @@ EXIT_WAIT_S = 120.0   # how long a job that ends during the background compile w
 DISCOVER, WAIT_INPUTS, COMPILING, BASELINE, TRIAL, COMPILED, EAGER, FAILED = (
     "discover", "wait_inputs", "compiling", "baseline", "trial", "compiled", "eager", "failed")
 SETTLED = (COMPILED, EAGER, FAILED)  # no compiler runs and no trial is timed any more
+MATH_ATTENTION = "compiled_math_attention"   # the candidate compiled with SDPA's math backend
 
 
 def compile_kwargs(mode: str | None, model: nn.Module) -> dict:
@@ -52,41 +62,65 @@ def compile_kwargs(mode: str | None, model: nn.Module) -> dict:
     seconds more of background compile)."""
     if mode:
         return {"mode": mode}
-    if all(t.device.type == "cpu" for t in itertools.chain(model.parameters(), model.buffers())):
+    if _on_cpu(model):
         return {"options": {"cpp_wrapper": True}}
     return {}
+
+
+def candidate_forward(forward: Callable, candidate: str) -> Callable:
+    """``forward`` as ``candidate`` compiles it: under SDPA's math backend for
+    :data:`MATH_ATTENTION` (torch.compile traces the context into the graph), else as it is."""
+    if candidate != MATH_ATTENTION:
+        return forward
+
+    @functools.wraps(forward)
+    def with_math_attention(*args: Any, **kwargs: Any) -> Any:
+        with sdpa_kernel(SDPBackend.MATH):
+            return forward(*args, **kwargs)
+    return with_math_attention
+
+
+def _on_cpu(model: nn.Module) -> bool:
+    return all(t.device.type == "cpu" for t in itertools.chain(model.parameters(), model.buffers()))
 
 
 class RegionCompiler:
     """Compiles the training job's model in the background (see the module docstring).
 
     ``on_step(step)`` is called at every optimizer-step boundary; ``report(step, outcome)`` is
-    called on a swap (``outcome`` is "compiled" or "eager"). ``timed(fn, model)``, when given,
-    wraps the compiled forward once it is installed, to record its calls (per-op telemetry stops
-    there: nothing inside a compiled region is routed)."""
+    called on a swap (``outcome`` is a candidate's name or "eager"). ``timed(fn, model,
+    candidate)``, when given, wraps a compiled forward once it is installed, to record its calls
+    (per-op telemetry stops there: nothing inside a compiled region is routed).
+    ``called_attention()`` says whether the job's step called SDPA (the math-attention candidate
+    is tried only then)."""
 
     def __init__(self, report: Callable[[int, str], None], *, mode: str | None = None,
                  trial_steps: int = 20, compile_fn: Callable = torch.compile,
-                 timed: Callable[[Callable, nn.Module], Callable] | None = None) -> None:
+                 timed: Callable[[Callable, nn.Module, str], Callable] | None = None,
+                 called_attention: Callable[[], bool] = lambda: False) -> None:
         self.report = report
         self.timed = timed
         self.mode = mode
-        self.trial_steps = trial_steps
+        self.trial_steps = max(1, trial_steps)
         self.compile_fn = compile_fn
+        self.called_attention = called_attention
         self.state = DISCOVER
         self.error: str | None = None
         self.compile_seconds: float | None = None
+        self.kept: str | None = None          # the candidate (or "eager") in use once settled
+        self.step_medians_ns: dict[str, float] = {}   # the trial's figures, "eager" included
         self._model: weakref.ReferenceType[nn.Module] | None = None
         self._roots: dict[int, weakref.ReferenceType[nn.Module]] = {}
         self._depth = threading.local()
-        self._compiled: Callable | None = None
+        self._candidates: list[tuple[str, Callable]] = []   # (name, compiled forward), compiled
+        self._untried: list[tuple[str, Callable]] = []
+        self._trying = "eager"
         self._exiting = False
         self._closed = False
         self._step_ns: list[int] = []
         self._last_ns: int | None = None
         self._swap_step = 0
         self._baseline_from: int | None = None
-        self._before: list[int] = []
         self._hooks = [
             nn.modules.module.register_module_forward_pre_hook(self._pre),
             nn.modules.module.register_module_forward_hook(self._post, always_call=True),
@@ -148,35 +182,48 @@ class RegionCompiler:
 
     def _compile_here(self, model: nn.Module, args: list, kwargs: dict) -> None:
         started = time.perf_counter()
+        names = ["compiled"]
+        if _on_cpu(model) and self.called_attention():
+            names.append(MATH_ATTENTION)
+        for name in names:
+            try:
+                self._candidates.append((name, self._compile_candidate(model, args, kwargs, name)))
+            except Exception as e:
+                if self._exiting:   # the job is done with it
+                    return
+                if not self._candidates:   # the job stays eager
+                    self._fail(f"torch.compile failed: {type(e).__name__}: {e}")
+                    return
+                log.info("region: the %s candidate is left out: %s: %s", name, type(e).__name__, e)
+        self.compile_seconds = time.perf_counter() - started
+        self.state = BASELINE
+
+    def _compile_candidate(self, model: nn.Module, args: list, kwargs: dict, name: str) -> Callable:
         attempts = [compile_kwargs(self.mode, model)]
         if attempts[0].get("options"):
             attempts.append({})  # once more as torch.compile compiles by default
         for i, kw in enumerate(attempts):
             try:
-                self._compiled = self._warm_up(model, args, kwargs, kw)
-                break
+                return self._warm_up(model, args, kwargs, kw, name)
             except Exception as e:
-                if self._exiting:   # the job is done with it
-                    return
-                if i + 1 < len(attempts):
-                    log.info("rtxops: compiling the model with %s failed (%s: %s); compiling it "
-                             "with torch.compile's defaults", kw, type(e).__name__, e)
-                    continue
-                self._fail(f"torch.compile failed: {type(e).__name__}: {e}")  # the job stays eager
-                return
-        self.compile_seconds = time.perf_counter() - started
-        self.state = BASELINE
+                if self._exiting or i + 1 == len(attempts):
+                    raise
+                log.info("rtxops: compiling the model with %s failed (%s: %s); compiling it "
+                         "with torch.compile's defaults", kw, type(e).__name__, e)
+        raise AssertionError("unreachable")
 
-    def _warm_up(self, model: nn.Module, args: list, kwargs: dict, kw: dict) -> Callable:
-        """The model's forward compiled with ``kw``, run forward and backward once."""
+    def _warm_up(self, model: nn.Module, args: list, kwargs: dict, kw: dict,
+                 candidate: str = "compiled") -> Callable:
+        """The model's forward compiled as ``candidate`` with ``kw``, run forward and backward
+        once."""
         shadow = _shadow(model)
         if shadow is None:  # the live model: the job's optimizer may race the pass below
-            compiled = run = self.compile_fn(self._eager_forward, **kw)
+            compiled = run = self.compile_fn(candidate_forward(self._eager_forward, candidate), **kw)
             target = model
         else:
             # one compiled code serves every instance (torch.compile guards on the module's
             # tensors, not its identity): warmed up on the shadow, then called with the model
-            run = self.compile_fn(type(model).forward, **kw)
+            run = self.compile_fn(candidate_forward(type(model).forward, candidate), **kw)
             compiled = functools.partial(run, model)
             args, target = [shadow, *args], shadow
         with torch.enable_grad():
@@ -215,36 +262,61 @@ class RegionCompiler:
                 return
             if len(self._step_ns) - self._baseline_from < self.trial_steps:
                 return
-            model = self._model() if self._model else None
+            model = self._model_or_fail()
             if model is None:
-                self._fail("the model is gone")
                 return
-            self._before = list(self._step_ns[self._baseline_from:])
-            self._step_ns.clear()
-            model.forward = _CompiledForward(model, self._guarded(model))  # undone by del
-            self._swap_step, self.state = step, TRIAL
-            self.report(step, "compiled")
+            self.step_medians_ns = {"eager": statistics.median(self._step_ns[self._baseline_from:])}
+            self._untried = list(self._candidates)
+            self._try_next(model, step)
         elif self.state == TRIAL and len(self._step_ns) >= self.trial_steps + 2:
-            after = self._step_ns[2:]  # the first calls after a swap may still specialise
-            if self._before and statistics.median(after) >= statistics.median(self._before):
-                model = self._model() if self._model else None
-                if model is not None:
-                    del model.forward
+            model = self._model_or_fail()
+            if model is None:
+                return
+            # the first calls after a swap may still specialise
+            self.step_medians_ns[self._trying] = statistics.median(self._step_ns[2:])
+            if self._untried:
+                self._try_next(model, step)
+                return
+            # a tie keeps eager, then the earlier candidate (dicts keep their order)
+            best = min(self.step_medians_ns, key=self.step_medians_ns.__getitem__)
+            if best == "eager":
+                del model.forward
                 self.state = EAGER
-                self.report(step, "eager")
             else:
+                if best != self._trying:
+                    self._install(model, best)
                 self.state = COMPILED
-            log.info("region: compiled model %s (eager median %.2f ms, compiled %.2f ms)",
-                     "kept" if self.state == COMPILED else "reverted",
-                     statistics.median(self._before or [0]) / 1e6, statistics.median(after) / 1e6)
+            if best != self._trying:
+                self.report(step, best)
+            self.kept = best
+            log.info("region: kept %s (median step: %s)", best, ", ".join(
+                f"{k} {v / 1e6:.2f} ms" for k, v in self.step_medians_ns.items()))
 
-    def _guarded(self, model: nn.Module) -> Callable:
+    def _model_or_fail(self) -> nn.Module | None:
+        model = self._model() if self._model else None
+        if model is None:
+            self._fail("the model is gone")
+        return model
+
+    def _try_next(self, model: nn.Module, step: int) -> None:
+        """Swap the next untried candidate in and time its steps from here."""
+        name, _ = self._untried.pop(0)
+        self._install(model, name)
+        self._step_ns.clear()
+        self._swap_step, self.state, self._trying = step, TRIAL, name
+        self.report(step, name)
+
+    def _install(self, model: nn.Module, name: str) -> None:
+        compiled = dict(self._candidates)[name]
+        model.forward = _CompiledForward(model, self._guarded(model, compiled, name))  # undone by del
+
+    def _guarded(self, model: nn.Module, compiled: Callable, name: str) -> Callable:
         """The compiled forward; if it ever raises (a recompile failing on new shapes, say), the
         model goes back to eager for good and this call runs eager: the step goes on."""
-        compiled, eager = self._compiled, self._eager_forward
+        eager = self._eager_forward
         if self.timed is not None:
             try:
-                compiled = self.timed(compiled, model)
+                compiled = self.timed(compiled, model, name)
             except Exception as e:  # untimed rather than not compiled
                 log.warning("region: the compiled model's calls are not recorded: %s", e)
 
@@ -275,13 +347,32 @@ class RegionCompiler:
         log.warning("region: %s; the job stays in eager", reason)
 
 
-def forward_timer(dispatcher, mode: str | None = None) -> Callable[[Callable, nn.Module], Callable]:
-    """The ``timed`` for :class:`RegionCompiler` that records the compiled forward's calls in
-    ``dispatcher``'s region slot ``model:<class>``, variant "compiled"."""
-    def timed(fn: Callable, model: nn.Module) -> Callable:
+def model_region(dispatcher, mode: str | None = None, **options: Any) -> RegionCompiler:
+    """The whole-model region of a job routed by ``dispatcher`` (``--compile-model``): swaps
+    reported as ``region:model:<outcome>`` under the running plan's version, compiled calls
+    recorded by :func:`forward_timer`, the math-attention candidate tried when the job's step
+    called SDPA. ``options`` go to :class:`RegionCompiler` (tests give their own ``compile_fn``)."""
+    def report(step: int, outcome: str) -> None:
+        v = dispatcher.plan.version
+        dispatcher.readings.swap(step, v, v, f"region:model:{outcome}")
+
+    return RegionCompiler(
+        report, mode=mode, timed=forward_timer(dispatcher, mode),
+        called_attention=lambda: any(s.op == "attention" for s in list(dispatcher.slots)),
+        **options)
+
+
+def forward_timer(dispatcher, mode: str | None = None) -> Callable[[Callable, nn.Module, str], Callable]:
+    """The ``timed`` for :class:`RegionCompiler` that records a compiled forward's calls in
+    ``dispatcher``'s region slot ``model:<class>``, variant "compiled", config ``{"mode": mode}``
+    when a mode is given and ``{"attention": "math"}`` for :data:`MATH_ATTENTION`."""
+    def timed(fn: Callable, model: nn.Module, candidate: str = "compiled") -> Callable:
         cls = type(model)
+        config = {"mode": mode} if mode else {}
+        if candidate == MATH_ATTENTION:
+            config["attention"] = "math"
         return dispatcher.time_region(fn, f"model:{cls.__module__}.{cls.__qualname__}", "compiled",
-                                      "compiled", model.parameters(), {"mode": mode} if mode else None)
+                                      "compiled", model.parameters(), config or None)
     return timed
 
 

@@ -11,7 +11,9 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from rtxops.runtime import dispatcher, patching
-from rtxops.runtime.regions import COMPILED, EAGER, FAILED, TRIAL, RegionCompiler, compile_kwargs, forward_timer
+from rtxops.runtime.regions import (
+    COMPILED, EAGER, FAILED, MATH_ATTENTION, TRIAL, RegionCompiler, candidate_forward, compile_kwargs,
+    forward_timer, model_region)
 
 
 class Head(nn.Module):
@@ -415,3 +417,112 @@ def test_a_job_that_ends_during_the_background_compile_waits_for_it(tmp_path):
                        cwd=root)
     assert r.returncode == 0, r.stderr
     assert marker.read_text() == "ended"
+
+
+class AttentionNet(nn.Module):
+    """A CPU model whose forward calls F.scaled_dot_product_attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 10)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, 16))
+
+
+def train_attention_net(more, steps=20, seed=0):
+    """Eager steps sleep 0.05 s: slower than either compiled candidate unless it sleeps more."""
+    torch.manual_seed(seed)
+    net = AttentionNet()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(seed)
+    deadline, losses = time.monotonic() + 60, []
+    while len(losses) < steps or (more() and time.monotonic() < deadline):
+        x, y = torch.randn(4, 12, 16, generator=g), torch.randint(0, 10, (4 * 12,), generator=g)
+        loss = F.cross_entropy(net(x).reshape(-1, 10), y)
+        if "forward" not in net.__dict__:
+            time.sleep(0.05)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, net
+
+
+def region_outcomes(slow: str, net_trainer=train_attention_net):
+    """The job's model region, as ``--compile-model`` sets it up, with the ``slow`` candidate
+    sleeping in every call; (region, compiled candidates, swap digests, region slot configs)."""
+    compiled = []
+
+    def compile_fn(fn, **kw):
+        name = MATH_ATTENTION if hasattr(fn, "__wrapped__") else "compiled"
+        compiled.append(name)
+        run = aot_eager(fn)
+        if name != slow:
+            return run
+
+        def sleepy(*a, **k):
+            time.sleep(0.15)
+            return run(*a, **k)
+        return sleepy
+
+    d = patching.enable()
+    regions = d.regions = model_region(d, None, trial_steps=3, compile_fn=compile_fn)
+    try:
+        net_trainer(more=lambda: regions.state not in (COMPILED, EAGER, FAILED))
+    finally:
+        patching.disable()
+    configs = sorted(s.config for s in d.slots if s.op == "region")
+    return regions, compiled, [s[3] for s in d.readings.swaps], configs
+
+
+def test_a_cpu_model_calling_attention_also_tries_sdpas_math_backend_and_keeps_it_when_faster():
+    regions, compiled, swaps, configs = region_outcomes(slow="compiled")
+    assert regions.error is None and compiled == ["compiled", MATH_ATTENTION]
+    assert swaps == ["region:model:compiled", f"region:model:{MATH_ATTENTION}"]
+    assert regions.state == COMPILED and regions.kept == MATH_ATTENTION
+    assert list(regions.step_medians_ns) == ["eager", "compiled", MATH_ATTENTION]
+    assert configs == ['{"attention":"math"}', "{}"]   # each candidate's calls in its own slot
+
+
+def test_a_slower_math_attention_candidate_gives_way_to_the_plain_compile():
+    regions, compiled, swaps, _ = region_outcomes(slow=MATH_ATTENTION)
+    assert regions.error is None and compiled == ["compiled", MATH_ATTENTION]
+    assert swaps == ["region:model:compiled", f"region:model:{MATH_ATTENTION}",
+                     "region:model:compiled"]
+    assert regions.state == COMPILED and regions.kept == "compiled"
+
+
+def test_a_model_that_calls_no_attention_compiles_one_candidate():
+    def train_net(more):
+        train(20, more=more)
+
+    regions, compiled, swaps, _ = region_outcomes(slow="", net_trainer=train_net)
+    assert compiled == ["compiled"] and swaps[0] == "region:model:compiled"
+    assert regions.kept in ("compiled", "eager")
+
+
+def test_the_math_attention_candidate_traces_sdpas_math_backend_into_the_graph():
+    """torch.compile (AOTAutograd) of the candidate's forward: no flash kernel forward or
+    backward, and the same figures as the flash kernel's within rounding."""
+    torch.manual_seed(0)
+    net = AttentionNet()
+    x = torch.randn(4, 12, 16)
+
+    def aten_ops(forward):
+        compiled = torch.compile(forward, backend="aot_eager")
+        with torch.profiler.profile() as prof:
+            out = compiled(net, x)
+            out.sum().backward()
+        return out, {e.name for e in prof.events()}
+
+    flash, flash_ops = aten_ops(AttentionNet.forward)
+    math, math_ops = aten_ops(candidate_forward(AttentionNet.forward, MATH_ATTENTION))
+    kernel = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    assert kernel in flash_ops and kernel + "_backward" in flash_ops
+    assert not any(name.startswith(kernel) for name in math_ops) and "aten::bmm" in math_ops
+    torch.testing.assert_close(math, flash, rtol=1e-5, atol=1e-6)
+    assert candidate_forward(AttentionNet.forward, "compiled") is AttentionNet.forward

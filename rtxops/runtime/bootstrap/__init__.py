@@ -96,13 +96,9 @@ def start() -> None:
         print(f"rtxops: {e}; the model is not compiled", file=sys.stderr)
         compile_model, mode = False, None
     if compile_model:
-        from ..regions import RegionCompiler, forward_timer
+        from ..regions import model_region
 
-        def report(step: int, outcome: str) -> None:
-            v = dispatcher.plan.version
-            dispatcher.readings.swap(step, v, v, f"region:model:{outcome}")
-
-        dispatcher.regions = RegionCompiler(report, mode=mode, timed=forward_timer(dispatcher, mode))
+        dispatcher.regions = model_region(dispatcher, mode)
     if _switch("RTXOPS_FUSE_OPTIMIZER"):
         from ..optimizer_region import FusedOptimizer, step_clock
         from ..regions import SETTLED
