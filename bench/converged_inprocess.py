@@ -1,7 +1,9 @@
 """What rtxops converges to on the example GPT, against eager, inside one process (issue #5).
 
 ``rtxops run --compile-model --fuse-optimizer`` ends, when both regions win, on the model compiled
-with ``torch.compile`` and torch's fused AdamW. Here one GPT trains on while every ``--block``
+with ``torch.compile`` and torch's fused AdamW; on this model the region keeps its candidate
+compiled with SDPA's math backend (``--candidate``, default ``compiled_math_attention``; the
+plain compile is ``compiled``). Here one GPT trains on while every ``--block``
 steps it switches between that configuration and plain eager (default AdamW), at a step boundary,
 so adjacent blocks share the host's slow spells. It measures the end state only, not the road to
 it (``evolve_gpt.py`` runs the whole thing, process against process). The figure is the median
@@ -16,13 +18,20 @@ import torch
 from _gpt import Trainer, block_options, emit, paired_ratios
 
 from rtxops.runtime.optimizer_region import _switch_back, _switch_to_fused
-from rtxops.runtime.regions import compile_kwargs
+from rtxops.runtime.regions import MATH_ATTENTION, candidate_forward, compile_kwargs
 
 
 def main() -> None:
-    a = block_options(__doc__, block=45, skip=5)
+    a = block_options(__doc__, block=45, skip=5, extra=lambda p: p.add_argument(
+        "--candidate", choices=("compiled", MATH_ATTENTION), default=MATH_ATTENTION))
     t = Trainer()
-    compiled = torch.compile(t.model, **compile_kwargs(None, t.model))  # as the region compiles it
+    # as the region compiles it
+    run = torch.compile(candidate_forward(type(t.model).forward, a.candidate),
+                        **compile_kwargs(None, t.model))
+
+    def compiled(*args):
+        return run(t.model, *args)
+
     t.steps(5)
     t.forward, saved = compiled, _switch_to_fused(t.opt)
     t.steps(10)  # compiles
@@ -37,6 +46,7 @@ def main() -> None:
     ratios = paired_ratios(blocks, "converged", "eager")  # eager ÷ converged: the speed-up
     emit("converged_inprocess", "one process: eager + AdamW vs torch.compile(model) + fused AdamW, "
          "alternated every block", a, {
+             "candidate": a.candidate,
              "block_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in blocks.items()},
              "speedup_per_block": [round(r, 4) for r in ratios],
              "speedup": round(statistics.median(ratios), 4), "target_speedup_min": 1.25})
