@@ -71,3 +71,25 @@ def test_refusals_are_counted_past_the_reports_kept(tmp_path):
     for i in range(1100):
         board.report("job-1", i + 1, "bad signature")
     assert len(board.reports) == 1000 and board.refused_total == 1100
+
+
+def test_a_jobs_first_plan_must_be_newer_than_the_default_it_runs(tmp_path):
+    """A job without a plan of its own runs the default; one older than that would be refused by
+    the job (versions only grow), while the board went on naming it the job's plan."""
+    (tmp_path / "plans").mkdir()
+    board = PlanBoard(tmp_path / "plans")
+    board.publish(Plan.from_dict({"version": 5, "defaults": {"gelu": "reference"}}))
+    app = FastAPI()
+    app.include_router(api_plans.make_router(board, require_token(None), lambda job: None))
+    with TestClient(app) as client:
+        r = client.post("/v1/plans", params={"job": "job-1"},
+                        json={"version": 3, "defaults": {"gelu": "reference"}})
+        assert r.status_code == 422, r.text
+        assert "not newer than the default plan's version 5, which job job-1 runs" in r.json()["detail"]
+        assert board.current("job-1").version == 5
+        r = client.post("/v1/plans", params={"job": "job-1"},
+                        json={"version": 6, "defaults": {"gelu": "reference"}})
+        assert r.status_code == 201 and board.current("job-1").version == 6
+    # a job's own plan is its floor from then on, whatever the default does
+    board.publish(Plan.from_dict({"version": 9, "defaults": {"gelu": "reference"}}))
+    board.publish(Plan.from_dict({"version": 7, "defaults": {"gelu": "reference"}}), "job-1")
