@@ -1,5 +1,6 @@
 """The plan board: the current plan per job (and a default for every job), persisted as files so
-it survives daemon restarts. Versions only grow, per job.
+it survives daemon restarts. Versions only grow, per job; a job's first plan of its own is newer
+than the default plan it ran until then.
 
 With an :class:`~rtxops.governance.authority.Authority` every published plan becomes a signed
 bundle first (policy-checked, recorded in the ledger); jobs fetch that bundle and verify it before
