@@ -45,6 +45,7 @@ log = logging.getLogger("rtxops.evolve")
 ROUND_MAX_WINDOWS = 10  # an explore round waits at most this many windows for its arms' samples
 GATE_WAIT_S = 1.0       # a tick waits this long for a gate (verdicts already stored take ms)
 GATE_ERRORS_KEPT = 3   # gates of one bucket that could not run before it is rejected
+BACKWARD_MIN_CALLS = 3  # timed backward calls of the winner and the incumbent before they count
 
 
 @dataclass
@@ -500,12 +501,15 @@ class EvolveLoop:
             before, measured = bt.unpaired(best)
             cmp = stats.compare_independent(before, measured,
                                             min_gain=self.config.min_gain, seed=self.config.seed)
-        if best is None or not cmp.promote:
+        veto = self._backward_veto(job, bt, best, last) if best is not None and cmp.promote else None
+        if best is None or not cmp.promote or veto:
             entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
             self._publish(job, bt, entry, last, {"kind": "explore", "arms": [], "op": bt.op,
                                                  "bucket": bt.bucket})
             bt.phase = "rejected"
-            if not any(mine for _, arms in bt.rounds for mine in arms.values()):
+            if veto:
+                reason = veto
+            elif not any(mine for _, arms in bt.rounds for mine in arms.values()):
                 # (the incumbent ran: the bucket is not gone; no call took an arm)
                 reason = (f"no call ran an explore arm in {len(bt.rounds)} rounds (calls inside "
                           "activation checkpointing or other saved-tensor hooks keep the main "
@@ -525,6 +529,29 @@ class EvolveLoop:
         bt.decision_ns = statistics.median(measured)
         self._decide_record(job, bt, "promote", best, cmp, plan_version=published.version,
                             reason=cmp.reason)
+
+    def _backward_veto(self, job: str, bt: BucketTuning, best: Arm, last: int) -> str | None:
+        """Why ``best``, faster in its forward calls, must not win: its sampled backward calls
+        (the runtime times one per route every few steps) make its forward + backward per call
+        no faster than the incumbent's. None when they do not, or when too few backward calls of
+        either were timed to tell (inference, or a short tuning)."""
+        since = bt.windows[0][0] if bt.windows else 0
+        means = {(r["variant"], r["config"] or "{}", r["phase"]): r for r in
+                 store_evolve.arm_means(self.store, job, bt.op, bt.bucket, since, last)}
+
+        def per_call(arm: Arm, phase: str) -> tuple[float | None, int]:
+            row = means.get((arm.variant, arm.config_json, phase))
+            return (row["mean_ns"], row["calls"]) if row and row["calls"] else (None, 0)
+
+        (fwd, _), (bwd, timed) = per_call(best, "fwd"), per_call(best, "bwd")
+        (fwd_inc, _), (bwd_inc, timed_inc) = per_call(bt.incumbent, "fwd"), per_call(bt.incumbent, "bwd")
+        if None in (fwd, bwd, fwd_inc, bwd_inc) or min(timed, timed_inc) < BACKWARD_MIN_CALLS:
+            return None
+        if fwd + bwd < fwd_inc + bwd_inc:
+            return None
+        return (f"forward {fwd / fwd_inc - 1:+.0%} a call, but forward + backward "
+                f"{(fwd + bwd) / (fwd_inc + bwd_inc) - 1:+.0%} ({timed} and {timed_inc} backward "
+                "calls timed): its backward costs more than its forward saves")
 
     def _finish_canary(self, job: str, bt: BucketTuning, last: int) -> None:
         rows = store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, bt.canary_from)

@@ -1,0 +1,60 @@
+"""Training runs each routed op's backward too: a variant whose forward is faster but whose
+backward costs more than that saves must not be promoted on its forward calls alone."""
+from __future__ import annotations
+
+import numpy as np
+
+from rtxops.evolve import loop as L
+from rtxops.evolve.candidates import Arm
+from rtxops.evolve.search import make_strategy
+
+from .loop_harness import loop_over_rows
+
+INC, CAND = Arm.of("reference"), Arm.of("candidate")
+
+
+def rows_of(fwd: dict[Arm, float], bwd: dict[Arm, float], *, bwd_every: int = 8,
+            seed: int = 0) -> list[dict]:
+    """Every step calls the incumbent and the candidate four times each (ms a call, noise 3 %);
+    every ``bwd_every`` steps one backward call of each is timed, as the runtime samples them."""
+    rng = np.random.default_rng(seed)
+    noise = lambda: float(np.exp(rng.normal(0, 0.03)))  # noqa: E731
+    rows = []
+    for step in range(10, 121):
+        for arm in (INC, CAND):
+            rows.append({"step": step, "variant": arm.variant, "config": "{}", "calls": 4,
+                         "total_ns": 4e6 * fwd[arm] * noise()})
+            if step % bwd_every == 0:
+                rows.append({"step": step, "variant": arm.variant, "config": "{}", "calls": 1,
+                             "phase": "bwd", "total_ns": 1e6 * bwd[arm] * noise()})
+    return rows
+
+
+def decide(monkeypatch, rows: list[dict]) -> dict:
+    decisions: list[dict] = []
+    loop = loop_over_rows(monkeypatch, rows, last=120, decisions=decisions)
+    bt = L.BucketTuning("gelu", "b", INC, strategy=make_strategy("exhaustive", [CAND], budget=1),
+                        round_arms=[CAND], plan_version=5)
+    bt.strategy.ask()
+    loop.jobs["job"] = L.JobEvolution(active=bt)
+    loop.tick()
+    return decisions[-1]
+
+
+def test_a_faster_forward_with_a_backward_that_costs_more_is_rejected(monkeypatch):
+    decision = decide(monkeypatch, rows_of({INC: 1.0, CAND: 0.7}, {INC: 2.0, CAND: 3.0}))
+    assert decision["kind"] == "reject", decision
+    assert "forward -30% a call, but forward + backward +" in decision["reason"]
+    assert "its backward costs more than its forward saves" in decision["reason"]
+
+
+def test_a_faster_forward_whose_backward_keeps_the_gain_is_promoted(monkeypatch):
+    decision = decide(monkeypatch, rows_of({INC: 1.0, CAND: 0.7}, {INC: 2.0, CAND: 2.1}))
+    assert decision["kind"] == "promote", decision["reason"]
+
+
+def test_too_few_timed_backward_calls_leave_the_forward_decision_alone(monkeypatch):
+    """Two timed backward calls each (a short job, or one not training) are no evidence."""
+    rows = rows_of({INC: 1.0, CAND: 0.7}, {INC: 2.0, CAND: 9.0}, bwd_every=50)
+    assert sum(r.get("phase") == "bwd" and r["variant"] == "candidate" for r in rows) == 2
+    assert decide(monkeypatch, rows)["kind"] == "promote"
