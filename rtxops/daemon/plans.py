@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from rtxops.runtime.errors import PlanError, PlanNotIssued
+from rtxops.runtime.errors import PlanError, PlanNotIssued, PlanVersionConflict
 from rtxops.runtime.plan import Plan
 
 DEFAULT_KEY = "_default"  # governance.authority.EVERY_JOB: the scope its bundles are signed for
@@ -84,11 +84,11 @@ class PlanBoard:
                 running = self._plans.get(key)
                 default = self._plans.get(DEFAULT_KEY)
             if running is not None and plan.version <= running.version:
-                raise PlanError(f"plan version {plan.version} is not newer than the published "
+                raise PlanVersionConflict(f"plan version {plan.version} is not newer than the published "
                                 f"version {running.version} for {key}")
             if running is None and job_id and default is not None and plan.version <= default.version:
                 # the job runs the default plan until it has its own, and refuses an older one
-                raise PlanError(f"plan version {plan.version} is not newer than the default plan's "
+                raise PlanVersionConflict(f"plan version {plan.version} is not newer than the default plan's "
                                 f"version {default.version}, which job {job_id} runs")
             if self.authority is not None:
                 self._issue(plan, key, decision or {"kind": "manual"}, evidence)

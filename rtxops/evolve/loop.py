@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rtxops.runtime.bucket import Bucket
-from rtxops.runtime.errors import PlanError, PlanNotIssued
+from rtxops.runtime.errors import PlanError, PlanNotIssued, PlanVersionConflict
 from rtxops.runtime.plan import ExploreArm, Plan, PlanEntry, default_plan
 from rtxops.runtime.registry import Registry
 from rtxops.telemetry import store_evolve, store_ledger
@@ -45,6 +45,7 @@ log = logging.getLogger("rtxops.evolve")
 ROUND_MAX_WINDOWS = 10  # an explore round waits at most this many windows for its arms' samples
 GATE_WAIT_S = 1.0       # a tick waits this long for a gate (verdicts already stored take ms)
 GATE_ERRORS_KEPT = 3   # gates of one bucket that could not run before it is rejected
+PUBLISH_ATTEMPTS = 3    # derivations of a plan when others publish for the job meanwhile
 BACKWARD_MIN_CALLS = 3  # timed backward calls of the winner and the incumbent before they count
 
 
@@ -658,21 +659,31 @@ class EvolveLoop:
     # ---- plans and records -----------------------------------------------------------------------
     def _publish(self, job: str, bt: BucketTuning, entry: PlanEntry, last: int, decision: dict,
                  evidence: dict | None = None) -> Plan | None:
-        current = self.board.current(job) or default_plan()
-        entries = [e for e in current.entries if (e.op, e.bucket) != (entry.op, entry.bucket)]
-        plan = current.derive(entries=entries + [entry],
-                              effective_step=last + self.config.margin_steps)
-        if plan.version <= bt.plan_version:
-            # the board lost the plan the job runs (its file damaged, then a reload): the job
-            # would refuse anything not newer than what it runs
-            plan = dataclasses.replace(plan, version=bt.plan_version + 1)
-        try:
-            published = self.board.promote(plan, job, decision=decision, evidence=evidence or {})
-        except PlanNotIssued:
-            raise   # not a refusal (the disk, the ledger): the next tick takes this step again
-        except PlanError as e:
-            log.warning("evolve: job %s: plan for %s %s refused: %s", job, bt.op, bt.bucket, e)
-            self._decide_record(job, bt, "refused", None, None, reason=str(e),
+        error: PlanError | None = None
+        for _ in range(PUBLISH_ATTEMPTS):
+            current = self.board.current(job) or default_plan()
+            entries = [e for e in current.entries if (e.op, e.bucket) != (entry.op, entry.bucket)]
+            plan = current.derive(entries=entries + [entry],
+                                  effective_step=last + self.config.margin_steps)
+            if plan.version <= bt.plan_version:
+                # the board lost the plan the job runs (its file damaged, then a reload): the
+                # job would refuse anything not newer than what it runs
+                plan = dataclasses.replace(plan, version=bt.plan_version + 1)
+            try:
+                published = self.board.promote(plan, job, decision=decision, evidence=evidence or {})
+            except PlanVersionConflict as e:
+                error = e   # a plan published for the job meanwhile (by hand, say): derive from it
+                continue
+            except PlanNotIssued:
+                raise   # not a refusal (the disk, the ledger): the next tick takes this step again
+            except PlanError as e:
+                error = e
+            else:
+                error = None
+            break
+        if error is not None:
+            log.warning("evolve: job %s: plan for %s %s refused: %s", job, bt.op, bt.bucket, error)
+            self._decide_record(job, bt, "refused", None, None, reason=str(error),
                                 extra={"decision": decision})
             return None
         bt.plan_version, bt.published_ns = published.version, time.time_ns()

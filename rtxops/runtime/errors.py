@@ -10,6 +10,11 @@ class PlanError(RuntimeErrorBase, ValueError):
     """A plan is malformed, refers to unknown ops/variants, or is older than the running one."""
 
 
+class PlanVersionConflict(PlanError):
+    """A plan is not newer than the one published for its job meanwhile (another publisher won
+    the race): derive it again from the current plan."""
+
+
 class PlanNotIssued(PlanError):
     """A plan was not refused but could not be issued now (the disk, the ledger): try again."""
 

@@ -395,3 +395,33 @@ def test_a_bucket_called_every_third_step_is_checked_for_drift(monkeypatch):
     for last in (20, 40):
         loop._check_drift("job", state, last)
     assert ("gelu", "b") not in state.done
+
+
+def test_a_plan_published_by_hand_meanwhile_is_built_on_not_recorded_as_a_refusal(monkeypatch, tmp_path):
+    """The loop derives its plan from the board's current one; a plan published for the job in
+    between (by hand, through POST /v1/plans) takes that version first. The loop derives again
+    from it, keeping its entries, instead of failing the bucket as refused."""
+    from rtxops.daemon.plans import PlanBoard
+    from rtxops.runtime.plan import Plan
+
+    class RacingBoard(PlanBoard):
+        raced = False
+
+        def promote(self, plan, job, decision=None, evidence=None):
+            if not self.raced:   # a manual publish lands between the loop's read and its publish
+                self.raced = True
+                self.publish(Plan.from_dict({"version": plan.version, "defaults": {"silu": "reference"}}), job)
+            return super().promote(plan, job, decision=decision, evidence=evidence)
+
+    decisions = []
+    loop = loop_over_rows(monkeypatch, [], last=30, decisions=decisions)
+    loop.board = RacingBoard(tmp_path)
+    inc, cand = Arm.of("reference"), Arm.of("eager")
+    bucket = "float32/cpu/tanh=0,hidden=256,rows=64"   # the board validates plans
+    bt = L.BucketTuning("gelu", bucket, inc, strategy=make_strategy("exhaustive", [cand], budget=2))
+    loop._next_round("job", bt, 30)
+    plan = loop.board.current("job")
+    assert loop.board.raced and not decisions, [d.get("reason") for d in decisions]
+    assert bt.phase == "exploring"
+    assert plan.version == 2 and bt.plan_version == 2      # the manual plan took version 1
+    assert plan.entry("gelu", bucket).explore and dict(plan.defaults) == {"silu": "reference"}
