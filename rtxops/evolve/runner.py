@@ -13,11 +13,13 @@ from typing import Callable
 
 class WorkerError(RuntimeError):
     """The worker process failed, hung, or answered something unreadable. ``timed_out``: it was
-    killed for running past its time (a busy machine, a slow compile: no verdict on what ran)."""
+    killed for running past its time (a busy machine, a slow compile: no verdict on what ran).
+    ``results``: the result lines it sent before it failed (whole items, each ended)."""
 
-    def __init__(self, message: str, timed_out: bool = False) -> None:
+    def __init__(self, message: str, timed_out: bool = False, results: list | None = None) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+        self.results = list(results or [])
 
 
 # glibc's allocator moves its mmap threshold as blocks are freed, so whether a kernel's outputs
@@ -80,7 +82,7 @@ def run_worker(request: dict, timeout_s: float = 600.0,
             elif event.get("event") == "progress" and on_progress:
                 on_progress(int(event["done"]), int(event["total"]))
             elif event.get("event") == "error":
-                raise WorkerError(event.get("error", "worker error"))
+                raise WorkerError(event.get("error", "worker error"), results=results)
         code = proc.wait()
     finally:
         timer.cancel()
@@ -92,21 +94,25 @@ def run_worker(request: dict, timeout_s: float = 600.0,
     if code != 0:
         reason = ("timed out" if expired.is_set() else "was killed" if code in (-9, 137)
                   else f"exited with {code}")
-        raise WorkerError(f"evolve worker {reason}: {tail.strip()}", timed_out=expired.is_set())
+        raise WorkerError(f"evolve worker {reason}: {tail.strip()}", timed_out=expired.is_set(),
+                          results=results)
     return results
 
 
 def run_isolating(request: dict, key: str, timeout_s: float = 600.0,
                   on_progress: Callable[[int, int], None] | None = None) -> list[dict | WorkerError]:
     """One result per element of ``request[key]``, in order: one worker runs them all; when it
-    dies, each element runs in a worker of its own, so only the element that kills the process
-    fails. A failed element's entry is the :class:`WorkerError`."""
+    dies, each element it had not answered yet runs in a worker of its own, so only the element
+    that kills the process fails and none is measured twice. A failed element's entry is the
+    :class:`WorkerError`."""
     items = request[key]
     try:
         by_index = {r["index"]: r for r in run_worker(request, timeout_s, on_progress)}
     except WorkerError as e:
-        if len(items) > 1:
-            return [r for item in items
-                    for r in run_isolating({**request, key: [item]}, key, timeout_s, on_progress)]
-        return [e]
+        if len(items) == 1:
+            return [e]
+        by_index = {r["index"]: r for r in e.results}
+        for i, item in enumerate(items):
+            if i not in by_index:
+                by_index[i] = run_isolating({**request, key: [item]}, key, timeout_s, on_progress)[0]
     return [by_index.get(i, WorkerError("the worker gave no result")) for i in range(len(items))]

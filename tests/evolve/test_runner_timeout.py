@@ -67,3 +67,42 @@ def test_a_gate_that_timed_out_stores_no_verdict(tmp_path, monkeypatch):
         passed, failed = screen(tuning, "gelu", bucket, [arm], timeout_s=4)
         assert not passed and "timed out" in failed[arm]
         assert tuning.gate("gelu", bucket, arm) is None
+
+
+COUNTING = """
+import os
+from rtxops.runtime.originals import gelu as _gelu
+from rtxops.runtime.spec import Variant
+
+def _counted(name):
+    def build(config, bucket):
+        with open(os.environ["RTXOPS_TEST_BUILDS"], "a") as f:
+            f.write(name + "\\n")
+        return _gelu
+    return build
+
+def _crashes(config, bucket):
+    os._exit(17)   # a segfaulting kernel
+
+VARIANTS = [Variant("gelu", "first", "eager", _counted("first"), description="counted"),
+            Variant("gelu", "crashes", "eager", _crashes, description="kills its worker"),
+            Variant("gelu", "last", "eager", _counted("last"), description="counted")]
+"""
+
+
+def test_a_worker_killed_mid_gate_keeps_the_verdicts_it_sent_and_reruns_only_the_rest(tmp_path, monkeypatch):
+    """Each element the dead worker had not answered runs in a worker of its own; one it had
+    answered is not gated a second time (a gate batch that timed out reran every arm, holding
+    the gate slot all along)."""
+    (tmp_path / "plugin_counting.py").write_text(textwrap.dedent(COUNTING))
+    builds = tmp_path / "builds"
+    monkeypatch.setenv("RTXOPS_TEST_BUILDS", str(builds))
+    monkeypatch.setenv("RTXOPS_VARIANT_MODULES", "plugin_counting")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    bucket = SPEC.to_bucket(SPEC.bucket(torch.empty(64, 256))).id
+    out = run_isolating({"command": "gate", "items": [
+        {"op": "gelu", "bucket": bucket, "variant": v, "config": {}}
+        for v in ("first", "crashes", "last")]}, "items", timeout_s=120)
+    assert [r["variant"] if isinstance(r, dict) else "error" for r in out] == ["first", "error", "last"]
+    assert out[0]["passed"] and out[2]["passed"] and "exited with 17" in str(out[1])
+    assert builds.read_text().split() == ["first", "last"]   # each gated once
