@@ -16,12 +16,18 @@ better of eager-with-variants and the compiled model. Steps:
    each swap is reported as an ``rtx.swap`` with digest ``region:model:<candidate|eager>``.
 
 The candidates: ``compiled`` (torch.compile as configured); for a CPU model whose step called
-``F.scaled_dot_product_attention``, also ``compiled_math_attention``, the same compile with SDPA's
-math backend (``softmax(q k^T) v`` as matrix products that Inductor fuses around). torch picks
-its flash kernel on the CPU whatever the shapes, and at short sequences its fixed cost per call
-outweighs what it saves (4 % of the example GPT's compiled step, ``bench/compile_options.py``);
-at long ones the math backend's (L, S) score matrix loses. So both are measured, not guessed.
-On CUDA the flash and memory-efficient kernels are what a job wants and only ``compiled`` runs.
+``F.scaled_dot_product_attention`` with small score matrices (at most
+:data:`MATH_ATTENTION_MAX_SCORES` entries a call), also ``compiled_math_attention``, the same
+compile with SDPA's math backend (``softmax(q k^T) v`` as matrix products that Inductor fuses
+around). torch picks its flash kernel on the CPU whatever the shapes, and at short sequences its
+fixed cost per call outweighs what it saves (2-4 % of the example GPT's compiled step,
+``bench/compile_options.py``); at long ones the math backend's (L, S) score matrix loses, and
+costs memory. So both are measured, not guessed. On CUDA the flash and memory-efficient kernels
+are what a job wants and only ``compiled`` runs. The math backend is chosen with
+``sdpa_kernel``, whose flags are process-wide: while that candidate is traced (seconds, once a
+job), the job's own eager SDPA calls may take the math backend too, which at these sizes gives
+the same figures within rounding. A model whose compile breaks the graph gets no math candidate:
+dynamo does not guard on those flags, so code after a break would be shared by both.
 
 Caveats (documented, not hidden): the background pass runs the model once more, so modules with
 side effects in forward (BatchNorm running statistics, dropout's RNG) see one extra call. Jobs
@@ -53,6 +59,7 @@ DISCOVER, WAIT_INPUTS, COMPILING, BASELINE, TRIAL, COMPILED, EAGER, FAILED = (
     "discover", "wait_inputs", "compiling", "baseline", "trial", "compiled", "eager", "failed")
 SETTLED = (COMPILED, EAGER, FAILED)  # no compiler runs and no trial is timed any more
 MATH_ATTENTION = "compiled_math_attention"   # the candidate compiled with SDPA's math backend
+MATH_ATTENTION_MAX_SCORES = 1 << 22   # score entries (batch x heads x L x S) a call may have for it
 
 
 def compile_kwargs(mode: str | None, model: nn.Module) -> dict:
@@ -91,19 +98,19 @@ class RegionCompiler:
     called on a swap (``outcome`` is a candidate's name or "eager"). ``timed(fn, model,
     candidate)``, when given, wraps a compiled forward once it is installed, to record its calls
     (per-op telemetry stops there: nothing inside a compiled region is routed).
-    ``called_attention()`` says whether the job's step called SDPA (the math-attention candidate
-    is tried only then)."""
+    ``small_attention()`` says whether the job's step called SDPA, with small score matrices
+    only (the math-attention candidate is tried only then)."""
 
     def __init__(self, report: Callable[[int, str], None], *, mode: str | None = None,
                  trial_steps: int = 20, compile_fn: Callable = torch.compile,
                  timed: Callable[[Callable, nn.Module, str], Callable] | None = None,
-                 called_attention: Callable[[], bool] = lambda: False) -> None:
+                 small_attention: Callable[[], bool] = lambda: False) -> None:
         self.report = report
         self.timed = timed
         self.mode = mode
         self.trial_steps = max(1, trial_steps)
         self.compile_fn = compile_fn
-        self.called_attention = called_attention
+        self.small_attention = small_attention
         self.state = DISCOVER
         self.error: str | None = None
         self.compile_seconds: float | None = None
@@ -115,6 +122,8 @@ class RegionCompiler:
         self._candidates: list[tuple[str, Callable]] = []   # (name, compiled forward), compiled
         self._untried: list[tuple[str, Callable]] = []
         self._trying = "eager"
+        self._last_step = 0
+        self._dropped = False   # the candidate on trial failed: its steps do not count
         self._exiting = False
         self._closed = False
         self._step_ns: list[int] = []
@@ -183,11 +192,16 @@ class RegionCompiler:
     def _compile_here(self, model: nn.Module, args: list, kwargs: dict) -> None:
         started = time.perf_counter()
         names = ["compiled"]
-        if _on_cpu(model) and self.called_attention():
+        if _on_cpu(model) and self.small_attention():
             names.append(MATH_ATTENTION)
         for name in names:
+            breaks = _graph_breaks()
             try:
                 self._candidates.append((name, self._compile_candidate(model, args, kwargs, name)))
+                if name == "compiled" and _graph_breaks() > breaks and MATH_ATTENTION in names:
+                    log.info("region: the compiled model breaks the graph; no %s candidate",
+                             MATH_ATTENTION)
+                    break
             except Exception as e:
                 if self._exiting:   # the job is done with it
                     return
@@ -245,6 +259,7 @@ class RegionCompiler:
             self._fail(f"{type(e).__name__}: {e}")
 
     def _on_step(self, step: int) -> None:
+        self._last_step = step
         now = time.perf_counter_ns()
         if self._last_ns is not None:
             self._step_ns.append(now - self._last_ns)
@@ -268,19 +283,22 @@ class RegionCompiler:
             self.step_medians_ns = {"eager": statistics.median(self._step_ns[self._baseline_from:])}
             self._untried = list(self._candidates)
             self._try_next(model, step)
-        elif self.state == TRIAL and len(self._step_ns) >= self.trial_steps + 2:
+        elif self.state == TRIAL and (self._dropped or len(self._step_ns) >= self.trial_steps + 2):
             model = self._model_or_fail()
             if model is None:
                 return
-            # the first calls after a swap may still specialise
-            self.step_medians_ns[self._trying] = statistics.median(self._step_ns[2:])
+            if self._dropped:   # the candidate raised and is gone: on with the others
+                self._dropped = False
+            else:   # the first calls after a swap may still specialise
+                self.step_medians_ns[self._trying] = statistics.median(self._step_ns[2:])
             if self._untried:
                 self._try_next(model, step)
                 return
             # a tie keeps eager, then the earlier candidate (dicts keep their order)
             best = min(self.step_medians_ns, key=self.step_medians_ns.__getitem__)
             if best == "eager":
-                del model.forward
+                if "forward" in model.__dict__:   # (a candidate that raised took it off)
+                    del model.forward
                 self.state = EAGER
             else:
                 if best != self._trying:
@@ -326,11 +344,26 @@ class RegionCompiler:
             except _NOT_A_FAILURE:         # a checkpoint's early stop, not the compiled model's
                 raise
             except Exception as e:
-                if "forward" in model.__dict__:
-                    del model.forward
-                self._fail(f"the compiled model raised {type(e).__name__}: {e}")
+                self._candidate_raised(model, name, e)
                 return eager(*args, **kwargs)
         return forward
+
+    def _candidate_raised(self, model: nn.Module, name: str, e: Exception) -> None:
+        """The compiled forward ``name`` raised: the model runs eager from this call on. During
+        the trial the other candidates go on being tried; once settled (or with none left) the
+        region ends in eager for good, reported as a swap to eager."""
+        if "forward" in model.__dict__:
+            del model.forward
+        reason = f"the compiled model ({name}) raised {type(e).__name__}: {e}"
+        self._candidates = [c for c in self._candidates if c[0] != name]
+        self._untried = [c for c in self._untried if c[0] != name]
+        self.step_medians_ns.pop(name, None)
+        if self.state == TRIAL and self._candidates and not self._dropped:
+            log.warning("region: %s; the trial goes on without it", reason)
+            self._dropped = True
+            return
+        self._fail(reason)
+        self.report(self._last_step, "eager")
 
     def close(self) -> None:
         """Remove the hooks and put the model back on its own forward."""
@@ -358,8 +391,28 @@ def model_region(dispatcher, mode: str | None = None, **options: Any) -> RegionC
 
     return RegionCompiler(
         report, mode=mode, timed=forward_timer(dispatcher, mode),
-        called_attention=lambda: any(s.op == "attention" for s in list(dispatcher.slots)),
+        small_attention=lambda: _small_attention(dispatcher),
         **options)
+
+
+def _small_attention(dispatcher) -> bool:
+    """Whether ``dispatcher`` saw SDPA calls, and each of their score matrices (rows = batch x
+    heads, times L x S, as their buckets round them) within :data:`MATH_ATTENTION_MAX_SCORES`."""
+    from .bucket import Bucket
+
+    buckets = {s.bucket for s in list(dispatcher.slots) if s.op == "attention"}
+    try:
+        dims = [Bucket.parse("attention", b) for b in buckets]
+        return bool(dims) and all(d.dim("rows") * d.dim("seq_q") * d.dim("seq_kv")
+                                  <= MATH_ATTENTION_MAX_SCORES for d in dims)
+    except (KeyError, ValueError):   # a bucket of another form: not one to guess about
+        return False
+
+
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
 
 
 def forward_timer(dispatcher, mode: str | None = None) -> Callable[[Callable, nn.Module, str], Callable]:

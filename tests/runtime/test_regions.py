@@ -526,3 +526,82 @@ def test_the_math_attention_candidate_traces_sdpas_math_backend_into_the_graph()
     assert not any(name.startswith(kernel) for name in math_ops) and "aten::bmm" in math_ops
     torch.testing.assert_close(math, flash, rtol=1e-5, atol=1e-6)
     assert candidate_forward(AttentionNet.forward, "compiled") is AttentionNet.forward
+
+
+def test_a_math_candidate_that_raises_in_its_trial_leaves_the_plain_compile_to_win():
+    """It used to end the whole region in eager, the plain compile (measured, working) too."""
+    def compile_fn(fn, **kw):
+        run = aot_eager(fn)
+        if not hasattr(fn, "__wrapped__"):
+            return run
+
+        def raises(*a, **k):   # in the job's steps, not in the background warm-up
+            if threading.current_thread() is threading.main_thread():
+                raise RuntimeError("out of memory for the score matrix")
+            return run(*a, **k)
+        return raises
+
+    d = patching.enable()
+    regions = d.regions = model_region(d, None, trial_steps=3, compile_fn=compile_fn)
+    try:
+        losses, _ = train_attention_net(more=lambda: regions.state not in (COMPILED, EAGER, FAILED))
+    finally:
+        patching.disable()
+    assert regions.state == COMPILED and regions.kept == "compiled", regions.error
+    assert [s[3] for s in d.readings.swaps] == [
+        "region:model:compiled", f"region:model:{MATH_ATTENTION}", "region:model:compiled"]
+    assert all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_a_kept_compiled_model_that_raises_later_is_reported_back_in_eager():
+    calls = {"n": 0}
+
+    def compile_fn(fn, **kw):
+        run = aot_eager(fn)
+
+        def breaks_later(*a, **k):
+            calls["n"] += threading.current_thread() is threading.main_thread()
+            if calls["n"] > 12:
+                raise RuntimeError("recompile failed")
+            return run(*a, **k)
+        return breaks_later
+
+    d = patching.enable()
+    regions = d.regions = model_region(d, None, trial_steps=3, compile_fn=compile_fn)
+    try:
+        train_attention_net(more=lambda: regions.state not in (EAGER, FAILED))
+    finally:
+        patching.disable()
+    assert regions.state == FAILED and "recompile failed" in regions.error
+    assert [s[3] for s in d.readings.swaps][-1] == "region:model:eager"
+
+
+class BreakingAttentionNet(AttentionNet):
+    def forward(self, x):
+        torch._dynamo.graph_break()
+        return super().forward(x)
+
+
+def test_a_model_whose_compile_breaks_the_graph_gets_no_math_candidate(monkeypatch):
+    """Dynamo does not guard on SDPA's backend flags: code after a break, compiled for one
+    candidate, would run for the other too."""
+    monkeypatch.setattr(__import__(__name__, fromlist=["AttentionNet"]), "AttentionNet",
+                        BreakingAttentionNet)
+    regions, compiled, swaps, _ = region_outcomes(slow="")
+    assert compiled == ["compiled"] and regions.error is None
+
+
+def test_the_math_candidate_is_for_small_score_matrices_only():
+    from types import SimpleNamespace
+
+    from rtxops.runtime.regions import MATH_ATTENTION_MAX_SCORES, _small_attention
+
+    def saw(*buckets, op="attention"):
+        return SimpleNamespace(slots=[SimpleNamespace(op=op, bucket=b) for b in buckets])
+
+    gpt = "float32/cpu/head_dim=32,seq_q=64,seq_kv=64,rows=32,causal=1,mask=0"
+    long = "float32/cpu/head_dim=64,seq_q=4096,seq_kv=4096,rows=32,causal=1,mask=0"
+    assert 32 * 64 * 64 <= MATH_ATTENTION_MAX_SCORES < 32 * 4096 * 4096
+    assert _small_attention(saw(gpt)) and not _small_attention(saw(gpt, long))
+    assert not _small_attention(saw()) and not _small_attention(saw(gpt, op="softmax"))
+    assert not _small_attention(saw("not a bucket"))
