@@ -11,9 +11,12 @@ better of eager-with-variants and the compiled model. Steps:
    share its storage but not its autograd version counters (so the job's optimizer stepping
    meanwhile cannot fail the pass; ``torch.autograd.grad``: no ``.grad`` is touched);
 3. *trial* — once compiled, ``trial_steps`` more eager steps are timed (with no compiler running
-   beside them), then ``model.forward`` is replaced at a step boundary by each compiled candidate
-   in turn and as many of its steps are timed; the fastest of eager and the candidates stays, and
-   each swap is reported as an ``rtx.swap`` with digest ``region:model:<candidate|eager>``.
+   beside them), then ``model.forward`` is replaced at a step boundary by the compiled candidate
+   and as many of its steps are timed; two candidates take turns instead, in blocks of half as
+   many steps, :data:`TRIAL_ROUNDS` each (they differ by a few percent, which the host's drift
+   over a sequential trial would hide). The fastest of eager and the candidates (the median of
+   their steps) stays; each swap is reported as an ``rtx.swap`` with digest
+   ``region:model:<candidate|eager>``.
 
 The candidates: ``compiled`` (torch.compile as configured); for a CPU model whose step called
 ``F.scaled_dot_product_attention`` with small score matrices (at most
@@ -59,6 +62,7 @@ DISCOVER, WAIT_INPUTS, COMPILING, BASELINE, TRIAL, COMPILED, EAGER, FAILED = (
     "discover", "wait_inputs", "compiling", "baseline", "trial", "compiled", "eager", "failed")
 SETTLED = (COMPILED, EAGER, FAILED)  # no compiler runs and no trial is timed any more
 MATH_ATTENTION = "compiled_math_attention"   # the candidate compiled with SDPA's math backend
+TRIAL_ROUNDS = 3   # blocks each candidate gets when two take turns
 MATH_ATTENTION_MAX_SCORES = 1 << 22   # score entries (batch x heads x L x S) a call may have for it
 
 
@@ -120,7 +124,8 @@ class RegionCompiler:
         self._roots: dict[int, weakref.ReferenceType[nn.Module]] = {}
         self._depth = threading.local()
         self._candidates: list[tuple[str, Callable]] = []   # (name, compiled forward), compiled
-        self._untried: list[tuple[str, Callable]] = []
+        self._untried: list[tuple[str, Callable]] = []   # the trial's blocks still to run
+        self._trial_ns: dict[str, list[int]] = {}   # each candidate's timed steps, all its blocks
         self._trying = "eager"
         self._last_step = 0
         self._dropped = False   # the candidate on trial failed: its steps do not count
@@ -281,16 +286,19 @@ class RegionCompiler:
             if model is None:
                 return
             self.step_medians_ns = {"eager": statistics.median(self._step_ns[self._baseline_from:])}
-            self._untried = list(self._candidates)
+            self._untried = (list(self._candidates) if len(self._candidates) == 1
+                             else list(self._candidates) * TRIAL_ROUNDS)
+            self._trial_ns = {}
             self._try_next(model, step)
-        elif self.state == TRIAL and (self._dropped or len(self._step_ns) >= self.trial_steps + 2):
+        elif self.state == TRIAL and (self._dropped or len(self._step_ns) >= self._block_steps() + 2):
             model = self._model_or_fail()
             if model is None:
                 return
             if self._dropped:   # the candidate raised and is gone: on with the others
                 self._dropped = False
             else:   # the first calls after a swap may still specialise
-                self.step_medians_ns[self._trying] = statistics.median(self._step_ns[2:])
+                self._trial_ns.setdefault(self._trying, []).extend(self._step_ns[2:])
+                self.step_medians_ns[self._trying] = statistics.median(self._trial_ns[self._trying])
             if self._untried:
                 self._try_next(model, step)
                 return
@@ -315,6 +323,11 @@ class RegionCompiler:
         if model is None:
             self._fail("the model is gone")
         return model
+
+    def _block_steps(self) -> int:
+        """Timed steps of one trial block: ``trial_steps``, or half as many when candidates take
+        turns."""
+        return self.trial_steps if len(self._candidates) == 1 else max(2, self.trial_steps // 2)
 
     def _try_next(self, model: nn.Module, step: int) -> None:
         """Swap the next untried candidate in and time its steps from here."""
@@ -356,7 +369,8 @@ class RegionCompiler:
             del model.forward
         reason = f"the compiled model ({name}) raised {type(e).__name__}: {e}"
         self._candidates = [c for c in self._candidates if c[0] != name]
-        self._untried = [c for c in self._untried if c[0] != name]
+        # one more block of each candidate left is enough: their earlier blocks count too
+        self._untried = list({c[0]: c for c in self._untried if c[0] != name}.values())
         self.step_medians_ns.pop(name, None)
         if self.state == TRIAL and self._candidates and not self._dropped:
             log.warning("region: %s; the trial goes on without it", reason)
