@@ -218,18 +218,17 @@ class RegionCompiler:
         self.state = BASELINE
 
     def _compile_candidate(self, model: nn.Module, args: list, kwargs: dict, name: str) -> Callable:
-        attempts = [compile_kwargs(self.mode, model)]
-        if attempts[0].get("options"):
-            attempts.append({})  # once more as torch.compile compiles by default
-        for i, kw in enumerate(attempts):
+        kw = compile_kwargs(self.mode, model)
+        if kw.get("options"):
             try:
                 return self._warm_up(model, args, kwargs, kw, name)
             except Exception as e:
-                if self._exiting or i + 1 == len(attempts):
+                if self._exiting:
                     raise
                 log.info("rtxops: compiling the model with %s failed (%s: %s); compiling it "
                          "with torch.compile's defaults", kw, type(e).__name__, e)
-        raise AssertionError("unreachable")
+            kw = {}
+        return self._warm_up(model, args, kwargs, kw, name)
 
     def _warm_up(self, model: nn.Module, args: list, kwargs: dict, kw: dict,
                  candidate: str = "compiled") -> Callable:
@@ -398,7 +397,7 @@ def model_region(dispatcher, mode: str | None = None, **options: Any) -> RegionC
     """The whole-model region of a job routed by ``dispatcher`` (``--compile-model``): swaps
     reported as ``region:model:<outcome>`` under the running plan's version, compiled calls
     recorded by :func:`forward_timer`, the math-attention candidate tried when the job's step
-    called SDPA. ``options`` go to :class:`RegionCompiler` (tests give their own ``compile_fn``)."""
+    called SDPA with small score matrices (:func:`_small_attention`). ``options`` go to :class:`RegionCompiler` (tests give their own ``compile_fn``)."""
     def report(step: int, outcome: str) -> None:
         v = dispatcher.plan.version
         dispatcher.readings.swap(step, v, v, f"region:model:{outcome}")
