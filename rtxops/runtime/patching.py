@@ -70,6 +70,10 @@ def enable(plan: Plan | None = None, readings: Readings | None = None,
     global _active
     with _lock:
         if _active is None:
+            # torch builds its table of overridable functions once, on first use: built while
+            # our wrappers stand in for torch's functions it would hold them instead, and
+            # dynamo would dispatch no call of those ops to a TorchFunctionMode in compiled code
+            torch.overrides.get_overridable_functions()
             dispatcher = Dispatcher(registry, readings, verify_first_call)
             _active = _Patch(dispatcher)
             _active.apply()

@@ -26,11 +26,7 @@ around). torch picks its flash kernel on the CPU whatever the shapes, and at sho
 fixed cost per call outweighs what it saves (2-4 % of the example GPT's compiled step,
 ``bench/compile_options.py``); at long ones the math backend's (L, S) score matrix loses, and
 costs memory. So both are measured, not guessed. On CUDA the flash and memory-efficient kernels
-are what a job wants and only ``compiled`` runs. The math backend is chosen with
-``sdpa_kernel``, whose flags are process-wide: while that candidate is traced (seconds, once a
-job), the job's own eager SDPA calls may take the math backend too, which at these sizes gives
-the same figures within rounding. A model whose compile breaks the graph gets no math candidate:
-dynamo does not guard on those flags, so code after a break would be shared by both.
+are what a job wants and only ``compiled`` runs.
 
 Caveats (documented, not hidden): the background pass runs the model once more, so modules with
 side effects in forward (BatchNorm running statistics, dropout's RNG) see one extra call. Jobs
@@ -51,8 +47,9 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
 
+from . import originals
 from .dispatcher import _NOT_A_FAILURE, background_compile
 
 log = logging.getLogger("rtxops.runtime")
@@ -79,16 +76,36 @@ def compile_kwargs(mode: str | None, model: nn.Module) -> dict:
 
 
 def candidate_forward(forward: Callable, candidate: str) -> Callable:
-    """``forward`` as ``candidate`` compiles it: under SDPA's math backend for
-    :data:`MATH_ATTENTION` (torch.compile traces the context into the graph), else as it is."""
+    """``forward`` as ``candidate`` compiles it: for :data:`MATH_ATTENTION` with every
+    ``F.scaled_dot_product_attention`` call made SDPA's math decomposition (torch.compile traces
+    the mode into the graph), else as it is."""
     if candidate != MATH_ATTENTION:
         return forward
 
     @functools.wraps(forward)
     def with_math_attention(*args: Any, **kwargs: Any) -> Any:
-        with sdpa_kernel(SDPBackend.MATH):
+        with _MathAttention():
             return forward(*args, **kwargs)
     return with_math_attention
+
+
+class _MathAttention(TorchFunctionMode):
+    """SDPA calls as ``aten._scaled_dot_product_attention_math`` (``softmax(q k^T) v`` in matrix
+    products). A torch-function mode, not ``sdpa_kernel``: that one flips process-wide flags, so
+    compiling on the background thread changed what the job's own eager steps ran meanwhile, and
+    dynamo does not guard on them (code after a graph break, compiled for one candidate, ran for
+    the other). The mode is the thread's own, and dynamo guards on it."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is originals.scaled_dot_product_attention:
+            return _sdpa_math(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False):
+    return torch.ops.aten._scaled_dot_product_attention_math(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
 
 
 def _on_cpu(model: nn.Module) -> bool:
@@ -200,13 +217,8 @@ class RegionCompiler:
         if _on_cpu(model) and self.small_attention():
             names.append(MATH_ATTENTION)
         for name in names:
-            breaks = _graph_breaks()
             try:
                 self._candidates.append((name, self._compile_candidate(model, args, kwargs, name)))
-                if name == "compiled" and _graph_breaks() > breaks and MATH_ATTENTION in names:
-                    log.info("region: the compiled model breaks the graph; no %s candidate",
-                             MATH_ATTENTION)
-                    break
             except Exception as e:
                 if self._exiting:   # the job is done with it
                     return
@@ -420,12 +432,6 @@ def _small_attention(dispatcher) -> bool:
                                   <= MATH_ATTENTION_MAX_SCORES for d in dims)
     except (KeyError, ValueError):   # a bucket of another form: not one to guess about
         return False
-
-
-def _graph_breaks() -> int:
-    from torch._dynamo.utils import counters
-
-    return sum(counters["graph_break"].values())
 
 
 def forward_timer(dispatcher, mode: str | None = None) -> Callable[[Callable, nn.Module, str], Callable]:

@@ -503,3 +503,37 @@ def test_a_forward_held_from_before_stays_the_classs_own_once_put_back_or_disabl
     seen.clear()
     held(x)
     assert len(seen) == 1
+
+
+_MODE_IN_COMPILED_CODE = """
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from rtxops.runtime import patching
+
+seen = []
+
+class Spy(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        seen.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+def f(x):
+    with Spy():
+        return F.gelu(x) + 1
+
+patching.enable()   # before anything asked torch which functions are overridable
+torch.compile(f, backend="eager")(torch.randn(4, 8))
+print("SEEN", sorted(set(seen)))
+"""
+
+
+def test_a_torch_function_mode_in_compiled_code_still_sees_the_routed_ops():
+    """torch builds its table of overridable functions on first use; built while rtxops's
+    wrappers stood in for torch's functions, dynamo dispatched no call of them to a mode."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", _MODE_IN_COMPILED_CODE], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "'gelu'" in r.stdout.split("SEEN", 1)[1], r.stdout

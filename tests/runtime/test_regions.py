@@ -583,13 +583,52 @@ class BreakingAttentionNet(AttentionNet):
         return super().forward(x)
 
 
-def test_a_model_whose_compile_breaks_the_graph_gets_no_math_candidate(monkeypatch):
-    """Dynamo does not guard on SDPA's backend flags: code after a break, compiled for one
-    candidate, would run for the other too."""
-    monkeypatch.setattr(__import__(__name__, fromlist=["AttentionNet"]), "AttentionNet",
-                        BreakingAttentionNet)
-    regions, compiled, swaps, _ = region_outcomes(slow="")
-    assert compiled == ["compiled"] and regions.error is None
+def test_the_math_candidate_holds_across_a_graph_break_and_leaves_the_plain_compile_alone():
+    """With rtxops routing the job's ops, as in a job: the code after a graph break is compiled
+    for each candidate as its own (sdpa_kernel's flags, which dynamo does not guard on, made
+    the first compile's code serve both), and neither leaks into the other."""
+    torch.manual_seed(0)
+    net, x = BreakingAttentionNet(), torch.randn(4, 12, 16)
+    patching.enable()
+    try:
+        plain = torch.compile(BreakingAttentionNet.forward, backend="aot_eager")
+        math = torch.compile(candidate_forward(BreakingAttentionNet.forward, MATH_ATTENTION),
+                             backend="aot_eager")
+        assert attention_kernel(plain, net, x) == "flash"
+        assert attention_kernel(math, net, x) == "math"
+        assert attention_kernel(plain, net, x) == "flash"
+    finally:
+        patching.disable()
+
+
+def test_compiling_the_math_candidate_leaves_the_jobs_own_attention_calls_alone():
+    """sdpa_kernel flipped process-wide flags while the background thread traced: the job's
+    eager SDPA calls meanwhile ran the math backend."""
+    torch.manual_seed(0)
+    net, x = AttentionNet(), torch.randn(4, 12, 16)
+    done, kernels = threading.Event(), []
+
+    def compile_math():
+        try:
+            compiled = torch.compile(candidate_forward(AttentionNet.forward, MATH_ATTENTION))
+            compiled(net, x).sum().backward()
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=compile_math)
+    thread.start()
+    while not done.is_set():
+        kernels.append(attention_kernel(lambda n, t: n(t), net, x))
+    thread.join()
+    assert kernels and set(kernels) == {"flash"}
+
+
+def attention_kernel(forward, net, x) -> str:
+    """Which SDPA kernel ``forward(net, x)`` and its backward ran: "flash" or "math"."""
+    with torch.profiler.profile() as prof:
+        forward(net, x).sum().backward()
+    names = {e.name for e in prof.events()}
+    return "flash" if any("flash_attention" in n for n in names) else "math" if "aten::bmm" in names else "?"
 
 
 def test_the_math_candidate_is_for_small_score_matrices_only():
