@@ -452,6 +452,18 @@ def train_attention_net(more, steps=20, seed=0):
     return losses, net
 
 
+def with_model_region(compile_fn, net_trainer=train_attention_net, settled=(COMPILED, EAGER, FAILED)):
+    """(dispatcher, region, losses) of a job trained until its model region is in ``settled``,
+    the region set up as ``--compile-model`` sets it up, compiling with ``compile_fn``."""
+    d = patching.enable()
+    regions = d.regions = model_region(d, None, trial_steps=3, compile_fn=compile_fn)
+    try:
+        out = net_trainer(more=lambda: regions.state not in settled)
+    finally:
+        patching.disable()
+    return d, regions, out[0] if isinstance(out, tuple) else out
+
+
 def region_outcomes(slow: str, net_trainer=train_attention_net):
     """The job's model region, as ``--compile-model`` sets it up, with the ``slow`` candidate
     sleeping in every call; (region, compiled candidates, swap digests, region slot configs)."""
@@ -469,12 +481,7 @@ def region_outcomes(slow: str, net_trainer=train_attention_net):
             return run(*a, **k)
         return sleepy
 
-    d = patching.enable()
-    regions = d.regions = model_region(d, None, trial_steps=3, compile_fn=compile_fn)
-    try:
-        net_trainer(more=lambda: regions.state not in (COMPILED, EAGER, FAILED))
-    finally:
-        patching.disable()
+    d, regions, _ = with_model_region(compile_fn, net_trainer)
     configs = sorted(s.config for s in d.slots if s.op == "region")
     return regions, compiled, [s[3] for s in d.readings.swaps], configs
 
@@ -542,12 +549,7 @@ def test_a_math_candidate_that_raises_in_its_trial_leaves_the_plain_compile_to_w
             return run(*a, **k)
         return raises
 
-    d = patching.enable()
-    regions = d.regions = model_region(d, None, trial_steps=3, compile_fn=compile_fn)
-    try:
-        losses, _ = train_attention_net(more=lambda: regions.state not in (COMPILED, EAGER, FAILED))
-    finally:
-        patching.disable()
+    d, regions, losses = with_model_region(compile_fn)
     assert regions.state == COMPILED and regions.kept == "compiled", regions.error
     assert [s[3] for s in d.readings.swaps] == [
         "region:model:compiled", f"region:model:{MATH_ATTENTION}", "region:model:compiled"]
@@ -567,12 +569,7 @@ def test_a_kept_compiled_model_that_raises_later_is_reported_back_in_eager():
             return run(*a, **k)
         return breaks_later
 
-    d = patching.enable()
-    regions = d.regions = model_region(d, None, trial_steps=3, compile_fn=compile_fn)
-    try:
-        train_attention_net(more=lambda: regions.state not in (EAGER, FAILED))
-    finally:
-        patching.disable()
+    d, regions, _ = with_model_region(compile_fn, settled=(EAGER, FAILED))
     assert regions.state == FAILED and "recompile failed" in regions.error
     assert [s[3] for s in d.readings.swaps][-1] == "region:model:eager"
 
