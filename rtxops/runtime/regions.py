@@ -141,7 +141,7 @@ class RegionCompiler:
         self._roots: dict[int, weakref.ReferenceType[nn.Module]] = {}
         self._depth = threading.local()
         self._candidates: list[tuple[str, Callable]] = []   # (name, compiled forward), compiled
-        self._untried: list[tuple[str, Callable]] = []   # the trial's blocks still to run
+        self._untried: list[str] = []   # the candidates of the trial's blocks still to run
         self._trial_ns: dict[str, list[int]] = {}   # each candidate's timed steps, all its blocks
         self._trying = "eager"
         self._last_step = 0
@@ -150,7 +150,6 @@ class RegionCompiler:
         self._closed = False
         self._step_ns: list[int] = []
         self._last_ns: int | None = None
-        self._swap_step = 0
         self._baseline_from: int | None = None
         self._hooks = [
             nn.modules.module.register_module_forward_pre_hook(self._pre),
@@ -297,8 +296,8 @@ class RegionCompiler:
             if model is None:
                 return
             self.step_medians_ns = {"eager": statistics.median(self._step_ns[self._baseline_from:])}
-            self._untried = (list(self._candidates) if len(self._candidates) == 1
-                             else list(self._candidates) * TRIAL_ROUNDS)
+            names = [name for name, _ in self._candidates]
+            self._untried = names if len(names) == 1 else names * TRIAL_ROUNDS
             self._trial_ns = {}
             self._try_next(model, step)
         elif self.state == TRIAL and (self._dropped or len(self._step_ns) >= self._block_steps() + 2):
@@ -342,10 +341,10 @@ class RegionCompiler:
 
     def _try_next(self, model: nn.Module, step: int) -> None:
         """Swap the next untried candidate in and time its steps from here."""
-        name, _ = self._untried.pop(0)
+        name = self._untried.pop(0)
         self._install(model, name)
         self._step_ns.clear()
-        self._swap_step, self.state, self._trying = step, TRIAL, name
+        self.state, self._trying = TRIAL, name
         self.report(step, name)
 
     def _install(self, model: nn.Module, name: str) -> None:
@@ -381,7 +380,7 @@ class RegionCompiler:
         reason = f"the compiled model ({name}) raised {type(e).__name__}: {e}"
         self._candidates = [c for c in self._candidates if c[0] != name]
         # one more block of each candidate left is enough: their earlier blocks count too
-        self._untried = list({c[0]: c for c in self._untried if c[0] != name}.values())
+        self._untried = list(dict.fromkeys(n for n in self._untried if n != name))
         self.step_medians_ns.pop(name, None)
         if self.state == TRIAL and self._candidates and not self._dropped:
             log.warning("region: %s; the trial goes on without it", reason)
