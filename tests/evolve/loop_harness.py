@@ -68,3 +68,16 @@ def loop_over_rows(monkeypatch, rows: list[dict], *, last: int, swapped: int = 9
     loop.jobs, loop._lock, loop._status = {}, threading.Lock(), {}
     loop._gate_slots = threading.Semaphore(loop.config.gates)
     return loop
+
+
+def tick_one_arm(loop: L.EvolveLoop, op: str, incumbent, arm):
+    """One tick of ``loop`` tuning ``op`` in bucket "b" with one explore arm, ``arm``, against
+    ``incumbent`` (exhaustive search, its round under way); the bucket's tuning."""
+    from rtxops.evolve.search import make_strategy
+
+    bt = L.BucketTuning(op, "b", incumbent, strategy=make_strategy("exhaustive", [arm], budget=1),
+                        round_arms=[arm], plan_version=5)
+    bt.strategy.ask()
+    loop.jobs["job"] = L.JobEvolution(active=bt)
+    loop.tick()
+    return bt

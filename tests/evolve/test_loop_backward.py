@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from rtxops.evolve import loop as L
 from rtxops.evolve.candidates import Arm
-from rtxops.evolve.search import make_strategy
 
-from .loop_harness import loop_over_rows
+from .loop_harness import loop_over_rows, tick_one_arm
 
 INC, CAND = Arm.of("reference"), Arm.of("candidate")
 
@@ -32,12 +30,7 @@ def rows_of(fwd: dict[Arm, float], bwd: dict[Arm, float], *, bwd_every: int = 8,
 
 def decide(monkeypatch, rows: list[dict]) -> dict:
     decisions: list[dict] = []
-    loop = loop_over_rows(monkeypatch, rows, last=120, decisions=decisions)
-    bt = L.BucketTuning("gelu", "b", INC, strategy=make_strategy("exhaustive", [CAND], budget=1),
-                        round_arms=[CAND], plan_version=5)
-    bt.strategy.ask()
-    loop.jobs["job"] = L.JobEvolution(active=bt)
-    loop.tick()
+    tick_one_arm(loop_over_rows(monkeypatch, rows, last=120, decisions=decisions), "gelu", INC, CAND)
     return decisions[-1]
 
 

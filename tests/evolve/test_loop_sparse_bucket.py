@@ -12,7 +12,7 @@ from rtxops.evolve.search import make_strategy
 from rtxops.runtime.dispatcher import _explore_schedule
 from rtxops.telemetry import store_evolve as se
 
-from .loop_harness import loop_over_rows
+from .loop_harness import loop_over_rows, tick_one_arm
 
 INC = Arm.of("reference")
 
@@ -94,11 +94,6 @@ def test_a_faster_arm_with_too_few_pairs_for_the_paired_test_is_compared_unpaire
     rows += [{"step": s, "variant": cand.variant, "config": "{}", "calls": 1,
               "total_ns": 0.8e5 * float(np.exp(rng.normal(0, .02)))} for s in (10, 12, 14, 16, 18, 20)]
     decisions = []
-    loop = loop_over_rows(monkeypatch, rows, last=30, decisions=decisions)
-    bt = L.BucketTuning("gelu", "b", inc, strategy=make_strategy("exhaustive", [cand], budget=1),
-                        round_arms=[cand], plan_version=5)
-    bt.strategy.ask()
-    loop.jobs["job"] = L.JobEvolution(active=bt)
-    loop.tick()
+    bt = tick_one_arm(loop_over_rows(monkeypatch, rows, last=30, decisions=decisions), "gelu", inc, cand)
     assert len(bt.pairs[cand]) == 6 < stats.MIN_PAIRED_SAMPLES
     assert decisions[-1]["kind"] == "promote", decisions[-1]["reason"]
