@@ -23,7 +23,7 @@ The candidates: ``compiled`` (torch.compile as configured); for a CPU model whos
 :data:`MATH_ATTENTION_MAX_SCORES` entries a call), also ``compiled_math_attention``, the same
 compile with SDPA's math backend (``softmax(q k^T) v`` as matrix products that Inductor fuses
 around). torch picks its flash kernel on the CPU whatever the shapes, and at short sequences its
-fixed cost per call outweighs what it saves (2-4 % of the example GPT's compiled step,
+fixed cost per call outweighs what it saves (2-5 % of the example GPT's compiled step,
 ``bench/compile_options.py``); at long ones the math backend's (L, S) score matrix loses, and
 costs memory. So both are measured, not guessed. On CUDA the flash and memory-efficient kernels
 are what a job wants and only ``compiled`` runs.
