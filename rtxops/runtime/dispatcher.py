@@ -336,10 +336,11 @@ class FunctionSite:
         return self.self_recording(explore)
 
     def arm_backward(self, make_sampler: Callable) -> None:
-        """Make the next call of every timed route also time its backward (then disarm)."""
+        """Make the next call of every timed route also time its backward (then disarm); the
+        arms of an exploring bucket each time theirs (the evolve loop weighs them by it)."""
         with self.dispatcher._lock:  # another thread's route miss may be adding a route
-            routes = list({id(r): r for r in self.bucket_routes.values()}.values())
-        for route in routes:
+            routes = {id(arm): arm for r in self.bucket_routes.values() for arm in _arms_of(r)}
+        for route in routes.values():
             fn, slot, on_error = self._parts(route)
             if slot < 0:
                 continue
@@ -1091,6 +1092,13 @@ def _steady_index(schedule: list, main) -> int:
     """Where the schedule holds the main arm (a place, not the route: a route replaced after
     its first call is replaced there too)."""
     return next((i for i, r in enumerate(schedule) if r is main), 0)
+
+
+def _arms_of(route) -> list:
+    """The routes an exploring route takes turns between, or ``[route]``."""
+    fn = route[0] if isinstance(route, tuple) else route
+    schedule = getattr(fn, "schedule", None)
+    return [route] if schedule is None else list({id(r): r for r in schedule}.values())
 
 
 def _replace_in_explore(route, old, new) -> None:

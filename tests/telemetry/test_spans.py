@@ -1,15 +1,19 @@
 """Span content from a real (tiny) training run: counts and durations equal what was recorded."""
 from __future__ import annotations
 
+import pytest
+import torch
+import torch.nn.functional as F
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from torch import nn
 
 from rtxops.runtime import patching
-from rtxops.runtime.plan import Plan
+from rtxops.runtime.plan import ExploreArm, Plan
 from rtxops.telemetry import schema as S
 from rtxops.telemetry.job import start_job_telemetry
 from rtxops.telemetry.spans import CallSampling
 
-from ..runtime.helpers import TinyNet, train_losses
+from ..runtime.helpers import TinyNet, bucket_id, plan_for, train_losses
 
 RESOURCE = {S.SERVICE_NAME: "test", S.JOB_ID: "job-1", S.RANK: 0}
 
@@ -67,6 +71,41 @@ def test_backward_is_timed_on_sampled_steps():
     assert {k.attributes[S.STEP_NUMBER] for k in bwd} <= {3, -1}
     assert all(k.attributes[S.TOTAL_NS] > 0 for k in bwd)
     assert {k.attributes[S.OP] for k in bwd} >= {"linear", "gelu"}
+
+
+class LlamaRMSNorm(nn.Module):
+    """An RMSNorm module routed by its class (a module site)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight, self.variance_epsilon = nn.Parameter(torch.ones(dim)), 1e-6
+
+    def forward(self, h):
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+@pytest.mark.parametrize("op, other", [("gelu", "algebraic"), ("rms_norm", "fused")])
+def test_each_arm_of_an_exploring_bucket_has_its_backward_timed(op, other):
+    """The evolve loop weighs a winner's backward while its bucket explores: each arm's backward
+    is sampled then (the explore route's arms were skipped: no backward of either was timed)."""
+    x = torch.randn(16, 64)
+    norm = LlamaRMSNorm(64)
+    call, bucket = ((lambda t: F.gelu(t), bucket_id("gelu", x)) if op == "gelu" else
+                    (norm, bucket_id("rms_norm", x, (64,), norm.weight, norm.variance_epsilon)))
+    explore = [ExploreArm(other, {}, 0.5)]
+    d = patching.enable(plan=plan_for(1, (op, bucket, "eager", {}, explore)))
+    d.backward_every = 1
+    exporter = InMemorySpanExporter()
+    telemetry = start_job_telemetry(d, exporter, resource=RESOURCE)
+    for _ in range(12):
+        call(x.clone().requires_grad_(True)).sum().backward()
+        d.on_step()
+    telemetry.close(d)
+    bwd = [k.attributes for k in _by_name(exporter.get_finished_spans(), S.KERNEL)
+           if k.attributes[S.PHASE] == "bwd" and k.attributes[S.OP] == op]
+    calls = {v: sum(a[S.COUNT] for a in bwd if a[S.VARIANT] == v) for v in ("eager", other)}
+    assert min(calls.values()) >= 3, calls
+    assert all(a[S.TOTAL_NS] > 0 for a in bwd)
 
 
 def test_sampled_call_spans_respect_their_budget():
