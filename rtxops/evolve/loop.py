@@ -535,14 +535,22 @@ class EvolveLoop:
         """Why ``best``, faster in its forward calls, must not win: its sampled backward calls
         (the runtime times one per route every few steps) make its forward + backward per call
         no faster than the incumbent's. None when they do not, or when too few backward calls of
-        either were timed to tell (inference, or a short tuning)."""
+        either were timed to tell (inference, or a short tuning). Each figure is the median over
+        steps of the arm's mean a call: one cold call (a kernel built inside its timed call)
+        moves a mean over the whole tuning, not that."""
         since = bt.windows[0][0] if bt.windows else 0
-        means = {(r["variant"], r["config"] or "{}", r["phase"]): r for r in
-                 store_evolve.arm_means(self.store, job, bt.op, bt.bucket, since, last)}
+        per_step: dict[tuple[Arm, str], list[tuple[float, int]]] = {}
+        for phase in ("fwd", "bwd"):
+            for r in store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, since, phase):
+                if r["step"] <= last:
+                    per_step.setdefault((Arm(r["variant"], r["config"] or "{}"), phase), []).append(
+                        (r["total_ns"] / r["calls"], r["calls"]))
 
         def per_call(arm: Arm, phase: str) -> tuple[float | None, int]:
-            row = means.get((arm.variant, arm.config_json, phase))
-            return (row["mean_ns"], row["calls"]) if row and row["calls"] else (None, 0)
+            rows = per_step.get((arm, phase))
+            if not rows:
+                return None, 0
+            return statistics.median(mean for mean, _ in rows), sum(calls for _, calls in rows)
 
         (fwd, _), (bwd, timed) = per_call(best, "fwd"), per_call(best, "bwd")
         (fwd_inc, _), (bwd_inc, timed_inc) = per_call(bt.incumbent, "fwd"), per_call(bt.incumbent, "bwd")

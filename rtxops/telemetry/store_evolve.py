@@ -31,19 +31,6 @@ def arm_steps(q, job_id: str, op: str, bucket: str, since_step: int,
         [job_id, op, bucket, phase, since_step])
 
 
-def arm_means(q, job_id: str, op: str, bucket: str, since_step: int,
-              until_step: int | None = None) -> list[dict]:
-    """Mean ns per call of every (variant, config, phase) of one bucket over a step window."""
-    return q.query(
-        """SELECT variant, config, phase, sum(count) AS calls, sum(total_ns) AS total_ns,
-                  sum(total_ns) / sum(count) AS mean_ns, count(DISTINCT step) AS steps
-           FROM kernel_spans
-           WHERE job_id = ? AND op = ? AND bucket = ? AND step >= ? AND step <= ? AND count > 0
-             AND total_ns IS NOT NULL
-           GROUP BY variant, config, phase""",
-        [job_id, op, bucket, since_step, until_step if until_step is not None else 2**62])
-
-
 def step_durations(q, job_id: str, since_step: int, until_step: int | None = None) -> list[dict]:
     """Step durations of a job (rank 0, or the lowest rank reporting) in a step window."""
     return q.query(

@@ -23,22 +23,6 @@ class _Registry:
         return type("V", (), {"source_hash": "x", "deterministic": True})()
 
 
-def _means(rows: list[dict], since: int, until: int | None) -> list[dict]:
-    """:func:`store_evolve.arm_means` of ``rows`` (a row's ``phase`` is "fwd" unless it says)."""
-    out: dict[tuple, dict] = {}
-    for r in rows:
-        if r["step"] < since or (until is not None and r["step"] > until):
-            continue
-        key = (r["variant"], r["config"], r.get("phase", "fwd"))
-        m = out.setdefault(key, {"variant": key[0], "config": key[1], "phase": key[2], "calls": 0,
-                                 "total_ns": 0.0})
-        m["calls"] += r["calls"]
-        m["total_ns"] += r["total_ns"]
-    for m in out.values():
-        m["mean_ns"] = m["total_ns"] / m["calls"]
-    return list(out.values())
-
-
 def loop_over_rows(monkeypatch, rows: list[dict], *, last: int, swapped: int = 9,
                    decisions: list | None = None,
                    save_trial: Callable | None = None) -> L.EvolveLoop:
@@ -48,8 +32,6 @@ def loop_over_rows(monkeypatch, rows: list[dict], *, last: int, swapped: int = 9
     monkeypatch.setattr(se, "swap_step", lambda q, job, v: swapped)
     monkeypatch.setattr(se, "arm_steps", lambda q, job, op, bucket, since, phase="fwd":
                         [r for r in rows if r["step"] >= since and r.get("phase", "fwd") == phase])
-    monkeypatch.setattr(se, "arm_means", lambda q, job, op, bucket, since, until=None:
-                        _means(rows, since, until))
     monkeypatch.setattr(se, "step_durations", lambda *a, **k: [])
     monkeypatch.setattr(se, "save_trial", save_trial or (lambda store, row: None))
     sink = decisions if decisions is not None else []

@@ -46,6 +46,16 @@ def test_a_faster_forward_whose_backward_keeps_the_gain_is_promoted(monkeypatch)
     assert decision["kind"] == "promote", decision["reason"]
 
 
+def test_one_cold_forward_call_does_not_veto_a_winner_whose_backward_is_cheaper(monkeypatch):
+    """A kernel built inside its first timed call (a JIT compile) is one slow call in a step:
+    per-step figures leave it out, a mean over the tuning took it as a forward 80 % slower."""
+    rows = rows_of({INC: 1.0, CAND: 0.7}, {INC: 2.0, CAND: 1.9})
+    first = next(r for r in rows if r["variant"] == "candidate" and r.get("phase", "fwd") == "fwd")
+    first["total_ns"] += 500e6
+    decision = decide(monkeypatch, rows)
+    assert decision["kind"] == "promote", decision["reason"]
+
+
 def test_too_few_timed_backward_calls_leave_the_forward_decision_alone(monkeypatch):
     """Two timed backward calls each (a short job, or one not training) are no evidence."""
     rows = rows_of({INC: 1.0, CAND: 0.7}, {INC: 2.0, CAND: 9.0}, bwd_every=50)
