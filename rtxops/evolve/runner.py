@@ -103,15 +103,15 @@ def run_isolating(request: dict, key: str, timeout_s: float = 600.0,
                   on_progress: Callable[[int, int], None] | None = None) -> list[dict | WorkerError]:
     """One result per element of ``request[key]``, in order: one worker runs them all; when it
     dies, each element it had not answered yet runs in a worker of its own, so only the element
-    that kills the process fails and none is measured twice. A failed element's entry is the
-    :class:`WorkerError`."""
+    that kills the process fails and none is measured twice (an answer sent before the worker
+    died stands, batch or alone). A failed element's entry is the :class:`WorkerError`."""
     items = request[key]
     try:
         by_index = {r["index"]: r for r in run_worker(request, timeout_s, on_progress)}
     except WorkerError as e:
-        if len(items) == 1:
-            return [e]
         by_index = {r["index"]: r for r in e.results}
+        if len(items) == 1:
+            return [by_index.get(0, e)]
         for i, item in enumerate(items):
             if i not in by_index:
                 by_index[i] = run_isolating({**request, key: [item]}, key, timeout_s, on_progress)[0]

@@ -70,6 +70,7 @@ def test_a_gate_that_timed_out_stores_no_verdict(tmp_path, monkeypatch):
 
 
 COUNTING = """
+import atexit
 import os
 from rtxops.runtime.originals import gelu as _gelu
 from rtxops.runtime.spec import Variant
@@ -84,9 +85,14 @@ def _counted(name):
 def _crashes(config, bucket):
     os._exit(17)   # a segfaulting kernel
 
+def _dies_at_exit(config, bucket):
+    atexit.register(os._exit, 18)   # a library whose teardown crashes
+    return _gelu
+
 VARIANTS = [Variant("gelu", "first", "eager", _counted("first"), description="counted"),
             Variant("gelu", "crashes", "eager", _crashes, description="kills its worker"),
-            Variant("gelu", "last", "eager", _counted("last"), description="counted")]
+            Variant("gelu", "last", "eager", _counted("last"), description="counted"),
+            Variant("gelu", "dies_at_exit", "eager", _dies_at_exit, description="exits with 18")]
 """
 
 
@@ -106,3 +112,15 @@ def test_a_worker_killed_mid_gate_keeps_the_verdicts_it_sent_and_reruns_only_the
     assert [r["variant"] if isinstance(r, dict) else "error" for r in out] == ["first", "error", "last"]
     assert out[0]["passed"] and out[2]["passed"] and "exited with 17" in str(out[1])
     assert builds.read_text().split() == ["first", "last"]   # each gated once
+
+
+def test_an_element_answered_before_its_worker_died_keeps_its_verdict_when_it_ran_alone(tmp_path, monkeypatch):
+    """A worker that answered and then died at exit: its answer stands for an element gated
+    alone as for one in a batch (alone, it was stored as failed for good)."""
+    (tmp_path / "plugin_counting.py").write_text(textwrap.dedent(COUNTING))
+    monkeypatch.setenv("RTXOPS_VARIANT_MODULES", "plugin_counting")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    bucket = SPEC.to_bucket(SPEC.bucket(torch.empty(64, 256))).id
+    item = {"op": "gelu", "bucket": bucket, "variant": "dies_at_exit", "config": {}}
+    alone = run_isolating({"command": "gate", "items": [item]}, "items", timeout_s=120)
+    assert isinstance(alone[0], dict) and alone[0]["passed"], alone
