@@ -5,7 +5,8 @@ So the first step never waits for a compiler, and the converged step is never sl
 better of eager-with-variants and the compiled model. Steps:
 
 1. *discover* — during the first optimizer step a global module pre-hook notes the outermost
-   modules called; after the step the one holding most parameters is the model and the hooks go;
+   modules called; after the step the one holding most trainable parameters is the model and
+   the hooks go;
 2. *compile* — on the next call of the model its inputs are cloned and a background thread runs
    the compiled forward and backward on them once, on a shadow of the model whose parameters
    share its storage but not its autograd version counters (so the job's optimizer stepping
@@ -104,6 +105,9 @@ class _MathAttention(TorchFunctionMode):
 
 def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                enable_gqa=False):
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # SDPA's meaning (False: not attended); the math op itself would add True as 1.0
+        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(~attn_mask, -torch.inf)
     return torch.ops.aten._scaled_dot_product_attention_math(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
 
@@ -138,6 +142,8 @@ class RegionCompiler:
         self.kept: str | None = None          # the candidate (or "eager") in use once settled
         self.step_medians_ns: dict[str, float] = {}   # the trial's figures, "eager" included
         self._model: weakref.ReferenceType[nn.Module] | None = None
+        self._eager_forward: Callable | None = None   # holds the model: released once settled
+        self._own_forward: Callable | None = None
         self._roots: dict[int, weakref.ReferenceType[nn.Module]] = {}
         self._depth = threading.local()
         self._candidates: list[tuple[str, Callable]] = []   # (name, compiled forward), compiled
@@ -173,12 +179,14 @@ class RegionCompiler:
         roots = [r() for r in self._roots.values()]
         roots = [m for m in roots if m is not None]
         self._roots.clear()
-        model = max(roots, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
-        if model is None or not any(True for _ in model.parameters()):
-            self._fail("no module with parameters was called during the first step")
+        # trainable parameters: a frozen teacher called beside its student is not the model
+        model = max(roots, key=_trainable, default=None)
+        if model is None or not _trainable(model):
+            self._fail("no module with trainable parameters was called during the first step")
             return
         self._model = weakref.ref(model)
         self._eager_forward = model.forward
+        self._own_forward = model.__dict__.get("forward")   # one the job set on the instance
         self.state = WAIT_INPUTS
 
         def capture(module, args, kwargs):  # one call's inputs, for the background compile
@@ -212,12 +220,14 @@ class RegionCompiler:
 
     def _compile_here(self, model: nn.Module, args: list, kwargs: dict) -> None:
         started = time.perf_counter()
+        eager = self._eager_forward
         names = ["compiled"]
         if _on_cpu(model) and self.small_attention():
             names.append(MATH_ATTENTION)
         for name in names:
             try:
-                self._candidates.append((name, self._compile_candidate(model, args, kwargs, name)))
+                self._candidates.append((name, self._compile_candidate(model, args, kwargs, name,
+                                                                       eager)))
             except Exception as e:
                 if self._exiting:   # the job is done with it
                     return
@@ -225,29 +235,33 @@ class RegionCompiler:
                     self._fail(f"torch.compile failed: {type(e).__name__}: {e}")
                     return
                 log.info("region: the %s candidate is left out: %s: %s", name, type(e).__name__, e)
+        if self._closed:
+            self._release()
+            return
         self.compile_seconds = time.perf_counter() - started
         self.state = BASELINE
 
-    def _compile_candidate(self, model: nn.Module, args: list, kwargs: dict, name: str) -> Callable:
+    def _compile_candidate(self, model: nn.Module, args: list, kwargs: dict, name: str,
+                           eager: Callable) -> Callable:
         kw = compile_kwargs(self.mode, model)
         if kw.get("options"):
             try:
-                return self._warm_up(model, args, kwargs, kw, name)
+                return self._warm_up(model, args, kwargs, kw, name, eager)
             except Exception as e:
                 if self._exiting:
                     raise
                 log.info("rtxops: compiling the model with %s failed (%s: %s); compiling it "
                          "with torch.compile's defaults", kw, type(e).__name__, e)
             kw = {}
-        return self._warm_up(model, args, kwargs, kw, name)
+        return self._warm_up(model, args, kwargs, kw, name, eager)
 
-    def _warm_up(self, model: nn.Module, args: list, kwargs: dict, kw: dict,
-                 candidate: str = "compiled") -> Callable:
-        """The model's forward compiled as ``candidate`` with ``kw``, run forward and backward
-        once."""
+    def _warm_up(self, model: nn.Module, args: list, kwargs: dict, kw: dict, candidate: str,
+                 eager: Callable) -> Callable:
+        """The model's forward (``eager``) compiled as ``candidate`` with ``kw``, run forward and
+        backward once."""
         shadow = _shadow(model)
         if shadow is None:  # the live model: the job's optimizer may race the pass below
-            compiled = run = self.compile_fn(candidate_forward(self._eager_forward, candidate), **kw)
+            compiled = run = self.compile_fn(candidate_forward(eager, candidate), **kw)
             target = model
         else:
             # one compiled code serves every instance (torch.compile guards on the module's
@@ -269,8 +283,8 @@ class RegionCompiler:
             self._on_step(step)
         except Exception as e:  # never the job's death: back to eager, with the reason
             model = self._model() if self._model else None
-            if model is not None and "forward" in model.__dict__:
-                del model.forward
+            if model is not None:
+                self._restore_forward(model)
             self._fail(f"{type(e).__name__}: {e}")
 
     def _on_step(self, step: int) -> None:
@@ -315,8 +329,7 @@ class RegionCompiler:
             # a tie keeps eager, then the earlier candidate (dicts keep their order)
             best = min(self.step_medians_ns, key=self.step_medians_ns.__getitem__)
             if best == "eager":
-                if "forward" in model.__dict__:   # (a candidate that raised took it off)
-                    del model.forward
+                self._restore_forward(model)
                 self.state = EAGER
             else:
                 if best != self._trying:
@@ -325,6 +338,7 @@ class RegionCompiler:
             if best != self._trying:
                 self.report(step, best)
             self.kept = best
+            self._release()
             log.info("region: kept %s (median step: %s)", best, ", ".join(
                 f"{k} {v / 1e6:.2f} ms" for k, v in self.step_medians_ns.items()))
 
@@ -368,15 +382,15 @@ class RegionCompiler:
                 raise
             except Exception as e:
                 self._candidate_raised(model, name, e)
-                return eager(*args, **kwargs)
+            # outside the handler: the failed call's traceback (and its tensors) is gone by now
+            return eager(*args, **kwargs)
         return forward
 
     def _candidate_raised(self, model: nn.Module, name: str, e: Exception) -> None:
         """The compiled forward ``name`` raised: the model runs eager from this call on. During
         the trial the other candidates go on being tried; once settled (or with none left) the
         region ends in eager for good, reported as a swap to eager."""
-        if "forward" in model.__dict__:
-            del model.forward
+        self._restore_forward(model)
         reason = f"the compiled model ({name}) raised {type(e).__name__}: {e}"
         self._candidates = [c for c in self._candidates if c[0] != name]
         # one more block of each candidate left is enough: their earlier blocks count too
@@ -396,11 +410,28 @@ class RegionCompiler:
             h.remove()
         self._hooks = []
         model = self._model() if self._model else None
-        if model is not None and "forward" in model.__dict__:
-            del model.forward
+        if model is not None:
+            self._restore_forward(model)
+        self._release()
+
+    def _restore_forward(self, model: nn.Module) -> None:
+        """Put the model back on the forward it had: its class's, or one the job set on the
+        instance (accelerate's autocast wrapper, say); only if the region's is installed."""
+        if isinstance(model.__dict__.get("forward"), _CompiledForward):
+            if self._own_forward is None:
+                del model.forward
+            else:
+                model.forward = self._own_forward
+
+    def _release(self) -> None:
+        """Let go of what holds the model (its bound forward, the compiled candidates): once
+        the region is settled or closed, a model the job deletes is freed (an installed
+        forward holds only the model it sits on)."""
+        self._candidates, self._eager_forward = [], None
 
     def _fail(self, reason: str) -> None:
         self.state, self.error = FAILED, reason
+        self._release()
         log.warning("region: %s; the job stays in eager", reason)
 
 
@@ -445,6 +476,10 @@ def forward_timer(dispatcher, mode: str | None = None) -> Callable[[Callable, nn
         return dispatcher.time_region(fn, f"model:{cls.__module__}.{cls.__qualname__}", "compiled",
                                       "compiled", model.parameters(), config or None)
     return timed
+
+
+def _trainable(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _clone(x):

@@ -642,3 +642,92 @@ def test_the_math_candidate_is_for_small_score_matrices_only():
     assert _small_attention(saw(gpt)) and not _small_attention(saw(gpt, long))
     assert not _small_attention(saw()) and not _small_attention(saw(gpt, op="softmax"))
     assert not _small_attention(saw("not a bucket"))
+
+
+def test_the_math_candidate_reads_a_boolean_mask_as_sdpa_does():
+    """False means "not attended": the math op added True as 1.0 instead, attending to every
+    masked key (a padding mask from a Hugging Face model trained wrong, silently)."""
+    from rtxops.runtime.regions import _MathAttention
+
+    q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    mask = torch.rand(2, 1, 6, 6) > 0.4
+    mask[..., 0] = True   # every query attends to something
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with _MathAttention():
+        math = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(math, sdpa)
+
+
+class OwnForwardNet(Net):
+    """A forward set on the instance, as accelerate's mixed precision wraps one."""
+
+    def __init__(self):
+        super().__init__()
+        plain = self.forward
+        self.forward = lambda x: plain(x) * 2.0
+
+
+def test_a_forward_the_job_set_on_the_model_is_put_back_not_deleted():
+    """The region took ``model.forward`` off the instance wherever it left: a wrapper the job
+    had set there (autocast, output casts) was gone for the rest of the run."""
+    def slower(fn, **kw):
+        def run(*a, **k):
+            time.sleep(0.15)
+            return fn(*a, **k)
+        return run
+
+    for compile_fn, settle in ((slower, True), (lambda fn, **kw: fn, False)):
+        d = patching.enable()
+        regions = d.regions = RegionCompiler(lambda step, outcome: None, trial_steps=3,
+                                             compile_fn=compile_fn)
+        torch.manual_seed(0)
+        net = OwnForwardNet()
+        own = net.forward
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        deadline = time.monotonic() + 60
+        steps = 0
+        while (steps < 1 or (settle and regions.state not in (COMPILED, EAGER, FAILED))) \
+                and time.monotonic() < deadline:
+            net(torch.randn(8, 16)).sum().backward()
+            opt.step()
+            steps += 1
+        assert regions.state == (EAGER if settle else "wait_inputs")
+        patching.disable()
+        assert net.__dict__.get("forward") is own
+        x = torch.randn(2, 16)
+        torch.testing.assert_close(net(x), 2 * Net.forward(net, x))
+
+
+def test_a_model_the_job_deletes_is_freed_once_the_region_is_settled():
+    """The region held the model (its bound forward, the compiled candidates) for the life of
+    the process: a sweep training one model after another kept every one."""
+    import gc
+    import weakref
+
+    d = patching.enable()
+    regions = d.regions = RegionCompiler(lambda step, outcome: None, trial_steps=2,
+                                         compile_fn=aot_eager)
+    try:
+        _, net, _ = train(5, more=lambda: regions.state not in (COMPILED, EAGER, FAILED))
+        assert regions.state in (COMPILED, EAGER)
+        gone = weakref.ref(net)
+        del net
+        gc.collect()
+        assert gone() is None
+    finally:
+        patching.disable()
+
+
+def test_a_frozen_teacher_larger_than_its_student_is_not_taken_for_the_model():
+    d = patching.enable()
+    regions = d.regions = RegionCompiler(lambda step, outcome: None, compile_fn=lambda fn, **kw: fn)
+    try:
+        teacher, student = nn.Linear(16, 512), nn.Linear(16, 8)
+        teacher.requires_grad_(False)
+        opt = torch.optim.SGD(student.parameters(), lr=0.1)
+        x = torch.randn(4, 16)
+        (student(x).sum() + teacher(x).mean()).backward()
+        opt.step()
+        assert regions._model() is student
+    finally:
+        patching.disable()
