@@ -37,6 +37,7 @@ _is_compiling = torch.compiler.is_compiling
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _tracing_state = torch._C._get_tracing_state
 _functorch_active = torch._C._are_functorch_transforms_active
+_dispatch_modes = torch._C._len_torch_dispatch_stack   # FakeTensorMode and the like
 _has_torch_function = torch._C._has_torch_function
 _function_mode_enabled = torch._C._is_torch_function_mode_enabled
 _disabled_torch_function = torch._C._disabled_torch_function_impl
@@ -342,7 +343,7 @@ class FunctionSite:
             routes = {id(arm): arm for r in self.bucket_routes.values() for arm in _arms_of(r)}
         for route in routes.values():
             fn, slot, on_error = self._parts(route)
-            if slot < 0:
+            if slot < 0 or getattr(fn, "armed", False):   # armed at a boundary before, not called since
                 continue
             armed: list = []
             disarm = lambda armed=armed, route=route: self.replace(armed[0], route)  # noqa: E731
@@ -1033,14 +1034,21 @@ class Dispatcher:
 
         def sampled(*args, **kwargs):
             disarm()
-            if not torch.is_grad_enabled() or _functorch_active():
+            if not torch.is_grad_enabled() or _functorch_active() or _dispatch_modes():
                 return fn(*args, **kwargs)
             timer = BackwardTimer(slot, readings)
-            timer.before()
+            try:
+                timer.before()
+            except Exception:  # noqa: BLE001 - a timer never fails the call: this one goes untimed
+                return fn(*args, **kwargs)
             out = fn(*args, **kwargs)
-            timer.after(out)
+            try:
+                timer.after(out)
+            except Exception:  # noqa: BLE001
+                log.debug("rtxops: a backward timer could not hook its call", exc_info=True)
             return out
 
+        sampled.armed = True  # type: ignore[attr-defined]
         return sampled
 
     # ---- introspection --------------------------------------------------------------------
@@ -1080,9 +1088,14 @@ _graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
 
 def _recomputable() -> bool:
     """Whether this call may run again in a backward pass that must see what it saved: inside
-    activation checkpointing's forward (its saved-tensor hooks; the user's own too) or its
-    recompute (a backward pass running). Such calls do not explore: the recompute would take
-    another arm, which saves other tensors (torch raises CheckpointError)."""
+    activation checkpointing's forward (its saved-tensor hooks; the user's own too), reentrant
+    checkpointing's (it runs its forward with grad off), or its recompute (a backward pass
+    running). Such calls do not explore: the recompute would take another arm, which saves
+    other tensors (torch raises CheckpointError) or computes the gradient of another variant
+    than the loss's. (A forward under no_grad that is not recomputed does not explore either:
+    no arm's training cost is measured there.)"""
+    if not torch.is_grad_enabled():
+        return True
     if _saved_tensors_hooks is not None and _saved_tensors_hooks(False) is not None:
         return True
     return _graph_task_id is not None and _graph_task_id() != -1

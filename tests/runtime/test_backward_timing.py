@@ -107,3 +107,41 @@ def test_a_call_without_a_backward_of_its_own_is_not_timed():
     timer.after(out)
     (out * 2).sum().backward()
     assert readings.seen == []
+
+
+def test_a_route_not_called_for_many_steps_has_its_next_backward_timed_once():
+    """Each boundary armed the route again on top of its armed self: one backward was recorded
+    once per boundary it had waited, and after thousands the call hit Python's recursion limit."""
+    d = patching.enable()
+    d.backward_every = 1
+    seen: list[int] = []
+    record = d.readings.backward
+    d.readings.backward = lambda slot, start, duration: (seen.append(slot), record(slot, start, duration))
+    try:
+        x = torch.randn(8, 16, requires_grad=True)
+        F.gelu(x).sum().backward()
+        d.on_step()
+        for _ in range(3000):          # an eval shape, an epoch's last batch: seldom called
+            d.on_step()
+        seen.clear()
+        F.gelu(x).sum().backward()
+        assert len(seen) == 1
+    finally:
+        patching.disable()
+
+
+def test_a_sampled_call_under_a_fake_tensor_mode_runs_untimed():
+    """The timer's probe is a real tensor: under FakeTensorMode (a memory estimator tracing the
+    model) the sampled call raised to the job."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    d = patching.enable()
+    d.backward_every = 1
+    try:
+        x = torch.randn(8, 16, requires_grad=True)
+        F.gelu(x).sum().backward()
+        d.on_step()                    # the route is armed
+        with FakeTensorMode() as mode:
+            assert F.gelu(mode.from_tensor(x)).shape == (8, 16)
+    finally:
+        patching.disable()
