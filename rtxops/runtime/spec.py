@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import itertools
+import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -139,13 +140,59 @@ class Variant:
         return digest.hexdigest()
 
 
-def _source_modules(fn: Callable, depth: int = 0, found: dict | None = None) -> dict:
-    """The modules of ``fn`` and of the functions it closes over or names, within ``fn``'s own
-    top-level package (torch and the standard library are versions of their own)."""
-    found = {} if found is None else found
+def _source_modules(fn: Callable) -> dict:
+    """The modules of ``fn`` and of every function it reaches, transitively: by closure, by a
+    global name, through a module (``_layout.in_layout_of``) or a class's methods, within
+    ``fn``'s own top-level package (torch and the standard library are versions of their own).
+    Functions are followed wherever they live: a helper beside ``build`` in its own module
+    calls helpers of other modules."""
     module = inspect.getmodule(fn)
-    if module is None or module.__name__ in found and depth:
-        return found
+    if module is None:
+        return {}
+    package = module.__name__.split(".")[0]
+    found = {module.__name__: module}
+
+    def ours(value) -> bool:
+        name = getattr(value, "__module__", None) if not isinstance(value, types.ModuleType) \
+            else value.__name__
+        return isinstance(name, str) and name.split(".")[0] == package
+
+    seen: set[int] = set()
+    stack: list = [fn]
+    while stack:
+        value = stack.pop()
+        if id(value) in seen or not ours(value):
+            continue
+        seen.add(id(value))
+        if isinstance(value, types.ModuleType):
+            found.setdefault(value.__name__, value)
+            continue
+        owner = sys.modules.get(value.__module__)
+        if owner is not None:
+            found.setdefault(owner.__name__, owner)
+        if isinstance(value, type):   # an autograd.Function, a kernel's helper class
+            stack.extend(getattr(m, "__func__", m) for m in vars(value).values())
+            continue
+        if not isinstance(value, types.FunctionType):
+            stack.extend(w for w in (getattr(value, "func", None), getattr(value, "fn", None))
+                         if isinstance(w, types.FunctionType))   # functools.partial, a JIT kernel
+            continue
+        names, codes = set(), [value.__code__]
+        while codes:   # the function's own code and its nested functions', at every depth
+            code = codes.pop()
+            names.update(code.co_names)
+            codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        for cell in value.__closure__ or ():
+            try:
+                stack.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                pass
+        for name in names:
+            target = value.__globals__.get(name)
+            if isinstance(target, types.ModuleType) and ours(target):
+                stack.extend(getattr(target, n, None) for n in names)   # module.attribute
+            stack.append(target)
+    return found
     found[module.__name__] = module
     package = module.__name__.split(".")[0]
     code = getattr(fn, "__code__", None)

@@ -33,6 +33,20 @@ def test_an_edit_to_a_helper_module_changes_the_hash(monkeypatch):
     assert compiled.source_hash != before[1]  # gelu.py, where the compiled math is
 
 
+@pytest.mark.parametrize("op, variant", [("attention", "math"), ("rms_norm", "eager"),
+                                         ("rope", "fused_qk")])
+def test_an_edit_to_a_helper_that_a_helper_calls_changes_the_hash(monkeypatch, op, variant):
+    """``build`` returns a function of its own module that calls ``_layout``: the walk did not
+    follow functions of a module it had hashed already, so an edit to ``_layout.py`` left
+    these variants' gate verdicts and tuning rows current."""
+    chosen = default_registry().variant(op, variant)
+    before = chosen.source_hash
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj) + (
+        "\n# edited\n" if getattr(obj, "__name__", "") == "rtxops.runtime.ops._layout" else ""))
+    assert chosen.source_hash != before
+
+
 @pytest.mark.parametrize("op,helper", [("rms_norm", "_common.py"), ("gelu", "_compiled.py")])
 def test_an_edit_to_a_triton_helper_changes_the_kernel_hash(monkeypatch, op, helper):
     """Imports are followed through: triton/gelu.py imports ops/gelu.py, which imports
