@@ -94,6 +94,14 @@ class SuccessiveHalving(Strategy):
     def __init__(self, arms, budget, seed=0, batch=4) -> None:
         super().__init__(arms, budget, seed, batch)
         self.survivors = list(self.arms)
+        if budget < len(self.arms):
+            # as Hyperband does: a random few (the first arm, the incumbent's or the default
+            # config, among them) with room for a round that halves them, not the first ones in
+            # order, once each, never halved; a budget too small for any halving tries as many
+            k = max((n for n in range(3, budget + 1) if n + math.ceil(n / 2) <= budget),
+                    default=budget)
+            chosen = {0, *self.rng.sample(range(1, len(self.arms)), k - 1)}
+            self.survivors = [a for i, a in enumerate(self.arms) if i in chosen]
         self.round_todo = list(self.survivors)
         self.round = 0
 

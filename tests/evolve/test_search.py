@@ -53,6 +53,24 @@ def test_successive_halving_remeasures_survivors():
     assert len(s.values["arm7"]) > 1 and len(s.values["arm0"]) == 1
 
 
+def test_successive_halving_on_a_budget_below_its_arms_still_halves():
+    """Budget 11 for 17 arms: it measured the first 10 in order, once each, and never halved (a
+    CUDA bucket's 17 candidates at the default budget: 6 of its Triton configs never ran)."""
+    arms = [f"arm{i:02d}" for i in range(17)]
+    tried = set()
+    for seed in range(8):
+        s = search.SuccessiveHalving(arms, budget=11, seed=seed)
+        asked = []
+        while batch := s.ask():
+            asked += batch
+            for arm in batch:
+                s.tell(arm, 100.0 + int(arm[3:]))
+        assert len(asked) <= 11 and len(set(asked)) < len(asked)   # survivors measured again
+        assert arms[0] in asked                                    # the first arm always runs
+        tried |= set(asked)
+    assert tried - set(arms[:10])                                  # not only the first ten
+
+
 def test_replay_counts_trials_to_within_five_percent(tmp_path):
     sweep = {"arms": [{"variant": a, "config": {}, "values": [truth(a) * f for f in (0.99, 1.0, 1.01)]}
                       for a in ARMS]}
