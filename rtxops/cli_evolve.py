@@ -78,6 +78,7 @@ def tune(
     """Benchmark candidate variants on the recorded buckets in worker processes and store the
     results in the tuning database; through the running daemon, or in-process when none runs."""
     from rtxops.evolve.search import STRATEGIES
+    from rtxops.evolve.stats import MIN_SAMPLES
 
     h = _home(home)
     if show:
@@ -88,6 +89,9 @@ def tune(
         raise _fail(f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
     if budget < 1 or reps < 1 or warmup < 0:
         raise _fail("--budget and --reps must be at least 1, --warmup at least 0")
+    if reps < MIN_SAMPLES:
+        err.print(f"rtxops: --reps {reps}: the arms are measured, but the comparison with the "
+                  f"reference needs {MIN_SAMPLES} repetitions to decide anything", markup=False)
     params = {"op": op, "bucket": bucket, "strategy": strategy, "budget": budget, "reps": reps,
               "warmup": warmup, "variants": list(variant) if variant else None}
     sweep_out = sweep_out.resolve() if sweep_out is not None else None

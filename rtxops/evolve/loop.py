@@ -594,9 +594,10 @@ class EvolveLoop:
         # the reason and the figures recorded are those of the comparison that regressed
         what, cmp, threshold = (("kernel", kernel, self.config.rollback_threshold) if kernel_regressed
                                 else ("step", step, self.config.step_rollback_threshold))
-        reason = (f"canary: {what} time {-cmp.gain:+.1%} against the window before the swap "
-                  f"(threshold {threshold:.0%})")
-        if not (kernel_regressed or step_regressed):
+        if kernel_regressed or step_regressed:
+            reason = (f"canary: {what} time {-cmp.gain:+.1%} against the window before the swap "
+                      f"(threshold {threshold:.0%})")
+        else:
             # a pass needs the winner seen running: the job may have disabled it
             cmp = kernel
             reason = (f"canary: the winner ran in {len(live)} steps of steps {bt.canary_from}-"

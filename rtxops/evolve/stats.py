@@ -29,7 +29,8 @@ MAX_SAMPLES = 2000
 class Comparison:
     """The outcome of comparing a candidate to the incumbent (lower values are better)."""
 
-    gain: float  # fraction of the incumbent's value saved; negative = the candidate is slower
+    gain: float | None  # fraction of the incumbent's value saved (negative: slower); None:
+    #                     too few samples to say
     ci_low: float
     ci_high: float
     p_value: float  # one-sided: the chance of a gain this large with no real difference
@@ -125,7 +126,7 @@ def _decide(observed: float, resampled: np.ndarray, p_value: float, n: int, min_
 
 
 def _too_few(n: int, need: int) -> Comparison:
-    return Comparison(0.0, float("-inf"), float("inf"), 1.0, n, False,
+    return Comparison(None, float("-inf"), float("inf"), 1.0, n, False,
                       f"{n} samples, {need} needed")
 
 

@@ -196,9 +196,11 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
 def _facts(kind, version, params, signer, builder, sbom_bytes, signed) -> dict:
     """What policies see about a bundle (see :mod:`.policy`)."""
     sb = sbom.facts(json.loads(sbom_bytes))
-    decision = {k: (float(v) if isinstance(v, int) and not isinstance(v, bool) and k in
-                    ("gain", "ci_low", "ci_high", "p_value") else v)
-                for k, v in (params.get("decision") or {}).items()}
+    numeric = ("gain", "ci_low", "ci_high", "p_value")
+    # a figure the decision could not give (too few samples: null) reads as the default below
+    decision = {k: (float(v) if isinstance(v, int) and not isinstance(v, bool) and k in numeric
+                    else v)
+                for k, v in (params.get("decision") or {}).items() if v is not None or k not in numeric}
     return {
         "kind": kind, "version": version, "scope": params.get("scope") or "",
         "signer": {k: v for k, v in signer.items() if k != "entry"},

@@ -93,6 +93,9 @@ def test_tune_in_process_tunes_the_recorded_buckets_and_show_lists_them(tmp_path
     (b,) = report["buckets"]
     assert (b["op"], b["bucket"]) == ("gelu", GELU)
     assert b["trials"] == 2 and b["candidates"] == 1 and b["decision"]["reason"]
+    # 3 repetitions cannot decide: said up front, and no gain of "+0.0%" made up
+    assert "needs 5 repetitions to decide anything" in r.stderr
+    assert b["decision"]["gain"] is None or b["best"]["variant"] == "reference"
     assert {a["variant"] for a in b["arms"]} == {"reference", "eager"}
     assert report["sweep_files"] == [str(tmp_path / "sweep.json")]
     assert len(json.loads((tmp_path / "sweep.json").read_text())["arms"]) == 2

@@ -49,6 +49,8 @@ def test_a_real_but_small_gain_is_below_the_minimum():
 def test_too_few_samples_decide_nothing():
     c = stats.compare_paired([1.0, 1.0], [0.5, 0.5])
     assert not c.promote and "needed" in c.reason
+    assert c.gain is None   # not a gain of 0 (stored and shown as "+0.0%")
+    assert stats.compare_independent([1.0] * 3, [0.5] * 3).gain is None
     with pytest.raises(ValueError):
         stats.compare_paired([1.0], [1.0, 2.0])
 
