@@ -77,9 +77,17 @@ def validate(registry: Registry, op: str | None, bucket: str | None, strategy: s
     if op is not None:
         _check(registry.op, op)
         if bucket is not None:
-            _check(lambda: registry.op(op).parse_bucket(bucket))
+            parsed = _check(lambda: registry.op(op).parse_bucket(bucket))
+            if getattr(parsed, "device", None) == "cuda" and not _cuda_here():
+                raise TuneError(f"{bucket} is a CUDA bucket and this machine has no CUDA device")
         for v in variants or ():
             _check(registry.variant, op, v)
+    else:
+        names = {v.name for o in registry.ops() for v in registry.variants(o.name)}
+        for v in variants or ():
+            if v not in names:
+                raise TuneError(f"unknown variant {v!r}: no op has one of that name "
+                                f"(known: {', '.join(sorted(names))})")
 
 
 def tune(store: Store, registry: Registry, *, op: str | None = None, bucket: str | None = None,
@@ -388,6 +396,12 @@ class TuneTasks:
 
 def _arm_dict(arm: Arm) -> dict:
     return {"variant": arm.variant, "config": arm.config}
+
+
+def _cuda_here() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _check(fn, *args):

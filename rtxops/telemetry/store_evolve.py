@@ -183,8 +183,11 @@ def tuning_rows(q, key: dict | None = None, *, op: str | None = None, limit: int
     if op is not None:
         key["op"] = op
     where = " AND ".join(f"{c} = ?" for c in key) or "true"
+    # every key column: rows of one arm under other versions tie on the rest, and pages cut
+    # between ties repeated some rows and left out others
     return q.query(f"SELECT * FROM tuning WHERE {where} ORDER BY op, bucket, median_ns, variant, "
-                   "config LIMIT ? OFFSET ?", [*key.values(), limit, offset])
+                   "config, device, torch_version, triton_version, source_hash LIMIT ? OFFSET ?",
+                   [*key.values(), limit, offset])
 
 
 def decisions(q, job_id: str | None = None, limit: int = 200, offset: int = 0) -> list[dict]:

@@ -179,6 +179,9 @@ def test_bad_input_is_refused_before_any_work(tmp_path, registry):
             (dict(op="gelu", bucket=GELU, strategy="annealing"), "unknown strategy 'annealing'"),
             (dict(op="gelu", bucket=GELU, budget=0), "at least 1"),
             (dict(op="gelu", bucket=GELU, variants=["warp_drive"]), "unknown variant 'warp_drive'"),
+            (dict(variants=["eagr"]), "unknown variant 'eagr': no op has one of that name"),
+            (dict(op="gelu", bucket=GELU.replace("/cpu/", "/cuda/")),
+             "a CUDA bucket and this machine has no CUDA device"),
             (dict(), "no recorded op buckets"),
             (dict(op="gelu"), "no recorded gelu buckets"),
         ]

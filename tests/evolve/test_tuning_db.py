@@ -136,3 +136,20 @@ def test_a_gate_verdict_of_earlier_gate_rules_is_checked_again(tmp_path, registr
         assert db.gate("gelu", BUCKET, ARM) is None
         db.save_gate("gelu", BUCKET, ARM, True, "", 0.0)
         assert db.gate("gelu", BUCKET, ARM)["passed"] is True
+
+
+def test_paging_through_rows_of_one_arm_under_many_versions_gives_each_once(tmp_path):
+    """Rows of one arm under other versions tie on op, bucket, median, variant and config: pages
+    cut between ties repeated some rows and left out others (``rtxops tune --show`` pages)."""
+    from rtxops.telemetry import store_evolve
+
+    with Store(tmp_path / "t.duckdb") as store:
+        for i in range(40):
+            store_evolve.upsert_tuning(store, {
+                "op": "gelu", "bucket": BUCKET, "variant": "eager", "config": "{}",
+                "device": "cpu:x", "torch_version": f"2.{i}", "triton_version": "",
+                "source_hash": "h"}, {"source": "offline", "trials": 1, "status": "failed",
+                                      "reason": "r", "updated_ns": i})
+        seen = [r["torch_version"] for offset in range(0, 40, 7)
+                for r in store_evolve.tuning_rows(store, limit=7, offset=offset)]
+    assert sorted(seen) == sorted(f"2.{i}" for i in range(40))
