@@ -4,9 +4,11 @@ recorded shapes, with a search strategy on a trial budget.
 Per bucket: candidates → correctness gate (stored) → a baseline trial of the reference → strategy
 rounds, each one ``bench`` worker run of the arms it asked (a crash there fails those trials, not
 the tuner) → ``trials`` rows and ``rtx.trial`` spans → tuning-database rows (source ``offline``) →
-a decision (``offline_best``: the best arm against the reference, with its statistics).
-A trial is one arm's repetitions in one worker run; the budget counts every trial, the baseline's
-included. The thompson strategy starts from priors: the op's tuning rows on other buckets
+a decision (``offline_best``: the best arm against the reference, with its statistics, paired
+repetition by repetition within the worker runs that measured both: runs differ by more than the
+kernels do). A trial is one arm's repetitions in one worker run; the budget counts every trial
+of the search, the baseline's included; a best arm never measured beside the reference gets one
+more run with it. The thompson strategy starts from priors: the op's tuning rows on other buckets
 (:func:`rtxops.evolve.priors.tuning_priors`).
 """
 from __future__ import annotations
@@ -158,17 +160,27 @@ class _Tuner:
                           batch=BATCH, prior=prior or None) if passed and self.budget > 1 else None
         asked = s.ask() if s else []
         first = True
+        runs: list[dict[Arm, list[float]]] = []   # each worker run's values per arm
         while (first or asked) and not self.stopped():
             run = ([BASELINE] if first else []) + asked
+            runs.append({})
             for arm, trial in self._run(op, bucket, run, len(trials)):
                 trials.append(trial)
+                runs[-1][arm] = trial["values"]
                 values.setdefault(arm, []).extend(trial["values"])
                 if s and arm in asked:
                     s.tell(arm, trial["median_ns"] if trial["status"] == "ok" else float("inf"))
             first, asked = False, (s.ask() if s else [])
-        self._record_tuning(op, bucket, trials)
         best = self._best(s, values)
-        decision = self._decide(op, bucket, best, values, trials, failed)
+        if best not in (None, BASELINE) and not _paired(runs, best)[0] and not self.stopped():
+            # the verdict compares the two within one run: worker runs differ by more than the
+            # kernels do (a run's offset hits every arm in it alike)
+            runs.append({})
+            for arm, trial in self._run(op, bucket, [BASELINE, best], len(trials)):
+                trials.append(trial)
+                runs[-1][arm] = trial["values"]
+        self._record_tuning(op, bucket, trials)
+        decision = self._decide(op, bucket, best, values, trials, failed, _paired(runs, best))
         self.progress("done", trials=len(trials))
         return {"op": op, "bucket": bucket, "candidates": len(arms), "gate_passed": len(passed),
                 "prior_arms": len(prior),
@@ -249,15 +261,17 @@ class _Tuner:
             return BASELINE if values.get(BASELINE) else pick
         return pick
 
-    def _decide(self, op, bucket, best: Arm | None, values, trials, failed) -> dict:
-        base = values.get(BASELINE, [])
+    def _decide(self, op, bucket, best: Arm | None, values, trials, failed,
+                pairs: tuple[list[float], list[float]]) -> dict:
         if best is None or best == BASELINE:
             others = any(v for a, v in values.items() if a != BASELINE)
             cmp, reason = None, ("nothing was measured" if best is None else
                                  "the reference is the fastest arm measured" if others else
                                  "only the reference was measured (the budget held no candidate)")
-        else:
-            cmp = stats.compare_independent(base, values[best], seed=self.seed)
+        elif not pairs[0]:
+            cmp, reason = None, "the best arm and the reference were never measured in one run"
+        else:   # repetitions interleave the arms of a run: pairs by position
+            cmp = stats.compare_paired(*pairs, seed=self.seed)
             reason = cmp.reason
         finite = (lambda v: v if v is not None and abs(v) != float("inf") else None)
         row = {"decision_id": uuid.uuid4().hex, "job_id": None, "op": op, "bucket": bucket,
@@ -396,6 +410,17 @@ class TuneTasks:
 
 def _arm_dict(arm: Arm) -> dict:
     return {"variant": arm.variant, "config": arm.config}
+
+
+def _paired(runs: list[dict[Arm, list[float]]], arm: Arm | None) -> tuple[list[float], list[float]]:
+    """The reference's and ``arm``'s values from the runs that measured both in full."""
+    base, other = [], []
+    for run in runs:
+        b, a = run.get(BASELINE), run.get(arm)
+        if b and a and len(b) == len(a):
+            base += b
+            other += a
+    return base, other
 
 
 def _cuda_here() -> bool:

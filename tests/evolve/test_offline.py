@@ -271,3 +271,35 @@ def test_a_job_waiting_for_the_gate_slot_takes_the_verdicts_another_just_stored(
         assert all(set(passed) == set(arms) and not failed for passed, failed in results)
     finally:
         store.close()
+
+
+def test_the_verdict_compares_the_best_arm_with_the_reference_within_one_run(tmp_path, registry,
+                                                                             monkeypatch):
+    """Worker runs differ by more than kernels do. Here every run after the first is 10 % faster
+    throughout: the arm measured only in the second run, as fast as the reference, looked 10 %
+    better against the reference of the first run, and was reported better. It now gets a run
+    beside the reference, and the verdict pairs their repetitions."""
+    from rtxops.evolve import offline
+
+    runs: list[list[str]] = []
+
+    def worker(request, key, timeout_s, on_progress):
+        runs.append([a["variant"] for a in request["arms"]])
+        out = []
+        for i, arm in enumerate(request["arms"]):
+            level = 1000.0 if arm["variant"] == "reference" or len(runs) > 1 else 1100.0
+            values = [level * (0.9 if len(runs) > 1 else 1.0) * (1 + 0.002 * ((r * 7 + i) % 5))
+                      for r in range(20)]
+            out.append({"status": "ok", "values": values, "median_ns": statistics.median(values),
+                        "p95_ns": max(values), "spread": 0.01, "peak_bytes": None})
+        return out
+
+    monkeypatch.setattr(offline, "run_isolating", worker)
+    monkeypatch.setattr(offline, "screen", lambda tuning, op, bucket, arms, timeout_s: (set(arms), {}))
+    with Store(tmp_path / "rtxops.duckdb") as store:
+        report = tune(store, registry, op="gelu", bucket=GELU, strategy="exhaustive", budget=10,
+                      variants=["eager", "algebraic", "chunked"])
+    (b,) = report["buckets"]
+    assert len(runs) == 3 and len(runs[1]) == 1 and runs[2] == ["reference", runs[1][0]]
+    assert b["best"]["variant"] == runs[1][0]
+    assert not b["decision"]["better"] and abs(b["decision"]["gain"]) < 0.02, b["decision"]
