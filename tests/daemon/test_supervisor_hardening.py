@@ -243,6 +243,8 @@ def test_what_a_full_store_refused_is_stored_once_it_takes_writes_again(tmp_path
                                           "done; echo two; echo three; exit 3"), runtime=False,
                                  grace_s=0.5))
         until(lambda: [ln.text for ln in sup.logs(job.id)] == ["one"])
+        # the running record is saved apart from the log: the store fills once it has it
+        until(lambda: sink.jobs.get(job.id, {}).get("state") == "running")
         sink.full = True
         go.touch()
         assert sup.wait(job.id, 20).state is JobState.FAILED
