@@ -113,7 +113,10 @@ def keys_list(keyring: Optional[Path] = typer.Option(None), home: Optional[Path]
 
 @keys_app.command("trust")
 def keys_trust(public_key: Path = typer.Argument(..., help="PEM public key"),
-               name: str = typer.Option(""), kinds: str = typer.Option("plan,checkpoint,telemetry,ledger"),
+               name: str = typer.Option(""),
+               kinds: str = typer.Option("checkpoint,telemetry,ledger",
+                                         help="kinds it may sign (plans are the daemon's: add plan "
+                                              "only for a key that stands in for one)"),
                days: Optional[float] = typer.Option(None, help="valid for this many days (default: no end)"),
                keyring: Optional[Path] = typer.Option(None), home: Optional[Path] = HomeOpt) -> None:
     """Trust a public key for the given artifact kinds."""

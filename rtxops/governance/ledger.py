@@ -19,7 +19,7 @@ from rtxops.telemetry.store_ledger import (GENESIS, append_entry, count_entries,
                                           newest_version, read_entries)
 
 from . import _keys
-from ._errors import UsageError, VerificationError
+from ._errors import GovernanceError, UsageError, VerificationError
 from ._layout import HEAD_KIND
 
 __all__ = ["ChainCheck", "append", "append_problem", "check_chain", "count_entries", "export_jsonl",
@@ -301,9 +301,12 @@ def unrecorded_bundles(bundles: Path, rows: list[dict], keyring) -> list[str]:
                 if r.get("kind") in ISSUED_KINDS}
     problems = []
     for directory in sorted(bundles.glob("*/v*")) if bundles.is_dir() else ():
-        if not directory.is_dir() or not directory.name[1:].isdigit():
-            continue   # (a staging folder, say)
-        report = verify(directory, Trust(keyring=keyring), expected_kind="plan")
+        if directory.is_symlink() or not directory.is_dir() or not directory.name[1:].isdigit():
+            continue   # (a staging folder, say; the daemon moves real folders into place)
+        try:
+            report = verify(directory, Trust(keyring=keyring), expected_kind="plan")
+        except GovernanceError:   # not a bundle at all: not this daemon's word either
+            continue
         facts = report.facts
         if not report.ok or not str(facts.get("builder", {}).get("id", "")).startswith("rtxops-daemon"):
             continue   # not this daemon's word: it proves nothing about the ledger

@@ -395,3 +395,16 @@ def test_a_tail_cut_under_an_older_signed_head_is_found_by_the_bundles_the_daemo
     assert code == 1 and "job-1/v3: this home's daemon issued it, and no ledger entry" in output, output
     code, output = cli("verify", str(v2), "--home", str(home))
     assert code == 1 and "the ledger is not intact" in output, output
+
+
+def test_a_linked_or_broken_version_folder_beside_the_bundles_is_no_traceback(tmp_path):
+    """A ``bundles/<scope>/v7`` that is a link to a folder (or a folder that is not a bundle)
+    made `ledger verify` end in a UsageError traceback: the daemon moves real bundles there."""
+    import os
+
+    home = daemon_home(tmp_path, versions=(1,))
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", home / "bundles" / "job-1" / "v7")
+    (home / "bundles" / "job-1" / "v8").mkdir()
+    code, out = cli("ledger", "verify", "--home", str(home))
+    assert code == 0 and "ledger intact" in out, out

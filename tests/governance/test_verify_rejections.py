@@ -473,10 +473,22 @@ def _entry_hash(home: Path, seq: int) -> str:
         con.close()
 
 
-def test_keyring_revocation_through_the_cli(good_plan, keys, tmp_path):
+def test_a_key_trusted_with_the_default_kinds_signs_no_plans(good_plan, keys, tmp_path):
+    """`keys trust` granted plans by default: a colleague's key trusted for checkpoints could sign
+    a plan every job took (plans are the daemon's; `keys init` already left them out)."""
     ring = tmp_path / "ring.json"
     Keyring(ring).save()
     r = CliRunner().invoke(app, ["keys", "trust", str(keys.root / "daemon.pub"), "--keyring", str(ring)])
+    assert r.exit_code == 0, r.output
+    code, output = run(str(good_plan), "--keyring", str(ring), "--no-ledger")
+    assert code == 1 and "plan" in output, output
+
+
+def test_keyring_revocation_through_the_cli(good_plan, keys, tmp_path):
+    ring = tmp_path / "ring.json"
+    Keyring(ring).save()
+    r = CliRunner().invoke(app, ["keys", "trust", str(keys.root / "daemon.pub"), "--kinds",
+                                 "plan,checkpoint,telemetry,ledger", "--keyring", str(ring)])
     assert r.exit_code == 0, r.output
     assert run(str(good_plan), "--keyring", str(ring), "--no-ledger")[0] == 0
     kid = Keyring.load(ring).keys.popitem()[0]
