@@ -348,10 +348,30 @@ class Supervisor:
             self._set(job, JobState.CANCELLED, reason=job.reason or "cancelled by request")
             self._save(job.id)
             self._event(job.id, "cancelled", reason=job.reason)
-            return
-        self._set(job, JobState.LOST, reason=reason)
+        else:
+            self._set(job, JobState.LOST, reason=reason)
+            self._save(job.id)
+            self._event(job.id, "lost", reason=reason)
+        if attempt is not None:
+            threading.Thread(target=self._store_last_lines, args=(job, attempt), daemon=True,
+                             name=f"rtxops-job-{job.id}-logs").start()
+
+    def _store_last_lines(self, job: Job, attempt: Attempt) -> None:
+        """Store what an attempt that ended unseen wrote after the last lines a daemon stored
+        (often its traceback), then remove its output files: they were left for good."""
+        runner = _Runner(self, job.id)   # for its log tail only: no thread of its own
+        tail = runner._new_tail(attempt, attempt.log_offsets, attempt.log_seqs,
+                                runner._stored_after_checkpoint(attempt))
+        drained = tail.stop(LOG_DRAIN_S)
+        with self._lock:
+            attempt.log_offsets, attempt.log_seqs = tail.committed()
         self._save(job.id)
-        self._event(job.id, "lost", reason=reason)
+        if drained and not self.keep_log_files:   # (else the tail's late drain removes them)
+            _remove_attempt_files(job.log_dir, attempt.number)
+            try:
+                Path(job.log_dir).rmdir()
+            except OSError:
+                pass
 
     def _stop_strays(self, job: Job) -> None:
         """Kill what carries the job's token though no saved attempt owns it: the previous daemon

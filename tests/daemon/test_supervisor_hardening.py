@@ -339,3 +339,25 @@ def test_a_store_in_a_folder_others_may_enter_says_so(tmp_path, caplog):
     finally:
         shutil.rmtree(shared)
     assert stat.S_IMODE((tmp_path / "made-here").stat().st_mode) == 0o700
+
+
+def test_a_job_lost_while_no_daemon_watched_has_its_last_lines_stored_and_its_files_removed(tmp_path):
+    """A job killed with its waiter while the daemon was down (a reboot, the OOM killer): the
+    lines it wrote after the last ones stored (its traceback, often) were never read, and its
+    output files stayed for good."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "attempt-1.stdout").write_text("step 1\nstep 2\nTraceback: boom\n")
+    (logs / "attempt-1.stderr").write_text("")
+    old = Job(id="j-0ld1", spec=JobSpec(command=("python", "train.py"), runtime=False),
+              state=JobState.RUNNING, created_at_ns=1, updated_at_ns=1, token="j-0ld1.beef",
+              log_dir=str(logs), attempts=[Attempt(number=1, started_at_ns=1, pid=gone.pid)])
+    sup = Supervisor(InMemoryJobSink(), tmp_path / "work", recovered_jobs=[old], tick_s=0.02)
+    try:
+        assert sup.job(old.id).state is JobState.LOST
+        until(lambda: [ln.text for ln in sup.logs(old.id)] == ["step 1", "step 2", "Traceback: boom"])
+        until(lambda: not logs.exists())
+    finally:
+        sup.shutdown(grace_s=0.5)
