@@ -69,6 +69,9 @@ class PlanBoard:
         The first call loads the op registry, which imports torch: seconds."""
         if job_id is not None and not _JOB_ID.fullmatch(job_id):
             raise PlanError(f"job id {job_id!r} is not a valid job id")
+        if plan.version < 1:   # every job starts on the built-in plan, version 0
+            raise PlanError(f"plan version {plan.version}: a published plan's version is at least 1 "
+                            "(jobs start on the built-in version 0 and take only newer ones)")
         from rtxops.runtime.registry import default_registry  # torch: only when publishing
 
         return plan.validate(default_registry())

@@ -117,6 +117,10 @@ class PlanPoller:
             plan = Plan.from_json(body)
             running = self.dispatcher.plan.version
             if plan.version == running and self.dispatcher.pending is None:
+                if plan.digest != self.dispatcher.plan.digest:
+                    raise PlanError(f"plan version {plan.version} differs from the running plan of "
+                                    f"that version (one given to the job, say); keeping it: "
+                                    "publish a newer version")
                 self.etag = etag
                 return "unchanged"
             if plan.version < running:

@@ -93,3 +93,12 @@ def test_a_jobs_first_plan_must_be_newer_than_the_default_it_runs(tmp_path):
     # a job's own plan is its floor from then on, whatever the default does
     board.publish(Plan.from_dict({"version": 9, "defaults": {"gelu": "reference"}}))
     board.publish(Plan.from_dict({"version": 7, "defaults": {"gelu": "reference"}}), "job-1")
+
+
+def test_a_plan_of_version_0_is_refused():
+    """Every job starts on the built-in plan, version 0, and takes only newer ones: a published
+    version 0 was accepted (201) and then never installed, refused or reported by any job."""
+    board = PlanBoard.__new__(PlanBoard)
+    for job in (None, "job-1"):
+        with pytest.raises(PlanError, match="version is at least 1"):
+            board.validate(Plan.from_dict({"version": 0, "defaults": {"gelu": "reference"}}), job)

@@ -170,3 +170,22 @@ def test_a_plan_published_between_the_poll_and_the_bundle_fetch_is_no_refusal(en
                         verifier=lambda files, running: newer.encode())
     assert poller.poll_once() == "retry"
     assert poller.refused == [] and endpoint.reports == [] and poller.etag is None
+
+
+def test_a_served_plan_of_the_running_version_with_other_entries_is_refused_not_skipped(endpoint):
+    """The poller took "same version" for "same plan": a job started with its own version 7 that
+    was served another version 7 kept its own silently, with no refusal reported."""
+    own = plan_for(7, ("gelu", "float32/cpu/tanh=0,hidden=64,rows=16", "algebraic"))
+    d = Dispatcher()
+    d.plan = own
+    poller = PlanPoller(d, endpoint.url, "job-1", None, verifier=accept)
+    assert poller.poll_once() == "refused"
+    assert len(endpoint.reports) == 1 and "differs from the running plan" in str(endpoint.reports[0])
+    assert d.plan is own
+
+
+def test_the_served_plan_the_job_runs_is_unchanged(endpoint):
+    d = Dispatcher()
+    d.plan = plan_for(7)
+    poller = PlanPoller(d, endpoint.url, "job-1", None, verifier=accept)
+    assert poller.poll_once() == "unchanged" and endpoint.reports == []
