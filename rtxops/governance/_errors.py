@@ -13,7 +13,11 @@ class UsageError(GovernanceError):
 class VerificationError(GovernanceError):
     """A bundle failed one check (CLI exit 1). ``check`` names the check."""
 
+    MAX_MESSAGE = 500   # messages quote the bundle's own (unsigned) text: kept to a line or two
+
     def __init__(self, check: str, message: str) -> None:
+        if len(message) > self.MAX_MESSAGE:
+            message = message[:self.MAX_MESSAGE] + f"... ({len(message)} characters)"
         super().__init__(f"{check}: {message}")
         self.check, self.message = check, message
 

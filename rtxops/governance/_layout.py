@@ -170,12 +170,17 @@ def hash_files(root: Path, names: list[str]) -> Future:
 
 
 def read_limited(path: Path, limit: int, what: str) -> bytes:
-    """The bytes of ``path`` if it is at most ``limit`` long (oversized input is refused)."""
+    """The bytes of ``path`` if it is a file of at most ``limit`` bytes (oversized input is
+    refused). One open, no link followed, at most ``limit + 1`` bytes read: a file swapped for a
+    bigger one (or a link to /dev/zero) after a size check is refused too."""
     try:
-        size = path.stat().st_size
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as e:
         raise VerificationError(what, f"cannot read {path.name}: {e.strerror}") from None
-    if size > limit:
-        raise VerificationError(what, f"{path.name} is {size} bytes, over the {limit} byte limit "
-                                      "(oversized input)")
-    return path.read_bytes()
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise VerificationError(what, f"{path.name} is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise VerificationError(what, f"{path.name} is over the {limit} byte limit (oversized input)")
+    return data

@@ -179,3 +179,33 @@ def test_folders_nested_too_deep_are_a_clear_error_for_every_command(keys, tmp_p
                  ["verify", str(deep), "--keyring", str(keys.keyring_file)]):
         code, output = cli(*args)
         assert code in (1, 2) and "nested deeper than" in " ".join(output.split()), (args, output)
+
+
+def test_a_huge_unsigned_field_gives_a_short_failure_message(keys, good_plan, tmp_path):
+    """The envelope's mediaType was quoted whole: a 3 MB field made a 3 MB message on the
+    terminal, in --json output and in a job's refusal report."""
+    import json
+
+    bundle = copy(good_plan, tmp_path / "long")
+    path = bundle / "bundle.sigstore.json"
+    doc = json.loads(path.read_text())
+    doc["mediaType"] = "A" * 3_000_000
+    path.write_text(json.dumps(doc))
+    code, output = cli("verify", str(bundle), "--keyring", str(keys.keyring_file), "--no-ledger")
+    assert code == 1 and "NOT verified" in output and len(output) < 5_000, len(output)
+
+
+def test_a_signed_file_that_is_a_link_is_refused_without_reading_it(keys, good_plan, tmp_path):
+    """The size was checked with stat(), then the file read whole through any link: one swapped
+    for a link to /dev/zero after the check was read without a limit."""
+    from rtxops.governance._errors import VerificationError
+    from rtxops.governance._layout import read_limited
+
+    link = tmp_path / "zero"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(VerificationError, match="cannot read zero"):
+        read_limited(link, 1 << 20, "provenance")
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 2048)
+    with pytest.raises(VerificationError, match="over the 1024 byte limit"):
+        read_limited(big, 1024, "provenance")
