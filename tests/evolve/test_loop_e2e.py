@@ -113,7 +113,7 @@ def test_loop_promotes_the_faster_variant_rolls_back_a_regression_and_never_prom
 
         def decisions(job, kind):
             return [r for r in store_evolve.decisions(d.store, job) if r["kind"] == kind]
-        rollback = until(lambda: decisions(fast.id, "rollback"), 120, "the canary to roll back")[0]
+        rollback = until(lambda: decisions(fast.id, "rollback"), 120, "the canary to roll back", d)[0]
         reject = until(lambda: decisions(slow.id, "reject"), 150, "job slow's bucket decision")[0]
     finally:
         for job in (fast, slow):
