@@ -15,6 +15,8 @@ from ._layout import (KINDS, MAX_METADATA_BYTES, MAX_SIGNATURE_BYTES, PLAN, PROV
                       SIGNATURE, hash_files, list_files, read_limited)
 from .keyring import Keyring
 from .policy import Policy, evaluate_all
+from ..runtime.errors import PlanError
+from ..runtime.plan import Plan
 
 
 @dataclass
@@ -170,6 +172,10 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
         if PLAN not in signed:
             raise VerificationError("plan", f"a plan bundle must hold {PLAN}")
         plan = _plan_json(parsed[PLAN])
+        try:   # what a job would refuse on install is not a plan that verified
+            Plan.from_dict(plan)
+        except PlanError as e:
+            raise VerificationError("plan", f"{PLAN} is not a valid plan: {e}") from None
         if plan.get("version") != version:
             raise VerificationError("plan", f"{PLAN} has version {plan.get('version')!r}, the "
                                             f"provenance says {version}")

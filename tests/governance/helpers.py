@@ -75,6 +75,14 @@ def plan_bundle(directory: Path, signer: Signer, version: int, *, decision: dict
     return directory
 
 
+def sign_as_it_is(directory: Path, signer: Signer, version: int) -> None:
+    """Sign a plan bundle's directory whole again (statement, SBOM, provenance) as its files are
+    now: a key holder signing whatever ``plan.json`` says."""
+    signer.sign_directory(directory, kind="plan", version=version, scope="job-1", decision=PROMOTE,
+                          evidence=EVIDENCE, kernels=plan_kernels(Plan.from_dict(
+                              {"version": version, "defaults": {"gelu": "algebraic"}}), registry())[0])
+
+
 def resign(directory: Path, signer: Signer, *, digests: dict | None = None,
            mutate_statement=None) -> None:
     """Sign the directory's files as they are now (an attacker holding a key, or a test building

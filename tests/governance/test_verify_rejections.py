@@ -14,7 +14,7 @@ from rtxops.cli import app
 from rtxops.governance import Keyring
 from rtxops.governance._layout import MAX_SIGNATURE_BYTES
 
-from .helpers import PROMOTE, copy, edit_bundle_json, plan_bundle, resign
+from .helpers import PROMOTE, copy, edit_bundle_json, plan_bundle, resign, sign_as_it_is
 
 KERNEL = "kernels/rtxops.runtime.ops.gelu.py"
 
@@ -240,6 +240,14 @@ def case_policy(b, keys):
     plan_bundle(b, keys.signer(), 5, decision={"kind": "promote", "gain": 0.01, "ci_low": -0.01})
 
 
+def case_plan_not_a_plan(b, keys):
+    """Signed whole by a trusted key, valid JSON, listed in the SBOM, and refused by any job."""
+    plan = json.loads((b / "plan.json").read_text())
+    plan["effective_step"] = -3
+    (b / "plan.json").write_text(json.dumps(plan))
+    sign_as_it_is(b, keys.signer(), 5)
+
+
 def case_min_version(b, keys):
     return ["--min-version", "6"]
 
@@ -289,6 +297,8 @@ CASES = {
     "sbom kernel hash": (case_sbom_kernel_hash, "kernels", "is not a signed file with the sha256"),
     "policy": (case_policy, "policy", "default/measured-gain"),
     "older than min version": (case_min_version, "version", "older than 6"),
+    "signed plan that no job takes": (case_plan_not_a_plan, "plan",
+                                      "not a valid plan: plan.effective_step must be an integer"),
 }
 
 
