@@ -272,15 +272,28 @@ class Supervisor:
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Accept no more jobs; SIGTERM every job's tree, SIGKILL what is left after ``grace_s``; wait
         for the runners. Jobs stopped this way end ``cancelled``."""
+        reason = "daemon shut down"
         with self._lock:
             self._closed = True
             runners = list(self._runners.items())
+            stopping = [job_id for job_id, runner in runners
+                        if not self._jobs[job_id].state.terminal and not runner.cancel_reason]
+            for job_id in stopping:
+                self._set(self._jobs[job_id], JobState.CANCELLING, reason=reason)
+        # saved before the first signal: a daemon killed during the grace leaves the next one a
+        # cancel to carry on, not a job to re-adopt as running (or restart once its tree is gone)
+        for job_id in stopping:
+            self._save(job_id)
+        with self._lock:
             for job_id, runner in runners:
                 job = self._jobs[job_id]
-                if not job.state.terminal and not runner.cancel_reason:
-                    runner.request_cancel("daemon shut down", min(grace_s, job.spec.grace_s))
-                    self._set(job, JobState.CANCELLING, reason="daemon shut down")
-                elif runner.cancel_reason:
+                if job.state.terminal:
+                    continue
+                if not runner.cancel_reason:
+                    runner.request_cancel(reason, min(grace_s, job.spec.grace_s))
+                    if job.state is not JobState.CANCELLING:   # an attempt started meanwhile
+                        self._set(job, JobState.CANCELLING, reason=reason)
+                else:
                     runner.grace_s = min(runner.grace_s, grace_s)
         deadline = time.monotonic() + grace_s + 10.0
         for _, runner in runners:

@@ -170,6 +170,32 @@ def test_a_cancel_in_progress_is_carried_on_after_kill9(daemons, tmp_path):
     until(lambda: gone(pid), what="the job's process to be killed")
 
 
+def test_a_shutdown_under_way_at_a_daemon_kill_is_carried_on_as_a_cancel(daemons, tmp_path):
+    """The daemon is asked to stop (SIGTERM) and killed during its jobs' grace (a service
+    manager's stop timeout): the next daemon finishes the stop. The job ended cancelled, not
+    re-adopted as running, nor restarted once its processes were gone."""
+    home, termed = tmp_path / "home", tmp_path / "termed"
+    d1 = daemons.start(home)
+    stubborn = script(tmp_path, "stubborn.py", f"""
+        import signal, time
+        signal.signal(signal.SIGTERM, lambda *_: open({str(termed)!r}, "w").close())
+        print("up", flush=True)
+        time.sleep(600)
+    """)
+    job = d1.submit(["python", stubborn], grace_s=5, restarts=3)
+    until(lambda: d1.texts(job["id"]) == ["up"], what="the job's SIGTERM handler")
+    pid = d1.job(job["id"])["attempts"][-1]["pid"]
+    d1.proc.send_signal(signal.SIGTERM)
+    until(termed.exists, what="the daemon's SIGTERM to reach the job")
+    d1.kill9()
+    d2 = daemons.start(home)
+    assert d2.job(job["id"])["state"] == "cancelling"
+    done = d2.wait(job["id"], timeout=60)
+    assert done["state"] == "cancelled" and done["reason"] == "daemon shut down", done
+    assert len(done["attempts"]) == 1
+    until(lambda: gone(pid), what="the job's process to be killed")
+
+
 JOB = """
 import sys, time
 print("one", flush=True)
