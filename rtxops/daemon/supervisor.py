@@ -348,6 +348,15 @@ class Supervisor:
             runner.start(adopt=True)
             return
         self._stop_strays(job)
+        if not cancelling and attempt is not None and attempt.outcome is not None \
+                and job.state in (JobState.RUNNING, JobState.HUNG):
+            # its attempt's end was saved, and not what follows from it (that save failed, or
+            # the daemon died between the two): decided now, as the runner would have; resuming
+            # it as if a restart were due ran a job that had succeeded once more
+            self._runners[job.id] = runner = _Runner(self, job.id)
+            self._event(job.id, "resumed", after="a daemon restart", attempt_outcome=attempt.outcome.value)
+            runner.start(adopt=False, decide=True)
+            return
         if not cancelling and (attempt is None or attempt.outcome is not None):
             # pending, or waiting to restart: the next attempt starts when it was due
             self._runners[job.id] = runner = _Runner(self, job.id)
@@ -416,7 +425,8 @@ class Supervisor:
             self._version += 1
             self._changed.notify_all()
 
-    def _save(self, job_id: str) -> None:
+    def _save(self, job_id: str) -> bool:
+        """Save the job's record; False when the sink refused it (saved again later)."""
         with self._save_locks[job_id]:
             with self._lock:
                 snapshot = self._jobs[job_id].copy()
@@ -425,6 +435,11 @@ class Supervisor:
                 (self._unsaved.discard if saved else self._unsaved.add)(job_id)
         if not saved:
             self._save_later()
+        elif snapshot.state.terminal and snapshot.attempt is not None:
+            # its exit status is saved, with what follows from it: the waiter's file has done
+            # its job (kept while unsaved: a daemon that starts from the older record reads it)
+            _status_file(snapshot, snapshot.attempt.number).unlink(missing_ok=True)
+        return saved
 
     def _event(self, job_id: str, kind: str, /, **detail: Any) -> None:
         event = (job_id, time.time_ns(), kind, json.dumps(detail, default=str))
@@ -524,8 +539,9 @@ class _Runner:
         self._scheduled: str | None = None   # the kind of restart the backoff waits for
         self._adopted = False   # the attempt was started by an earlier daemon
 
-    def start(self, adopt: bool, resume: bool = False) -> None:
-        target = self._run_adopted if adopt else self._run_resumed if resume else self._run
+    def start(self, adopt: bool, resume: bool = False, decide: bool = False) -> None:
+        target = (self._run_adopted if adopt else self._run_resumed if resume
+                  else self._run_decided if decide else self._run)
         self._thread = threading.Thread(target=self._guard, args=(target,), daemon=True,
                                         name=f"rtxops-job-{self.job_id}")
         self._thread.start()
@@ -596,6 +612,12 @@ class _Runner:
         self._delay = max(0.0, (due - time.time_ns()) / 1e9) if due else 0.0
         if not self._backoff():
             self._run()
+
+    def _run_decided(self) -> None:
+        """A job a previous daemon left with its last attempt ended and nothing decided."""
+        if self._decide(self.job.attempt) or self._backoff():
+            return
+        self._run()
 
     def _launch(self) -> Attempt | None:
         sup, job = self.sup, self.job
@@ -899,8 +921,8 @@ class _Runner:
                 return False
             sup._set(job, JobState.RESTARTING, reason=f"{attempt.detail}; restarting in {delay:g} s",
                      next_attempt_at_ns=time.time_ns() + int(delay * 1e9))
-        sup._save(job.id)
-        _status_file(job, attempt.number).unlink(missing_ok=True)   # (saved, with what follows)
+        if sup._save(job.id):   # saved, with what follows: a next daemon resumes the backoff
+            _status_file(job, attempt.number).unlink(missing_ok=True)
         sup._event(job.id, "restart_scheduled", kind=kind, delay_s=delay, restarts_left=budget - used - 1)
         self._delay, self._scheduled = delay, kind
         return False
@@ -924,9 +946,7 @@ class _Runner:
     def _finish(self, state: JobState, reason: str) -> None:
         with self.sup._lock:
             self.sup._set(self.job, state, reason=reason, next_attempt_at_ns=None)
-        self.sup._save(self.job_id)
-        if self.job.attempt is not None:  # its exit status is saved, with what follows from it
-            _status_file(self.job, self.job.attempt.number).unlink(missing_ok=True)
+        self.sup._save(self.job_id)   # (which removes the attempt's status file once saved)
         if not self.sup.keep_log_files and not self.sup.sink_errors:
             try:
                 Path(self.job.log_dir).rmdir()

@@ -18,7 +18,7 @@ from pathlib import Path
 from rtxops.daemon import logtail, proctree, supervisor as supervisor_mod
 from rtxops.daemon.auth import require_token
 from rtxops.daemon.home import Home
-from rtxops.daemon.jobs import Attempt, InMemoryJobSink, Job, JobSpec, JobState
+from rtxops.daemon.jobs import Attempt, InMemoryJobSink, Job, JobSpec, JobState, Outcome
 from rtxops.daemon.supervisor import Supervisor
 
 from .test_supervisor import events, until
@@ -361,3 +361,59 @@ def test_a_job_lost_while_no_daemon_watched_has_its_last_lines_stored_and_its_fi
         until(lambda: not logs.exists())
     finally:
         sup.shutdown(grace_s=0.5)
+
+
+@pytest.mark.parametrize("outcome, restarts, state, attempts", [
+    (Outcome.SUCCEEDED, 2, JobState.SUCCEEDED, 1),
+    (Outcome.CRASHED, 0, JobState.FAILED, 1),
+    (Outcome.CRASHED, 1, JobState.SUCCEEDED, 2),
+])
+def test_a_job_saved_running_with_its_attempt_ended_is_decided_not_run_again(
+        tmp_path, outcome, restarts, state, attempts):
+    """The record saved last holds the attempt's end but not the state that follows (the store
+    refused that save, or the daemon died between the two): the next daemon decides it as the
+    runner would have. It resumed such a job as if a restart were due: a job that had succeeded
+    ran again."""
+    ran = tmp_path / "ran"
+    old = Job(id="j-0d0e", spec=JobSpec(command=("sh", "-c", f"echo x >> {ran}"), runtime=False,
+                                         max_crash_restarts=restarts, backoff_s=0.01),
+              state=JobState.RUNNING, created_at_ns=1, updated_at_ns=1, token="j-0d0e.beef",
+              log_dir=str(tmp_path / "logs"),
+              attempts=[Attempt(number=1, started_at_ns=1, pid=2 ** 22 + 7, ended_at_ns=2,
+                                outcome=outcome, exit_code=0 if outcome is Outcome.SUCCEEDED else 3)])
+    sup = Supervisor(InMemoryJobSink(), tmp_path / "work", recovered_jobs=[old], tick_s=0.02)
+    try:
+        job = sup.wait(old.id, 20)
+        assert job.state is state and len(job.attempts) == attempts, (job.state, job.reason)
+        assert (ran.read_text().count("x") if ran.exists() else 0) == attempts - 1
+    finally:
+        sup.shutdown(grace_s=0.5)
+
+
+def test_a_job_that_ended_while_its_record_was_refused_keeps_its_exit_status_for_the_next_daemon(tmp_path):
+    """The job fails while the store refuses writes, and the daemon dies before it takes them
+    again: the saved record says running. The waiter's status file was removed anyway, so the
+    next daemon called the job lost (exit status unknown); kept, it reads the real end."""
+    sink = FullDiskSink()
+    sup = Supervisor(sink, tmp_path / "work", tick_s=0.02, log_poll_s=0.02)
+    go = tmp_path / "go"
+    try:
+        job = sup.submit(JobSpec(command=("sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done; exit 3"),
+                                 runtime=False, grace_s=0.5))
+        until(lambda: sink.jobs.get(job.id, {}).get("state") == "running")
+        sink.full = True
+        go.touch()
+        assert sup.wait(job.id, 20).state is JobState.FAILED
+    finally:
+        sup.shutdown(grace_s=0.5)   # the daemon goes with its last record unsaved
+    saved = Job.from_dict(sink.jobs[job.id])
+    assert saved.state is JobState.RUNNING and saved.attempt.outcome is None
+    sink.full = False
+    nxt = Supervisor(sink, tmp_path / "work", recovered_jobs=[saved], tick_s=0.02, log_poll_s=0.02)
+    try:
+        again = nxt.wait(job.id, 20)
+        assert again.state is JobState.FAILED and again.attempt.exit_code == 3, again.reason
+        assert len(again.attempts) == 1
+        until(lambda: not list(Path(again.log_dir).glob("attempt-1.*")))   # removed once saved
+    finally:
+        nxt.shutdown(grace_s=0.5)
