@@ -31,6 +31,10 @@ log = logging.getLogger("rtxops.runtime")
 
 
 MISSING_BUNDLE_POLLS = 5  # a plan served with no bundle this many polls in a row has none
+# what the job reads of an answer, at most: a plan's JSON (the verifier's own limit), and a
+# bundle's files (128 MiB in all, the verifier's limit) base64-encoded in JSON
+MAX_PLAN_BYTES = 16 << 20
+MAX_BUNDLE_RESPONSE_BYTES = 176 << 20
 
 # the daemon is on this machine: a job's HTTP(S)_PROXY (set to reach the internet) must not
 # route the plan requests away from it
@@ -106,7 +110,7 @@ class PlanPoller:
             req.add_header("If-None-Match", self.etag)
         try:
             with _DIRECT.open(req, timeout=5) as resp:
-                body, etag = resp.read(), resp.headers.get("ETag")
+                body, etag = _read_at_most(resp, MAX_PLAN_BYTES), resp.headers.get("ETag")
         except urllib.error.HTTPError as e:
             if e.code == 304:
                 return "unchanged"
@@ -114,6 +118,8 @@ class PlanPoller:
                 return "none"
             raise
         try:
+            if body is None:
+                raise PlanError(f"the served plan is over {MAX_PLAN_BYTES >> 20} MiB: not read")
             plan = Plan.from_json(body)
             running = self.dispatcher.plan.version
             if plan.version == running and self.dispatcher.pending is None:
@@ -163,7 +169,7 @@ class PlanPoller:
         query = urllib.parse.urlencode({"job": self.job_id})
         try:
             with _DIRECT.open(f"{self.base}/v1/plans/bundle?{query}", timeout=10) as resp:
-                data = json.loads(resp.read())
+                raw = _read_at_most(resp, MAX_BUNDLE_RESPONSE_BYTES)
         except urllib.error.HTTPError as e:
             if e.code == 404 or e.code >= 500:  # not staged yet, or the daemon's trouble: retry
                 raise _Retry(f"plan version {served.version}: no signed bundle yet "
@@ -173,6 +179,10 @@ class PlanPoller:
         except (OSError, http.client.HTTPException) as e:  # URLError, timeout, reset, cut short
             raise _Retry(f"plan version {served.version}: could not fetch its signed bundle "
                          f"({type(e).__name__}: {e})") from None
+        if raw is None:
+            raise PlanError(f"plan version {served.version} refused: its bundle is over "
+                            f"{MAX_BUNDLE_RESPONSE_BYTES >> 20} MiB: not read")
+        data = json.loads(raw)
         files = {name: base64.b64decode(text) for name, text in data.get("files", {}).items()}
         plan = Plan.from_json(self.verifier(files, self.dispatcher.plan.version))
         if plan.version > served.version:
@@ -197,7 +207,18 @@ class PlanPoller:
             log.warning("rtxops: could not report refused plan %s: %s", version, e)
 
 
-def _version_of(body: bytes) -> int:
+def _read_at_most(resp, limit: int) -> bytes | None:
+    """The answer's body, or None when it is longer than ``limit`` (read no further than that)."""
+    length = resp.headers.get("Content-Length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        return None
+    data = resp.read(limit + 1)
+    return None if len(data) > limit else data
+
+
+def _version_of(body: bytes | None) -> int:
+    if body is None:
+        return -1
     try:
         v = json.loads(body).get("version", -1)
         return v if isinstance(v, int) else -1

@@ -24,6 +24,23 @@ class Endpoint:
         self.bundle_answers: list[int | str] = []  # HTTP codes or "drop", served in turn; then 200
         self.reports: list[dict] = []
         self.lock = threading.Lock()
+        self.oversize: tuple[str, bool] | None = None   # (endpoint, send a Content-Length)
+        self.streamed = 0                               # bytes of an oversize answer sent
+
+    def _stream_oversize(self, handler, prefix: bytes, length_sent: bool) -> None:
+        """An endless answer: sends until the client stops reading (its socket closed)."""
+        handler.send_response(200)
+        handler.send_header("ETag", '"v7"')
+        if length_sent:
+            handler.send_header("Content-Length", str(1 << 40))
+        handler.end_headers()
+        try:
+            handler.wfile.write(prefix)
+            while self.streamed < 64 << 20:
+                handler.wfile.write(b"a" * 65536)
+                self.streamed += 65536
+        except OSError:
+            pass
 
     def serve(self) -> ThreadingHTTPServer:
         ep = self
@@ -42,6 +59,8 @@ class Endpoint:
 
             def do_GET(self):
                 etag = '"v7"'
+                if ep.oversize and self.path.startswith(f"/v1/plans/{ep.oversize[0]}"):
+                    return ep._stream_oversize(self, b'{"files": {"plan.json": "', ep.oversize[1])
                 if self.path.startswith("/v1/plans/current"):
                     if self.headers.get("If-None-Match") == etag:
                         return self._send(304)
@@ -189,3 +208,20 @@ def test_the_served_plan_the_job_runs_is_unchanged(endpoint):
     d.plan = plan_for(7)
     poller = PlanPoller(d, endpoint.url, "job-1", None, verifier=accept)
     assert poller.poll_once() == "unchanged" and endpoint.reports == []
+
+
+@pytest.mark.parametrize("where", ["current", "bundle"])
+@pytest.mark.parametrize("length_sent", [True, False])
+def test_an_answer_over_the_limit_is_refused_unread(endpoint, monkeypatch, where, length_sent):
+    """Whatever answers on the daemon's port (another process once the daemon is gone) could send
+    gigabytes: the job read the answer whole before any check. With or without a Content-Length,
+    it reads no further than the limit, and refuses the plan."""
+    from rtxops.runtime import plan_client
+
+    monkeypatch.setattr(plan_client, "MAX_PLAN_BYTES" if where == "current" else
+                        "MAX_BUNDLE_RESPONSE_BYTES", 4096)
+    endpoint.oversize = (where, length_sent)
+    poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", None, verifier=accept)
+    assert poller.poll_once() == "refused"
+    assert "MiB: not read" in poller.refused[0][1] and poller.installed == []
+    assert endpoint.streamed < 16 << 20   # it stopped reading (what the sockets buffer aside)
