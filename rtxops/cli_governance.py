@@ -3,6 +3,7 @@
 unreadable input."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -82,12 +83,12 @@ def keys_init(name: str = typer.Option("signing", help="key file name under $RTX
         raise _fail(f"unknown artifact kind {unknown[0]!r} (kinds: {', '.join(KINDS)})")
     private = out_path or _home(home).root / "keys" / f"{name}.pem"
     # the keyring first: one that cannot be read must not leave an untrusted key pair behind
-    ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home))) if trust else None
-    kid = _guard(lambda: generate_key(private))
-    public = private.with_suffix(".pub")
-    if ring is not None:
-        _guard(lambda: ring.trust(public.read_bytes(), name=name, kinds=kinds.split(",")))
-        ring.save()
+    with (_guard(lambda: Keyring.editing(_keyring_path(keyring, home))) if trust
+          else contextlib.nullcontext()) as ring:
+        kid = _guard(lambda: generate_key(private))
+        public = private.with_suffix(".pub")
+        if ring is not None:
+            _guard(lambda: ring.trust(public.read_bytes(), name=name, kinds=kinds.split(",")))
     out.print(f"key {kid}\nprivate {private}\npublic  {public}" + ("\ntrusted" if trust else ""))
 
 
@@ -128,12 +129,11 @@ def keys_trust(public_key: Path = typer.Argument(..., help="PEM public key"),
         raise _fail(f"cannot read {public_key}: {e.strerror}") from None
     if days is not None and not (0 < days < 1e6):  # nan, inf: a key that never expires
         raise _fail(f"--days {days:g}: give a positive number of days")
-    ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
-    now = time.time()
-    entry = _guard(lambda: ring.trust(pem, name=name, kinds=kinds.split(","),
-                                      not_before=now if days else None,
-                                      not_after=now + days * 86400 if days else None))
-    ring.save()
+    with _guard(lambda: Keyring.editing(_keyring_path(keyring, home))) as ring:
+        now = time.time()
+        entry = _guard(lambda: ring.trust(pem, name=name, kinds=kinds.split(","),
+                                          not_before=now if days else None,
+                                          not_after=now + days * 86400 if days else None))
     out.print(f"trusted {entry.key_id} for {','.join(entry.kinds)}")
 
 
@@ -143,10 +143,9 @@ def keys_revoke(key_id: str, reason: str = typer.Option(""), keyring: Optional[P
     """Revoke a key: bundles it signed no longer verify."""
     from rtxops.governance import Keyring
 
-    ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
-    already = _guard(lambda: ring.find(key_id)).revoked_at is not None
-    entry = _guard(lambda: ring.revoke(key_id, reason))
-    ring.save()
+    with _guard(lambda: Keyring.editing(_keyring_path(keyring, home))) as ring:
+        already = _guard(lambda: ring.find(key_id)).revoked_at is not None
+        entry = _guard(lambda: ring.revoke(key_id, reason))
     out.print(f"{entry.key_id} was already revoked ({entry.revoked_reason or 'no reason given'}): "
               "the first revocation stands" if already else f"revoked {entry.key_id}")
 

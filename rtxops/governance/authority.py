@@ -39,32 +39,33 @@ class Authority:
         # an entry and its head are written together: a reader holding this sees both or neither
         # (between them the chain looked cut short, a false alarm of tampering)
         self.ledger_lock = threading.Lock()
-        keyring = Keyring.load(self.keyring_file)   # unreadable: before any key is made
-        new_key = not self.key_file.exists()
-        if new_key:
-            _keys.generate(self.key_file, self.key_file.with_suffix(".pub"))
-        self.signer = Signer.from_key_file(self.key_file, builder="rtxops-daemon")
-        if store is not None:
-            from . import ledger  # the store (DuckDB, Arrow): only the daemon needs it
+        # the keyring held from before the key is made to its trust: another process starting
+        # on this home (or `rtxops keys`) waits, and neither makes a key of its own nor loses
+        # the other's change. Unreadable: before any key is made
+        with Keyring.editing(self.keyring_file) as keyring:
+            new_key = not self.key_file.exists()
+            if new_key:
+                _keys.generate(self.key_file, self.key_file.with_suffix(".pub"))
+            self.signer = Signer.from_key_file(self.key_file, builder="rtxops-daemon")
+            if store is not None:
+                from . import ledger  # the store (DuckDB, Arrow): only the daemon needs it
 
-            # right after the key: a daemon key on disk means its ledger was started. A home
-            # whose daemon key was made before starts no new ledger: its head and entries were
-            # there (a wiped ledger passed for a new one, bundles deleted too)
-            ledger.start(store, self.head_file, self.signer.key,
-                         issued_before=not new_key or any(self.bundles.glob("*/v*")),
-                         keyring=keyring)
-        own = keyring.keys.get(self.signer.key_id)
-        if own is None:
-            keyring.trust(self.key_file.with_suffix(".pub").read_bytes(), name="rtxops daemon",
-                          kinds=DAEMON_KINDS)
-            keyring.save()
-        elif own.revoked_at is None and (HEAD_KIND not in own.kinds or own.not_before):
-            # a home from before the head kind, or from when the daemon's key was trusted "not
-            # before" its first start (a clock stepped back then refused every plan it issued)
-            if HEAD_KIND not in own.kinds:
-                own.kinds.append(HEAD_KIND)
-            own.not_before = 0.0
-            keyring.save()
+                # right after the key: a daemon key on disk means its ledger was started. A
+                # home whose daemon key was made before starts no new ledger: its head and
+                # entries were there (a wiped ledger passed for a new one, bundles deleted too)
+                ledger.start(store, self.head_file, self.signer.key,
+                             issued_before=not new_key or any(self.bundles.glob("*/v*")),
+                             keyring=keyring)
+            own = keyring.keys.get(self.signer.key_id)
+            if own is None:
+                keyring.trust(self.key_file.with_suffix(".pub").read_bytes(), name="rtxops daemon",
+                              kinds=DAEMON_KINDS)
+            elif own.revoked_at is None and (HEAD_KIND not in own.kinds or own.not_before):
+                # a home from before the head kind, or from when the daemon's key was trusted
+                # "not before" its first start (a clock stepped back then refused its plans)
+                if HEAD_KIND not in own.kinds:
+                    own.kinds.append(HEAD_KIND)
+                own.not_before = 0.0
         # loaded on first use: building the CEL parser takes ~0.3 s, which `rtxops run` would
         # otherwise spend before its job starts
         self._policies: list | None = None

@@ -2,9 +2,11 @@
 kinds the key may sign, and revocation. Only keys here are trusted (besides ``--key``)."""
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -65,13 +67,29 @@ class Keyring:
             raise UsageError(f"keyring {path} is unreadable: {type(e).__name__}: {e}") from None
         return cls(path, keys)
 
+    @classmethod
+    def editing(cls, path: str | os.PathLike[str]) -> KeyringEdit:
+        """``with Keyring.editing(path) as ring:`` load, change and save the keyring while
+        holding its lock (see :class:`KeyringEdit`)."""
+        return KeyringEdit(Path(path))
+
+    def to_json(self) -> str:
+        return json.dumps({"keys": {k: asdict(v) for k, v in sorted(self.keys.items())}},
+                          indent=1, sort_keys=True) + "\n"
+
     def save(self) -> None:
+        """Write the keyring whole (a reader sees the old file or the new one, never a part)."""
         assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"keys": {k: asdict(v) for k, v in sorted(self.keys.items())}},
-                                  indent=1, sort_keys=True) + "\n")
-        tmp.replace(self.path)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.to_json())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def trust(self, pem: bytes, *, name: str = "", kinds: list[str] | None = None,
               not_before: float | None = None, not_after: float | None = None) -> TrustedKey:
@@ -126,6 +144,38 @@ _NUMBER = (int, float)
 _FIELD_TYPES = {"key_id": str, "pem": str, "name": str, "not_before": _NUMBER,
                 "not_after": (*_NUMBER, type(None)), "revoked_at": (*_NUMBER, type(None)),
                 "revoked_reason": str}
+
+
+class KeyringEdit:
+    """An edit of the keyring file by one process at a time: the file is loaded once its lock
+    (``<keyring>.lock``, flock) is held and saved, if changed, before it is let go. Two editors at
+    once (a daemon's first start trusting its key, ``rtxops keys trust``) each loaded the file,
+    and the second save lost the first one's key. An edit left by an exception saves nothing."""
+
+    def __init__(self, path: Path) -> None:
+        lock_path = path.with_name(path.name + ".lock")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock = open(lock_path, "a")
+        except OSError as e:
+            raise UsageError(f"cannot lock keyring {path}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
+            self.keyring = Keyring.load(path)
+        except BaseException:
+            self._lock.close()
+            raise
+        self._loaded = self.keyring.to_json()
+
+    def __enter__(self) -> Keyring:
+        return self.keyring
+
+    def __exit__(self, kind, value, traceback) -> None:
+        try:
+            if kind is None and self.keyring.to_json() != self._loaded:
+                self.keyring.save()
+        finally:
+            self._lock.close()   # closing the file lets go of its lock
 
 
 def _entry(key_id: str, value) -> TrustedKey:

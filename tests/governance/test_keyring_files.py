@@ -162,3 +162,29 @@ def test_validity_does_not_hang_on_the_verifiers_clock(tmp_path):
     ring.revoke(kid, "leaked")
     with pytest.raises(VerificationError, match="was revoked"):
         ring.check(kid, "checkpoint", at=time.time() - 3600)
+
+
+def test_two_editors_of_one_keyring_lose_neither_change(tmp_path, keys):
+    """A daemon's first start (it trusts its own key) and `rtxops keys trust` at the same time:
+    each loaded the file, and the one that saved last dropped the other's key. The second editor
+    (a real `rtxops keys trust` process) now waits for the first to let go of the keyring."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rtxops.governance import Keyring
+
+    path = tmp_path / "keyring.json"
+    with Keyring.editing(path) as first:       # the daemon, mid-start
+        other = subprocess.Popen([str(Path(sys.executable).with_name("rtxops")), "keys", "trust",
+                                  str(keys.root / "stranger.pub"), "--name", "theirs",
+                                  "--keyring", str(path)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            other.wait(5)   # without the lock it loads, saves and is gone by now
+        except subprocess.TimeoutExpired:
+            pass
+        first.trust((keys.root / "daemon.pub").read_bytes(), name="ours")
+    out, _ = other.communicate(timeout=60)
+    assert other.returncode == 0, out
+    assert sorted(k.name for k in Keyring.load(path).keys.values()) == ["ours", "theirs"]
