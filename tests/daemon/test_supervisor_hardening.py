@@ -414,6 +414,7 @@ def test_a_job_that_ended_while_its_record_was_refused_keeps_its_exit_status_for
         again = nxt.wait(job.id, 20)
         assert again.state is JobState.FAILED and again.attempt.exit_code == 3, again.reason
         assert len(again.attempts) == 1
-        until(lambda: not list(Path(again.log_dir).glob("attempt-1.*")))   # removed once saved
+        folder = Path(again.log_dir)   # removed once saved (and the folder with them)
+        until(lambda: not folder.exists() or not list(folder.glob("attempt-1.*")))
     finally:
         nxt.shutdown(grace_s=0.5)
