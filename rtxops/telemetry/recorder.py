@@ -102,7 +102,8 @@ class Recorder(Readings):
     def flush(self, plan_version: int, rss_bytes: int) -> None:
         """Hand over what was recorded since the last step (at exit, or for a job with no optimizer)."""
         calls, dropped = self._take()
-        if not calls and not self._builds and not self._errors:
+        if not (calls or dropped or self._backward or self._builds or self._errors or self._swaps
+                or self._memory):
             return
         with self._lock:
             rec = StepRecord(-1, self._start_ns, perf_counter_ns(), plan_version, rss_bytes, calls,

@@ -491,3 +491,24 @@ def test_cuda_timed_calls_still_pending_at_exit_are_reported():
             if k.attributes[S.STEP_NUMBER] == -1 and k.attributes[S.PHASE] == "fwd"]
     assert [k.attributes[S.COUNT] for k in tail] == [7]
     assert d.readings.totals.calls[0] >= before + 7
+
+
+def test_what_the_last_step_left_without_calls_is_flushed_at_exit():
+    """A plan swap (a region falling back to eager), a backward timed after the last step or a
+    memory reading, with no call after them: the exit flush handed nothing over."""
+    from rtxops.runtime.readings import Slot
+    from rtxops.telemetry.recorder import Recorder
+
+    handed = []
+    recorder = Recorder(handed.append)
+    recorder.register_slot(Slot(0, "gelu", "eager", "{}", "b0", "F.gelu", "eager"))
+    recorder.swap(7, 1, 2, "sha256:ab")
+    recorder.backward(0, 100, 50)
+    recorder.memory(0, 4096, 8192)
+    recorder.flush(plan_version=2, rss_bytes=0)
+    assert len(handed) == 1
+    rec = handed[0]
+    assert rec.swaps[0][:3] == (7, 1, 2) and rec.backward == [(0, 100, 50)]
+    assert rec.memory == {0: (4096, 8192)}
+    recorder.flush(plan_version=2, rss_bytes=0)
+    assert len(handed) == 1   # nothing new: nothing handed over
