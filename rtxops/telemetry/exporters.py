@@ -51,6 +51,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+MAX_SPANS_PER_EXPORT = 8192   # ~4.5 MB of kernel spans in one OTLP request
+
+
 class ExportThread:
     """Takes step records from the training thread (bounded, never blocks it), builds their spans
     and exports them. Every drop is counted: steps refused because ``max_queue`` were waiting or
@@ -147,8 +150,13 @@ class ExportThread:
                 log.exception("rtxops: building the spans of step %s failed", rec.step)
 
     def _export(self, spans: Sequence[ReadableSpan]) -> None:
-        if not spans:
-            return
+        # a fast job's interval can hold more spans than a receiver takes in one request (the
+        # daemon's limit is 16 MiB, ~30 000 kernel spans; refused whole, with the step spans
+        # that count the drops): sent in parts
+        for i in range(0, len(spans), MAX_SPANS_PER_EXPORT):
+            self._export_part(spans[i:i + MAX_SPANS_PER_EXPORT])
+
+    def _export_part(self, spans: Sequence[ReadableSpan]) -> None:
         try:
             result = self.exporter.export(spans)
         except Exception as e:

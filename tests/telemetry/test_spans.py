@@ -512,3 +512,27 @@ def test_what_the_last_step_left_without_calls_is_flushed_at_exit():
     assert rec.memory == {0: (4096, 8192)}
     recorder.flush(plan_version=2, rss_bytes=0)
     assert len(handed) == 1   # nothing new: nothing handed over
+
+
+def test_an_interval_with_more_spans_than_one_request_takes_goes_out_in_parts():
+    """A fast job's 2-second interval held more spans than the daemon takes in one request
+    (16 MiB): the request was refused whole (413), the step spans counting drops with it."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from rtxops.telemetry.exporters import MAX_SPANS_PER_EXPORT, ExportThread, StepProcessor
+
+    processor, exporter = StepProcessor(), _CountingExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("test")
+    n = 2 * MAX_SPANS_PER_EXPORT + 100
+
+    def build(rec, counters):
+        for _ in range(n):
+            tracer.start_span("rtx.kernel").end()
+        return n
+
+    thread = ExportThread(build, processor, exporter, interval_s=60, poll_s=60)
+    thread.submit(_record(1))
+    thread.close()
+    assert exporter.exported == n == thread.spans_exported and exporter.exports == 3
