@@ -38,7 +38,7 @@ def _dumps(obj: Any) -> str:
 
 def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iterator[str]:
     """Chrome trace-event JSON, in pieces: one process per (job, rank), lanes for steps, compiles,
-    calls and trials, and one lane per kernel (op, variant, phase, bucket): a step's kernel spans
+    calls and trials, and one lane per kernel (op, variant, phase, bucket, site, config): a step's kernel spans
     overlap one another (each spans its first call to its last), and slices on one lane must nest. Times in microseconds, as the format wants, from ``origin``
     (default: the first row's start, for rows oldest first; ``otherData.origin_unix_ns``): Unix
     times in µs are ~1.8e15, where a double keeps only 0.25 µs, and back-to-back steps would
@@ -65,12 +65,17 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
             label = f"step {attrs.get(S.STEP_NUMBER)}"
         tid = _LANES.get(row["name"], 5)
         if row["name"] == S.KERNEL:
-            lane = (pid, label, attrs.get(S.BUCKET))
+            # one lane per kernel span's own key: the slot (site, variant, config, bucket) and
+            # phase; two sites of one op, variant and bucket overlap in part like two ops
+            config = attrs.get(S.CONFIG)
+            lane = (pid, label, attrs.get(S.BUCKET), attrs.get(S.SITE),
+                    None if config in (None, "{}") else config)
             tid = kernel_lanes.get(lane)
             if tid is None:
                 tid = kernel_lanes[lane] = _FIRST_KERNEL_LANE + len(kernel_lanes)
+                name = " ".join(str(x) for x in (f"kernel {label}", *lane[2:]) if x)
                 items.append(_dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                                     "args": {"name": f"kernel {label} {lane[2] or ''}".strip()}}))
+                                     "args": {"name": name}}))
         items.append(_dumps({
             "ph": "X", "name": label, "cat": row["name"], "pid": pid,
             "tid": tid,

@@ -81,14 +81,17 @@ def test_kernel_spans_of_one_step_go_on_lanes_where_slices_nest(tmp_path):
     """A step's kernel spans each run from the kernel's first call to its last, so two kernels of
     one step overlap in part: all on one lane, which Perfetto needs nested, they did not nest."""
     t0, step_ns = 1_796_111_599_546_970_195, 10_000
-    kernels = [("gelu", "eager", 0, 7_000), ("linear", "aten", 1_000, 9_000)]
+    # two sites of gelu (one op, variant and bucket) overlap in part like two ops
+    kernels = [("gelu", "eager", "F.gelu", 0, 7_000), ("linear", "aten", "F.linear", 1_000, 9_000),
+               ("gelu", "eager", "mlp.py:12", 3_000, 8_000)]
     spans = []
     for i in range(3):
         base = t0 + i * step_ns
         spans.append(span("rtx.step", {"rtx.step": i}, start=base, duration=step_ns))
         spans += [span("rtx.kernel", {"rtx.op": op, "rtx.variant": v, "rtx.phase": "fwd",
-                                      "rtx.bucket": "float32/cpu/rows=8", "rtx.step": i},
-                       start=base + a, duration=b - a) for op, v, a, b in kernels]
+                                      "rtx.bucket": "float32/cpu/rows=8", "rtx.site": site,
+                                      "rtx.config": "{}", "rtx.step": i},
+                       start=base + a, duration=b - a) for op, v, site, a, b in kernels]
     body = request(spans, {"service.name": "trainer", "rtx.job.id": "job-a",
                            "rtx.rank": 0}).SerializeToString()
     home = _stored(tmp_path, body, t0)
@@ -96,7 +99,7 @@ def test_kernel_spans_of_one_step_go_on_lanes_where_slices_nest(tmp_path):
     assert r.exit_code == 0, r.output
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     slices = [e for e in events if e["ph"] == "X"]
-    assert len(slices) == 9
+    assert len(slices) == 12
     by_lane: dict = {}
     for e in slices:
         by_lane.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
@@ -106,7 +109,9 @@ def test_kernel_spans_of_one_step_go_on_lanes_where_slices_nest(tmp_path):
             assert b0 >= a1 or b1 <= a1, f"partial overlap on lane {lane}"
     names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert sorted(names[tid] for (_, tid) in by_lane if names[tid].startswith("kernel")) == [
-        "kernel gelu/eager fwd float32/cpu/rows=8", "kernel linear/aten fwd float32/cpu/rows=8"]
+        "kernel gelu/eager fwd float32/cpu/rows=8 F.gelu",
+        "kernel gelu/eager fwd float32/cpu/rows=8 mlp.py:12",
+        "kernel linear/aten fwd float32/cpu/rows=8 F.linear"]
 
 
 def test_otlp_json_puts_the_resource_and_scopes_back(tmp_path):
