@@ -42,6 +42,9 @@ class Readings:
 
     def swap(self, step: int, old_version: int, new_version: int, digest: str) -> None: ...
 
+    def dropped(self, records: int) -> None:
+        """Calls measured and not kept (a CUDA timer's queue full): counted, never silent."""
+
     def close(self) -> None:
         """The process is ending: hand over anything still held (the bootstrap calls this)."""
 

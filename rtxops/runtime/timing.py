@@ -58,6 +58,7 @@ class CudaEventTimer:
             self._pending.append((slot, host_ns, start, end))
         else:
             self.dropped += 1
+            self.readings.dropped(1)
 
     def drain(self) -> int:
         """Report every finished pair in order; stop at the first unfinished one. Returns count."""

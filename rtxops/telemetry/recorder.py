@@ -54,6 +54,7 @@ class Recorder(Readings):
         self._errors: list = []
         self._swaps: list = []
         self._memory: dict[int, tuple[int, int]] = {}
+        self._dropped_elsewhere = 0   # records a CUDA timer could not queue
         self.record, self._take = _make_buffer(capacity)
         self.totals = CallStats()
         self.on_close: Callable[[], None] | None = None
@@ -75,6 +76,10 @@ class Recorder(Readings):
         delta, peak = self._memory.get(slot, (0, 0))
         self._memory[slot] = (delta + delta_bytes, max(peak, peak_bytes))
 
+    def dropped(self, records: int) -> None:
+        with self._lock:
+            self._dropped_elsewhere += records
+
     def build(self, slot: int, duration_ns: int, cache_hit: bool) -> None:
         with self._lock:
             self._builds.append((slot, perf_counter_ns() - duration_ns, duration_ns, cache_hit))
@@ -92,9 +97,9 @@ class Recorder(Readings):
         with self._lock:
             rec = StepRecord(step, self._start_ns, end_ns, plan_version, rss_bytes, calls,
                              self._backward, self._builds, self._errors, self._swaps, self._memory,
-                             dropped)
+                             dropped + self._dropped_elsewhere)
             self._backward, self._builds, self._errors, self._swaps = [], [], [], []
-            self._memory = {}
+            self._memory, self._dropped_elsewhere = {}, 0
         self._start_ns = end_ns
         self.totals.step(step, end_ns, plan_version, rss_bytes)
         self.on_step(rec)
@@ -103,14 +108,14 @@ class Recorder(Readings):
         """Hand over what was recorded since the last step (at exit, or for a job with no optimizer)."""
         calls, dropped = self._take()
         if not (calls or dropped or self._backward or self._builds or self._errors or self._swaps
-                or self._memory):
+                or self._memory or self._dropped_elsewhere):
             return
         with self._lock:
             rec = StepRecord(-1, self._start_ns, perf_counter_ns(), plan_version, rss_bytes, calls,
                              self._backward, self._builds, self._errors, self._swaps, self._memory,
-                             dropped)
+                             dropped + self._dropped_elsewhere)
             self._backward, self._builds, self._errors, self._swaps = [], [], [], []
-            self._memory = {}
+            self._memory, self._dropped_elsewhere = {}, 0
         self.on_step(rec)
 
 

@@ -536,3 +536,31 @@ def test_an_interval_with_more_spans_than_one_request_takes_goes_out_in_parts():
     thread.submit(_record(1))
     thread.close()
     assert exporter.exported == n == thread.spans_exported and exporter.exports == 3
+
+
+def test_calls_a_full_cuda_timer_queue_refused_are_counted_on_the_step(monkeypatch):
+    """A job with more CUDA-timed calls between two steps than the timer queues (an eval pass):
+    the timer counted them on itself, where nothing read them; the step said 0 dropped. (No
+    GPU here: the event class stands in.)"""
+    from rtxops.runtime.readings import Slot
+    from rtxops.runtime.timing import CudaEventTimer
+    from rtxops.telemetry.recorder import Recorder
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self, stream=None):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    handed = []
+    recorder = Recorder(handed.append)
+    recorder.register_slot(Slot(0, "gelu", "eager", "{}", "b0", "F.gelu", "eager"))
+    timer = CudaEventTimer(recorder, max_pending=4, memory=False)
+    for _ in range(10):
+        timer.end(0, (123, Event(), None, None))
+    recorder.step(1, 1000, 1, 0)
+    assert handed[0].dropped_records == 6
+    recorder.step(2, 2000, 1, 0)
+    assert handed[1].dropped_records == 0   # counted once
