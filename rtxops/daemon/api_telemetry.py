@@ -8,9 +8,8 @@ from pathlib import Path
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.background import BackgroundTask
 
 from rtxops.telemetry import export, store as store_mod, store_retention, store_views
 from rtxops.telemetry.store import Store
@@ -64,12 +63,22 @@ def make_router(store: Store, auth) -> APIRouter:
             tmp = Path(name)
             try:
                 await anyio.to_thread.run_sync(store_mod.export_parquet, store, tmp, job)
-            except BaseException:
+                # open, then unlinked at once: the file goes with the response whatever ends it
+                # (a FileResponse answering a bad Range header ran no cleanup: a file left for
+                # good per request)
+                f = open(tmp, "rb")
+            finally:
                 tmp.unlink(missing_ok=True)
-                raise
-            return FileResponse(tmp, media_type="application/vnd.apache.parquet",
-                                filename="rtxops-spans.parquet",
-                                background=BackgroundTask(tmp.unlink, missing_ok=True))
+            size = os.fstat(f.fileno()).st_size
+
+            def chunks():
+                with f:
+                    while piece := f.read(1 << 20):
+                        yield piece
+
+            return StreamingResponse(chunks(), media_type="application/vnd.apache.parquet", headers={
+                "Content-Length": str(size),
+                "Content-Disposition": 'attachment; filename="rtxops-spans.parquet"'})
         def document():  # a sync iterator: Starlette steps it in a worker thread, off the loop
             for piece in export.JsonExport(store, format, job):
                 yield piece.encode()
