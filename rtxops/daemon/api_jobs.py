@@ -100,7 +100,7 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
     long_polls: list[anyio.CapacityLimiter] = []
 
     @router.get("/{job_id}/logs")
-    async def logs(job_id: str, after: int = Query(0, ge=0), rank: int | None = Query(None, ge=-1),
+    async def logs(job_id: str, after: int = Query(0, ge=0, le=2**62), rank: int | None = Query(None, ge=-1),
                    limit: int = Query(1000, ge=1, le=10000),
                    wait_s: float = Query(0, ge=0, le=30, description="long-poll for new lines")) -> dict:
         before = get(job_id)
@@ -129,9 +129,14 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
                 "lines": [line._asdict() for line in lines]}
 
     @router.get("/{job_id}/events")
-    def events(job_id: str) -> dict:
+    def events(job_id: str, offset: int = Query(0, ge=0, le=2**62),
+               limit: int = Query(1000, ge=1, le=10000)) -> dict:
+        """The job's events, oldest first, ``limit`` of them from ``offset`` (a job's hang
+        restarts each store the stacks of every rank: all of them at once could be gigabytes)."""
         get(job_id)
-        return {"job": job_id, "events": [e._asdict() for e in supervisor.events(job_id)]}
+        events = supervisor.events(job_id, offset=offset, limit=limit)
+        return {"job": job_id, "events": [e._asdict() for e in events],
+                "next_offset": offset + len(events) if len(events) == limit else None}
 
     @router.post("/{job_id}/cancel", dependencies=[Depends(auth)])
     def cancel(job_id: str) -> dict:

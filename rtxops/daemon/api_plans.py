@@ -7,7 +7,7 @@ import dataclasses
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from rtxops.runtime.errors import PlanError, PlanNotIssued
+from rtxops.runtime.errors import PlanError, PlanNotIssued, PlanVersionConflict
 from rtxops.runtime.plan import Plan
 
 from .plans import PlanBoard
@@ -39,7 +39,8 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
         return Response(plan.to_json(), media_type="application/json", headers=headers)
 
     @router.post("", status_code=201, dependencies=[Depends(auth)],
-                 responses={503: {"description": "not issued now (the disk, the ledger): retry"}})
+                 responses={409: {"description": "the version is not newer than the published one"},
+                            503: {"description": "not issued now (the disk, the ledger): retry"}})
     def publish(plan: dict = Body(..., description="a plan (see DESIGN.md: Plan)"),
                 job: str | None = Query(None, max_length=200)) -> dict:
         try:
@@ -52,6 +53,8 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
             published = board.publish(parsed, job)
         except PlanNotIssued as e:   # not the plan's fault: the disk, the ledger
             raise HTTPException(503, str(e), {"Retry-After": "5"}) from None
+        except PlanVersionConflict as e:   # a valid plan, not newer: publish a newer version
+            raise HTTPException(409, str(e)) from None
         except PlanError as e:
             raise HTTPException(422, str(e)) from None
         return {"version": published.version, "digest": published.digest, "job": job,

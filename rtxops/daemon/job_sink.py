@@ -30,8 +30,9 @@ class DuckDBJobSink:
         return [LogLine(**r) for r in store_jobs.read_logs(self.store, job_id, rank=rank,
                                                            after_seq=after_seq, limit=limit)]
 
-    def read_events(self, job_id: str) -> list[JobEvent]:
-        return [JobEvent(**r) for r in store_jobs.read_events(self.store, job_id)]
+    def read_events(self, job_id: str, *, offset: int = 0, limit: int | None = None) -> list[JobEvent]:
+        return [JobEvent(**r) for r in store_jobs.read_events(self.store, job_id, offset=offset,
+                                                               limit=limit)]
 
     def last_log_seq(self, job_id: str) -> int:
         return store_jobs.last_log_seq(self.store, job_id)

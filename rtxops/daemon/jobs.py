@@ -264,8 +264,8 @@ class JobSink(Protocol):
         """Lines of ``job_id`` with ``seq > after_seq`` (of ``rank`` only unless None), by seq, at most
         ``limit``."""
 
-    def read_events(self, job_id: str) -> list[JobEvent]:
-        """Events of ``job_id`` in the order they were appended."""
+    def read_events(self, job_id: str, *, offset: int = 0, limit: int | None = None) -> list[JobEvent]:
+        """Events of ``job_id`` in the order they were appended (``limit`` of them from ``offset``)."""
 
     def last_log_seq(self, job_id: str) -> int:
         """The highest ``seq`` stored for ``job_id``; 0 when none."""
@@ -301,9 +301,10 @@ class InMemoryJobSink:
                      if ln.seq > after_seq and (rank is None or ln.rank == rank)]
         return sorted(found, key=lambda ln: ln.seq)[:limit]
 
-    def read_events(self, job_id: str) -> list[JobEvent]:
+    def read_events(self, job_id: str, *, offset: int = 0, limit: int | None = None) -> list[JobEvent]:
         with self._lock:
-            return list(self.events.get(job_id, ()))
+            events = self.events.get(job_id, [])
+            return list(events[offset:None if limit is None else offset + limit])
 
     def last_log_seq(self, job_id: str) -> int:
         with self._lock:

@@ -252,11 +252,11 @@ class Supervisor:
                 if self._version == version:
                     self._changed.wait(remaining)
 
-    def events(self, job_id: str) -> list[JobEvent]:
-        """The job's events, oldest first."""
+    def events(self, job_id: str, *, offset: int = 0, limit: int | None = None) -> list[JobEvent]:
+        """The job's events, oldest first (``limit`` of them from ``offset``)."""
         with self._lock:
             self._get(job_id)
-        return self.sink.read_events(job_id)
+        return self.sink.read_events(job_id, offset=offset, limit=limit)
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Block until the job is in a terminal state or ``timeout`` passes; the job either way."""

@@ -62,9 +62,10 @@ def read_logs(store: Store, job_id: str, *, rank: int | None = None, after_seq: 
          "bytes": MAX_PAGE_BYTES})
 
 
-def read_events(store: Store, job_id: str) -> list[dict]:
+def read_events(store: Store, job_id: str, *, offset: int = 0, limit: int | None = None) -> list[dict]:
     return store.query("SELECT job_id, ts_ns, kind, detail FROM job_events WHERE job_id = $job "
-                       "ORDER BY ts_ns, rowid", {"job": job_id})
+                       "ORDER BY ts_ns, rowid LIMIT $limit OFFSET $offset",
+                       {"job": job_id, "limit": limit, "offset": offset})
 
 
 def last_log_seq(store: Store, job_id: str) -> int:

@@ -418,3 +418,23 @@ def test_a_json_body_past_the_limit_is_refused_before_it_is_parsed(shared):
     request, _ = otlp_batch(12_000, seed=9, job_id="big-ingest")
     assert len(request.SerializeToString()) > 4 << 20
     assert shared.ingest(request).status_code == 200
+
+
+def test_job_events_come_in_pages_and_a_huge_log_cursor_is_refused(shared):
+    """Every event of a job came in one answer (a job's hang restarts store every rank's
+    stacks: unbounded); a log cursor past DuckDB's integers was a 500."""
+    job = shared.submit(["python", "-c", "print('hi')"])
+    shared.wait(job["id"])
+    c = shared.client()
+    whole = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 10000}).json()
+    assert len(whole["events"]) >= 3 and whole["next_offset"] is None
+    pages, offset = [], 0
+    while offset is not None:
+        page = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 2, "offset": offset}).json()
+        assert len(page["events"]) <= 2
+        pages += page["events"]
+        offset = page["next_offset"]
+    assert pages == whole["events"]
+    assert c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 10001}).status_code == 422
+    r = c.get(f"/v1/jobs/{job['id']}/logs", params={"after": 10 ** 40})
+    assert r.status_code == 422, r.text

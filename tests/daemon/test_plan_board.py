@@ -84,7 +84,8 @@ def test_a_jobs_first_plan_must_be_newer_than_the_default_it_runs(tmp_path):
     with TestClient(app) as client:
         r = client.post("/v1/plans", params={"job": "job-1"},
                         json={"version": 3, "defaults": {"gelu": "reference"}})
-        assert r.status_code == 422, r.text
+        # 409: the plan is valid, its version is not newer (422 is for a plan that is not one)
+        assert r.status_code == 409, r.text
         assert "not newer than the default plan's version 5, which job job-1 runs" in r.json()["detail"]
         assert board.current("job-1").version == 5
         r = client.post("/v1/plans", params={"job": "job-1"},
