@@ -115,6 +115,7 @@ class JobEvolution:
     active: BucketTuning | None = None
     done: dict[tuple[str, str], BucketTuning] = field(default_factory=dict)
     gate_errors: dict[tuple[str, str], int] = field(default_factory=dict)   # gates that could not run
+    own_plan: int | None = None   # the version of a plan the job runs that the board does not hold
 
 
 class EvolveLoop:
@@ -150,7 +151,8 @@ class EvolveLoop:
                 except Exception:  # one job's trouble must not stop the loop for the others
                     log.exception("evolve: tick failed for job %s", job)
             self._status = {job: {"active": s.active.summary() if s.active else None,
-                                  "done": [b.summary() for b in s.done.values()]}
+                                  "done": [b.summary() for b in s.done.values()],
+                                  **({"own_plan": s.own_plan} if s.own_plan is not None else {})}
                             for job, s in self.jobs.items()}
 
     def status(self) -> dict:
@@ -168,10 +170,25 @@ class EvolveLoop:
             state = self.jobs[job] = JobEvolution(active=active)
         if state.active is not None:
             self._advance(job, state, state.active, last)
-        elif last >= self.config.min_steps:
+        elif last >= self.config.min_steps and not self._runs_a_plan_of_its_own(job, state):
             self._check_drift(job, state, last)
             if state.active is None:
                 self._open_hot_bucket(job, state, last)
+
+    def _runs_a_plan_of_its_own(self, job: str, state: JobEvolution) -> bool:
+        """The job swapped to a plan newer than the board's for it (``rtxops run --plan``, or a
+        board that lost the job's plan file): the loop's plans, derived from the board's, would
+        be refused as older, or, once numbered past it, would drop that plan's entries. The job
+        is left to its plan, said once in the log and in the loop's status."""
+        running = store_evolve.running_plan_version(self.store, job)
+        board = (self.board.current(job) or default_plan()).version
+        own = running if running is not None and running > board else None
+        if own is not None and state.own_plan != own:
+            log.warning("evolve: job %s runs plan version %s, which the plan board does not hold "
+                        "(its version there: %s): not tuned; publish that plan for the job to "
+                        "have it tuned on top of it", job, own, board)
+        state.own_plan = own
+        return own is not None
 
     def _advance(self, job: str, state: JobEvolution, bt: BucketTuning, last: int) -> None:
         if bt.phase == "gating":

@@ -39,6 +39,13 @@ def step_durations(q, job_id: str, since_step: int, until_step: int | None = Non
         [job_id, since_step, until_step if until_step is not None else 2**62])
 
 
+def running_plan_version(q, job_id: str) -> int | None:
+    """The newest plan version the job swapped to (versions only grow in a job); None before
+    its first swap."""
+    rows = q.query("SELECT max(plan_to) AS v FROM swaps WHERE job_id = ?", [job_id])
+    return rows[0]["v"] if rows else None
+
+
 def last_step(q, job_id: str) -> int | None:
     rows = q.query("SELECT max(step) AS step FROM step_times WHERE job_id = ?", [job_id])
     return rows[0]["step"] if rows else None

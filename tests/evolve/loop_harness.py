@@ -25,11 +25,13 @@ class _Registry:
 
 def loop_over_rows(monkeypatch, rows: list[dict], *, last: int, swapped: int = 9,
                    decisions: list | None = None,
-                   save_trial: Callable | None = None) -> L.EvolveLoop:
-    """A loop for job ``"job"`` whose plan swapped at ``swapped``, at step ``last``; decisions it
-    records are appended to ``decisions``."""
+                   save_trial: Callable | None = None, running: int | None = None) -> L.EvolveLoop:
+    """A loop for job ``"job"`` whose plan swapped at ``swapped``, at step ``last``, running plan
+    version ``running`` (None: it never swapped); decisions it records are appended to
+    ``decisions``."""
     monkeypatch.setattr(se, "last_step", lambda q, job: last)
     monkeypatch.setattr(se, "swap_step", lambda q, job, v: swapped)
+    monkeypatch.setattr(se, "running_plan_version", lambda q, job: running)
     monkeypatch.setattr(se, "arm_steps", lambda q, job, op, bucket, since, phase="fwd":
                         [r for r in rows if r["step"] >= since and r.get("phase", "fwd") == phase])
     monkeypatch.setattr(se, "step_durations", lambda *a, **k: [])

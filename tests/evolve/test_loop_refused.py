@@ -3,6 +3,8 @@ past the plan's effective step, and then the incumbent's entry goes back on the 
 plans are derived from it, so they would carry the failed bucket's explore arms)."""
 from __future__ import annotations
 
+import pytest
+
 from rtxops.evolve import loop as L
 from rtxops.evolve.candidates import Arm
 from rtxops.evolve.search import make_strategy
@@ -425,3 +427,21 @@ def test_a_plan_published_by_hand_meanwhile_is_built_on_not_recorded_as_a_refusa
     assert bt.phase == "exploring"
     assert plan.version == 2 and bt.plan_version == 2      # the manual plan took version 1
     assert plan.entry("gelu", bucket).explore and dict(plan.defaults) == {"silu": "reference"}
+
+
+@pytest.mark.parametrize("running, tuned", [(None, True), (0, True), (7, False)])
+def test_a_job_running_a_plan_the_board_does_not_hold_is_left_to_it(monkeypatch, caplog, running, tuned):
+    """`rtxops run --plan` (version 7) under a daemon whose board holds no plan for the job: the
+    loop published versions 1, 2, ... (each refused as older: every hot bucket failed), and its
+    plans, derived from the board's, would have dropped the job's own entries once numbered
+    past it. The job is left to its plan, said once."""
+    loop = loop_over_rows(monkeypatch, [], last=400, running=running)
+    opened = []
+    monkeypatch.setattr(loop, "_open_hot_bucket", lambda job, state, last: opened.append(job))
+    with caplog.at_level("WARNING", logger="rtxops.evolve"):
+        loop.tick()
+        loop.tick()
+    assert opened == (["job", "job"] if tuned else [])
+    warned = [r for r in caplog.records if "plan board does not hold" in r.getMessage()]
+    assert len(warned) == (0 if tuned else 1)
+    assert loop.status()["job"].get("own_plan") == (None if tuned else 7)
