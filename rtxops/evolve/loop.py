@@ -573,6 +573,8 @@ class EvolveLoop:
         (fwd_inc, _), (bwd_inc, timed_inc) = per_call(bt.incumbent, "fwd"), per_call(bt.incumbent, "bwd")
         if None in (fwd, bwd, fwd_inc, bwd_inc) or min(timed, timed_inc) < BACKWARD_MIN_CALLS:
             return None
+        if fwd_inc <= 0 or fwd_inc + bwd_inc <= 0:   # zero-time spans (some client's): no ratio
+            return None
         if fwd + bwd < fwd_inc + bwd_inc:
             return None
         return (f"forward {fwd / fwd_inc - 1:+.0%} a call, but forward + backward "

@@ -61,3 +61,16 @@ def test_too_few_timed_backward_calls_leave_the_forward_decision_alone(monkeypat
     rows = rows_of({INC: 1.0, CAND: 0.7}, {INC: 2.0, CAND: 9.0}, bwd_every=50)
     assert sum(r.get("phase") == "bwd" and r["variant"] == "candidate" for r in rows) == 2
     assert decide(monkeypatch, rows)["kind"] == "promote"
+
+
+def test_an_incumbent_timed_at_zero_is_no_division_by_zero(monkeypatch):
+    """Kernel spans of zero time (a client that sends them): the veto divided by the
+    incumbent's forward time, and the tick failed the same way every time, the bucket never
+    leaving its round."""
+    from rtxops.evolve import loop as L
+
+    rows = rows_of({INC: 0.0, CAND: 0.7}, {INC: 0.0, CAND: 2.0})
+    loop = loop_over_rows(monkeypatch, rows, last=120)
+    bt = L.BucketTuning("gelu", "b", INC)
+    bt.windows = [[10, 120]]
+    assert loop._backward_veto("job", bt, CAND, 120) is None
