@@ -191,7 +191,9 @@ class EvolveLoop:
         return own is not None
 
     def _advance(self, job: str, state: JobEvolution, bt: BucketTuning, last: int) -> None:
-        if bt.phase == "gating":
+        if bt.phase not in _ACTIVE:   # decided in a tick whose records failed: they are left
+            self._write_unwritten(bt)
+        elif bt.phase == "gating":
             if not bt.gating.done():
                 return
             try:
@@ -222,18 +224,19 @@ class EvolveLoop:
             # minute-long steps reaches it long after the timeout) and the timeout has passed
             past = last >= bt.effective_step + self.config.margin_steps
             if bt.phase in _ACTIVE and waited > self.config.swap_timeout_s and past:
-                self._decide_record(job, bt, "refused", None, None,
-                                    reason=f"the job did not swap to plan {bt.plan_version} within "
-                                           f"{self.config.swap_timeout_s:g} s, {last - bt.effective_step} "
-                                           "steps past its effective step")
                 bt.phase = "failed"
+                self._owe(job, bt, "refused", None, None,
+                          reason=f"the job did not swap to plan {bt.plan_version} within "
+                                 f"{self.config.swap_timeout_s:g} s, {last - bt.effective_step} "
+                                 "steps past its effective step")
             if bt.phase == "failed" and rolling_back:
-                self._decide_record(job, bt, "rollback_failed", bt.winner, None,
-                                    reason=f"the job did not take rollback plan {bt.plan_version}: "
-                                           "the regressed kernel is still running")
+                self._owe(job, bt, "rollback_failed", bt.winner, None,
+                          reason=f"the job did not take rollback plan {bt.plan_version}: "
+                                 "the regressed kernel is still running")
                 log.error("evolve: job %s: rollback of %s %s not taken", job, bt.op, bt.bucket)
             elif bt.phase == "failed":
-                self._put_incumbent_back(job, bt, last)
+                bt.unwritten.append(lambda: self._put_incumbent_back(job, bt, last))
+            self._write_unwritten(bt)
         # the swap step itself closes calls made before the swap: windows start after it
         elif bt.phase == "exploring":
             bt.round_from = swapped + 1
@@ -362,9 +365,9 @@ class EvolveLoop:
             if errors < GATE_ERRORS_KEPT:
                 raise
             bt.phase = "rejected"
-            self._decide_record(job, bt, "no_candidates", None, None,
-                                reason=f"the gate could not run ({errors} times): "
-                                       f"{type(e).__name__}: {e}")
+            self._record(job, bt, "no_candidates", None, None,
+                         reason=f"the gate could not run ({errors} times): "
+                                f"{type(e).__name__}: {e}")
             return
         state.gate_errors.pop(key, None)
         bt.gating = None
@@ -373,8 +376,8 @@ class EvolveLoop:
             log.info("evolve: %s %s: %s rejected by the gate: %s", bt.op, bt.bucket, arm, reason)
         if not passed:
             bt.phase = "rejected"
-            self._decide_record(job, bt, "no_candidates", None, None,
-                                reason="no candidate passed the gate" if bt.arms else "no candidates")
+            self._record(job, bt, "no_candidates", None, None,
+                         reason="no candidate passed the gate" if bt.arms else "no candidates")
             return
         bt.phase = "exploring"
         bt.step_before = [r["duration_ns"] for r in store_evolve.step_durations(
@@ -480,9 +483,9 @@ class EvolveLoop:
         self._publish(job, bt, entry, last, {"kind": "explore", "arms": [], "op": bt.op,
                                              "bucket": bt.bucket})
         bt.phase = "rejected"
-        self._decide_record(job, bt, "reject", None, None,
-                            reason=f"no calls of this bucket in steps {bt.round_from}-{last}: the "
-                                   "job no longer runs it through rtxops (a compiled region?)")
+        self._record(job, bt, "reject", None, None,
+                     reason=f"no calls of this bucket in steps {bt.round_from}-{last}: the "
+                            "job no longer runs it through rtxops (a compiled region?)")
 
     def _trial(self, job: str, bt: BucketTuning, arm: Arm, values: list[float], mode: str) -> None:
         now = time.time_ns()
@@ -534,7 +537,7 @@ class EvolveLoop:
                           "arm): nothing to compare")
             else:
                 reason = cmp.reason if best is not None else "nothing measured"
-            self._decide_record(job, bt, "reject", best, cmp, reason=reason)
+            self._record(job, bt, "reject", best, cmp, reason=reason)
             return
         decision = self._decision(bt, "promote", best, cmp)
         published = self._publish(job, bt, PlanEntry(bt.op, bt.bucket, best.variant, best.config),
@@ -545,8 +548,9 @@ class EvolveLoop:
             return
         bt.winner, bt.phase, bt.canary_from = best, "canary", None
         bt.decision_ns = statistics.median(measured)
-        self._decide_record(job, bt, "promote", best, cmp, plan_version=published.version,
-                            reason=cmp.reason)
+        # a restarted daemon finds the canary to finish by this record: retried until written
+        self._record(job, bt, "promote", best, cmp, plan_version=published.version,
+                     reason=cmp.reason)
 
     def _backward_veto(self, job: str, bt: BucketTuning, best: Arm, last: int) -> str | None:
         """Why ``best``, faster in its forward calls, must not win: its sampled backward calls
@@ -607,8 +611,8 @@ class EvolveLoop:
             bt.phase = "settled"
             if live:
                 bt.decision_ns = statistics.median(live)
-            self._decide_record(job, bt, "canary_pass", bt.winner, kernel,
-                                reason="no regression in the canary window", extra=evidence)
+            self._record(job, bt, "canary_pass", bt.winner, kernel,
+                         reason="no regression in the canary window", extra=evidence)
             return
         # the reason and the figures recorded are those of the comparison that regressed
         what, cmp, threshold = (("kernel", kernel, self.config.rollback_threshold) if kernel_regressed
@@ -627,9 +631,9 @@ class EvolveLoop:
                                   {**self._evidence(job, bt), **evidence})
         if published is None:  # refused: say so; the regressed kernel is still running
             bt.phase = "failed"
-            self._decide_record(job, bt, "rollback_failed", bt.winner, cmp,
-                                reason=f"{reason}; the rollback plan was refused, NOT applied",
-                                extra=evidence)
+            self._record(job, bt, "rollback_failed", bt.winner, cmp,
+                         reason=f"{reason}; the rollback plan was refused, NOT applied",
+                         extra=evidence)
             log.error("evolve: job %s: rollback of %s %s refused", job, bt.op, bt.bucket)
             return
         # published: from here on the bucket is rolling back, whatever the writes below do (a
@@ -645,6 +649,18 @@ class EvolveLoop:
                 bt.op, bt.bucket, bt.winner, source="canary", trials=len(live), median_ns=median,
                 status="regressed", reason=reason))
         log.warning("evolve: job %s: rolled back %s %s: %s", job, bt.op, bt.bucket, reason)
+        self._write_unwritten(bt)
+
+    def _owe(self, job: str, bt: BucketTuning, *args, **kwargs) -> None:
+        """Queue a decision record the bucket's phase already reflects (written, in order, by
+        :meth:`_write_unwritten`; one that fails is retried by the next tick)."""
+        bt.unwritten.append(lambda: self._decide_record(job, bt, *args, **kwargs))
+
+    def _record(self, job: str, bt: BucketTuning, *args, **kwargs) -> None:
+        """Record a decision the bucket's phase already reflects, after the records it still
+        owes: a write that failed left the phase moved on and the record lost (a promotion
+        without its record is a canary a restarted daemon cannot find)."""
+        self._owe(job, bt, *args, **kwargs)
         self._write_unwritten(bt)
 
     def _write_unwritten(self, bt: BucketTuning) -> None:
@@ -723,8 +739,8 @@ class EvolveLoop:
         for report in list(getattr(self.board, "reports", [])):  # a copy: HTTP threads append
             if report["job_id"] == job and report["version"] == bt.plan_version:
                 bt.phase = "failed"
-                self._decide_record(job, bt, "refused", None, None,
-                                    reason=f"the job refused plan {bt.plan_version}: {report['reason']}")
+                self._owe(job, bt, "refused", None, None,
+                          reason=f"the job refused plan {bt.plan_version}: {report['reason']}")
                 return
 
     def _decision(self, bt: BucketTuning, kind: str, arm: Arm, cmp: stats.Comparison) -> dict:

@@ -135,3 +135,33 @@ def test_a_gate_that_cannot_run_is_tried_a_few_times_then_the_bucket_is_rejected
     assert len(runs) == L.GATE_ERRORS_KEPT
     assert [d["kind"] for d in decisions] == ["no_candidates"]
     assert "the gate could not run (3 times): AttributeError: the gate fell over" in decisions[0]["reason"]
+
+
+def test_a_promotion_whose_record_failed_is_recorded_by_the_next_tick(monkeypatch, caplog):
+    """The plan was published and the bucket moved to its canary, then the promote record's
+    write failed: the table showed a canary_pass with no promote before it, and a daemon
+    restarted during the canary (it finds the canary by that record) left the winner unwatched."""
+    from .loop_harness import tick_one_arm
+
+    inc, cand = Arm.of("reference"), Arm.of("fast")
+    rng = np.random.default_rng(3)
+    rows = [{"step": s, "variant": arm.variant, "config": "{}", "calls": 2,
+             "total_ns": 2e5 * (0.7 if arm == cand else 1.0) * float(np.exp(rng.normal(0, .02)))}
+            for s in range(10, 121) for arm in (inc, cand)]
+    decisions: list[dict] = []
+    loop = loop_over_rows(monkeypatch, rows, last=120, decisions=decisions)
+    fails = [1]
+
+    def save_decision(store, row):
+        if row["kind"] == "promote" and fails[0]:
+            fails[0] -= 1
+            raise TimeoutError("store writer busy")
+        decisions.append(row)
+
+    monkeypatch.setattr(L.store_evolve, "save_decision", save_decision)
+    with caplog.at_level(logging.ERROR):
+        bt = tick_one_arm(loop, "gelu", inc, cand)   # promotes; its record fails
+        assert bt.phase == "canary" and decisions == []
+        loop.tick()                                   # the record, then the canary's verdict
+    assert [d["kind"] for d in decisions] == ["promote", "canary_pass"], decisions
+    assert decisions[0]["plan_version"] == bt.plan_version
