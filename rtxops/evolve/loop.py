@@ -442,10 +442,10 @@ class EvolveLoop:
                 mine = per_arm.get(arm, {})
                 values = [mine[s] for s in sorted(mine)]
                 bt.strategy.tell(arm, statistics.median(values) if values else float("inf"))
-                bt.untold_trials.append((arm, values))
+                bt.untold_trials.append((arm, values, {}))
         while bt.untold_trials:
-            arm, values = bt.untold_trials[0]
-            self._trial(job, bt, arm, values, "online")
+            arm, values, progress = bt.untold_trials[0]
+            self._trial(job, bt, arm, values, "online", progress)
             bt.untold_trials.pop(0)
         return bool(per_arm)
 
@@ -487,9 +487,29 @@ class EvolveLoop:
                      reason=f"no calls of this bucket in steps {bt.round_from}-{last}: the "
                             "job no longer runs it through rtxops (a compiled region?)")
 
-    def _trial(self, job: str, bt: BucketTuning, arm: Arm, values: list[float], mode: str) -> None:
+    def _trial(self, job: str, bt: BucketTuning, arm: Arm, values: list[float], mode: str,
+               progress: dict) -> None:
+        """Write one trial: its row, its span, its id in the bucket's evidence, the tuning
+        database. ``progress`` keeps what is done for a retry by the next tick (a trial whose
+        tuning update failed was written again under a new id: two rows, and two ids in the
+        signed evidence, for one measurement)."""
+        if "trial" not in progress:
+            progress["trial"] = self._new_trial(job, bt, arm, values, mode)
+        trial = progress["trial"]
+        if not progress.get("saved"):
+            store_evolve.save_trial(self.store, trial)
+            progress["saved"] = True
+        if not progress.get("told"):
+            self.trial_spans.record(trial)
+            bt.trial_ids.append(trial["trial_id"])
+            progress["told"] = True
+        if values:
+            self.tuning.record(bt.op, bt.bucket, arm, source=mode, trials=len(values),
+                               median_ns=trial["median_ns"], spread=trial["spread"])
+
+    def _new_trial(self, job: str, bt: BucketTuning, arm: Arm, values: list[float], mode: str) -> dict:
         now = time.time_ns()
-        trial = {
+        return {
             "trial_id": uuid.uuid4().hex, "job_id": job, "op": bt.op, "bucket": bt.bucket,
             "variant": arm.variant, "config": arm.config_json, "mode": mode,
             "strategy": self.config.strategy, "started_ns": now, "ended_ns": now,
@@ -500,12 +520,6 @@ class EvolveLoop:
             "detail": {"window": bt.windows[-1] if bt.windows else None,
                        "incumbent": str(bt.incumbent)},
         }
-        store_evolve.save_trial(self.store, trial)
-        self.trial_spans.record(trial)
-        bt.trial_ids.append(trial["trial_id"])
-        if values:
-            self.tuning.record(bt.op, bt.bucket, arm, source=mode, trials=len(values),
-                               median_ns=trial["median_ns"], spread=trial["spread"])
 
     # ---- decision ------------------------------------------------------------------------------
     def _decide(self, job: str, bt: BucketTuning, last: int) -> None:

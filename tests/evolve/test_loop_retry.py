@@ -165,3 +165,30 @@ def test_a_promotion_whose_record_failed_is_recorded_by_the_next_tick(monkeypatc
         loop.tick()                                   # the record, then the canary's verdict
     assert [d["kind"] for d in decisions] == ["promote", "canary_pass"], decisions
     assert decisions[0]["plan_version"] == bt.plan_version
+
+
+def test_a_trial_whose_tuning_update_failed_is_not_written_twice(monkeypatch, caplog):
+    """The trial's row was saved, then the tuning database's update failed: the retry wrote the
+    measurement again under a new id (two rows, two ids in the signed evidence)."""
+    inc, cand = Arm.of("reference"), Arm.of("fastish")
+    rows = [{"step": s, "variant": arm.variant, "config": "{}", "calls": 1, "total_ns": 1e5}
+            for s in range(10, 31) for arm in (inc, cand)]
+    saved: list[str] = []
+    loop = loop_over_rows(monkeypatch, rows, last=30,
+                          save_trial=lambda store, row: saved.append(row["trial_id"]))
+    fails = [1]
+
+    def upsert(store, key, values):
+        if fails[0]:
+            fails[0] -= 1
+            raise TimeoutError("store writer busy")
+
+    monkeypatch.setattr(L.store_evolve, "upsert_tuning", upsert)
+    bt = L.BucketTuning("gelu", "b", inc, strategy=make_strategy("exhaustive", [cand], budget=1),
+                        round_arms=[cand], plan_version=5)
+    bt.strategy.ask()
+    loop.jobs["job"] = L.JobEvolution(active=bt)
+    with caplog.at_level(logging.ERROR):
+        loop.tick()   # the row saved, the tuning update failed
+        loop.tick()   # the rest of that trial
+    assert len(saved) == 1 and bt.trial_ids == saved and fails == [0]
