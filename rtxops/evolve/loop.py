@@ -194,7 +194,7 @@ class EvolveLoop:
         if bt.phase not in _ACTIVE:   # decided in a tick whose records failed: they are left
             self._write_unwritten(bt)
         elif bt.phase == "gating":
-            if not bt.gating.done():
+            if not bt.gating.done() or self._swapped_lately(job, last):
                 return
             try:
                 self._gated(job, state, bt, last)
@@ -208,6 +208,14 @@ class EvolveLoop:
         if bt.phase not in _ACTIVE:
             state.done[(bt.op, bt.bucket)] = bt
             state.active = None
+
+    def _swapped_lately(self, job: str, last: int) -> bool:
+        """The job swapped plans less than a window ago (the last bucket's rounds, a rollback):
+        its exploring waits, so that the canary's step-time baseline is a whole window of the
+        plan the job runs now. Taken across the swap, a slower plan's steps (a rolled-back
+        winner's, a rejected round's arms) hid a winner as slow as they were."""
+        swapped = store_evolve.last_swap_step(self.store, job)
+        return swapped is not None and last - swapped < self.config.window_steps
 
     def _follow_plan(self, job: str, bt: BucketTuning, last: int) -> None:
         """Where the job stands with the bucket's last plan: a round to measure, a canary to
@@ -347,7 +355,7 @@ class EvolveLoop:
                            worker_slot=self._gate_slots),   # waiting there: phase "gating"
             name=f"rtxops-gate-{op}")
         futures.wait([bt.gating], timeout=GATE_WAIT_S)   # verdicts all known: at once
-        if bt.gating.done():
+        if bt.gating.done() and not self._swapped_lately(job, last):
             self._gated(job, state, bt, last)
         return bt
 
@@ -380,8 +388,12 @@ class EvolveLoop:
                          reason="no candidate passed the gate" if bt.arms else "no candidates")
             return
         bt.phase = "exploring"
+        # the canary's step-time baseline: a window of the plan the job runs now (see
+        # _swapped_lately)
+        swapped = store_evolve.last_swap_step(self.store, job)
+        since = max(0, last - self.config.window_steps, swapped + 1 if swapped is not None else 0)
         bt.step_before = [r["duration_ns"] for r in store_evolve.step_durations(
-            self.store, job, max(0, last - self.config.window_steps), last)]
+            self.store, job, since, last)]
         prior = (tuning_priors(self.store, self.registry, bt.op, bt.bucket, sorted(passed))
                  if self.config.strategy == "thompson" else None)
         bt.strategy = make_strategy(self.config.strategy, sorted(passed), self.config.budget,

@@ -39,6 +39,12 @@ def step_durations(q, job_id: str, since_step: int, until_step: int | None = Non
         [job_id, since_step, until_step if until_step is not None else 2**62])
 
 
+def last_swap_step(q, job_id: str) -> int | None:
+    """The step of the job's latest plan swap (its first rank to make it); None before any."""
+    rows = q.query("SELECT max(step) AS step FROM swaps WHERE job_id = ?", [job_id])
+    return rows[0]["step"] if rows else None
+
+
 def running_plan_version(q, job_id: str) -> int | None:
     """The newest plan version the job swapped to (versions only grow in a job); None before
     its first swap."""

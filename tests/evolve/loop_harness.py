@@ -32,6 +32,7 @@ def loop_over_rows(monkeypatch, rows: list[dict], *, last: int, swapped: int = 9
     monkeypatch.setattr(se, "last_step", lambda q, job: last)
     monkeypatch.setattr(se, "swap_step", lambda q, job, v: swapped)
     monkeypatch.setattr(se, "running_plan_version", lambda q, job: running)
+    monkeypatch.setattr(se, "last_swap_step", lambda q, job: None)
     monkeypatch.setattr(se, "arm_steps", lambda q, job, op, bucket, since, phase="fwd":
                         [r for r in rows if r["step"] >= since and r.get("phase", "fwd") == phase])
     monkeypatch.setattr(se, "step_durations", lambda *a, **k: [])

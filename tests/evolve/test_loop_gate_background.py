@@ -159,3 +159,21 @@ def test_a_bucket_whose_verdicts_are_stored_does_not_wait_for_another_jobs_gate(
     loop.tick()
     assert loop.jobs["b"].active.phase == "exploring" and time.monotonic() - started < 4
     release.set()
+
+
+def test_the_canary_baseline_is_a_window_after_the_jobs_last_swap(monkeypatch):
+    """A slower plan rolled back a few steps before a new bucket opens: its steps were in the
+    baseline the winner's canary is judged against, hiding a winner as slow as it. Exploring
+    now waits for a window of the plan the job runs."""
+    loop, _ = _loop(monkeypatch, lambda tuning, op, bucket, arms, timeout_s: (arms, {}))
+    monkeypatch.setattr(L, "GATE_WAIT_S", 5.0, raising=False)
+    monkeypatch.setattr(se, "last_swap_step", lambda q, job: 41)
+    asked = []
+    monkeypatch.setattr(se, "step_durations", lambda q, job, since, until=None:
+                        asked.append((since, until)) or [])
+    loop.tick()                                  # step 50: the swap was 9 steps ago
+    assert loop.jobs["job"].active.phase == "gating" and asked == []
+    monkeypatch.setattr(se, "last_step", lambda q, job: 61)
+    loop.tick()
+    assert loop.jobs["job"].active.phase == "exploring"
+    assert asked == [(42, 61)]   # after the swap, not steps 41 and before
