@@ -19,7 +19,7 @@ from rtxops.telemetry.receiver import make_router as receiver_router
 from . import api_evolve, api_jobs, api_plans, api_telemetry
 from .auth import require_token
 from .docs import api_page
-from .hosts import LoopbackHostOnly, is_loopback
+from .hosts import LoopbackHostOnly, TokenOnEveryRequest, is_loopback
 from .metrics import registry_for, render
 
 
@@ -67,6 +67,8 @@ def create_app(daemon) -> FastAPI:
 
     if is_loopback(daemon.host):
         app.add_middleware(LoopbackHostOnly)   # see hosts.py: DNS rebinding
+    elif daemon.token:   # reachable from other machines: reads need the token too
+        app.add_middleware(TokenOnEveryRequest, token=daemon.token)
     auth = require_token(daemon.token)
     app.include_router(receiver_router(daemon.store, token=daemon.token, on_batch=daemon.on_batch))
     # FastAPI reads and parses a body before the token is checked: the JSON API takes at most

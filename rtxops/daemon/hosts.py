@@ -1,15 +1,20 @@
-"""The Host check of a daemon that listens on a loopback address.
+"""Who may read: the Host check of a daemon that listens on a loopback address, and the token
+check of every request to one that does not.
 
 Reads (the dashboard, job logs, span exports) need no token on the daemon's own machine. A page
 on any site could still read them through the user's browser by pointing its own name at
 127.0.0.1 (DNS rebinding): its requests then carry that name as their Host. So a loopback
-daemon answers only requests addressed to a loopback name or address.
+daemon answers only requests addressed to a loopback name or address. A daemon bound to
+another address (``--host 0.0.0.0``) is reachable from other machines: there every request
+needs the token but the health probes (the dashboard then is for a loopback daemon, or through
+an SSH tunnel to one).
 """
 from __future__ import annotations
 
+import hmac
 import ipaddress
 
-from starlette.responses import PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
@@ -48,6 +53,30 @@ class LoopbackHostOnly:
                 response = PlainTextResponse(
                     "this rtxops daemon listens on a loopback address and answers requests "
                     "addressed to it only (Host: 127.0.0.1, localhost or [::1])", status_code=421)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})   # a load balancer's or systemd's probes
+
+
+class TokenOnEveryRequest:
+    """ASGI middleware for a daemon bound to a non-loopback address: a request without
+    ``Authorization: Bearer <token>`` gets 401, reads included (but :data:`OPEN_PATHS`)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket") and scope.get("path") not in OPEN_PATHS:
+            given = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = JSONResponse(
+                    {"detail": "this rtxops daemon listens on a non-loopback address: every "
+                               "request needs its bearer token"},
+                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -30,6 +30,7 @@ from rtxops.telemetry.store import Store
 
 from . import systemd
 from .home import DEFAULT_HOST, DEFAULT_PORT, Home
+from .hosts import is_loopback
 from .job_sink import DuckDBJobSink
 from .logtail import MAX_STORED_BYTES
 from .plans import PlanBoard
@@ -244,6 +245,10 @@ class Daemon:
             tmp.unlink(missing_ok=True)
         self.home.pid_file.write_text(f"{os.getpid()}\n")
         log.info(json.dumps({"event": "ready", "url": self.url, "home": str(self.home.root)}))
+        if not is_loopback(self.host):
+            log.warning(json.dumps({"event": "not_loopback", "host": self.host, "note": (
+                "reachable from other machines: every request needs the token, the dashboard "
+                "too (use an SSH tunnel to a loopback daemon to browse it)")}))
         systemd.notify(f"READY=1\nSTATUS=serving {self.url}")
 
     def serve_forever(self) -> int:

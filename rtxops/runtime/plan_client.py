@@ -105,7 +105,7 @@ class PlanPoller:
         same version again). The ETag is recorded only once a version is installed or refused.
         A plan still served without any bundle after MISSING_BUNDLE_POLLS polls is refused."""
         query = urllib.parse.urlencode({"job": self.job_id})
-        req = urllib.request.Request(f"{self.base}/v1/plans/current?{query}")
+        req = urllib.request.Request(f"{self.base}/v1/plans/current?{query}", headers=self._auth())
         if self.etag:
             req.add_header("If-None-Match", self.etag)
         try:
@@ -168,7 +168,8 @@ class PlanPoller:
             raise PlanError(f"plan version {served.version} refused: this job has no plan verifier")
         query = urllib.parse.urlencode({"job": self.job_id})
         try:
-            with _DIRECT.open(f"{self.base}/v1/plans/bundle?{query}", timeout=10) as resp:
+            bundle = urllib.request.Request(f"{self.base}/v1/plans/bundle?{query}", headers=self._auth())
+            with _DIRECT.open(bundle, timeout=10) as resp:
                 raw = _read_at_most(resp, MAX_BUNDLE_RESPONSE_BYTES)
         except urllib.error.HTTPError as e:
             if e.code == 404 or e.code >= 500:  # not staged yet, or the daemon's trouble: retry
@@ -194,6 +195,11 @@ class PlanPoller:
             raise PlanError(f"plan version {served.version} refused: the signed bundle holds "
                             f"version {plan.version} with another digest")
         return plan
+
+    def _auth(self) -> dict[str, str]:
+        """The token on every request (a daemon bound to a non-loopback address wants it on
+        reads too)."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def _report(self, version: int, reason: str) -> None:
         data = json.dumps({"job": self.job_id, "version": version, "reason": reason}).encode()

@@ -25,6 +25,7 @@ class Endpoint:
         self.reports: list[dict] = []
         self.lock = threading.Lock()
         self.oversize: tuple[str, bool] | None = None   # (endpoint, send a Content-Length)
+        self.token: str | None = None                   # wanted on every request when set
         self.streamed = 0                               # bytes of an oversize answer sent
 
     def _stream_oversize(self, handler, prefix: bytes, length_sent: bool) -> None:
@@ -59,6 +60,8 @@ class Endpoint:
 
             def do_GET(self):
                 etag = '"v7"'
+                if ep.token and self.headers.get("Authorization") != f"Bearer {ep.token}":
+                    return self._send(401, b"{}")
                 if ep.oversize and self.path.startswith(f"/v1/plans/{ep.oversize[0]}"):
                     return ep._stream_oversize(self, b'{"files": {"plan.json": "', ep.oversize[1])
                 if self.path.startswith("/v1/plans/current"):
@@ -225,3 +228,11 @@ def test_an_answer_over_the_limit_is_refused_unread(endpoint, monkeypatch, where
     assert poller.poll_once() == "refused"
     assert "MiB: not read" in poller.refused[0][1] and poller.installed == []
     assert endpoint.streamed < 16 << 20   # it stopped reading (what the sockets buffer aside)
+
+
+def test_the_job_sends_its_token_on_its_plan_reads_too(endpoint):
+    """A daemon bound to a non-loopback address wants the token on reads: the job sent it only
+    with its refusal reports, and never got a plan."""
+    endpoint.token = "t0k"
+    poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", "t0k", verifier=accept)
+    assert poller.poll_once() == "installed" and poller.installed == [7]
