@@ -7,7 +7,7 @@ runtime itself never imports this package. Configuration:
                       or the standard ``OTEL_EXPORTER_OTLP_*`` endpoint), ``duckdb`` (write
                       ``RTXOPS_STORE`` directly), or ``off``
 ``RTXOPS_CALL_SAMPLES`` sampled rtx.call spans, ``"per_slot/window_steps"`` (default ``2/10``)
-``RTXOPS_RECORDER_CAPACITY`` call records kept per step (default 65536; more are dropped, counted)
+``RTXOPS_RECORDER_CAPACITY`` call records held between steps (default 65536; a full buffer is handed over early)
 ``RTXOPS_EXPORT_INTERVAL_S`` seconds between exports (default 2; spans of several steps go together: each
                       request costs the daemon ~14 ms of CPU however few spans it holds, which on a
                       small machine comes out of the job's step time; OTel's batch default is 5)

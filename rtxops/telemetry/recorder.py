@@ -55,7 +55,8 @@ class Recorder(Readings):
         self._swaps: list = []
         self._memory: dict[int, tuple[int, int]] = {}
         self._dropped_elsewhere = 0   # records a CUDA timer could not queue
-        self.record, self._take = _make_buffer(capacity)
+        self._plan_version = 0        # the plan the job runs (the last swap's), for a full buffer
+        self.record, self._take = _make_buffer(capacity, _HandOver(self._hand_over_full))
         self.totals = CallStats()
         self.on_close: Callable[[], None] | None = None
 
@@ -89,6 +90,7 @@ class Recorder(Readings):
             self._errors.append((slot, message, perf_counter_ns()))
 
     def swap(self, step: int, old_version: int, new_version: int, digest: str) -> None:
+        self._plan_version = new_version
         with self._lock:
             self._swaps.append((step, old_version, new_version, digest, perf_counter_ns()))
 
@@ -104,6 +106,12 @@ class Recorder(Readings):
         self.totals.step(step, end_ns, plan_version, rss_bytes)
         self.on_step(rec)
 
+    def _hand_over_full(self) -> None:
+        """The buffer is full before the step ends (a job without an optimizer, an evaluation
+        pass between steps): its calls are handed over as they are (step -1, as at exit), on
+        the calling thread, rather than dropped."""
+        self.flush(self._plan_version, 0)
+
     def flush(self, plan_version: int, rss_bytes: int) -> None:
         """Hand over what was recorded since the last step (at exit, or for a job with no optimizer)."""
         calls, dropped = self._take()
@@ -116,7 +124,12 @@ class Recorder(Readings):
                              dropped + self._dropped_elsewhere)
             self._backward, self._builds, self._errors, self._swaps = [], [], [], []
             self._memory, self._dropped_elsewhere = {}, 0
-        self.on_step(rec)
+        try:
+            self.on_step(rec)
+        except Exception:
+            with self._lock:   # what it took is lost with the failure: counted, never silent
+                self._dropped_elsewhere += len(calls) // RECORD_WIDTH + rec.dropped_records
+            raise
 
 
 class _CallBuffer(array):
@@ -129,23 +142,61 @@ class _CallBuffer(array):
         return (array, ("q",))
 
 
-def _make_buffer(capacity: int):
-    """A (record, take) pair sharing one preallocated buffer through closure cells."""
+class _HandOver:
+    """The buffer's ``on_full``, pickled (with ``record``, see :class:`_CallBuffer`) as one that
+    does nothing: not as the recorder, its lock and its consumer."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+
+    def __call__(self) -> None:
+        self.fn()
+
+    def __reduce__(self):
+        return (_HandOver, (_nothing,))
+
+
+def _nothing() -> None:
+    pass
+
+
+def _make_buffer(capacity: int, on_full: Callable[[], None] | None = None):
+    """A (record, take) pair sharing one preallocated buffer through closure cells. A call that
+    finds the buffer full first has ``on_full`` empty it (through ``take``); one that finds it
+    full again (``on_full`` failed, or is running) is dropped and counted."""
     limit = capacity * RECORD_WIDTH
     buf = _CallBuffer("q", bytes(8 * limit))
     pos = 0
     dropped = 0
+    emptying = False
 
     def record(slot: int, start_ns: int, duration_ns: int) -> None:
-        nonlocal pos, dropped
+        nonlocal pos, dropped, emptying
         i = pos
         if i < limit:
             buf[i] = slot
             buf[i + 1] = start_ns
             buf[i + 2] = duration_ns
             pos = i + 3
-        else:
-            dropped += 1
+            return
+        if on_full is not None and not emptying:
+            emptying = True
+            try:
+                on_full()
+            except Exception:  # noqa: BLE001 - never the job's failure: the call is dropped below
+                pass
+            finally:
+                emptying = False
+            i = pos
+            if i < limit:
+                buf[i] = slot
+                buf[i + 1] = start_ns
+                buf[i + 2] = duration_ns
+                pos = i + 3
+                return
+        dropped += 1
 
     def take() -> tuple[array, int]:
         nonlocal pos, dropped

@@ -122,17 +122,41 @@ def test_sampled_call_spans_respect_their_budget():
     assert per_window and max(per_window.values()) == 1
 
 
-def test_a_full_recorder_counts_every_dropped_record():
-    capacity = 3  # TinyNet makes 5 routed calls a step
+def test_a_step_with_more_calls_than_the_buffer_hands_them_over_early():
+    """TinyNet makes 5 routed calls a step; a buffer of 3 was full at each step's fourth call and
+    the rest were dropped (a job without an optimizer dropped all but its first 65536 calls and
+    sent nothing until exit). A full buffer is handed over as it is, as step -1: every call is
+    counted, none dropped."""
+    capacity = 3
     _, stats, spans, _ = _run(steps=3, capacity=capacity, backward_every=0)
     steps = [s for s in _by_name(spans, S.STEP) if s.attributes[S.STEP_NUMBER] > 0]
     kernels = [k for k in _by_name(spans, S.KERNEL) if k.attributes[S.PHASE] == "fwd"]
-    for step in steps:
-        n = step.attributes[S.STEP_NUMBER]
-        kept = sum(k.attributes[S.COUNT] for k in kernels if k.attributes[S.STEP_NUMBER] == n)
-        assert kept == step.attributes[S.COUNT] == capacity
-        assert kept + step.attributes[S.DROPPED_RECORDS] == 5
-    assert sum(stats.calls) == capacity * len(steps)  # totals hold what was kept
+    assert len(steps) == 3 and all(s.attributes[S.DROPPED_RECORDS] == 0 for s in steps)
+    early = sum(k.attributes[S.COUNT] for k in kernels if k.attributes[S.STEP_NUMBER] == -1)
+    at_steps = sum(k.attributes[S.COUNT] for k in kernels if k.attributes[S.STEP_NUMBER] > 0)
+    assert early + at_steps == 5 * 3 and early >= 3 * 3
+    assert sum(stats.calls) == 5 * 3
+
+
+def test_calls_past_a_full_buffer_that_cannot_be_handed_over_are_counted_as_dropped():
+    from rtxops.runtime.readings import Slot
+    from rtxops.telemetry.recorder import Recorder
+
+    handed = []
+
+    def on_step(rec):
+        if rec.step == -1:
+            raise RuntimeError("the consumer is gone")
+        handed.append(rec)
+
+    recorder = Recorder(on_step, capacity=2)
+    recorder.register_slot(Slot(0, "gelu", "eager", "{}", "b0", "F.gelu", "eager"))
+    for i in range(5):
+        recorder.record(0, i, 10)
+    recorder.step(1, 100, 1, 0)
+    # each hand-over failed: what it took is counted as dropped on the next step; every call is
+    # in the step's record or counted
+    assert len(handed[0].calls) // 3 + handed[0].dropped_records == 5
 
 
 def test_resource_and_plan_attributes():
