@@ -52,6 +52,7 @@ if hasattr(os, "register_at_fork"):
 
 
 MAX_SPANS_PER_EXPORT = 8192   # ~4.5 MB of kernel spans in one OTLP request
+MAX_RETRY_PARTS = 4           # parts that failed once, held for one more try at the next export
 
 
 class ExportThread:
@@ -82,6 +83,9 @@ class ExportThread:
         self.spans_exported = 0
         self.spans_failed = 0
         self.exports_failed = 0
+        # a daemon busy for a moment (its 503 or 429: nothing of the request written) gets the
+        # part again at the next export rather than losing it; a second failure drops it
+        self._retry: deque[Sequence[ReadableSpan]] = deque()
         self.steps_built = 0
         self.steps_failed = 0
         self.cpu_s = 0.0                  # this thread's CPU time: what telemetry takes from the job
@@ -153,10 +157,14 @@ class ExportThread:
         # a fast job's interval can hold more spans than a receiver takes in one request (the
         # daemon's limit is 16 MiB, ~30 000 kernel spans; refused whole, with the step spans
         # that count the drops): sent in parts
+        again, self._retry = list(self._retry), deque()
+        for part in again:
+            self._export_part(part, last_try=True)
         for i in range(0, len(spans), MAX_SPANS_PER_EXPORT):
-            self._export_part(spans[i:i + MAX_SPANS_PER_EXPORT])
+            # the job's last export gets no second try: its exit would wait for one
+            self._export_part(spans[i:i + MAX_SPANS_PER_EXPORT], last_try=self._closing)
 
-    def _export_part(self, spans: Sequence[ReadableSpan]) -> None:
+    def _export_part(self, spans: Sequence[ReadableSpan], last_try: bool) -> None:
         try:
             result = self.exporter.export(spans)
         except Exception as e:
@@ -164,6 +172,8 @@ class ExportThread:
             result = SpanExportResult.FAILURE
         if result is SpanExportResult.SUCCESS:
             self.spans_exported += len(spans)
+        elif not last_try and len(self._retry) < MAX_RETRY_PARTS:
+            self._retry.append(spans)
         else:
             self.exports_failed += 1
             self.spans_failed += len(spans)

@@ -1,6 +1,8 @@
 """Span content from a real (tiny) training run: counts and durations equal what was recorded."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -588,3 +590,63 @@ def test_calls_a_full_cuda_timer_queue_refused_are_counted_on_the_step(monkeypat
     assert handed[0].dropped_records == 6
     recorder.step(2, 2000, 1, 0)
     assert handed[1].dropped_records == 0   # counted once
+
+
+class _FailingExporter(_CountingExporter):
+    """Fails its first ``failures`` exports (a daemon answering 503 for a moment)."""
+
+    def __init__(self, failures):
+        super().__init__()
+        self.failures = failures
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        if self.failures:
+            self.failures -= 1
+            self.failed = getattr(self, "failed", 0) + 1
+            return SpanExportResult.FAILURE
+        return super().export(spans)
+
+
+def _spans_through(exporter, steps: int):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from rtxops.telemetry.exporters import ExportThread, StepProcessor
+
+    processor = StepProcessor()
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("test")
+
+    def build(rec, counters):
+        for _ in range(10):
+            tracer.start_span("rtx.kernel").end()
+        return 10
+
+    thread = ExportThread(build, processor, exporter, interval_s=0.05, poll_s=0.01)
+    for step in range(steps):
+        thread.submit(_record(step))
+        deadline = time.monotonic() + 30
+        while thread.steps_built <= step and time.monotonic() < deadline:
+            time.sleep(0.01)
+        attempts = exporter.exports + getattr(exporter, "failed", 0)
+        while exporter.exports + getattr(exporter, "failed", 0) == attempts \
+                and time.monotonic() < deadline:   # an export between steps (not at close)
+            time.sleep(0.01)
+    thread.close()
+    return thread
+
+
+def test_a_part_the_daemon_refused_once_goes_out_with_the_next_export():
+    """A daemon busy for a moment answers 503 (nothing of the request written): the job's
+    exporter gave up and the part was dropped; it now goes again with the next export."""
+    exporter = _FailingExporter(failures=1)
+    thread = _spans_through(exporter, steps=3)
+    assert exporter.exported == 30 == thread.spans_exported and thread.spans_failed == 0
+
+
+def test_a_part_refused_twice_is_dropped_and_counted():
+    exporter = _FailingExporter(failures=10 ** 6)
+    thread = _spans_through(exporter, steps=3)
+    assert exporter.exported == 0 and thread.spans_failed == 30 and thread.spans_exported == 0
