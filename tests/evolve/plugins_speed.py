@@ -3,6 +3,7 @@ through ``RTXOPS_VARIANT_MODULES=tests.evolve.plugins_speed``."""
 from __future__ import annotations
 
 import os
+import time
 
 
 from rtxops.runtime.originals import gelu as _gelu
@@ -19,8 +20,10 @@ def _slow3x(config, bucket):
 
 
 def _toggle(config, bucket):
-    """As fast as the reference until the file named by RTXOPS_TEST_SLOW_FILE exists, then 6×
-    slower (a kernel that regresses after promotion: a driver update, thermal throttling)."""
+    """As fast as the reference until the file named by RTXOPS_TEST_SLOW_FILE exists, then half a
+    millisecond slower a call, ~20x (a kernel that regresses after promotion: a driver update,
+    thermal throttling). Five more gelus, 6x the compute, measured +38 % on a loaded machine,
+    a regression the canary's 20 steps could not tell from the noise."""
     path = os.environ.get("RTXOPS_TEST_SLOW_FILE", "")
     state = {"calls": 0, "slow": False}
 
@@ -29,8 +32,7 @@ def _toggle(config, bucket):
         if not state["slow"] and path and state["calls"] % 16 == 0:
             state["slow"] = os.path.exists(path)
         if state["slow"]:
-            for _ in range(5):
-                _gelu(input.detach(), approximate=approximate)
+            time.sleep(0.0005)
         return _gelu(input, approximate=approximate)
     return gelu
 
