@@ -172,31 +172,31 @@ def _make_buffer(capacity: int, on_full: Callable[[], None] | None = None):
     dropped = 0
     emptying = False
 
-    def record(slot: int, start_ns: int, duration_ns: int) -> None:
-        nonlocal pos, dropped, emptying
-        i = pos
-        if i < limit:
-            buf[i] = slot
-            buf[i + 1] = start_ns
-            buf[i + 2] = duration_ns
-            pos = i + 3
-            return
+    def make_room() -> int:
+        """The buffer's position once ``on_full`` emptied it, if it could."""
+        nonlocal emptying
         if on_full is not None and not emptying:
             emptying = True
             try:
                 on_full()
-            except Exception:  # noqa: BLE001 - never the job's failure: the call is dropped below
+            except Exception:  # noqa: BLE001 - never the job's failure: the call is dropped
                 pass
             finally:
                 emptying = False
-            i = pos
-            if i < limit:
-                buf[i] = slot
-                buf[i + 1] = start_ns
-                buf[i + 2] = duration_ns
-                pos = i + 3
+        return pos
+
+    def record(slot: int, start_ns: int, duration_ns: int) -> None:
+        nonlocal pos, dropped
+        i = pos
+        if i >= limit:
+            i = make_room()
+            if i >= limit:
+                dropped += 1
                 return
-        dropped += 1
+        buf[i] = slot
+        buf[i + 1] = start_ns
+        buf[i + 2] = duration_ns
+        pos = i + 3
 
     def take() -> tuple[array, int]:
         nonlocal pos, dropped
