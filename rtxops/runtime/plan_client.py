@@ -204,9 +204,7 @@ class PlanPoller:
     def _report(self, version: int, reason: str) -> None:
         data = json.dumps({"job": self.job_id, "version": version, "reason": reason}).encode()
         req = urllib.request.Request(f"{self.base}/v1/plans/report", data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
+                                     headers={"Content-Type": "application/json", **self._auth()})
         try:
             _DIRECT.open(req, timeout=5).close()
         except OSError as e:

@@ -85,7 +85,7 @@ class ExportThread:
         self.exports_failed = 0
         # a daemon busy for a moment (its 503 or 429: nothing of the request written) gets the
         # part again at the next export rather than losing it; a second failure drops it
-        self._retry: deque[Sequence[ReadableSpan]] = deque()
+        self._retry: list[Sequence[ReadableSpan]] = []
         self.steps_built = 0
         self.steps_failed = 0
         self.cpu_s = 0.0                  # this thread's CPU time: what telemetry takes from the job
@@ -157,7 +157,7 @@ class ExportThread:
         # a fast job's interval can hold more spans than a receiver takes in one request (the
         # daemon's limit is 16 MiB, ~30 000 kernel spans; refused whole, with the step spans
         # that count the drops): sent in parts
-        again, self._retry = list(self._retry), deque()
+        again, self._retry = self._retry, []
         for part in again:
             self._export_part(part, last_try=True)
         for i in range(0, len(spans), MAX_SPANS_PER_EXPORT):

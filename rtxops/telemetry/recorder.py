@@ -95,13 +95,7 @@ class Recorder(Readings):
             self._swaps.append((step, old_version, new_version, digest, perf_counter_ns()))
 
     def step(self, step: int, end_ns: int, plan_version: int, rss_bytes: int) -> None:
-        calls, dropped = self._take()
-        with self._lock:
-            rec = StepRecord(step, self._start_ns, end_ns, plan_version, rss_bytes, calls,
-                             self._backward, self._builds, self._errors, self._swaps, self._memory,
-                             dropped + self._dropped_elsewhere)
-            self._backward, self._builds, self._errors, self._swaps = [], [], [], []
-            self._memory, self._dropped_elsewhere = {}, 0
+        rec = self._take_record(step, end_ns, plan_version, rss_bytes)
         self._start_ns = end_ns
         self.totals.step(step, end_ns, plan_version, rss_bytes)
         self.on_step(rec)
@@ -114,22 +108,27 @@ class Recorder(Readings):
 
     def flush(self, plan_version: int, rss_bytes: int) -> None:
         """Hand over what was recorded since the last step (at exit, or for a job with no optimizer)."""
-        calls, dropped = self._take()
-        if not (calls or dropped or self._backward or self._builds or self._errors or self._swaps
-                or self._memory or self._dropped_elsewhere):
+        rec = self._take_record(-1, perf_counter_ns(), plan_version, rss_bytes)
+        if not (len(rec.calls) or rec.dropped_records or rec.backward or rec.builds or rec.errors
+                or rec.swaps or rec.memory):
             return
-        with self._lock:
-            rec = StepRecord(-1, self._start_ns, perf_counter_ns(), plan_version, rss_bytes, calls,
-                             self._backward, self._builds, self._errors, self._swaps, self._memory,
-                             dropped + self._dropped_elsewhere)
-            self._backward, self._builds, self._errors, self._swaps = [], [], [], []
-            self._memory, self._dropped_elsewhere = {}, 0
         try:
             self.on_step(rec)
         except Exception:
             with self._lock:   # what it took is lost with the failure: counted, never silent
-                self._dropped_elsewhere += len(calls) // RECORD_WIDTH + rec.dropped_records
+                self._dropped_elsewhere += len(rec.calls) // RECORD_WIDTH + rec.dropped_records
             raise
+
+    def _take_record(self, step: int, end_ns: int, plan_version: int, rss_bytes: int) -> StepRecord:
+        """Everything recorded since the last hand-over, as one record; the lists start anew."""
+        calls, dropped = self._take()
+        with self._lock:
+            rec = StepRecord(step, self._start_ns, end_ns, plan_version, rss_bytes, calls,
+                             self._backward, self._builds, self._errors, self._swaps, self._memory,
+                             dropped + self._dropped_elsewhere)
+            self._backward, self._builds, self._errors, self._swaps = [], [], [], []
+            self._memory, self._dropped_elsewhere = {}, 0
+        return rec
 
 
 class _CallBuffer(array):
