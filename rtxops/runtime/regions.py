@@ -58,7 +58,8 @@ EXIT_WAIT_S = 120.0   # how long a job that ends during the background compile w
 
 DISCOVER, WAIT_INPUTS, COMPILING, BASELINE, TRIAL, COMPILED, EAGER, FAILED = (
     "discover", "wait_inputs", "compiling", "baseline", "trial", "compiled", "eager", "failed")
-SETTLED = (COMPILED, EAGER, FAILED)  # no compiler runs and no trial is timed any more
+SETTLED = (COMPILED, EAGER, FAILED)
+LIVE_WARM_UP_TRIES = 5   # warm-up passes on a live model its optimizer may step in between  # no compiler runs and no trial is timed any more
 MATH_ATTENTION = "compiled_math_attention"   # the candidate compiled with SDPA's math backend
 TRIAL_ROUNDS = 3   # blocks each candidate gets when two take turns
 MATH_ATTENTION_MAX_SCORES = 1 << 22   # score entries (batch x heads x L x S) a call may have for it
@@ -269,12 +270,21 @@ class RegionCompiler:
             run = self.compile_fn(candidate_forward(type(model).forward, candidate), **kw)
             compiled = functools.partial(run, model)
             args, target = [shadow, *args], shadow
-        with torch.enable_grad():
-            out = run(*args, **kwargs)
-            roots = [t for t in _tensors(out) if t.requires_grad and t.is_floating_point()]
-            params = [p for p in target.parameters() if p.requires_grad]
-            if roots and params:  # compiles the backward too, without touching .grad
-                torch.autograd.grad([t.sum() for t in roots], params[:1], allow_unused=True)
+        for attempt in range(LIVE_WARM_UP_TRIES if shadow is None else 1):
+            try:
+                with torch.enable_grad():
+                    out = run(*args, **kwargs)
+                    roots = [t for t in _tensors(out) if t.requires_grad and t.is_floating_point()]
+                    params = [p for p in target.parameters() if p.requires_grad]
+                    if roots and params:  # compiles the backward too, without touching .grad
+                        torch.autograd.grad([t.sum() for t in roots], params[:1], allow_unused=True)
+                return compiled
+            except RuntimeError as e:
+                # the live model's optimizer stepped its parameters between this pass's forward
+                # and backward: a race, not the compiler's failure; the pass goes again
+                if "modified by an inplace operation" not in str(e) or \
+                        attempt == LIVE_WARM_UP_TRIES - 1:
+                    raise
         return compiled
 
     # ---- step boundary -----------------------------------------------------------------------------
