@@ -348,6 +348,8 @@ class Daemon:
             if self._stopped:
                 return
             self._stopping.set()
+            if self.supervisor is not None:   # from the moment /readyz says it is stopping
+                self.supervisor.refuse_new_jobs()
             systemd.notify("STOPPING=1")
             if self.evolve is not None:
                 self.evolve.stop()

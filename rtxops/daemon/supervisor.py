@@ -269,6 +269,11 @@ class Supervisor:
                 self._changed.wait(remaining)
             return self._get(job_id).copy()
 
+    def refuse_new_jobs(self) -> None:
+        """Take no more jobs (SupervisorClosed), before a shutdown that may begin later."""
+        with self._lock:
+            self._closed = True
+
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Accept no more jobs; SIGTERM every job's tree, SIGKILL what is left after ``grace_s``; wait
         for the runners. Jobs stopped this way end ``cancelled``."""
