@@ -11,11 +11,12 @@ an SSH tunnel to one).
 """
 from __future__ import annotations
 
-import hmac
 import ipaddress
 
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from rtxops.bearer import carries_token
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
 
@@ -67,12 +68,12 @@ class TokenOnEveryRequest:
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode()
+        self.token = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket") and scope.get("path") not in OPEN_PATHS:
-            given = dict(scope.get("headers") or ()).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            given = dict(scope.get("headers") or ()).get(b"authorization")
+            if not carries_token(given, self.token):
                 response = JSONResponse(
                     {"detail": "this rtxops daemon listens on a non-loopback address: every "
                                "request needs its bearer token"},

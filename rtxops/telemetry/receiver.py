@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import hmac
 import logging
 import math
 import time
@@ -23,7 +22,9 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from google.protobuf import json_format
 from google.rpc import code_pb2, status_pb2
 
-from . import otlp, rollup
+from rtxops.bearer import carries_token
+
+from . import otlp
 from .otlp import JSON, PROTOBUF, TelemetryInputError
 from .store import Store, StoreBusy, StoreClosed, StoreError, prepared
 
@@ -63,7 +64,7 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
     of it is written, so the client's retry stores it once; one already being committed is
     waited for."""
     router = APIRouter()
-    expected = f"Bearer {token}".encode() if token is not None else None
+    expected = token.encode() if token is not None else None
     slots = asyncio.Semaphore(max_inflight)
     # decoding gets threads of its own: on anyio's shared 40, slow endpoints (publishes, job
     # submits waiting on the store) starved ingest; made on the event loop, as anyio wants
@@ -73,8 +74,7 @@ def make_router(store: Store, *, token: str | None, max_body_bytes: int = DEFAUL
     async def export_traces(request: Request) -> Response:
         received_ns = time.time_ns()  # before any wait: the client's own timeout runs from here
         encoding = _response_encoding(request.headers.get("content-type"))
-        if expected is not None and not hmac.compare_digest(
-                request.headers.get("authorization", "").encode(), expected):
+        if expected is not None and not carries_token(request.headers.get("authorization"), expected):
             return _status(encoding, 401, code_pb2.UNAUTHENTICATED,
                            "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
         kind = otlp.media_type(request.headers.get("content-type"))
@@ -215,9 +215,9 @@ def _decode(body: bytes, kind: str, gzipped: bool, max_decompressed: int, receiv
     elif len(body) > max_decompressed:
         raise _TooLarge(f"body is over the {max_decompressed}-byte limit")
     try:
-        batch = rollup.valid_figures(otlp.convert(body, kind, received_ns))
         # prepared here, beside the store's writer thread rather than in it
-        return dataclasses.replace(prepared(batch), digest=digest.digest()[:16])
+        batch = prepared(otlp.convert(body, kind, received_ns))
+        return dataclasses.replace(batch, digest=digest.digest()[:16])
     except TelemetryInputError:
         raise
     except Exception as e:  # decoding is a function of the body alone: a case no check foresaw

@@ -17,6 +17,8 @@ def test_a_daemon_on_a_public_address_wants_its_token_on_every_read(tmp_path):
             r = httpx.get(base + path, trust_env=False)
             assert r.status_code == 401 and "bearer token" in r.text, (path, r.status_code)
             assert httpx.get(base + path, headers=token, trust_env=False).status_code in (200, 404), path
+        lower = {"Authorization": f"bearer {d.token}"}   # RFC 7235: any case
+        assert httpx.get(base + "/v1/jobs", headers=lower, trust_env=False).status_code == 200
         wrong = {"Authorization": f"Bearer {d.token}x"}
         assert httpx.get(base + "/v1/jobs", headers=wrong, trust_env=False).status_code == 401
         assert httpx.get(base + "/healthz", trust_env=False).status_code == 200   # probes stay open

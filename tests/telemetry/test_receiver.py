@@ -125,6 +125,7 @@ BAD = {
     "10^4 gzip members": (_many_gzip_members, {"Content-Encoding": "gzip"}, 400, "over 64 members"),
     "no token": (good_body, {"Authorization": ""}, 401, "bearer token"),
     "wrong token": (good_body, {"Authorization": "Bearer nope"}, 401, "bearer token"),
+    "token under another scheme": (good_body, {"Authorization": f"Basic {TOKEN}"}, 401, "bearer token"),
 }
 
 
@@ -228,6 +229,14 @@ def test_json_errors_are_json(served):
 def test_only_post(served):
     client, _ = served
     assert client.get("/v1/traces", headers=AUTH).status_code == 405
+
+
+def test_the_bearer_scheme_is_taken_in_any_case(served):
+    """RFC 7235: the scheme is case-insensitive; a client sending ``bearer`` got 401."""
+    client, store = served
+    r = client.post("/v1/traces", content=good_body(4),
+                    headers={**PB, "Authorization": f"bearer {TOKEN}"})
+    assert r.status_code == 200 and stored(store) == (4, 1)
 
 
 def test_no_token_configured_means_no_check(tmp_path):
