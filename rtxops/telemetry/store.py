@@ -922,11 +922,13 @@ def _window(since_ns: int | None, until_ns: int | None) -> tuple[int, int]:
 
 
 def prepared(batch: Batch) -> Batch:
-    """``batch`` with its kernel rollup and narrow rows made (:mod:`.rollup`, :mod:`.narrow`).
-    Producers call this on their own thread (the receiver's decoding, the direct exporter's
-    export thread), so the store's single writer only inserts."""
+    """``batch`` with its figures past 2^53 taken out of the summed columns
+    (:func:`.rollup.valid_figures`) and its kernel rollup and narrow rows made (:mod:`.rollup`,
+    :mod:`.narrow`). Producers call this on their own thread (the receiver's decoding, the direct
+    exporter's export thread), so the store's single writer only inserts."""
     index = None
     if batch.narrow is None:
+        batch = rollup.valid_figures(batch)
         rows, keys, index = narrow.split_indexed(batch.spans)
         batch = dataclasses.replace(batch, narrow=(rows, keys))
     return rollup.for_batch(batch, index)
@@ -936,6 +938,8 @@ def _insert(cur: duckdb.DuckDBPyConnection, batches: list[Batch],
             stored_keys: set | None = None) -> list[int]:
     """One transaction: resources and span keys (new ones only), span rows, events, and one
     ingest row per batch. Returns the span key ids it committed."""
+    # a batch no producer prepared: its figures are checked here, before rows and rollup
+    batches = [b if b.narrow is not None else rollup.valid_figures(b) for b in batches]
     rows, keys = narrow.merge([b.narrow if b.narrow is not None else narrow.split(b.spans)
                                for b in batches])
     if stored_keys and keys.num_rows:                # a batch has few keys; the set may be large

@@ -416,3 +416,45 @@ def test_the_tail_after_the_last_optimizer_step_is_no_step_in_step_times(tmp_pat
         assert tail[0]["n"] > 0   # its calls are still stored, as kernel spans
     finally:
         store.close()
+
+
+def _big_and_small_kernel_spans():
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = TracerProvider()
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("t")
+    for count, total in ((1, 2**53 + 2), (2, 500)):
+        tracer.start_span(S.KERNEL, attributes={S.OP: "gelu", S.COUNT: count, S.TOTAL_NS: total,
+                                                 S.CACHE_HITS: 1}).end()
+    return memory.get_finished_spans()
+
+
+def _assert_big_figure_kept_out_of_the_sums(store):
+    rows = {r["count"]: r for r in store.query("SELECT count, total_ns, attributes FROM spans")}
+    assert rows[1]["total_ns"] is None
+    assert json.loads(rows[1]["attributes"])[S.TOTAL_NS] == 2**53 + 2
+    assert store.query("SELECT sum(total_ns) AS t, sum(calls) AS c FROM kernel_minutes") == [
+        {"t": 500, "c": 3}]
+
+
+def test_the_direct_exporter_keeps_figures_past_2_53_out_of_the_sums(tmp_path):
+    """The receiver took figures past 2^53 out of the summed columns; the direct DuckDB
+    exporter (`rtxops run --direct`, tests) stored them as they were, into the rollup's sums."""
+    from rtxops.telemetry.exporters import DuckDBSpanExporter
+
+    with Store(tmp_path / "s.duckdb") as store:
+        assert DuckDBSpanExporter(store).export(_big_and_small_kernel_spans()).name == "SUCCESS"
+        _assert_big_figure_kept_out_of_the_sums(store)
+
+
+def test_a_batch_written_unprepared_keeps_figures_past_2_53_out_of_the_sums(tmp_path):
+    from rtxops.telemetry.otlp import encode_readable_spans, to_arrow
+
+    batch = to_arrow(encode_readable_spans(_big_and_small_kernel_spans()), time.time_ns())
+    with Store(tmp_path / "s.duckdb") as store:
+        store.write(batch)
+        _assert_big_figure_kept_out_of_the_sums(store)
