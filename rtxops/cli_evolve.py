@@ -82,7 +82,7 @@ def tune(
 
     h = _home(home)
     if show:
-        rows = _with_staleness(_tuning_rows(h, op))
+        rows = _with_staleness(_tuning_rows(h, op, bucket))
         out.print_json(data=rows) if as_json else out.print(_tuning_table(rows))
         return
     if strategy not in STRATEGIES:
@@ -209,6 +209,8 @@ def _print_report(report: dict) -> None:
                       style="yellow")
     for path in report.get("sweep_files") or ():
         err.print(f"sweep written to {path}", markup=False)
+    if report.get("sweep_files") == []:
+        err.print("no sweep written: no arm was measured", markup=False, style="yellow")
 
 
 def _arm_label(arm: dict) -> str:
@@ -218,12 +220,13 @@ def _arm_label(arm: dict) -> str:
 TUNING_ROWS_SHOWN = 100_000
 
 
-def _tuning_rows(h, op: Optional[str]) -> list[dict]:
+def _tuning_rows(h, op: Optional[str], bucket: Optional[str]) -> list[dict]:
     client = _daemon(h)
     if client is not None:   # page by page, up to as many rows as a read of the store gives
         rows: list[dict] = []
         while len(rows) < TUNING_ROWS_SHOWN:
-            params = {"limit": 1000, "offset": len(rows), **({"op": op} if op else {})}
+            params = {"limit": 1000, "offset": len(rows), **({"op": op} if op else {}),
+                      **({"bucket": bucket} if bucket else {})}
             page = _call(client, "GET", "/v1/evolve/tuning", params=params)["tuning"]
             rows += page
             if len(page) < 1000:
@@ -240,7 +243,8 @@ def _tuning_rows(h, op: Optional[str]) -> list[dict]:
     except StoreError as e:
         raise _fail(str(e), 1) from None
     try:
-        return store_evolve.tuning_rows(store, op=op, limit=TUNING_ROWS_SHOWN)
+        return store_evolve.tuning_rows(store, {"bucket": bucket} if bucket else None, op=op,
+                                        limit=TUNING_ROWS_SHOWN)
     finally:
         store.close()
 

@@ -118,6 +118,10 @@ def test_tune_in_process_tunes_the_recorded_buckets_and_show_lists_them(tmp_path
     assert r.returncode == 0 and "1 stale: not used here" in " ".join(r.stdout.split()), r.stdout
     r = cli("tune", "--show", "--op", "rms_norm", mark=daemons.mark, cwd=tmp_path)
     assert r.returncode == 0 and "tuning database (0 rows)" in r.stdout
+    r = cli("tune", "--show", "--bucket", GELU + "x", mark=daemons.mark, cwd=tmp_path)
+    assert r.returncode == 0 and "tuning database (0 rows)" in r.stdout   # --bucket was ignored
+    r = cli("tune", "--show", "--json", "--bucket", GELU, mark=daemons.mark, cwd=tmp_path)
+    assert len(json.loads(r.stdout)) == 2
     r = cli("tune", "--show", mark=daemons.mark, cwd=tmp_path)
     assert r.returncode == 0 and "tuning database (2 rows, 1 stale" in r.stdout and "offline" in r.stdout
 
@@ -183,6 +187,10 @@ def test_tune_through_the_daemon_and_the_evolve_api(tmp_path, daemons):
     assert r.returncode == 0 and "successive_halving" in r.stdout, r.stderr
     r = cli("tune", "--home", str(d.home), "--show", "--json", mark=daemons.mark)
     assert r.returncode == 0 and len(json.loads(r.stdout)) == 3, r.stderr
+    bucket = tuning[0]["bucket"]
+    for shown, count in ((bucket, 3), (bucket + "x", 0)):   # --bucket was not sent
+        r = cli("tune", "--home", str(d.home), "--show", "--json", "--bucket", shown, mark=daemons.mark)
+        assert r.returncode == 0 and len(json.loads(r.stdout)) == count, r.stderr
     r = cli("evolve", "status", "--home", str(d.home), "--json", mark=daemons.mark)
     assert r.returncode == 0, r.stderr
     status = json.loads(r.stdout)
