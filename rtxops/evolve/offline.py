@@ -118,9 +118,10 @@ def tune(store: Store, registry: Registry, *, op: str | None = None, bucket: str
 def write_sweeps(report: dict, path: str | Path) -> list[str]:
     """Write each tuned bucket's sweep (``{"op", "bucket", "arms": [...]}``, the format
     :func:`rtxops.evolve.replay.load_sweep` reads) to ``path``; with several buckets, to
-    ``<stem>-<n><suffix>`` next to it. The paths written."""
+    ``<stem>-<n><suffix>`` next to it. A bucket none of whose arms was measured has no sweep
+    (replay could not read one). The paths written."""
     path = Path(path)
-    sweeps = [b["sweep"] for b in report["buckets"]]
+    sweeps = [b["sweep"] for b in report["buckets"] if b.get("sweep", {}).get("arms")]
     paths = [path] if len(sweeps) == 1 else [
         path.with_name(f"{path.stem}-{n}{path.suffix}") for n in range(len(sweeps))]
     for p, sweep in zip(paths, sweeps):

@@ -137,6 +137,18 @@ def test_several_buckets_get_one_sweep_file_each(tmp_path):
         [str(tmp_path / "one.json")]
 
 
+def test_a_bucket_with_no_measured_arm_writes_no_sweep(tmp_path):
+    """Such a sweep was written, and replay refused it ("has no arms")."""
+    measured = {"op": "gelu", "bucket": GELU, "arms": [{"variant": "reference", "config": {},
+                                                         "values": [1.0, 2.0]}]}
+    empty = {"op": "gelu", "bucket": GELU + "x", "arms": []}
+    report = {"buckets": [{"sweep": empty}, {"sweep": measured}]}
+    assert write_sweeps(report, tmp_path / "sweep.json") == [str(tmp_path / "sweep.json")]
+    assert replay.load_sweep(tmp_path / "sweep.json") == {"reference {}": [1.0, 2.0]}
+    assert write_sweeps({"buckets": [{"sweep": empty}]}, tmp_path / "none.json") == []
+    assert not (tmp_path / "none.json").exists()
+
+
 def test_broken_variants_fail_the_gate_and_a_crash_fails_only_its_trial(tmp_path, monkeypatch):
     monkeypatch.setenv("RTXOPS_VARIANT_MODULES", "tests.evolve.plugins_broken")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the worker processes import the plugin too
