@@ -215,20 +215,31 @@ def ingest_rate(q, *, now_ns: int, window_s: int = 60) -> Row:
 
 def reported_drops(q, *, since_ns: int, until_ns: int) -> Row:
     """Drops jobs reported on their step spans in the window: call records (per step, summed),
-    steps and spans (cumulative per process: the last value per job and rank, summed)."""
+    steps and spans (counted per process since it started: per job and rank, the last value in
+    the window less the last one before it, looked for as far back as the window is long)."""
     row = q.query("""
         WITH picked AS (
-            SELECT job_id, rank, json_extract_string(attributes, ['$."rtx.dropped.records"',
+            SELECT job_id, rank, start_ns >= $since AS inside,
+                   json_extract_string(attributes, ['$."rtx.dropped.records"',
                        '$."rtx.dropped.steps"', '$."rtx.dropped.spans"']) AS v
-            FROM spans WHERE name = 'rtx.step' AND start_ns >= $since AND start_ns < $until
+            FROM spans WHERE name = 'rtx.step' AND start_ns >= $before AND start_ns < $until
         ), per_process AS (
-            SELECT job_id, rank, sum(coalesce(TRY_CAST(v[1] AS BIGINT), 0)) AS records,
-                   max(coalesce(TRY_CAST(v[2] AS BIGINT), 0)) AS steps,
-                   max(coalesce(TRY_CAST(v[3] AS BIGINT), 0)) AS spans
+            SELECT job_id, rank,
+                   sum(coalesce(TRY_CAST(v[1] AS BIGINT), 0)) FILTER (WHERE inside) AS records,
+                   max(coalesce(TRY_CAST(v[2] AS BIGINT), 0)) FILTER (WHERE inside) AS steps,
+                   max(coalesce(TRY_CAST(v[3] AS BIGINT), 0)) FILTER (WHERE inside) AS spans,
+                   max(coalesce(TRY_CAST(v[2] AS BIGINT), 0)) FILTER (WHERE NOT inside) AS steps_before,
+                   max(coalesce(TRY_CAST(v[3] AS BIGINT), 0)) FILTER (WHERE NOT inside) AS spans_before
             FROM picked GROUP BY job_id, rank)
-        SELECT coalesce(sum(records), 0) AS records, coalesce(sum(steps), 0) AS steps,
-               coalesce(sum(spans), 0) AS spans FROM per_process""",
-                  {"since": since_ns, "until": until_ns})[0]
+        -- a counter lower than before it: a new process of the job and rank, counting from 0
+        SELECT coalesce(sum(records), 0) AS records,
+               coalesce(sum(CASE WHEN steps >= steps_before THEN steps - steps_before ELSE steps END), 0)
+                   AS steps,
+               coalesce(sum(CASE WHEN spans >= spans_before THEN spans - spans_before ELSE spans END), 0)
+                   AS spans
+        FROM per_process""",
+                  {"before": since_ns - max(0, until_ns - since_ns), "since": since_ns,
+                   "until": until_ns})[0]
     return {k: int(v) for k, v in row.items()}
 
 

@@ -15,7 +15,7 @@ from rtxops.telemetry import otlp, store as store_module, synthetic
 from rtxops.telemetry import schema as S
 from rtxops.telemetry.store import Store, StoreBusy, StoreClosed, StoreError
 
-from .otlp_helpers import request, span
+from .otlp_helpers import RESOURCE, request, span
 
 
 def batch_of(spans, resource=None, received_ns: int = 1) -> otlp.Batch:
@@ -344,7 +344,6 @@ def test_speedups_leave_out_each_attempts_warm_up_steps(store):
     """A job restarted by its supervisor counts steps on from the attempt before
     (RTXOPS_STEP_BASE): the new process's first steps are warm-up too, whatever their number."""
     from rtxops.telemetry import store_views
-    from .otlp_helpers import RESOURCE
 
     t = time.time_ns() - 10**9
 
@@ -458,3 +457,28 @@ def test_a_batch_written_unprepared_keeps_figures_past_2_53_out_of_the_sums(tmp_
     with Store(tmp_path / "s.duckdb") as store:
         store.write(batch)
         _assert_big_figure_kept_out_of_the_sums(store)
+
+
+def test_reported_drops_count_what_was_dropped_in_the_window(tmp_path):
+    """Dropped steps and spans are counted per process since it started: the window's figure
+    was the whole count since then (a job that dropped 1000 steps an hour ago reported them in
+    every later window)."""
+    from rtxops.telemetry import store_views
+
+    minute = 60 * 10**9
+    t = time.time_ns() - 30 * minute
+
+    def steps(job, values, start):
+        return request([span("rtx.step", {"rtx.dropped.steps": s, "rtx.dropped.spans": 10 * s,
+                                          "rtx.dropped.records": 1}, start=start + i)
+                        for i, s in enumerate(values)], {**RESOURCE, "rtx.job.id": job})
+
+    with Store(tmp_path / "s.duckdb") as store:
+        for body in (steps("long", [1000, 1000], t - 10 * minute),    # before the window
+                     steps("long", [1000, 1003], t),                  # in it: 3 more
+                     steps("new", [2, 4], t),                         # started in it
+                     steps("again", [50], t - 10 * minute),           # a process before...
+                     steps("again", [6], t)):                         # ...and a new one since
+            store.write(otlp.convert(body.SerializeToString(), otlp.PROTOBUF, time.time_ns()))
+        drops = store_views.reported_drops(store, since_ns=t, until_ns=t + 15 * minute)
+        assert drops == {"records": 5, "steps": 3 + 4 + 6, "spans": 30 + 40 + 60}
