@@ -91,7 +91,9 @@ def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store
     tracer = provider.get_tracer("rtxops")
     holder: dict = {}
 
-    recorder = Recorder(lambda rec: holder["thread"].submit(rec), capacity=capacity)
+    # a job that has not stepped an optimizer hands its calls over every export interval
+    recorder = Recorder(lambda rec: holder["thread"].submit(rec), capacity=capacity,
+                        flush_every_s=export_interval_s)
     builder = SpanBuilder(tracer, recorder.slots, _step_attributes, sampling, recorder.totals)
     thread = ExportThread(builder.build, processor, exporter, interval_s=export_interval_s,
                           count=builder.count)

@@ -3,7 +3,9 @@
 ``record(slot, start_ns, duration_ns)`` is the only telemetry code that runs per call: three array
 stores into a preallocated ``array('q')``, no OpenTelemetry object, no lock, no allocation. At each
 optimizer step the training thread hands the step's records to the export thread as one
-:class:`StepRecord` (a single copy of the used part of the buffer) and starts over.
+:class:`StepRecord` (a single copy of the used part of the buffer) and starts over. A job that
+has not stepped an optimizer yet (an inference loop, a long evaluation before training) hands
+its records over as step -1 once the buffer is full or ``flush_every_s`` has passed.
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ class Recorder(Readings):
     consumes the step records (the span builder), for the run summary. ``on_close`` runs at exit.
     """
 
-    def __init__(self, on_step: Callable[[StepRecord], None], capacity: int = 1 << 16) -> None:
+    def __init__(self, on_step: Callable[[StepRecord], None], capacity: int = 1 << 16,
+                 flush_every_s: float | None = None) -> None:
         self.slots: list[Slot] = []
         self.on_step = on_step
         self.capacity = capacity
@@ -56,7 +59,10 @@ class Recorder(Readings):
         self._memory: dict[int, tuple[int, int]] = {}
         self._dropped_elsewhere = 0   # records a CUDA timer could not queue
         self._plan_version = 0        # the plan the job runs (the last swap's), for a full buffer
-        self.record, self._take = _make_buffer(capacity, _HandOver(self._hand_over_full))
+        self._stepped = False
+        self.record, self._take, self._steps_now = _make_buffer(
+            capacity, _HandOver(self._hand_over_early),
+            None if flush_every_s is None else int(flush_every_s * 1e9))
         self.totals = CallStats()
         self.on_close: Callable[[], None] | None = None
 
@@ -95,15 +101,19 @@ class Recorder(Readings):
             self._swaps.append((step, old_version, new_version, digest, perf_counter_ns()))
 
     def step(self, step: int, end_ns: int, plan_version: int, rss_bytes: int) -> None:
+        if not self._stepped:   # from now on steps hand the records over, whatever they last
+            self._stepped = True
+            self._steps_now()
         rec = self._take_record(step, end_ns, plan_version, rss_bytes)
         self._start_ns = end_ns
         self.totals.step(step, end_ns, plan_version, rss_bytes)
         self.on_step(rec)
 
-    def _hand_over_full(self) -> None:
+    def _hand_over_early(self) -> None:
         """The buffer is full before the step ends (a job without an optimizer, an evaluation
-        pass between steps): its calls are handed over as they are (step -1, as at exit), on
-        the calling thread, rather than dropped."""
+        pass between steps), or a job that has not stepped recorded for ``flush_every_s``: its
+        calls are handed over as they are (step -1, as at exit), on the calling thread, rather
+        than dropped or held back."""
         self.flush(self._plan_version, 0)
 
     def flush(self, plan_version: int, rss_bytes: int) -> None:
@@ -161,15 +171,24 @@ def _nothing() -> None:
     pass
 
 
-def _make_buffer(capacity: int, on_full: Callable[[], None] | None = None):
-    """A (record, take) pair sharing one preallocated buffer through closure cells. A call that
-    finds the buffer full first has ``on_full`` empty it (through ``take``); one that finds it
-    full again (``on_full`` failed, or is running) is dropped and counted."""
+_NEVER = 2**63 - 1
+
+
+def _make_buffer(capacity: int, on_full: Callable[[], None] | None = None,
+                 every_ns: int | None = None):
+    """(record, take, stop_timer) sharing one preallocated buffer through closure cells. A call
+    that finds the buffer full first has ``on_full`` empty it (through ``take``); one that finds
+    it full again (``on_full`` failed, or is running) is dropped and counted. With ``every_ns``,
+    a call starting ``every_ns`` after the last ``take`` has ``on_full`` empty it too, until
+    ``stop_timer()``."""
     limit = capacity * RECORD_WIDTH
     buf = _CallBuffer("q", bytes(8 * limit))
     pos = 0
     dropped = 0
     emptying = False
+    if on_full is None:
+        every_ns = None
+    due = _NEVER if every_ns is None else perf_counter_ns() + every_ns
 
     def make_room() -> int:
         """The buffer's position once ``on_full`` emptied it, if it could."""
@@ -187,7 +206,7 @@ def _make_buffer(capacity: int, on_full: Callable[[], None] | None = None):
     def record(slot: int, start_ns: int, duration_ns: int) -> None:
         nonlocal pos, dropped
         i = pos
-        if i >= limit:
+        if i >= limit or start_ns >= due:
             i = make_room()
             if i >= limit:
                 dropped += 1
@@ -198,9 +217,15 @@ def _make_buffer(capacity: int, on_full: Callable[[], None] | None = None):
         pos = i + 3
 
     def take() -> tuple[array, int]:
-        nonlocal pos, dropped
+        nonlocal pos, dropped, due
         out, n = buf[:pos], dropped
         pos = dropped = 0
+        if every_ns is not None:
+            due = perf_counter_ns() + every_ns
         return out, n
 
-    return record, take
+    def stop_timer() -> None:
+        nonlocal every_ns, due
+        every_ns, due = None, _NEVER
+
+    return record, take, stop_timer

@@ -161,6 +161,47 @@ def test_calls_past_a_full_buffer_that_cannot_be_handed_over_are_counted_as_drop
     assert len(handed[0].calls) // 3 + handed[0].dropped_records == 5
 
 
+def test_a_job_that_has_not_stepped_hands_its_calls_over_every_interval():
+    """A job without an optimizer (an inference loop) sent nothing until its 65536-call buffer
+    filled or it exited: its dashboard stayed empty for as long."""
+    from rtxops.runtime.readings import Slot
+    from rtxops.telemetry.recorder import Recorder
+
+    handed = []
+    recorder = Recorder(handed.append, capacity=1000, flush_every_s=0.05)
+    recorder.register_slot(Slot(0, "gelu", "eager", "{}", "b0", "F.gelu", "eager"))
+    recorder.record(0, time.perf_counter_ns(), 10)
+    recorder.record(0, time.perf_counter_ns(), 10)
+    assert handed == []
+    time.sleep(0.06)
+    recorder.record(0, time.perf_counter_ns(), 10)   # the interval passed: the two before go
+    assert [(r.step, len(r.calls) // 3) for r in handed] == [(-1, 2)]
+    time.sleep(0.06)
+    recorder.step(1, time.perf_counter_ns(), 1, 0)     # a job that steps: its steps hand over
+    assert [(r.step, len(r.calls) // 3) for r in handed[1:]] == [(1, 1)]
+    time.sleep(0.06)
+    recorder.record(0, time.perf_counter_ns(), 10)
+    assert len(handed) == 2        # however long its steps last
+
+
+def test_an_inference_loop_under_rtxops_exports_while_it_runs():
+    d = patching.enable(plan=Plan(version=1, defaults={"gelu": "eager"}))
+    exporter = InMemorySpanExporter()
+    telemetry = start_job_telemetry(d, exporter, resource=RESOURCE, export_interval_s=0.2)
+    try:
+        net = TinyNet()
+        deadline = time.monotonic() + 30
+        with torch.no_grad():
+            while not _by_name(exporter.get_finished_spans(), S.KERNEL) and time.monotonic() < deadline:
+                net(torch.randn(4, 32))
+                time.sleep(0.01)
+        kernels = _by_name(exporter.get_finished_spans(), S.KERNEL)
+        assert kernels and all(k.attributes[S.STEP_NUMBER] == -1 for k in kernels)
+    finally:
+        telemetry.close(d)
+        patching.disable()
+
+
 def test_resource_and_plan_attributes():
     d, _, spans, _ = _run(steps=1)
     step, = _by_name(spans, S.STEP)
