@@ -127,15 +127,15 @@ def kernels(q, *, job_id: str | None, op: str | None, window: Window, paging: Pa
 
 def kernel_series(q, *, job_id: str | None, op: str | None, bucket: str | None, window: Window,
                   points: int) -> dict:
-    """p50/p95 of per-call mean time over time, one series per (op, bucket, variant, config,
-    phase), for the keys with the most kernel time."""
+    """p50/p95 of per-call mean time over time, one series per (job, op, bucket, variant,
+    config, phase), for the keys with the most kernel time."""
     series: dict[tuple, dict] = {}
     for r in V.kernel_series(q, job_id=job_id, op=op, bucket=bucket, since_ns=window.since_ns,
                              until_ns=window.until_ns, points=points):
-        key = (r["op"], r["bucket"], r["variant"], r["config"], r["phase"])
-        s = series.setdefault(key, {"op": r["op"], "bucket": r["bucket"], "variant": r["variant"],
-                                    "config": r["config"], "phase": r["phase"], "t_ns": [],
-                                    "p50_us": [], "p95_us": []})
+        key = (r["job_id"], r["op"], r["bucket"], r["variant"], r["config"], r["phase"])
+        s = series.setdefault(key, {"job_id": r["job_id"], "op": r["op"], "bucket": r["bucket"],
+                                    "variant": r["variant"], "config": r["config"],
+                                    "phase": r["phase"], "t_ns": [], "p50_us": [], "p95_us": []})
         s["t_ns"].append(r["t_ns"])
         s["p50_us"].append(_scaled(r["p50_ns"], 1e3))
         s["p95_us"].append(_scaled(r["p95_ns"], 1e3))

@@ -172,7 +172,9 @@ def swap_markers(q, *, job_id: str | None, since_ns: int, until_ns: int, limit: 
 def speedups(q, *, job_id: str | None, since_ns: int, until_ns: int) -> list[Row]:
     """Per job that swapped in the window: median step time in the window before its first swap
     and since its last one, and the speed-up ``before / after``. Each process's first three
-    steps are left out as warm-up (a restarted attempt's too: its steps count on)."""
+    steps are left out as warm-up (a restarted attempt's too: its steps count on); they are
+    looked for as far back as the window is long (not through the job's whole history, which
+    made this grow with the store)."""
     swapped = [r["job_id"] for r in q.query(
         "SELECT DISTINCT job_id FROM swaps WHERE ($job IS NULL OR job_id = $job) "
         "AND at_ns >= $since AND at_ns < $until", {"job": job_id, "since": since_ns, "until": until_ns})]
@@ -188,6 +190,7 @@ def speedups(q, *, job_id: str | None, since_ns: int, until_ns: int) -> list[Row
             SELECT job_id, duration_ns, start_ns,
                    row_number() OVER (PARTITION BY job_id, resource_id ORDER BY step) AS nth
             FROM spans WHERE name = 'rtx.step' AND step >= 0 AND job_id IN (SELECT job_id FROM sw)
+              AND start_ns >= $before AND start_ns < $until
         ), med AS (
             SELECT s.job_id, any_value(sw.swaps) AS swaps,
                    median(s.duration_ns) FILTER (WHERE s.start_ns < sw.first_ns) AS before_ns,
@@ -196,7 +199,8 @@ def speedups(q, *, job_id: str | None, since_ns: int, until_ns: int) -> list[Row
             WHERE s.nth > 3 AND s.start_ns >= $since AND s.start_ns < $until GROUP BY s.job_id
         )
         SELECT *, before_ns / nullif(after_ns, 0) AS speedup FROM med ORDER BY job_id""",
-                   {"job": job_id, "since": since_ns, "until": until_ns})
+                   {"job": job_id, "since": since_ns, "until": until_ns,
+                    "before": since_ns - max(0, until_ns - since_ns)})
 
 
 # ---- ingest ------------------------------------------------------------------------------------
@@ -215,28 +219,26 @@ def ingest_rate(q, *, now_ns: int, window_s: int = 60) -> Row:
 
 def reported_drops(q, *, since_ns: int, until_ns: int) -> Row:
     """Drops jobs reported on their step spans in the window: call records (per step, summed),
-    steps and spans (counted per process since it started: per job and rank, the last value in
-    the window less the last one before it, looked for as far back as the window is long)."""
+    steps and spans (counted by each process since it started: per process, the last value in
+    the window less the last one before it, looked for as far back as the window is long;
+    summed over processes, a restarted job's old and new ones apart)."""
     row = q.query("""
         WITH picked AS (
-            SELECT job_id, rank, start_ns >= $since AS inside,
+            SELECT resource_id, start_ns, start_ns >= $since AS inside,
                    json_extract_string(attributes, ['$."rtx.dropped.records"',
                        '$."rtx.dropped.steps"', '$."rtx.dropped.spans"']) AS v
             FROM spans WHERE name = 'rtx.step' AND start_ns >= $before AND start_ns < $until
         ), per_process AS (
-            SELECT job_id, rank,
+            SELECT resource_id,
                    sum(coalesce(TRY_CAST(v[1] AS BIGINT), 0)) FILTER (WHERE inside) AS records,
                    max(coalesce(TRY_CAST(v[2] AS BIGINT), 0)) FILTER (WHERE inside) AS steps,
                    max(coalesce(TRY_CAST(v[3] AS BIGINT), 0)) FILTER (WHERE inside) AS spans,
                    max(coalesce(TRY_CAST(v[2] AS BIGINT), 0)) FILTER (WHERE NOT inside) AS steps_before,
                    max(coalesce(TRY_CAST(v[3] AS BIGINT), 0)) FILTER (WHERE NOT inside) AS spans_before
-            FROM picked GROUP BY job_id, rank)
-        -- a counter lower than before it: a new process of the job and rank, counting from 0
+            FROM picked GROUP BY resource_id)
         SELECT coalesce(sum(records), 0) AS records,
-               coalesce(sum(CASE WHEN steps >= steps_before THEN steps - steps_before ELSE steps END), 0)
-                   AS steps,
-               coalesce(sum(CASE WHEN spans >= spans_before THEN spans - spans_before ELSE spans END), 0)
-                   AS spans
+               coalesce(sum(greatest(steps - coalesce(steps_before, 0), 0)), 0) AS steps,
+               coalesce(sum(greatest(spans - coalesce(spans_before, 0), 0)), 0) AS spans
         FROM per_process""",
                   {"before": since_ns - max(0, until_ns - since_ns), "since": since_ns,
                    "until": until_ns})[0]
@@ -302,10 +304,11 @@ def step_totals(q, *, job_id: str | None, since_ns: int, until_ns: int) -> dict[
 
 
 RAW_SERIES_MAX_NS = 5 * MINUTE_NS
-_KEY_FIELDS = ("op", "bucket", "variant", "config", "phase")
+_SERIES_KEY = ("job_id", "op", "bucket", "variant", "config", "phase")
 
 _TOP_KEYS = f"""
-    SELECT key_id, any_value(op) AS op, any_value(bucket) AS bucket, any_value(variant) AS variant,
+    SELECT key_id, any_value(job_id) AS job_id, any_value(op) AS op, any_value(bucket) AS bucket,
+           any_value(variant) AS variant,
            any_value(config) AS config, any_value(phase) AS phase, sum(total_ns) AS total_ns, min(first_ns) AS first_ns,
            max(last_ns) AS last_ns
     FROM kernel_minutes
@@ -314,20 +317,20 @@ _TOP_KEYS = f"""
       AND ($bucket IS NULL OR bucket = $bucket)
     GROUP BY key_id ORDER BY total_ns DESC LIMIT $series"""
 
+# the rollup's key_id (rollup.INSERT_SQL) of each span: a key whose attributes are missing
+# (nulls) is matched as the rollup keyed it, where comparing the values matched nothing
 _SERIES_FROM_SPANS = """
     WITH picked AS MATERIALIZED (
-        SELECT op, bucket, variant, config, phase, start_ns, count, total_ns FROM spans
+        SELECT hash(job_id, op, bucket, variant, config, phase) AS key_id, start_ns, count,
+               total_ns FROM spans
         WHERE name = 'rtx.kernel' AND start_ns >= $lo AND start_ns <= $hi AND count > 0
           AND ($job IS NULL OR job_id = $job) AND ($op IS NULL OR op = $op)
           AND ($bucket IS NULL OR bucket = $bucket)
-          AND list_contains($ops, op) AND list_contains($buckets, bucket)
-          AND list_contains($keys, {'op': op, 'bucket': bucket, 'variant': variant,
-                                     'config': config, 'phase': phase})
     )
-    SELECT op, bucket, variant, config, phase, $lo + (start_ns - $lo) // $width * $width AS t_ns,
+    SELECT key_id, $lo + (start_ns - $lo) // $width * $width AS t_ns,
            sum(count) AS calls, quantile_cont(total_ns / count, 0.5) AS p50_ns,
            quantile_cont(total_ns / count, 0.95) AS p95_ns
-    FROM picked GROUP BY ALL ORDER BY op, bucket, variant, config, phase, t_ns"""
+    FROM picked WHERE list_contains($ids, key_id) GROUP BY ALL ORDER BY key_id, t_ns"""
 
 _SERIES_FROM_MINUTES = f"""
     WITH picked AS (
@@ -356,31 +359,30 @@ _SERIES_FROM_MINUTES = f"""
 
 def kernel_series(q, *, job_id: str | None, op: str | None, bucket: str | None, since_ns: int,
                   until_ns: int, points: int, series: int = 12) -> list[Row]:
-    """Per-call time over time for the ``series`` (op, bucket, variant, config, phase) keys with
-    the most kernel time in the window: p50/p95 of the kernel spans' per-step means in at most
-    ``points`` time slices. When the keys' data spans at most 5 minutes the slices come from the
-    spans themselves; otherwise from the per-minute rollup (whole minutes, bins within 2 %)."""
+    """Per-call time over time for the ``series`` (job, op, bucket, variant, config, phase) keys
+    with the most kernel time in the window: p50/p95 of the kernel spans' per-step means in at
+    most ``points`` time slices. When the keys' data spans at most 5 minutes the slices come
+    from the spans themselves; otherwise from the per-minute rollup (whole minutes, bins within
+    2 %). Each job's figures are their own series (two jobs' one key zig-zagged between them)."""
     params = {"job": job_id, "op": op, "bucket": bucket, "since": since_ns, "until": until_ns}
     keys = q.query(_TOP_KEYS, {**params, "series": series})
     if not keys:
         return []
     lo, hi = min(k["first_ns"] for k in keys), max(k["last_ns"] for k in keys)
     points = max(2, points)
-    if hi - lo <= RAW_SERIES_MAX_NS:
-        return q.query(_SERIES_FROM_SPANS, {
-            **{k: v for k, v in params.items() if k not in ("since", "until")},
-            "lo": lo, "hi": hi, "width": max(1, (hi - lo) // (points - 1) + 1),
-            "ops": sorted({k["op"] for k in keys}, key=_nulls_last),
-            "buckets": sorted({k["bucket"] for k in keys}, key=_nulls_last),
-            "keys": [{f: k[f] for f in _KEY_FIELDS} for k in keys]})
-    minutes = (hi - lo) // MINUTE_NS + 1
     by_id = {k["key_id"]: k for k in keys}
-    rows = q.query(_SERIES_FROM_MINUTES, {"ids": list(by_id), "since": since_ns, "until": until_ns,
-                                          "per": max(1, -(-minutes // points))})
-    out = [{**{f: by_id[r["key_id"]][f] for f in _KEY_FIELDS},
+    if hi - lo <= RAW_SERIES_MAX_NS:
+        rows = q.query(_SERIES_FROM_SPANS, {
+            **{k: v for k, v in params.items() if k not in ("since", "until")},
+            "lo": lo, "hi": hi, "width": max(1, (hi - lo) // (points - 1) + 1), "ids": list(by_id)})
+    else:
+        minutes = (hi - lo) // MINUTE_NS + 1
+        rows = q.query(_SERIES_FROM_MINUTES, {"ids": list(by_id), "since": since_ns,
+                                              "until": until_ns, "per": max(1, -(-minutes // points))})
+    out = [{**{f: by_id[r["key_id"]][f] for f in _SERIES_KEY},
             "t_ns": r["t_ns"], "calls": r["calls"], "p50_ns": r["p50_ns"], "p95_ns": r["p95_ns"]}
            for r in rows]
-    return sorted(out, key=lambda r: (*(_nulls_last(r[f]) for f in _KEY_FIELDS), r["t_ns"]))
+    return sorted(out, key=lambda r: (*(_nulls_last(r[f]) for f in _SERIES_KEY), r["t_ns"]))
 
 
 def _nulls_last(value) -> tuple:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from rtxops.dashboard import data
 from rtxops.dashboard.params import Paging, Window
 from rtxops.telemetry import otlp
@@ -29,5 +31,30 @@ def test_kernel_views_answer_with_spans_that_lack_attributes(tmp_path):
     assert set(rows) == {"b", "c", None}
     assert rows["c"]["share"] is None and rows["b"]["share"] == 100 / 10**6
     by_bucket = {s["bucket"]: s for s in series["series"]}
-    assert {"b", "c"} <= set(by_bucket)  # a span without a bucket matches no series' bucket
+    # the span without a bucket is a series too (it matched no series' bucket before)
+    assert set(by_bucket) == {"b", "c", None}
     assert by_bucket["c"]["p50_us"] == [None] and by_bucket["b"]["p50_us"] == [0.1]
+    assert by_bucket[None]["p50_us"] == [0.1]
+
+
+@pytest.mark.parametrize("minutes", [2, 12], ids=["from spans", "from the rollup"])
+def test_two_jobs_with_one_kernel_key_are_two_series(tmp_path, minutes):
+    """With no job chosen, two jobs running one (op, bucket, variant, config, phase) were merged
+    into one series whose points went back and forth between them (1 µs, 1 ms, 1 µs, ...)."""
+    now = time.time_ns() - 20 * 60 * 10**9
+    kernel = {"rtx.op": "gelu", "rtx.variant": "eager", "rtx.bucket": "b", "rtx.phase": "fwd",
+              "rtx.count": 1}
+    window = Window(3600, now - 60 * 10**9, now + 20 * 60 * 10**9, pinned=True)
+    with Store(tmp_path / "s.duckdb") as store:
+        for job, ns in (("fast", 1_000), ("slow", 1_000_000)):
+            spans = [span("rtx.kernel", {**kernel, "rtx.total_ns": ns}, start=now + m * 60 * 10**9)
+                     for m in range(minutes)]
+            body = request(spans, {"rtx.job.id": job}).SerializeToString()
+            store.write(otlp.convert(body, "application/x-protobuf", now), timeout=30)
+        series = data.kernel_series(store, job_id=None, op=None, bucket=None, window=window,
+                                    points=60)["series"]
+    assert sorted(s["job_id"] for s in series) == ["fast", "slow"]
+    for s in series:
+        assert s["t_ns"] == sorted(set(s["t_ns"])) and len(s["t_ns"]) == minutes
+        expected = 1.0 if s["job_id"] == "fast" else 1000.0
+        assert all(abs(p - expected) / expected < 0.05 for p in s["p50_us"]), s

@@ -468,17 +468,23 @@ def test_reported_drops_count_what_was_dropped_in_the_window(tmp_path):
     minute = 60 * 10**9
     t = time.time_ns() - 30 * minute
 
-    def steps(job, values, start):
+    def steps(job, values, start, pid=1):
         return request([span("rtx.step", {"rtx.dropped.steps": s, "rtx.dropped.spans": 10 * s,
                                           "rtx.dropped.records": 1}, start=start + i)
-                        for i, s in enumerate(values)], {**RESOURCE, "rtx.job.id": job})
+                        for i, s in enumerate(values)],
+                       {**RESOURCE, "rtx.job.id": job, "process.pid": pid})
 
     with Store(tmp_path / "s.duckdb") as store:
         for body in (steps("long", [1000, 1000], t - 10 * minute),    # before the window
                      steps("long", [1000, 1003], t),                  # in it: 3 more
                      steps("new", [2, 4], t),                         # started in it
-                     steps("again", [50], t - 10 * minute),           # a process before...
-                     steps("again", [6], t)):                         # ...and a new one since
+                     steps("again", [50], t - 10 * minute, pid=1),    # a process before...
+                     steps("again", [6], t, pid=2),                   # ...and a new one since
+                     steps("more", [100], t - 10 * minute, pid=1),    # one that dropped more
+                     steps("more", [120], t, pid=2),                  # than its successor
+                     steps("both", [100, 150], t, pid=1),             # two processes in it
+                     steps("both", [0, 30], t + minute, pid=2)):
             store.write(otlp.convert(body.SerializeToString(), otlp.PROTOBUF, time.time_ns()))
         drops = store_views.reported_drops(store, since_ns=t, until_ns=t + 15 * minute)
-        assert drops == {"records": 5, "steps": 3 + 4 + 6, "spans": 30 + 40 + 60}
+        assert drops == {"records": 10, "steps": 3 + 4 + 6 + 120 + 150 + 30,
+                         "spans": 10 * (3 + 4 + 6 + 120 + 150 + 30)}

@@ -37,8 +37,9 @@
     },
     kseries(d) {
       const traces = [];
+      const jobs = new Set(d.series.map((s) => s.job_id));
       for (const s of d.series) {
-        const label = `${s.op} ${s.variant}${s.config && s.config !== "{}" ? " " + s.config : ""} ${s.phase}`;
+        const label = `${jobs.size > 1 ? s.job_id + " " : ""}${s.op} ${s.variant}${s.config && s.config !== "{}" ? " " + s.config : ""} ${s.phase}`;
         const x = s.t_ns.map(date);
         const dash = s.phase === "bwd" ? "dot" : "solid";
         traces.push({ type: "scatter", mode: "lines+markers", x, y: s.p50_us, name: esc(`${label} p50`), line: { dash } });
