@@ -36,6 +36,7 @@ under ``torch.distributed`` are left alone (a background pass could desynchronis
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import functools
 import itertools
@@ -144,6 +145,7 @@ class RegionCompiler:
         self.step_medians_ns: dict[str, float] = {}   # the trial's figures, "eager" included
         self._model: weakref.ReferenceType[nn.Module] | None = None
         self._eager_forward: Callable | None = None   # holds the model: released once settled
+        self._autocast: list[tuple[str, torch.dtype]] = []   # the job's, at the captured call
         self._own_forward: Callable | None = None
         self._roots: dict[int, weakref.ReferenceType[nn.Module]] = {}
         self._depth = threading.local()
@@ -191,9 +193,12 @@ class RegionCompiler:
         self.state = WAIT_INPUTS
 
         def capture(module, args, kwargs):  # one call's inputs, for the background compile
+            if not (module.training and torch.is_grad_enabled()):
+                return   # an evaluation between steps: compiled for it, the swap recompiled
             handle.remove()
             if self.state == WAIT_INPUTS and not self._closed:
                 self.state = COMPILING
+                self._autocast = _autocast_state()   # thread-local: the compile thread's own
                 try:
                     clones = ([_clone(a) for a in args], {k: _clone(v) for k, v in kwargs.items()})
                 except Exception as e:  # never the job's step: the job stays in eager
@@ -272,7 +277,7 @@ class RegionCompiler:
             args, target = [shadow, *args], shadow
         for attempt in range(LIVE_WARM_UP_TRIES if shadow is None else 1):
             try:
-                with torch.enable_grad():
+                with torch.enable_grad(), _autocast(self._autocast):
                     out = run(*args, **kwargs)
                     roots = [t for t in _tensors(out) if t.requires_grad and t.is_floating_point()]
                     params = [p for p in target.parameters() if p.requires_grad]
@@ -386,6 +391,8 @@ class RegionCompiler:
                 log.warning("region: the compiled model's calls are not recorded: %s", e)
 
         def forward(*args, **kwargs):
+            if _tracing():   # the job traces its model (torch.jit.trace, torch.fx): as written
+                return eager(*args, **kwargs)
             try:
                 return compiled(*args, **kwargs)
             except _NOT_A_FAILURE:         # a checkpoint's early stop, not the compiled model's
@@ -414,7 +421,8 @@ class RegionCompiler:
         self.report(self._last_step, "eager")
 
     def close(self) -> None:
-        """Remove the hooks and put the model back on its own forward."""
+        """Remove the hooks and put the model, and the copies made of it meanwhile, back on
+        their own forward."""
         self._closed = True
         for h in self._hooks:
             h.remove()
@@ -422,6 +430,7 @@ class RegionCompiler:
         model = self._model() if self._model else None
         if model is not None:
             self._restore_forward(model)
+        _forget_copies()
         self._release()
 
     def _restore_forward(self, model: nn.Module) -> None:
@@ -502,11 +511,36 @@ def _clone(x):
         except RuntimeError:  # overlapping memory (an expand()): a dense copy will do
             copy_ = x.detach().clone()
         return copy_.requires_grad_(x.requires_grad)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):   # a namedtuple takes its fields apart
+        return type(x)(*(_clone(v) for v in x))
     if isinstance(x, (list, tuple)):
         return type(x)(_clone(v) for v in x)
     if isinstance(x, dict):
         return {k: _clone(v) for k, v in x.items()}
     return x
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _autocast_state() -> list[tuple[str, torch.dtype]]:
+    """The calling thread's autocast: (device type, dtype) of each device it is on for."""
+    return [(d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+
+
+@contextlib.contextmanager
+def _autocast(state: list[tuple[str, torch.dtype]]):
+    """Autocast as ``state`` says, on this thread (dynamo guards on it: a model compiled without
+    the job's autocast was compiled again, on the job's thread, at the swap)."""
+    with contextlib.ExitStack() as stack:
+        for device, dtype in state:
+            stack.enter_context(torch.autocast(device, dtype=dtype))
+        yield
+
+
+def _tracing() -> bool:
+    """Whether a TorchScript trace or an FX symbolic trace is running (dynamo refuses both)."""
+    return torch._C._get_tracing_state() is not None or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
 
 
 def _tensors(out) -> list[torch.Tensor]:
@@ -552,10 +586,23 @@ class _CompiledForward:
         twin = memo.get(id(model)) if model is not None else None
         if twin is None:            # the forward copied on its own: it stays the live model's
             return self
+        _COPIES.add(twin)
         return _ClassForward(twin)
 
     def __reduce__(self) -> tuple:
         return _class_forward_reduce(self._model())
+
+
+_COPIES: weakref.WeakSet = weakref.WeakSet()   # model copies given a _ClassForward, while alive
+
+
+def _forget_copies() -> None:
+    """Take the :class:`_ClassForward` off every live copy (rtxops is off: a copy's forward is
+    its class's again, as a plain one's is; TorchScript and export read it)."""
+    for twin in list(_COPIES):
+        if isinstance(twin.__dict__.get("forward"), _ClassForward):
+            del twin.forward
+    _COPIES.clear()
 
 
 class _ClassForward:
