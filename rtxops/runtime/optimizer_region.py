@@ -109,6 +109,11 @@ class FusedOptimizer:
             self._stop(f"{type(e).__name__}: {e}")
 
     def _on_step(self, step: int, optimizer) -> None:
+        if self.state in (TRIAL, FUSED) and self._optimizer() is optimizer and \
+                not all(g.get("fused") for g in optimizer.param_groups):
+            # the job loaded a checkpoint (load_state_dict: its own settings, as saved): the
+            # region's choice stands, else its trial timed default steps as fused ones
+            _switch_to_fused(optimizer)
         if self.state in (FUSED, DEFAULT, UNSUPPORTED):
             return
         now = time.perf_counter_ns()

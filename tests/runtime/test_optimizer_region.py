@@ -268,3 +268,37 @@ def test_a_checkpoint_taken_while_fused_keeps_the_jobs_own_settings():
     assert not fresh.param_groups[0]["fused"]
     region.close()
     assert opt.state_dict()["param_groups"][0]["fused"] is None and not opt.param_groups[0]["fused"]
+
+
+@pytest.mark.parametrize("settle", [False, True], ids=["in the trial", "once kept"])
+def test_loading_a_checkpoint_keeps_the_fused_optimizer(settle):
+    """A checkpoint's param groups hold the job's own settings: loading one (a resume, a
+    rollback) put the optimizer back on the default path while the region timed its steps as
+    fused, and reported it fused."""
+    net = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(net.parameters())
+    region = FusedOptimizer(lambda s, o: None, trial_steps=2, warmup_steps=0)
+    step = 0
+
+    def steps(n):
+        nonlocal step
+        for _ in range(n):
+            step += 1
+            net(torch.randn(2, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            region.on_step(step, opt)
+
+    steps(5)
+    assert region.state == TRIAL
+    if settle:
+        region._before = [10**12] * len(region._before)   # fused: faster than any real step
+        steps(5)
+        assert region.state == FUSED
+    opt.load_state_dict(opt.state_dict())
+    assert not opt.param_groups[0]["fused"]
+    steps(1)
+    assert opt.param_groups[0]["fused"] is True and opt.param_groups[0]["foreach"] is False
+    assert all(s["step"].dtype == torch.float32 for s in opt.state.values())
+    region.close()
+    assert not opt.param_groups[0]["fused"]
