@@ -394,7 +394,8 @@ class RegionCompiler:
             if _tracing():   # the job traces its model (torch.jit.trace, torch.fx): as written
                 return eager(*args, **kwargs)
             try:
-                return compiled(*args, **kwargs)
+                with _backward_compiled_with_forward():
+                    return compiled(*args, **kwargs)
             except _NOT_A_FAILURE:         # a checkpoint's early stop, not the compiled model's
                 raise
             except Exception as e:
@@ -536,6 +537,17 @@ def _autocast(state: list[tuple[str, torch.dtype]]):
         for device, dtype in state:
             stack.enter_context(torch.autocast(device, dtype=dtype))
         yield
+
+
+def _backward_compiled_with_forward():
+    """A recompile (new shapes, say) compiles the backward with the forward, here, where its
+    failure sends the call to eager; AOTAutograd compiles it at the first backward otherwise,
+    where a failure is raised from the job's ``loss.backward()``. (The switch is functorch's;
+    a torch without it compiles lazily.)"""
+    config = torch._functorch.config
+    if not hasattr(config, "force_non_lazy_backward_lowering"):
+        return contextlib.nullcontext()
+    return config.patch(force_non_lazy_backward_lowering=True)
 
 
 def _tracing() -> bool:

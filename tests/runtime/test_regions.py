@@ -830,3 +830,50 @@ def test_an_evaluation_between_steps_is_not_the_call_compiled():
     compiled_on, state = _compiled_where(evaluate_after_first_step=True, autocast=False)
     assert state in (COMPILED, EAGER) and compiled_on
     assert set(compiled_on) == {"rtxops-region-compile"}, compiled_on
+
+
+def test_a_backward_recompile_that_fails_sends_the_call_to_eager_not_the_job_down():
+    """AOTAutograd compiles the backward at the first backward: a recompile for a smaller last
+    batch whose backward failed to compile was raised from the job's loss.backward()."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    backward_compiles = []
+
+    def forward_compiler(gm, example_inputs):
+        return make_boxed_func(gm.forward)
+
+    def backward_compiler(gm, example_inputs):
+        backward_compiles.append(threading.current_thread().name)
+        if len(backward_compiles) > 1:
+            raise RuntimeError("a backward lowering error")
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler)
+    d = patching.enable()
+    regions = d.regions = RegionCompiler(
+        lambda step, outcome: None, trial_steps=1000,
+        compile_fn=lambda fn, **kw: torch.compile(fn, backend=backend, dynamic=False))
+    torch._dynamo.reset()
+    try:
+        torch.manual_seed(0)
+        net = Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+
+        def step(rows):
+            loss = net(torch.randn(rows, 16)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        deadline = time.monotonic() + 60
+        while regions.state != TRIAL and time.monotonic() < deadline:
+            step(8)
+        assert regions.state == TRIAL and backward_compiles == ["rtxops-region-compile"]
+        step(5)   # a smaller last batch: a recompile whose backward fails
+        assert regions.state == FAILED and "a backward lowering error" in regions.error
+        assert "forward" not in net.__dict__
+        step(5)   # eager from now on
+    finally:
+        patching.disable()
+        regions.close()
