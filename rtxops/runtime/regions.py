@@ -222,7 +222,10 @@ class RegionCompiler:
 
     def _compile(self, model: nn.Module, args: list, kwargs: dict) -> None:
         with background_compile():
-            self._compile_here(model, args, kwargs)
+            try:
+                self._compile_here(model, args, kwargs)
+            except Exception as e:   # else the region stayed "compiling", the model held for good
+                self._fail(f"the background compile failed: {type(e).__name__}: {e}")
 
     def _compile_here(self, model: nn.Module, args: list, kwargs: dict) -> None:
         started = time.perf_counter()

@@ -877,3 +877,18 @@ def test_a_backward_recompile_that_fails_sends_the_call_to_eager_not_the_job_dow
     finally:
         patching.disable()
         regions.close()
+
+
+def test_a_background_compile_that_fails_outside_the_compiler_fails_the_region():
+    def small_attention():
+        raise RuntimeError("no buckets")
+
+    d = patching.enable()
+    regions = d.regions = RegionCompiler(lambda step, outcome: None, compile_fn=aot_eager,
+                                         small_attention=small_attention)
+    try:
+        train(5, more=lambda: regions.state not in (FAILED, TRIAL))
+        assert regions.state == FAILED and "no buckets" in regions.error
+    finally:
+        patching.disable()
+        regions.close()
