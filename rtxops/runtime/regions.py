@@ -155,6 +155,8 @@ class RegionCompiler:
         self._trying = "eager"
         self._last_step = 0
         self._dropped = False   # the candidate on trial failed: its steps do not count
+        self._calls = 0         # calls of an installed candidate, ever
+        self._block_calls = 0   # ... when the trial block under way began
         self._exiting = False
         self._closed = False
         self._step_ns: list[int] = []
@@ -338,6 +340,14 @@ class RegionCompiler:
                 return
             if self._dropped:   # the candidate raised and is gone: on with the others
                 self._dropped = False
+            elif self._calls == self._block_calls:
+                # the job no longer calls the model (it deleted it and trains another): the
+                # steps timed another model's eager forward
+                self._restore_forward(model)
+                self._fail("the model was not called in a whole trial block (the job trains "
+                           "another model now)")
+                self.report(step, "eager")
+                return
             else:   # the first calls after a swap may still specialise
                 self._trial_ns.setdefault(self._trying, []).extend(self._step_ns[2:])
                 self.step_medians_ns[self._trying] = statistics.median(self._trial_ns[self._trying])
@@ -375,6 +385,7 @@ class RegionCompiler:
         """Swap the next untried candidate in and time its steps from here."""
         name = self._untried.pop(0)
         self._install(model, name)
+        self._block_calls = self._calls
         self._step_ns.clear()
         self.state, self._trying = TRIAL, name
         self.report(step, name)
@@ -394,6 +405,7 @@ class RegionCompiler:
                 log.warning("region: the compiled model's calls are not recorded: %s", e)
 
         def forward(*args, **kwargs):
+            self._calls += 1
             if _tracing():   # the job traces its model (torch.jit.trace, torch.fx): as written
                 return eager(*args, **kwargs)
             try:

@@ -752,6 +752,32 @@ def test_a_model_the_job_deletes_is_freed_once_the_region_is_settled():
         patching.disable()
 
 
+def test_a_model_the_job_deletes_during_the_trial_is_not_timed_through_the_next_one():
+    """A job that deleted its model during the trial and trained another (k-fold, a sweep) had
+    the new model's eager steps timed as the candidate's, the region settled on them, and the
+    old model (on a GPU, its memory) was held until then."""
+    import gc
+    import weakref
+
+    reports = []
+    d = patching.enable()
+    regions = d.regions = RegionCompiler(lambda step, outcome: reports.append(outcome),
+                                         trial_steps=5, compile_fn=aot_eager)
+    try:
+        _, net, _ = train(5, more=lambda: regions.state != TRIAL)
+        assert regions.state == TRIAL
+        gone = weakref.ref(net)
+        del net
+        train(30, more=lambda: regions.state == TRIAL, seed=1)   # the next model
+        assert regions.state == FAILED and "not called" in regions.error
+        assert reports[-1] == "eager"
+        gc.collect()
+        assert gone() is None
+    finally:
+        patching.disable()
+        regions.close()
+
+
 def test_a_frozen_teacher_larger_than_its_student_is_not_taken_for_the_model():
     d = patching.enable()
     regions = d.regions = RegionCompiler(lambda step, outcome: None, compile_fn=lambda fn, **kw: fn)
