@@ -30,7 +30,8 @@ costs memory. So both are measured, not guessed. On CUDA the flash and memory-ef
 are what a job wants and only ``compiled`` runs.
 
 Caveats (documented, not hidden): the background pass runs the model once more, so modules with
-side effects in forward (BatchNorm running statistics, dropout's RNG) see one extra call. Jobs
+side effects in forward (BatchNorm running statistics, dropout's RNG) see one extra call (it draws
+from the global generator when the compile gets to it: a seeded job is not repeatable). Jobs
 under ``torch.distributed`` are left alone (a background pass could desynchronise collectives).
 """
 from __future__ import annotations
