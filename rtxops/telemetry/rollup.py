@@ -77,7 +77,8 @@ def valid_figures(batch: Any) -> Any:
         spans = spans.set_column(spans.schema.get_field_index(name), name, column)
     spans = spans.set_column(spans.schema.get_field_index("attributes"), "attributes",
                              pa.array(attributes, pa.string()))
-    return dataclasses.replace(batch, spans=spans, cache_counts=counts)
+    # a rollup made before is of the figures taken out: made again from these
+    return dataclasses.replace(batch, spans=spans, cache_counts=counts, rollup=None)
 
 
 def _out_of_range(column: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -31,9 +31,10 @@ COLUMNS = ("key_id, minute, job_id, op, bucket, variant, config, phase, samples,
 
 
 def reference_rows(batches: list[otlp.Batch]) -> list[tuple]:
+    """The SQL rollup of ``batches``' spans, their figures checked as the store checks them."""
     con = duckdb.connect()
     migrate(con)
-    con.register("_rtx_batch", pa.concat_tables([b.spans for b in batches]))
+    con.register("_rtx_batch", pa.concat_tables([rollup.valid_figures(b).spans for b in batches]))
     con.execute("DELETE FROM kernel_minutes")
     con.execute("INSERT INTO kernel_minutes BY NAME " + REFERENCE)
     return con.execute(f"SELECT {COLUMNS} FROM kernel_minutes ORDER BY ALL").fetchall()
@@ -55,7 +56,8 @@ def odd_kernels() -> bytes:
     spans = [
         span("rtx.kernel", {**base, S.CACHE_HITS: 2, S.CACHE_MISSES: 1}, start=t0),
         span("rtx.kernel", {k: v for k, v in base.items() if k != S.TOTAL_NS}, start=t0 + 2),
-        span("rtx.kernel", {**base, S.TOTAL_NS: -50}, start=t0 + 3),                  # mean < 1
+        span("rtx.kernel", {**base, S.TOTAL_NS: 1}, start=t0 + 3),                    # mean < 1
+        span("rtx.kernel", {**base, S.TOTAL_NS: -50}, start=t0 + 3),                  # not a time
         span("rtx.kernel", {k: v for k, v in base.items() if k != S.OP}, start=t0 + 4),  # null key
         span("rtx.kernel", {**base, S.CACHE_HITS: 7}, start=t0 + MINUTE_NS),          # next minute
         span("rtx.step", {S.STEP_NUMBER: 1, S.CACHE_HITS: 100}, start=t0),
