@@ -825,9 +825,17 @@ def telemetry_export(
 
     if format not in ("chrome-trace", "parquet", "otlp-json"):
         raise _fail(f"--format {format!r}: expected chrome-trace, parquet or otlp-json")
+    if job is not None and not job:
+        raise _fail("--job: an empty job id")
     h = _home(home)
     if not output.resolve().parent.is_dir():
         raise _fail(f"cannot write {output}: its folder does not exist")
+    store_file = Path(os.environ.get("RTXOPS_STORE") or h.store).resolve()
+    target = output.resolve()
+    if target.is_relative_to(h.root.resolve()) or (
+            target.parent == store_file.parent and target.name.startswith(store_file.name)):
+        # the export replaces the file it names: the store (or its WAL, the token, the ledger)
+        raise _fail(f"--out {output}: a file of the rtxops home or its store; write elsewhere")
     client = DaemonClient.find(h)
     try:
         if client is not None:  # the daemon holds the store: ask it
@@ -951,7 +959,7 @@ class _read_store:
             raise _fail(f"no store at {self.path}", 2)
         try:
             self.store = ReadOnlyStore(self.path)
-        except StoreError as e:
+        except (StoreError, ValueError) as e:   # ValueError: a malformed RTXOPS_STORE_* setting
             raise _fail(str(e), 1) from None
         return self.store
 

@@ -1215,12 +1215,13 @@ def telemetry_summary(q) -> dict[str, int]:
 
 class ReadOnlyStore:
     """Read access to a store file no process is writing (a running daemon holds DuckDB's lock:
-    ask the daemon instead). Same ``reader``/``query`` as :class:`Store`."""
+    ask the daemon instead). Same ``reader``/``query`` as :class:`Store`, and the same DuckDB
+    settings (without them an export's sort of a large store took gigabytes)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
-            self._con = duckdb.connect(str(self.path), read_only=True)
+            self._con = duckdb.connect(str(self.path), read_only=True, config=connection_config())
         except duckdb.Error as e:
             raise StoreError(f"cannot open {self.path} for reading: {e}") from None
         try:

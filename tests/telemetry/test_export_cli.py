@@ -61,6 +61,35 @@ def test_an_unknown_job_or_a_missing_folder_is_a_clear_error(tmp_path):
     assert r.exit_code == 2 and "folder does not exist" in r.output, (r.output, r.exception)
 
 
+def test_an_output_in_the_home_or_on_the_store_is_refused_and_the_store_kept(tmp_path):
+    """`-o .rtxops/rtxops.duckdb` replaced the store with the export (spans, jobs and the
+    governance ledger gone), exit 0."""
+    home = _home(tmp_path)
+    store = home / "rtxops.duckdb"
+    before = store.read_bytes()
+    for target in (store, home / "rtxops.duckdb.wal", home / "token", home / "t.json"):
+        r = export(home, "--format", "otlp-json", "-o", str(target))
+        assert r.exit_code == 2 and "a file of the rtxops home" in " ".join(r.output.split()), r.output
+    assert store.read_bytes() == before
+    r = export(home, "--format", "otlp-json", "--job", "", "-o", str(tmp_path / "o.json"))
+    assert r.exit_code == 2 and "empty job id" in r.output, r.output
+
+
+def test_a_store_read_without_a_daemon_gets_the_stores_memory_limit(tmp_path, monkeypatch):
+    """A read-only store ignored RTXOPS_STORE_MEMORY: an export's sort of a large store took
+    gigabytes."""
+    from rtxops.telemetry.store import ReadOnlyStore
+
+    home = _home(tmp_path)
+    monkeypatch.setenv("RTXOPS_STORE_MEMORY", "64MB")
+    store = ReadOnlyStore(home / "rtxops.duckdb")
+    try:
+        limit = store.query("SELECT current_setting('memory_limit') AS m")[0]["m"]
+    finally:
+        store.close()
+    assert limit.replace(" ", "") in ("61.0MiB", "64.0MB"), limit
+
+
 def test_back_to_back_steps_do_not_overlap_in_the_chrome_trace(tmp_path):
     """Unix times in µs as doubles keep only 0.25 µs: steps that abut in the store overlapped."""
     t0, step_ns = 1_796_111_599_546_970_195, 3_000_123
