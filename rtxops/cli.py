@@ -821,7 +821,7 @@ def telemetry_export(
 ) -> None:
     """Export stored spans: open chrome-trace in Perfetto, otlp-json in any OTel tool."""
     from rtxops.daemon.client import DaemonClient, DaemonError
-    from rtxops.telemetry import export, store as store_mod, store_views
+    from rtxops.telemetry import export, store_export, store_views
 
     if format not in ("chrome-trace", "parquet", "otlp-json"):
         raise _fail(f"--format {format!r}: expected chrome-trace, parquet or otlp-json")
@@ -851,7 +851,7 @@ def telemetry_export(
             part = output.with_name(output.name + ".part")  # the file appears whole or not at all
             try:
                 if format == "parquet":
-                    n = store_mod.export_parquet(s, part, job)
+                    n = store_export.export_parquet(s, part, job)
                 else:
                     document = export.JsonExport(s, format, job)
                     with part.open("w") as f:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from rtxops.telemetry import export, store as store_mod, store_retention, store_views
+from rtxops.telemetry import export, store as store_mod, store_export, store_retention, store_views
 from rtxops.telemetry.store import Store
 
 FORMATS = ("chrome-trace", "otlp-json", "parquet")
@@ -62,7 +62,7 @@ def make_router(store: Store, auth) -> APIRouter:
             os.close(fd)
             tmp = Path(name)
             try:
-                await anyio.to_thread.run_sync(store_mod.export_parquet, store, tmp, job)
+                await anyio.to_thread.run_sync(store_export.export_parquet, store, tmp, job)
                 # open, then unlinked at once: the file goes with the response whatever ends it
                 # (a FileResponse answering a bad Range header ran no cleanup: a file left for
                 # good per request)

@@ -1,5 +1,5 @@
 """Export stored spans for other tools: Chrome trace (Perfetto, chrome://tracing), OTLP/JSON (any
-OpenTelemetry tool), Parquet (pandas, DuckDB, Spark). Rows come from ``store.iter_export_rows``.
+OpenTelemetry tool), Parquet (pandas, DuckDB, Spark). Rows come from ``store_export.iter_export_rows``.
 
 The JSON documents are made piece by piece (:class:`JsonExport`): a long job's millions of spans
 are written out in bounded memory, never held as one document."""
@@ -96,16 +96,12 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
     yield '],"displayTimeUnit":"ns","otherData":' + _dumps({"origin_unix_ns": origin or 0}) + "}"
 
 
-def otlp_json_chunks(rows: Iterable[dict], events: Iterable[dict] = ()) -> Iterator[str]:
+def otlp_json_chunks(rows: Iterable[dict]) -> Iterator[str]:
     """An OTLP/JSON ``ExportTraceServiceRequest`` (hex ids, int64 as strings), in pieces. ``rows``
-    come grouped by resource and scope (``iter_export_rows(order="resource")``); the resource's
-    typed attributes (service.name, host.name, job, rank, pid) are put back beside its others,
-    and each span gets its ``events`` (rows of the span_events table)."""
-    by_span: dict[tuple, list] = {}
-    for e in events:
-        by_span.setdefault((e["trace_id"], e["span_id"]), []).append(
-            {"timeUnixNano": str(e["time_ns"]), "name": e["name"],
-             "attributes": _kv(json.loads(e.get("attributes") or "{}"))})
+    come grouped by resource and scope (``iter_export_rows(order="resource", events=True)``: a
+    group per slice of time, and OTLP lets a resource recur); the resource's typed attributes
+    (service.name, host.name, job, rank, pid) are put back beside its others, and each span gets
+    its events (a row's ``span_events``)."""
     yield '{"resourceSpans":['
     none = object()  # before the first row (a row's resource id may be None)
     resource, scope = none, None
@@ -120,10 +116,10 @@ def otlp_json_chunks(rows: Iterable[dict], events: Iterable[dict] = ()) -> Itera
             if row.get("resource_schema_url"):
                 group["schemaUrl"] = row["resource_schema_url"]
             parts.append(_dumps(group)[:-1] + ',"scopeSpans":[')
-            resource, scope = key[0], None
+            resource, scope, seen = key[0], None, set()
         if key != scope:
             if key in seen:
-                raise ValueError("otlp_json_chunks needs its rows grouped by resource and scope")
+                raise ValueError("otlp_json_chunks needs each resource's rows grouped by scope")
             seen.add(key)
             if scope is not None:
                 parts.append("]},")
@@ -141,8 +137,10 @@ def otlp_json_chunks(rows: Iterable[dict], events: Iterable[dict] = ()) -> Itera
         }
         if row.get("parent_span_id"):
             span["parentSpanId"] = row["parent_span_id"]
-        if (row["trace_id"], row["span_id"]) in by_span:
-            span["events"] = by_span[(row["trace_id"], row["span_id"])]
+        if row.get("span_events"):
+            span["events"] = [{"timeUnixNano": str(e["time_ns"]), "name": e["name"],
+                               "attributes": _kv(json.loads(e["attributes"] or "{}"))}
+                              for e in row["span_events"]]
         parts.append(_dumps(span))
         if len(parts) >= _CHUNK_ITEMS:
             yield "".join(parts)
@@ -157,13 +155,6 @@ def chrome_trace(rows: Iterable[dict]) -> dict:
     rows = list(rows)
     origin = min((row["start_ns"] for row in rows), default=0)
     return json.loads("".join(chrome_trace_chunks(rows, origin)))
-
-
-def otlp_json(rows: Iterable[dict], events: Iterable[dict] = ()) -> dict:
-    """:func:`otlp_json_chunks` of ``rows`` (in any order) as one document."""
-    ordered = sorted(rows, key=lambda r: (r["resource_id"] is None, r["resource_id"] or 0,
-                                          r.get("scope_name") or "rtxops"))
-    return json.loads("".join(otlp_json_chunks(ordered, events)))
 
 
 class JsonExport:
@@ -185,12 +176,13 @@ class JsonExport:
             yield row
 
     def __iter__(self) -> Iterator[str]:
-        from . import store
+        from . import store_export
 
         if self.format == "chrome-trace":  # oldest first: the first row is the origin
-            return chrome_trace_chunks(self._counted(store.iter_export_rows(self.q, self.job_id)))
-        rows = self._counted(store.iter_export_rows(self.q, self.job_id, order="resource"))
-        return otlp_json_chunks(rows, store.export_events(self.q, self.job_id))
+            return chrome_trace_chunks(self._counted(store_export.iter_export_rows(self.q, self.job_id)))
+        rows = self._counted(store_export.iter_export_rows(self.q, self.job_id, order="resource",
+                                                           events=True))
+        return otlp_json_chunks(rows)
 
 
 _TYPED_RESOURCE_COLUMNS = {"resource_service_name": S.SERVICE_NAME, "resource_host_name": S.HOST_NAME,

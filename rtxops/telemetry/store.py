@@ -1137,57 +1137,6 @@ ORDER BY job_id, cache, op, variant, bucket
 
 # ---- export and summaries (also usable on a read-only connection) ----------------------------
 
-_EXPORT_ROWS = """
-    SELECT s.*, r.attributes AS resource_attributes, r.service_name AS resource_service_name,
-           r.host_name AS resource_host_name, r.job_id AS resource_job_id, r.rank AS resource_rank,
-           r.process_pid AS resource_process_pid, r.schema_url AS resource_schema_url
-    FROM spans s LEFT JOIN resources r USING (resource_id)
-    WHERE ($job IS NULL OR s.job_id = $job)
-    ORDER BY {order}"""
-# an unnamed scope is exported as "rtxops" (export.otlp_json_chunks): it sorts under that name
-_EXPORT_ORDER = {"time": "s.start_ns",
-                 "resource": "s.resource_id, coalesce(s.scope_name, 'rtxops'), s.start_ns"}
-EXPORT_FETCH_ROWS = 10_000  # rows held at once while exporting: memory stays bounded
-
-
-def iter_export_rows(q, job_id: str | None = None, order: str = "time") -> Iterator[dict]:
-    """Spans (with their resource's attributes) for export, fetched a few thousand at a time:
-    oldest first (``order="time"``) or grouped by resource and scope, oldest first in each
-    (``"resource"``). ``q`` is a :class:`Store` or :class:`ReadOnlyStore`; the rows are one
-    snapshot of the store, however long the caller takes."""
-    with q.reader() as cur:
-        result = cur.execute(_EXPORT_ROWS.format(order=_EXPORT_ORDER[order]), {"job": job_id})
-        names = [d[0] for d in result.description]
-        while rows := result.fetchmany(EXPORT_FETCH_ROWS):
-            for row in rows:
-                yield dict(zip(names, row))
-
-
-def export_events(q, job_id: str | None = None) -> list[dict]:
-    """The span events of the spans :func:`iter_export_rows` gives, by time."""
-    return q.query(
-        """SELECT e.* FROM span_events e
-           WHERE $job IS NULL OR EXISTS (SELECT 1 FROM spans s WHERE s.job_id = $job
-                                         AND s.trace_id = e.trace_id AND s.span_id = e.span_id)
-           ORDER BY e.time_ns""", {"job": job_id})
-
-
-def export_parquet(q, path: str | os.PathLike[str], job_id: str | None = None) -> int:
-    """Write the spans (and resource attributes) to a Parquet file, a batch of rows at a time;
-    returns the row count."""
-    import pyarrow.parquet as pq
-
-    rows = 0
-    with q.reader() as cur:
-        reader = cur.sql(_EXPORT_ROWS.format(order=_EXPORT_ORDER["time"]),
-                         params={"job": job_id}).to_arrow_reader(EXPORT_FETCH_ROWS)
-        with pq.ParquetWriter(str(path), reader.schema) as writer:
-            for batch in reader:
-                writer.write_batch(batch)
-                rows += batch.num_rows
-    return rows
-
-
 def telemetry_summary(q) -> dict[str, int]:
     """What was stored and what was lost on the way: spans by name, ingest batches, and the drop
     counters jobs report on their step spans (records the recorder could not keep, steps the

@@ -198,3 +198,30 @@ def test_an_attribute_sent_without_a_value_is_exported_without_one(tmp_path):
     [resource] = json.loads((tmp_path / "o.json").read_text())["resourceSpans"]
     [sp] = resource["scopeSpans"][0]["spans"]
     assert {kv["key"]: kv["value"] for kv in sp["attributes"]}["unset"] == {}
+
+
+def test_a_store_read_in_slices_exports_every_span_once_with_its_events(tmp_path, monkeypatch):
+    """The export sorted the whole store at once: past ~1 M spans the store's memory limit
+    failed it (the daemon's and the CLI's), so spans are read in slices of start time."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    from rtxops.telemetry import store_export
+
+    monkeypatch.setattr(store_export, "EXPORT_SLICE_ROWS", 3)
+    t0 = time.time_ns()
+    body = request([span("rtx.step", {"rtx.step": i}, start=t0 + 1000 * (9 - i),
+                         events=[Span.Event(time_unix_nano=t0 + 1, name=f"event {i}")])
+                    for i in range(10)],
+                   {"service.name": "trainer", "rtx.job.id": "job-a", "rtx.rank": 0}).SerializeToString()
+    home = _stored(tmp_path, body, t0)
+    assert export(home, "--format", "otlp-json", "-o", str(tmp_path / "o.json")).exit_code == 0
+    doc = json.loads((tmp_path / "o.json").read_text())
+    spans = [s for rs in doc["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    steps = [{kv["key"]: kv["value"] for kv in s["attributes"]}["rtx.step"]["intValue"] for s in spans]
+    assert steps == [str(i) for i in range(9, -1, -1)]       # every span once, oldest first
+    assert [s["events"][0]["name"] for s in spans] == [f"event {i}" for i in range(9, -1, -1)]
+    assert export(home, "--format", "parquet", "-o", str(tmp_path / "s.parquet")).exit_code == 0
+    assert pq.read_table(tmp_path / "s.parquet")["step"].to_pylist() == list(range(9, -1, -1))
+    assert export(home, "--format", "chrome-trace", "-o", str(tmp_path / "t.json")).exit_code == 0
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert [e["name"] for e in events if e["ph"] == "X"] == [f"step {i}" for i in range(9, -1, -1)]

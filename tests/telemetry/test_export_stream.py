@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from rtxops.cli import app
 from rtxops.telemetry import export, otlp
-from rtxops.telemetry import store as store_mod
+from rtxops.telemetry import store_export
 from rtxops.telemetry.store import Store
 
 from .otlp_helpers import kvs, span
@@ -53,8 +53,10 @@ def _export(home, out, fmt):
                                     "-o", str(out)])
 
 
-def test_every_span_is_exported_grouped_across_the_pieces(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_mod, "EXPORT_FETCH_ROWS", 7)   # many fetches and pieces
+@pytest.mark.parametrize("slice_rows", [100_000, 50], ids=["one slice", "slices of 50 spans"])
+def test_every_span_is_exported_grouped_across_the_pieces(tmp_path, monkeypatch, slice_rows):
+    monkeypatch.setattr(store_export, "EXPORT_FETCH_ROWS", 7)   # many fetches and pieces
+    monkeypatch.setattr(store_export, "EXPORT_SLICE_ROWS", slice_rows)
     monkeypatch.setattr(export, "_CHUNK_ITEMS", 5)
     home = tmp_path / "home"
     total = _store(home, 60)
@@ -62,15 +64,19 @@ def test_every_span_is_exported_grouped_across_the_pieces(tmp_path, monkeypatch)
     assert r.exit_code == 0, r.output
     assert f"wrote {total} spans" in r.output
     doc = json.loads((tmp_path / "o.json").read_text())
-    groups = [(kv["value"]["stringValue"], ss["scope"]["name"], len(ss["spans"]))
-              for rs in doc["resourceSpans"] for kv in rs["resource"]["attributes"]
-              if kv["key"] == "rtx.job.id" for ss in rs["scopeSpans"]]
-    assert sorted(groups) == [(job, scope, n) for job in JOBS
-                              for scope, n in (("rtxops", 120), ("user", 60))]
+    groups: dict[tuple, list] = {}   # a resource recurs once per slice of time
     for rs in doc["resourceSpans"]:
+        (job,) = [kv["value"]["stringValue"] for kv in rs["resource"]["attributes"]
+                  if kv["key"] == "rtx.job.id"]
+        assert len({ss["scope"]["name"] for ss in rs["scopeSpans"]}) == len(rs["scopeSpans"])
         for ss in rs["scopeSpans"]:
-            starts = [int(s["startTimeUnixNano"]) for s in ss["spans"]]
-            assert starts == sorted(starts)
+            groups.setdefault((job, ss["scope"]["name"]), []).extend(
+                int(s["startTimeUnixNano"]) for s in ss["spans"])
+    assert sorted((k, len(v)) for k, v in groups.items()) == [
+        ((job, scope), n) for job in JOBS for scope, n in (("rtxops", 120), ("user", 60))]
+    assert all(starts == sorted(starts) for starts in groups.values())
+    if slice_rows < total:
+        assert len(doc["resourceSpans"]) > len(JOBS)
     r = _export(home, tmp_path / "t.json", "chrome-trace")
     assert r.exit_code == 0, r.output
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
@@ -83,7 +89,7 @@ def test_every_span_is_exported_grouped_across_the_pieces(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("fmt", ["otlp-json", "chrome-trace"])
 def test_memory_stays_far_below_the_document_size(tmp_path, monkeypatch, fmt):
-    monkeypatch.setattr(store_mod, "EXPORT_FETCH_ROWS", 200)
+    monkeypatch.setattr(store_export, "EXPORT_FETCH_ROWS", 200)
     monkeypatch.setattr(export, "_CHUNK_ITEMS", 200)
     home = tmp_path / "home"
     total = _store(home, 2500)
