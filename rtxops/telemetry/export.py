@@ -51,12 +51,18 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
     for row in rows:
         if origin is None and row["start_ns"]:   # a span sent without a start time is not one
             origin = row["start_ns"]
-        proc = (row.get("job_id") or "?", row.get("rank") or 0)
+        # a job's rank is a process; spans of no job (any OTLP client), their resource's: all
+        # in one process, two services' steps overlapped on one lane (Perfetto drops those)
+        proc = ((row["job_id"], row.get("rank") or 0) if row.get("job_id")
+                else (None, row.get("resource_id")))
         pid = processes.get(proc)
         if pid is None:
             pid = processes[proc] = len(processes) + 1
+            name = (f"job {proc[0]} rank {proc[1]}" if proc[0] is not None else
+                    f"{row.get('resource_service_name') or 'unknown service'} "
+                    f"pid {row.get('resource_process_pid') or '?'}")
             items.append(_dumps({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                                 "args": {"name": f"job {proc[0]} rank {proc[1]}"}}))
+                                 "args": {"name": name}}))
         attrs = span_attributes(row)
         label = row["name"]
         if attrs.get(S.OP):
@@ -86,7 +92,7 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
         if len(items) >= _CHUNK_ITEMS:
             yield ("" if first else ",") + ",".join(items)
             first, items = False, []
-    for (job, rank), pid in processes.items():
+    for pid in processes.values():
         for name, tid in (("steps", 0), ("compile", 1), ("sampled calls", 3), ("trials", 4),
                           ("other spans", 5)):
             items.append(_dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,

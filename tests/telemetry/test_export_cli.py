@@ -225,3 +225,23 @@ def test_a_store_read_in_slices_exports_every_span_once_with_its_events(tmp_path
     assert export(home, "--format", "chrome-trace", "-o", str(tmp_path / "t.json")).exit_code == 0
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert [e["name"] for e in events if e["ph"] == "X"] == [f"step {i}" for i in range(9, -1, -1)]
+
+
+def test_spans_of_no_job_get_a_process_per_resource_in_the_chrome_trace(tmp_path):
+    """Two services sending no job id shared one process: their steps overlapped on its lane."""
+    t0 = time.time_ns()
+    home = tmp_path / "home"
+    home.mkdir()
+    with Store(home / "rtxops.duckdb") as store:
+        for pid, offset in ((101, 0), (202, 500)):
+            body = request([span("rtx.step", {"rtx.step": i}, start=t0 + i * 1000 + offset,
+                                 duration=1000) for i in range(3)],
+                           {"service.name": f"svc{pid}", "process.pid": pid}).SerializeToString()
+            store.write(otlp.convert(body, otlp.PROTOBUF, t0), timeout=30)
+    assert export(home, "--format", "chrome-trace", "-o", str(tmp_path / "t.json")).exit_code == 0
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert sorted(names.values()) == ["svc101 pid 101", "svc202 pid 202"]
+    for pid in names:
+        steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["ph"] == "X" and e["pid"] == pid)
+        assert len(steps) == 3 and all(a[1] <= b[0] for a, b in zip(steps, steps[1:]))
