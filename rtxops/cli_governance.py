@@ -241,6 +241,9 @@ def verify(path: Path = typer.Argument(..., help="bundle directory"),
         pem = key.read_bytes() if key else None
     except OSError as e:
         raise _fail(f"cannot read {key}: {e.strerror}") from None
+    if keyring is not None and not key and not keyring.is_file():
+        # a mistyped path read as an empty keyring: every bundle "signed by a key not in it"
+        raise _fail(f"--keyring {keyring}: no such file")
     trust = Trust(keyring=None if key else _guard(lambda: Keyring.load(_keyring_path(keyring, home))),
                   public_key=pem, identity=identity, issuer=issuer, trusted_root=trusted_root)
     policies = None if no_policy else _guard(lambda: load_policies(policy))

@@ -56,6 +56,13 @@ def test_a_key_signed_bundle_does_not_meet_a_required_identity(keys, good_plan, 
     assert code == 0, output
 
 
+def test_a_mistyped_keyring_path_is_a_usage_error_not_an_untrusted_signer(keys, good_plan, tmp_path):
+    """It was read as an empty keyring: "signer not in the keyring", exit 1."""
+    code, output = cli("verify", str(good_plan), "--keyring", str(tmp_path / "nokeyring.json"),
+                       "--no-ledger")
+    assert code == 2 and "no such file" in " ".join(output.split()), output
+
+
 @pytest.mark.parametrize("name", ["bundle.sigstore.json", "provenance.intoto.json", "sbom.cdx.json",
                                   "plan.json"])
 def test_deeply_nested_json_fails_verification_cleanly(keys, good_plan, tmp_path, name):
