@@ -508,3 +508,37 @@ def test_a_reconnect_wait_that_is_no_duration_is_refused(monkeypatch, raw):
         _reconnect_s()
     monkeypatch.setenv("RTXOPS_RECONNECT_S", "0")
     assert _reconnect_s() == 0
+
+
+def test_a_direct_job_whose_launcher_trains_nothing_stores_a_workers_telemetry(tmp_path):
+    """torch.multiprocessing.spawn's parent (like torchrun's launcher) imports torch and trains
+    nothing: it took the store at start-up and every worker's telemetry was dropped unsaid.
+    Now the first process with spans writes the store; the other worker is told on stderr
+    while it is held."""
+    import duckdb
+
+    script = tmp_path / "spawned.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn.functional as F
+        import torch.multiprocessing as mp
+
+        def train(rank):
+            w = torch.nn.Parameter(torch.randn(8, 8))
+            opt = torch.optim.SGD([w], lr=0.01)
+            for _ in range(3):
+                F.gelu(torch.randn(4, 8) @ w).sum().backward()
+                opt.step()
+                opt.zero_grad()
+
+        if __name__ == "__main__":
+            mp.spawn(train, nprocs=2)
+    """))
+    store = tmp_path / "home" / "rtxops.duckdb"
+    r = rtxops_run("--direct", "--no-summary", "--", sys.executable, str(script))
+    assert r.returncode == 0, r.stderr
+    with duckdb.connect(str(store), read_only=True) as con:
+        pids = con.execute("SELECT DISTINCT r.process_pid FROM spans s JOIN resources r USING (resource_id) "
+                           "WHERE s.name = 'rtx.step'").fetchall()
+    told = r.stderr.count("is not stored: another process of the job writes")
+    # a worker that ends before the other exports leaves the store to it: both are stored then
+    assert len(pids) >= 1 and len(pids) + told == 2, (pids, r.stderr)

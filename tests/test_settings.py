@@ -106,7 +106,6 @@ def test_job_telemetry_reads_its_settings_before_it_opens_the_store(tmp_path, mo
 
     monkeypatch.setenv("RTXOPS_TELEMETRY", "duckdb")
     monkeypatch.setenv("RTXOPS_STORE", str(tmp_path / "s.duckdb"))
-    monkeypatch.delenv("RTXOPS_STORE_OWNER", raising=False)
     monkeypatch.setenv("RTXOPS_RECORDER_CAPACITY", "lots")
     with pytest.raises(settings.SettingError, match="RTXOPS_RECORDER_CAPACITY='lots' is not a whole number"):
         readings_for_job(None)

@@ -196,12 +196,15 @@ class DuckDBSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         from .otlp import PROTOBUF, convert, encode_readable_spans, to_arrow
         from .store import prepared
+        from .store_claim import StoreHeldElsewhere
 
         try:
             body = encode(spans)
             batch = (to_arrow(encode_readable_spans(spans), time.time_ns()) if body is None
                      else convert(body, PROTOBUF, time.time_ns()))
             self.store.write(prepared(batch))
+        except StoreHeldElsewhere:   # said once, when the store was found held
+            return SpanExportResult.FAILURE
         except Exception as e:
             log.warning("rtxops: DuckDB export failed: %s", e)
             return SpanExportResult.FAILURE

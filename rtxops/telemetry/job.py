@@ -115,15 +115,12 @@ def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
     capacity, export_interval_s = settings.recorder_capacity(), settings.export_interval_s()
     store = None
     if mode == "duckdb":
-        from .store import Store, default_path
+        from .store import default_path
+        from .store_claim import ClaimedStore
 
-        # one process writes the store (DuckDB locks the file): the job's first Python; the
-        # Pythons it starts (which inherit this) record nothing rather than fail on the lock
-        owner = os.environ.get("RTXOPS_STORE_OWNER")
-        if owner and owner != str(os.getpid()):
-            return None
-        os.environ["RTXOPS_STORE_OWNER"] = str(os.getpid())
-        store = Store(os.environ.get("RTXOPS_STORE") or default_path())
+        # one process writes the file (DuckDB's lock): the first of the job's processes that
+        # has spans, not the first that imported torch (a launcher that trains nothing)
+        store = ClaimedStore(os.environ.get("RTXOPS_STORE") or default_path())
         exporter: SpanExporter = DuckDBSpanExporter(store)
     elif mode == "otlp":
         address, token = DaemonAddress.from_env(DEFAULT_DAEMON), os.environ.get("RTXOPS_TOKEN")
