@@ -406,16 +406,47 @@ def test_attention_on_transposed_views_after_contiguous_inputs_keeps_torchs_layo
         patching.disable()
 
 
-def test_the_jobs_pythonpath_keeps_its_entries_in_order_before_rtxops_root():
+def test_the_jobs_pythonpath_keeps_its_entries_in_order_and_gains_only_the_bootstrap():
+    """rtxops' package root is not put on the job's PYTHONPATH: for an installed rtxops it is a
+    whole site-packages, which stood before the job's own stdlib and packages (its torch too)."""
     from rtxops.runtime.bootstrap import DIRECTORY, child_environment
 
     root = str(BOOTSTRAP.parents[2])
     # an empty entry is the working directory: `export PYTHONPATH=$PYTHONPATH:/x` with none set
     env = child_environment({"PYTHONPATH": ":/opt/extra"})
-    assert env["PYTHONPATH"].split(os.pathsep) == [DIRECTORY, "", "/opt/extra", root]
-    assert child_environment({})["PYTHONPATH"].split(os.pathsep) == [DIRECTORY, root]
+    assert env["PYTHONPATH"].split(os.pathsep) == [DIRECTORY, "", "/opt/extra"]
+    assert env["RTXOPS_PACKAGE_ROOT"] == root
+    assert child_environment({})["PYTHONPATH"].split(os.pathsep) == [DIRECTORY]
     again = child_environment(env)  # a job started under rtxops starting another: no duplicates
     assert again["PYTHONPATH"] == env["PYTHONPATH"]
+
+
+def test_a_python_that_cannot_import_rtxops_finds_it_after_its_own_packages(tmp_path):
+    """The job's interpreter without rtxops installed: the bootstrap appends the package root
+    to sys.path (last) and starts the runtime."""
+    from rtxops.runtime.bootstrap import child_environment
+
+    probe = textwrap.dedent("""
+        import os, runpy, sys
+        # this interpreter as if rtxops were not installed in it
+        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in str(getattr(f, "__module__", ""))]
+        root = os.environ["RTXOPS_PACKAGE_ROOT"]
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != root]
+        for name in [m for m in sys.modules if m == "rtxops" or m.startswith("rtxops.")]:
+            del sys.modules[name]
+        import importlib.util
+        assert importlib.util.find_spec("rtxops") is None
+        os.environ["RTXOPS_ENABLE"] = "1"
+        runpy.run_path(sys.argv[1])
+        from rtxops.runtime import patching
+        print("ACTIVE", patching.active() is not None, sys.path[-1] == root)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
+    env = child_environment(env)
+    env.update(RTXOPS_ENABLE="0", RTXOPS_TELEMETRY="off")   # this start-up's bootstrap stays off
+    r = subprocess.run([sys.executable, "-c", probe, str(BOOTSTRAP / "sitecustomize.py")], env=env,
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "ACTIVE True True" in r.stdout, r.stdout + r.stderr
 
 
 def test_ranks_started_by_torch_multiprocessing_spawn_get_the_runtime(tmp_path):

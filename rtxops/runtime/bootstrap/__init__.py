@@ -41,6 +41,7 @@ from pathlib import Path
 from rtxops import settings
 
 DIRECTORY = str(Path(__file__).resolve().parent)
+PACKAGE_ROOT_VARIABLE = "RTXOPS_PACKAGE_ROOT"   # (sitecustomize.py reads it by this name)
 
 
 def start() -> None:
@@ -226,12 +227,15 @@ def child_environment(env: dict[str, str], *, plan: str | None = None,
     """``env`` plus what a child process needs to start with the runtime enabled."""
     out = dict(env)
     out["RTXOPS_ENABLE"] = "1"
-    package_root = str(Path(DIRECTORY).parents[2])
-    # the job's own entries exactly as given (an empty one is the working directory) and before
-    # rtxops' package root, which only makes rtxops importable where it is not installed
+    # the folder holding the rtxops package, for a Python that cannot import it otherwise: the
+    # bootstrap appends it to sys.path there. Not on PYTHONPATH: for an installed rtxops it is a
+    # whole site-packages, whose torch would stand before the job's own (PYTHONPATH precedes
+    # the interpreter's stdlib and site-packages)
+    out[PACKAGE_ROOT_VARIABLE] = str(Path(DIRECTORY).parents[2])
+    # the job's own entries exactly as given (an empty one is the working directory)
     own = out["PYTHONPATH"].split(os.pathsep) if out.get("PYTHONPATH") else []
     own = [p for p in own if p != DIRECTORY]
-    out["PYTHONPATH"] = os.pathsep.join([DIRECTORY, *own] + ([] if package_root in own else [package_root]))
+    out["PYTHONPATH"] = os.pathsep.join([DIRECTORY, *own])
     if plan:
         out["RTXOPS_PLAN"] = str(Path(plan).resolve())
     if summary:

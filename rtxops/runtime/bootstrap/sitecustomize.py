@@ -48,6 +48,9 @@ def _is_helper_process() -> bool:
 if os.environ.get("RTXOPS_ENABLE") == "1" and not _is_launcher and not _is_helper_process() \
         and importlib.util.find_spec("torch") is not None:
     try:
+        # a Python where rtxops is not installed finds it after its own packages, never before
+        if os.environ.get("RTXOPS_PACKAGE_ROOT") and importlib.util.find_spec("rtxops") is None:
+            sys.path.append(os.environ["RTXOPS_PACKAGE_ROOT"])
         from rtxops.runtime.bootstrap import start
 
         start()
