@@ -137,7 +137,22 @@ def compile_model() -> tuple[bool, str | None]:
     return True, word
 
 
-JOB_SWITCHES = ("RTXOPS_CALL_MEMORY", "RTXOPS_REROUTE_MLP", "RTXOPS_FUSE_OPTIMIZER")
+JOB_SWITCHES = ("RTXOPS_CALL_MEMORY", "RTXOPS_REROUTE_MLP", "RTXOPS_FUSE_OPTIMIZER",
+                "RTXOPS_DETERMINISTIC", "RTXOPS_VERIFY_FIRST_CALL")
+
+
+def plan_poll_s() -> float:
+    """``RTXOPS_PLAN_POLL_S``: seconds between a job's polls for a new plan; 0 turns polling off."""
+    raw = _raw("RTXOPS_PLAN_POLL_S")
+    if raw is None:
+        return 2.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"RTXOPS_PLAN_POLL_S={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise SettingError(f"RTXOPS_PLAN_POLL_S={raw!r}: give seconds, or 0 for no polling")
+    return value
 
 
 def check_runtime() -> None:
@@ -146,6 +161,7 @@ def check_runtime() -> None:
     for name in JOB_SWITCHES:
         switch(name)
     compile_model()
+    plan_poll_s()
 
 
 def check_job(direct: bool) -> None:

@@ -38,6 +38,11 @@ def test_every_variable_the_code_reads_is_documented_and_every_documented_one_is
     ("RTXOPS_STORE_THREADS", "0", settings.store_connection, "at least 1"),
     ("RTXOPS_STORE_MEMORY", "lots", settings.store_connection, "not a size"),
     ("RTXOPS_STORE_WAL", "256", settings.store_wal, "not a size"),
+    ("RTXOPS_PLAN_POLL_S", "-1", settings.plan_poll_s, "or 0 for no polling"),
+    ("RTXOPS_PLAN_POLL_S", "2s", settings.plan_poll_s, "not a number of seconds"),
+    ("RTXOPS_DETERMINISTIC", "always", settings.check_runtime, "give 1 or 0"),
+    ("RTXOPS_VERIFY_FIRST_CALL", "no-thanks", settings.check_runtime, "give 1 or 0"),
+    ("RTXOPS_PLAN_POLL_S", "soon", settings.check_runtime, "not a number of seconds"),
 ])
 def test_a_malformed_value_is_refused_with_its_name(monkeypatch, name, raw, read, said):
     monkeypatch.setenv(name, raw)

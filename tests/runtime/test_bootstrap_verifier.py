@@ -65,3 +65,28 @@ def test_without_a_verifier_every_plan_is_refused(monkeypatch):
 def test_child_environment_passes_the_verifier():
     env = bootstrap.child_environment({}, plan_verifier="m:f")
     assert env["RTXOPS_PLAN_VERIFIER"] == "m:f"
+
+
+@pytest.mark.parametrize("raw,deterministic", [("true", True), ("yes", True), ("0", False), ("off", False)])
+def test_the_job_facts_read_the_determinism_switch_as_people_write_it(monkeypatch, raw, deterministic):
+    """``RTXOPS_DETERMINISTIC=true`` was taken as off: only ``1`` counted."""
+    import torch
+
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: False)
+    monkeypatch.setenv("RTXOPS_DETERMINISTIC", raw)
+    assert bootstrap._job_facts()["deterministic"] is deterministic
+
+
+@pytest.mark.parametrize("raw,checked", [("false", False), ("off", False), ("1", True), ("", True)])
+def test_the_first_call_check_switch_reads_the_words_people_write(tmp_path, raw, checked):
+    """``RTXOPS_VERIFY_FIRST_CALL=false`` left the check on: only ``0`` turned it off."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
+    env = bootstrap.child_environment(env)
+    env.update(RTXOPS_TELEMETRY="off", RTXOPS_VERIFY_FIRST_CALL=raw)
+    probe = "from rtxops.runtime import patching; print('CHECKED', patching.active().verify_first_call)"
+    r = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert f"CHECKED {checked}" in r.stdout, r.stdout + r.stderr

@@ -32,7 +32,6 @@ import atexit
 import faulthandler
 import importlib
 import json
-import math
 import os
 import signal
 import sys
@@ -54,7 +53,7 @@ def start() -> None:
     from ..patching import enable
     from ..plan import Plan
 
-    dispatcher: Dispatcher = enable(verify_first_call=os.environ.get("RTXOPS_VERIFY_FIRST_CALL", "1") != "0")
+    dispatcher: Dispatcher = enable(verify_first_call=_switch("RTXOPS_VERIFY_FIRST_CALL", default=True))
     base = os.environ.get("RTXOPS_STEP_BASE", "")
     if base.isdigit() and dispatcher.step == 0:
         dispatcher.step = dispatcher.steps_before = int(base)
@@ -83,7 +82,11 @@ def start() -> None:
     daemon, job_id = os.environ.get("RTXOPS_DAEMON"), os.environ.get("RTXOPS_JOB_ID")
     dispatcher.call_memory = _switch("RTXOPS_CALL_MEMORY")
     dispatcher.set_reroute_partial(_switch("RTXOPS_REROUTE_MLP"))
-    interval = _seconds("RTXOPS_PLAN_POLL_S", 2.0)
+    try:
+        interval = settings.plan_poll_s()
+    except settings.SettingError as e:
+        print(f"rtxops: {e}; polling every 2 s", file=sys.stderr)
+        interval = 2.0
     if daemon and job_id and interval > 0:
         from ..daemon_address import DaemonAddress
         from ..plan_client import PlanPoller
@@ -116,26 +119,13 @@ def start() -> None:
     atexit.register(_at_exit, dispatcher, os.environ.get("RTXOPS_SUMMARY"), os.getpid())
 
 
-def _switch(name: str) -> bool:
-    """An on/off setting; a malformed one is named and taken as off (``rtxops run`` refuses it
-    before the job starts)."""
+def _switch(name: str, default: bool = False) -> bool:
+    """An on/off setting; a malformed one is named and taken as ``default`` (``rtxops run``
+    refuses it before the job starts)."""
     try:
-        return settings.switch(name)
+        return settings.switch(name, default)
     except settings.SettingError as e:
-        print(f"rtxops: {e}; taken as off", file=sys.stderr)
-        return False
-
-
-def _seconds(name: str, default: float) -> float:
-    """A duration from the environment; a malformed one is named and the default used."""
-    raw = os.environ.get(name)
-    try:
-        value = float(raw) if raw else default
-        if not math.isfinite(value):
-            raise ValueError
-        return value
-    except ValueError:
-        print(f"rtxops: {name}={raw!r} is not a number of seconds; using {default}", file=sys.stderr)
+        print(f"rtxops: {e}; taken as {'on' if default else 'off'}", file=sys.stderr)
         return default
 
 
@@ -179,7 +169,7 @@ def _job_facts() -> dict:
 
 
 def _wants_determinism() -> bool:
-    if os.environ.get("RTXOPS_DETERMINISTIC") == "1":
+    if _switch("RTXOPS_DETERMINISTIC"):
         return True
     import torch
 
