@@ -87,6 +87,8 @@ def run(
     daemon is started in this process for the job's lifetime."""
     if plan is not None and not plan.exists():  # a plan JSON file or a signed bundle folder
         raise _fail(f"plan {plan} does not exist")
+    if plan is not None and not plan.is_dir():
+        _check_plan_file(plan)   # (a bundle folder is verified by the job, with its keyring)
     if json_summary is not None and (json_summary.is_dir() or not json_summary.resolve().parent.is_dir()):
         # found out before the job runs, not after hours of training
         raise _fail(f"--json {json_summary}: not a file in an existing folder")
@@ -130,6 +132,20 @@ def run(
                 err.print(f"rtxops: the job left an unreadable summary ({type(e).__name__}: {e})",
                           markup=False)
     raise typer.Exit(code)
+
+
+def _check_plan_file(plan: Path) -> None:
+    """A plan file the job could not read or parse is refused before it runs (the job would
+    train on the reference plan); whether its variants exist is for the job's registry to say."""
+    from rtxops.runtime.errors import PlanError
+    from rtxops.runtime.plan import Plan
+
+    try:
+        Plan.from_json(plan.read_bytes())
+    except OSError as e:
+        raise _fail(f"cannot read plan {plan}: {e.strerror or e}") from None
+    except PlanError as e:
+        raise _fail(f"plan {plan}: {e}") from None
 
 
 def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path, telemetry: bool) -> int:

@@ -108,6 +108,33 @@ def test_bad_plan_file_keeps_reference_and_says_why(tmp_path):
     assert "not installed" in r.stderr and "unknown variant 'warp'" in r.stderr
 
 
+def test_a_plan_tuned_elsewhere_is_named_in_the_summary_not_only_in_the_jobs_output(tmp_path):
+    """A plan the job could not install (tuned for another torch) left a summary that did not say
+    so: the table read as if the plan had run."""
+    plan = {"version": 1, "defaults": {"gelu": "algebraic"}, "environment": {"torch": "0.0.1"}}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    script = tmp_path / "job.py"
+    script.write_text("import torch, torch.nn.functional as F\nF.gelu(torch.ones(4))\n")
+    summary = tmp_path / "s.json"
+    r = rtxops_run("--direct", "--no-telemetry", "--plan", str(tmp_path / "plan.json"),
+                   "--json", str(summary), "--", sys.executable, str(script))
+    assert r.returncode == 0, r.stderr
+    rejections = json.loads(summary.read_text())["plan_rejections"]
+    assert len(rejections) == 1 and "tuned for another environment" in rejections[0], rejections
+    assert r.stderr.count("tuned for another environment") == 2, r.stderr   # the job's line, the summary's
+
+
+@pytest.mark.parametrize("text,said", [("{not json", "not valid JSON"), ("[]", "must be a JSON object"),
+                                       ('{"version": -2}', "version must be >= 0")])
+def test_a_plan_file_that_is_no_plan_is_refused_before_the_job_runs(tmp_path, text, said):
+    (tmp_path / "plan.json").write_text(text)
+    ran = tmp_path / "ran"
+    r = rtxops_run("--direct", "--plan", str(tmp_path / "plan.json"), "--", sys.executable, "-c",
+                   f"open({str(ran)!r}, 'w')")
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+    assert not ran.exists()
+
+
 @pytest.mark.parametrize("args,code", [
     (["--plan", "/nonexistent/plan.json", "--", sys.executable, "-c", "pass"], 2),
     # found out before the job runs (it was after, with a traceback and the job's status lost)

@@ -72,6 +72,9 @@ def start() -> None:
         except Exception as e:
             print(f"rtxops: plan {plan_path} not installed, running the reference plan: {e}",
                   file=sys.stderr)
+            reason = f"{plan_path}: {e}"
+            if str(e) not in dispatcher.plan_rejections:   # (install_plan put its own there)
+                dispatcher.plan_rejections.append(reason)
     factory = os.environ.get("RTXOPS_READINGS_FACTORY")
     if factory:
         try:
