@@ -836,6 +836,8 @@ def telemetry_export(
     home: Optional[Path] = typer.Option(None),
 ) -> None:
     """Export stored spans: open chrome-trace in Perfetto, otlp-json in any OTel tool."""
+    import duckdb
+
     from rtxops.daemon.client import DaemonClient, DaemonError
     from rtxops.telemetry import export, store_export, store_views
 
@@ -870,8 +872,9 @@ def telemetry_export(
                     n = store_export.export_parquet(s, part, job)
                 else:
                     document = export.JsonExport(s, format, job)
-                    with part.open("w") as f:
-                        for piece in document:
+                    # closed here, while the store is open: its read transaction ends with it
+                    with part.open("w") as f, contextlib.closing(iter(document)) as pieces:
+                        for piece in pieces:
                             f.write(piece)
                     n = document.spans
                 part.replace(output)
@@ -879,7 +882,16 @@ def telemetry_export(
                 part.unlink(missing_ok=True)
     except OSError as e:
         raise _fail(f"cannot write {output}: {e.strerror or e}") from None
+    except duckdb.OutOfMemoryException as e:
+        raise _fail(f"the store ran out of memory reading the spans ({_first_line(e)}): raise "
+                    "RTXOPS_STORE_MEMORY for this command", 1) from None
+    except duckdb.Error as e:
+        raise _fail(f"cannot read the spans from the store: {_first_line(e)}", 1) from None
     out.print(f"wrote {n} spans to {output}")
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 @telemetry_app.command("stats")

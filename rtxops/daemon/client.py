@@ -129,6 +129,9 @@ class DaemonClient:
                         f.write(chunk)
                         size += len(chunk)
             part.replace(path)
+        except httpx.RemoteProtocolError:   # the answer was cut short: the export failed there
+            raise DaemonError(f"the daemon at {self.url} stopped the export midway "
+                              "(its log says why)") from None
         except httpx.HTTPError as e:
             raise DaemonError(f"the export from the daemon at {self.url} failed: {e}") from None
         finally:

@@ -17,7 +17,36 @@ _TYPED_COLUMNS = {
     "total_ns": S.TOTAL_NS, "min_ns": S.MIN_NS, "max_ns": S.MAX_NS,
 }
 _LANES = {S.STEP: 0, S.SWAP: 0, S.COMPILE: 1, S.CALL: 3, S.TRIAL: 4}
+_OTHER_LANE = 5
+_LANE_NAMES = {0: "steps", 1: "compile", 3: "sampled calls", 4: "trials", _OTHER_LANE: "other spans"}
 _FIRST_KERNEL_LANE = 10   # then one lane per kernel
+_FIRST_EXTRA_LANE = 1 << 20   # lanes for spans that overlap others of their kind in part
+
+
+class _Lanes:
+    """Which lane a span of a kind goes on, so that slices on a lane nest or follow each other:
+    Perfetto drops a slice that overlaps another on its lane in part (an OTLP client's concurrent
+    requests, say). Spans come oldest first."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, list[int]] = {}        # lane -> end times of the slices open on it
+        self._extra: dict[tuple, list[int]] = {}     # (pid, base lane) -> its extra lanes
+        self._next = _FIRST_EXTRA_LANE
+
+    def place(self, pid: int, base: int, start: int, end: int) -> tuple[int, bool]:
+        """The lane for a span of ``base``'s kind in process ``pid``; True when it is a new lane."""
+        extra = self._extra.setdefault((pid, base), [])
+        for lane in (base, *extra):
+            stack = self._open.setdefault(lane if lane >= _FIRST_EXTRA_LANE else (pid, lane), [])
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or stack[-1] >= end:
+                stack.append(end)
+                return lane, False
+        lane, self._next = self._next, self._next + 1
+        extra.append(lane)
+        self._open[lane] = [end]
+        return lane, True
 
 
 def span_attributes(row: dict) -> dict[str, Any]:
@@ -46,6 +75,7 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
     yield '{"traceEvents":['
     processes: dict[tuple, int] = {}
     kernel_lanes: dict[tuple, int] = {}   # (pid, kernel) -> tid
+    lanes = _Lanes()
     items: list[str] = []
     first = True
     for row in rows:
@@ -69,8 +99,14 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
             label = f"{attrs[S.OP]}/{attrs.get(S.VARIANT, '?')} {attrs.get(S.PHASE, '')}".strip()
         elif row["name"] == S.STEP:
             label = f"step {attrs.get(S.STEP_NUMBER)}"
-        tid = _LANES.get(row["name"], 5)
-        if row["name"] == S.KERNEL:
+        tid = _LANES.get(row["name"], _OTHER_LANE)
+        if row["name"] != S.KERNEL:
+            base, start = tid, row["start_ns"] or 0
+            tid, new = lanes.place(pid, base, start, max(row["end_ns"] or 0, start))
+            if new:
+                items.append(_dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                                     "args": {"name": f"{_LANE_NAMES[base]} (overlapping)"}}))
+        else:
             # one lane per kernel span's own key: the slot (site, variant, config, bucket) and
             # phase; two sites of one op, variant and bucket overlap in part like two ops
             config = attrs.get(S.CONFIG)
@@ -93,8 +129,7 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
             yield ("" if first else ",") + ",".join(items)
             first, items = False, []
     for pid in processes.values():
-        for name, tid in (("steps", 0), ("compile", 1), ("sampled calls", 3), ("trials", 4),
-                          ("other spans", 5)):
+        for tid, name in _LANE_NAMES.items():
             items.append(_dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                                  "args": {"name": name}}))
     if items:
@@ -105,13 +140,12 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
 def otlp_json_chunks(rows: Iterable[dict]) -> Iterator[str]:
     """An OTLP/JSON ``ExportTraceServiceRequest`` (hex ids, int64 as strings), in pieces. ``rows``
     come grouped by resource and scope (``iter_export_rows(order="resource", events=True)``: a
-    group per slice of time, and OTLP lets a resource recur); the resource's typed attributes
+    group per slice of time, and OTLP lets a resource or scope recur); the resource's typed attributes
     (service.name, host.name, job, rank, pid) are put back beside its others, and each span gets
     its events (a row's ``span_events``)."""
     yield '{"resourceSpans":['
     none = object()  # before the first row (a row's resource id may be None)
     resource, scope = none, None
-    seen: set[tuple] = set()
     parts: list[str] = []
     for row in rows:
         key = (row["resource_id"], row.get("scope_name") or "rtxops")
@@ -122,11 +156,8 @@ def otlp_json_chunks(rows: Iterable[dict]) -> Iterator[str]:
             if row.get("resource_schema_url"):
                 group["schemaUrl"] = row["resource_schema_url"]
             parts.append(_dumps(group)[:-1] + ',"scopeSpans":[')
-            resource, scope, seen = key[0], None, set()
-        if key != scope:
-            if key in seen:
-                raise ValueError("otlp_json_chunks needs each resource's rows grouped by scope")
-            seen.add(key)
+            resource, scope = key[0], None
+        if key != scope:   # (a scope may recur in a resource, as a resource may in the request)
             if scope is not None:
                 parts.append("]},")
             parts.append('{"scope":' + _dumps({"name": key[1]}) + ',"spans":[')

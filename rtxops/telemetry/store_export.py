@@ -8,12 +8,16 @@ are read with it. Works on a :class:`~.store.Store` and a :class:`~.store.ReadOn
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Iterator
 
 EXPORT_FETCH_ROWS = 10_000   # rows held at once while exporting
-EXPORT_SLICE_ROWS = 100_000  # rows sorted at once: their sort fits the store's memory limit
+# what one slice's sort holds: it must fit the store's memory limit (96 MB by default), with the
+# spans' (and their resources') attributes, which any OTLP client may make kilobytes long
+EXPORT_SLICE_ROWS = 100_000
+EXPORT_SLICE_SHARE = 6       # a slice's bytes: at most the memory limit over this
+_ROW_BYTES = 256             # a row's columns besides its attributes, about
+_BINS = 1024                 # a slicing histogram's bins
 
 _MATCHING = "($job IS NULL OR s.job_id = $job)"
 # a slice [$lo, $hi): $hi NULL is no end; $lo NULL is the spans without a start time
@@ -98,23 +102,60 @@ class _snapshot:
 
 
 def _slices(cur, job_id: str | None) -> list[tuple[int | None, int | None]]:
-    """Start-time ranges ``[lo, hi)`` covering the matching spans, about
-    :data:`EXPORT_SLICE_ROWS` each (cut at approximate quantiles), oldest first, the last one
-    open (``hi`` None); then ``(None, None)`` for spans without a start time if any."""
-    n, lo, hi, unset = cur.execute(
-        f"SELECT count(*), min(start_ns), max(start_ns), count(*) - count(start_ns) "
+    """Start-time ranges ``[lo, hi)`` covering the matching spans, each of at most
+    :data:`EXPORT_SLICE_ROWS` rows and a sixth of the connection's memory limit in bytes where
+    spans starting at different times allow it, oldest first, the last one open (``hi`` None);
+    then ``(None, None)`` for spans without a start time if any."""
+    budget = _memory_limit_bytes(cur) // EXPORT_SLICE_SHARE
+    lo, hi, unset = cur.execute(
+        f"SELECT min(start_ns), max(start_ns), count(*) - count(start_ns) "
         f"FROM spans s WHERE {_MATCHING}", {"job": job_id}).fetchall()[0]
     out: list[tuple[int | None, int | None]] = []
     if lo is not None:
-        pieces = math.ceil((n - unset) / EXPORT_SLICE_ROWS)
-        cuts: list[int] = []
-        if pieces > 1:
-            at = ", ".join(f"{i / pieces:.6f}" for i in range(1, pieces))
-            (cuts,) = cur.execute(
-                f"SELECT approx_quantile(start_ns, [{at}]) FROM spans s WHERE {_MATCHING}",
-                {"job": job_id}).fetchall()[0]
-        bounds = sorted({lo, *(int(c) for c in cuts if lo < c <= hi)})
-        out = list(zip(bounds, [*bounds[1:], None]))
+        starts = _slice_starts(cur, job_id, lo, hi, budget)
+        out = list(zip(starts, [*starts[1:], None]))
     if unset:
         out.append((None, None))
     return out
+
+
+_HISTOGRAM = f"""
+    SELECT (s.start_ns - $a) // $width AS bin, count(*),
+           sum(coalesce(length(s.attributes), 0) + coalesce(length(r.attributes), 0) + {_ROW_BYTES})
+    FROM spans s LEFT JOIN resources r USING (resource_id)
+    WHERE {_MATCHING} AND s.start_ns >= $a AND s.start_ns <= $b
+    GROUP BY bin ORDER BY bin"""
+
+
+def _slice_starts(cur, job_id: str | None, a: int, b: int, budget: int) -> list[int]:
+    """Where slices of ``[a, b]`` start (the first at ``a``): the bins of a histogram of start
+    times taken in order while they fit the budgets; a bin over budget is cut up the same way."""
+    width = -(-(b - a + 1) // _BINS)
+    starts, rows, size = [a], 0, 0
+    for k, n, nbytes in cur.execute(_HISTOGRAM, {"job": job_id, "a": a, "b": b,
+                                                 "width": width}).fetchall():
+        start = a + k * width
+        if rows and (rows + n > EXPORT_SLICE_ROWS or size + nbytes > budget):
+            starts.append(start)
+            rows = size = 0
+        if (n > EXPORT_SLICE_ROWS or nbytes > budget) and width > 1:
+            if starts[-1] != start:
+                starts.append(start)
+            starts += _slice_starts(cur, job_id, start, min(start + width - 1, b), budget)[1:]
+            rows, size = EXPORT_SLICE_ROWS, budget   # the next bin starts a slice
+        else:
+            rows, size = rows + n, size + nbytes
+    return starts
+
+
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def _memory_limit_bytes(cur) -> int:
+    """The connection's DuckDB memory limit (shown as ``91.5 MiB``)."""
+    shown = cur.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    number, _, unit = str(shown).partition(" ")
+    try:
+        return int(float(number) * _UNITS[unit])
+    except (ValueError, KeyError):
+        return 96 << 20   # (a form this DuckDB does not show: the store's default)

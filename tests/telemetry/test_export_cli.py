@@ -245,3 +245,18 @@ def test_spans_of_no_job_get_a_process_per_resource_in_the_chrome_trace(tmp_path
     for pid in names:
         steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["ph"] == "X" and e["pid"] == pid)
         assert len(steps) == 3 and all(a[1] <= b[0] for a, b in zip(steps, steps[1:]))
+
+
+def test_a_services_overlapping_spans_go_on_lanes_where_slices_nest(tmp_path):
+    """Any OTLP client's spans (concurrent requests) went on one lane whatever their times:
+    Perfetto drops a slice that overlaps another on its lane in part."""
+    t0 = time.time_ns()
+    spans = [span("GET /a", start=t0, duration=1000), span("db", start=t0 + 100, duration=300),
+             span("GET /b", start=t0 + 500, duration=1000), span("GET /c", start=t0 + 1600, duration=100)]
+    home = _stored(tmp_path, request(spans, {"service.name": "web"}).SerializeToString(), t0)
+    assert export(home, "--format", "chrome-trace", "-o", str(tmp_path / "t.json")).exit_code == 0
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    lane = {e["name"]: e["tid"] for e in events if e["ph"] == "X"}
+    assert lane["db"] == lane["GET /a"] == lane["GET /c"] != lane["GET /b"]   # nested, after, overlapping
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert names[lane["GET /a"]] == "other spans" and names[lane["GET /b"]] == "other spans (overlapping)"

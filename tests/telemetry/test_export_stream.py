@@ -26,7 +26,7 @@ JOBS = ("job-a", "job-b")
 SCOPES = ("rtxops", "user", "")  # an unnamed scope is stored as NULL and exported as "rtxops"
 
 
-def _store(home, spans_per_scope: int) -> int:
+def _store(home, spans_per_scope: int, jobs=JOBS, width: int = 200) -> int:
     """Spans of two jobs (two resources), each under two scopes, interleaved in time."""
     home.mkdir()
     t0 = time.time_ns()
@@ -39,12 +39,12 @@ def _store(home, spans_per_scope: int) -> int:
                                                   "rtx.rank": 0})),
                 scope_spans=[ScopeSpans(scope=InstrumentationScope(name=scope), spans=[
                     span("rtx.kernel", {"rtx.op": "gelu", "rtx.variant": "eager", "rtx.count": 1,
-                                        "rtx.total_ns": 10, "rtx.step": chunk + i, "k": "v" * 200},
+                                        "rtx.total_ns": 10, "rtx.step": chunk + i, "k": "v" * width},
                          start=t0 + (chunk + i) * 1000 + j * 10 + s)
                     for i in range(n)])
-                    for s, scope in enumerate(SCOPES)]) for j, job in enumerate(JOBS)])
+                    for s, scope in enumerate(SCOPES)]) for j, job in enumerate(jobs)])
             store.write(otlp.convert(req.SerializeToString(), otlp.PROTOBUF, t0), timeout=60)
-            total += len(JOBS) * len(SCOPES) * n
+            total += len(jobs) * len(SCOPES) * n
     return total
 
 
@@ -68,7 +68,6 @@ def test_every_span_is_exported_grouped_across_the_pieces(tmp_path, monkeypatch,
     for rs in doc["resourceSpans"]:
         (job,) = [kv["value"]["stringValue"] for kv in rs["resource"]["attributes"]
                   if kv["key"] == "rtx.job.id"]
-        assert len({ss["scope"]["name"] for ss in rs["scopeSpans"]}) == len(rs["scopeSpans"])
         for ss in rs["scopeSpans"]:
             groups.setdefault((job, ss["scope"]["name"]), []).extend(
                 int(s["startTimeUnixNano"]) for s in ss["spans"])
@@ -85,6 +84,31 @@ def test_every_span_is_exported_grouped_across_the_pieces(tmp_path, monkeypatch,
     assert [e["ts"] for e in slices] == sorted(e["ts"] for e in slices)
     assert {e["args"]["name"] for e in events if e["name"] == "process_name"} == {
         f"job {job} rank 0" for job in JOBS}
+
+
+def test_one_resource_whose_scopes_span_a_slice_boundary_exports(tmp_path, monkeypatch):
+    """One resource with two scopes over two slices: the second slice opened with the scope the
+    first had closed, and the OTLP/JSON export failed with a traceback."""
+    monkeypatch.setattr(store_export, "EXPORT_SLICE_ROWS", 50)
+    home = tmp_path / "home"
+    total = _store(home, 60, jobs=("job-a",))
+    r = _export(home, tmp_path / "o.json", "otlp-json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "o.json").read_text())
+    spans = [s for rs in doc["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert len(spans) == total == len({s["spanId"] for s in spans})
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "chrome-trace", "otlp-json"])
+def test_spans_with_long_attributes_export_within_the_stores_memory_limit(tmp_path, monkeypatch, fmt):
+    """Slices were 100 000 rows however wide: 1.5 KB of attributes a span ran the sort out of
+    the store's memory limit (DuckDB's OutOfMemoryException) in every format."""
+    monkeypatch.setenv("RTXOPS_STORE_MEMORY", "24MB")   # as 96 MB is with 4 x the spans
+    home = tmp_path / "home"
+    total = _store(home, 1500, width=3000)   # ~27 MB of attributes
+    r = _export(home, tmp_path / "out", fmt)
+    assert r.exit_code == 0, r.output
+    assert f"wrote {total} spans" in r.output
 
 
 @pytest.mark.parametrize("fmt", ["otlp-json", "chrome-trace"])
@@ -121,3 +145,31 @@ def test_a_failed_export_leaves_no_file(tmp_path, monkeypatch):
     r = _export(home, out, "chrome-trace")
     assert r.exit_code == 2 and "No space left on device" in " ".join(r.output.split()), r.output
     assert not out.exists() and not (tmp_path / "t.json.part").exists()
+
+
+@pytest.mark.parametrize("fmt", ["chrome-trace", "otlp-json", "parquet"])
+def test_a_store_out_of_memory_is_one_line_that_names_the_setting(tmp_path, fmt):
+    """Spans of one start time cannot be sliced: past the memory limit the export failed with
+    DuckDB's traceback, then a second one from its reader closed after the store."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    t0 = time.time_ns()
+    with Store(home / "rtxops.duckdb") as store:
+        for _ in range(4):
+            req = ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+                resource=Resource(attributes=kvs({"service.name": "svc"})),
+                scope_spans=[ScopeSpans(spans=[span("s", {"k": "v" * 4000}, start=t0)
+                                               for _ in range(1000)])])])
+            store.write(otlp.convert(req.SerializeToString(), otlp.PROTOBUF, t0), timeout=60)
+    env = {**os.environ, "RTXOPS_STORE_MEMORY": "8MB"}
+    r = subprocess.run([sys.executable, "-m", "rtxops.cli", "telemetry", "export", "--home", str(home),
+                        "--format", fmt, "-o", str(tmp_path / "out.json")],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "ran out of memory" in r.stderr and "RTXOPS_STORE_MEMORY" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+    assert not (tmp_path / "out.json").exists()
