@@ -566,6 +566,6 @@ def test_a_direct_job_whose_launcher_trains_nothing_stores_a_workers_telemetry(t
     with duckdb.connect(str(store), read_only=True) as con:
         pids = con.execute("SELECT DISTINCT r.process_pid FROM spans s JOIN resources r USING (resource_id) "
                            "WHERE s.name = 'rtx.step'").fetchall()
-    told = r.stderr.count("is not stored: another process of the job writes")
+    told = r.stderr.count("is not being stored: another process holds")
     # a worker that ends before the other exports leaves the store to it: both are stored then
-    assert len(pids) >= 1 and len(pids) + told == 2, (pids, r.stderr)
+    assert len(pids) == 2 or (len(pids) == 1 and told == 1), (pids, r.stderr)
