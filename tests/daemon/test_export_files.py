@@ -29,3 +29,39 @@ def test_a_parquet_export_leaves_no_file_behind(tmp_path, monkeypatch, headers):
                 assert int(r.headers["content-length"]) == len(r.content)
                 assert "rtxops-spans.parquet" in r.headers["content-disposition"]
     assert list(scratch.iterdir()) == []
+
+
+def test_an_export_the_daemon_stops_midway_is_said_so_and_leaves_no_file(tmp_path, monkeypatch):
+    """A JSON export fails after its answer began (its status already sent): the client said
+    only httpx's 'peer closed connection without sending complete message body'."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from rtxops.daemon.client import DaemonClient, DaemonError
+    from rtxops.telemetry import export
+
+    def broken(rows):
+        yield '{"traceEvents":['
+        raise RuntimeError("the store went away")
+
+    monkeypatch.setattr(export, "chrome_trace_chunks", broken)
+    with Store(tmp_path / "s.duckdb") as store:
+        app = FastAPI()
+        app.include_router(api_telemetry.make_router(store, lambda: None))
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical",
+                                               lifespan="off"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            while not server.started:
+                time.sleep(0.01)
+            port = server.servers[0].sockets[0].getsockname()[1]
+            out = tmp_path / "t.json"
+            with pytest.raises(DaemonError, match="stopped the export midway"):
+                DaemonClient(f"http://127.0.0.1:{port}", None).export("chrome-trace", None, out)
+            assert not out.exists() and not (tmp_path / "t.json.part").exists()
+        finally:
+            server.should_exit = True
+            thread.join(10)
