@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -142,13 +144,29 @@ def _tune_local(h, params: dict, quiet: bool, sweep_out: Optional[Path]) -> dict
         store = Store(_store_path(h))
     except Exception as e:  # StoreError, OSError, DuckDB lock errors: all mean "cannot open"
         raise _fail(f"cannot open the store {_store_path(h)}: {e}", 1) from None
+    stop = threading.Event()
+
+    def interrupt(signum, frame):   # as through the daemon: the trials so far are kept
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        err.print("rtxops: stopping once the benchmark running now ends (Ctrl-C again to stop at "
+                  "once); the trials so far go into the tuning database", markup=False)
+
+    before = signal.signal(signal.SIGINT, interrupt)
     try:
         with _progress(quiet) as bar:
-            return run_tune(store, default_registry(), **params, on_progress=bar, sweep_out=sweep_out)
+            report = run_tune(store, default_registry(), **params, on_progress=bar,
+                              sweep_out=sweep_out, stop=stop)
     except TuneError as e:
         raise _fail(str(e), 2) from None
     finally:
+        signal.signal(signal.SIGINT, before)
         store.close()
+    if stop.is_set():
+        out.print_json(data=report) if quiet else _print_report(report)
+        raise _fail("tuning cancelled; its trials so far are in the tuning database", 130)
+    return report
 
 
 class _progress:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.live import PY, Daemons, cli, marked, until
+from tests.daemon.live import PY, Daemons, clean_env, cli, marked, until
 
 GELU = "float32/cpu/tanh=0,hidden=64,rows=16"
 JOB = """
@@ -265,3 +265,45 @@ def test_tune_show_lists_every_row_through_a_daemon_as_without_one(tmp_path, dae
     daemons.start(home)
     rows = shown()
     assert len(rows) == 1500 and len({r["config"] for r in rows}) == 1500
+
+
+def test_ctrl_c_stops_an_in_process_tune_and_keeps_its_trials(tmp_path, daemons):
+    """Ctrl-C in `rtxops tune` with no daemon ended it at once, and nothing it had measured
+    reached the tuning database (through a daemon, the trials so far are kept)."""
+    import subprocess
+
+    # a real SIGINT to the tuning process, sent once its first trial has been measured
+    driver = textwrap.dedent(f"""
+        import os, signal, sys
+        from rtxops import cli_evolve
+        from rtxops.cli import app
+
+        class Interrupting:
+            def __init__(self, quiet): pass
+            def __enter__(self):
+                def update(p):
+                    if p.get("trials", 0) >= 1 and not getattr(self, "sent", False):
+                        self.sent = True
+                        os.kill(os.getpid(), signal.SIGINT)
+                return update
+            def __exit__(self, *exc): pass
+
+        cli_evolve._progress = Interrupting
+        sys.argv = ["rtxops", "tune", "--op", "gelu", "--bucket", {GELU!r}, "--budget", "40",
+                    "--reps", "3", "--warmup", "0", "--json"]
+        app()
+    """)
+    env = {**clean_env(daemons.mark), "RTXOPS_HOME": str(tmp_path / "home")}
+    r = subprocess.run([PY, "-c", driver], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=300)
+    assert r.returncode == 130, r.stderr
+    assert "tuning cancelled; its trials so far are in the tuning database" in r.stderr
+    report = json.loads(r.stdout)
+    (b,) = report["buckets"]
+    assert 1 <= b["trials"] < 40
+    import duckdb
+
+    con = duckdb.connect(str(tmp_path / "home" / "rtxops.duckdb"), read_only=True)
+    stored = con.execute("SELECT count(*) FROM tuning WHERE op = 'gelu'").fetchone()[0]
+    con.close()
+    assert stored >= 1
