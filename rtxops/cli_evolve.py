@@ -84,7 +84,10 @@ def tune(
 
     h = _home(home)
     if show:
-        rows = _with_staleness(_tuning_rows(h, op, bucket))
+        rows = _tuning_rows(h, op, _bucket_as_stored(op, bucket) if bucket else None)
+        if variant:
+            rows = [r for r in rows if r["variant"] in variant]
+        rows = _with_staleness(rows)
         out.print_json(data=rows) if as_json else out.print(_tuning_table(rows))
         return
     if strategy not in STRATEGIES:
@@ -236,6 +239,28 @@ def _arm_label(arm: dict) -> str:
 
 
 TUNING_ROWS_SHOWN = 100_000
+
+
+def _bucket_as_stored(op: Optional[str], bucket: str) -> str:
+    """``bucket`` as the tuner stores it, its dims in the op's order (``rows=16,hidden=64`` is
+    tuned as ``hidden=64,rows=16``): with ``op``, that op's form (exit 2 if it is none); without,
+    the one form every op with those dims agrees on, else ``bucket`` as given."""
+    from rtxops.runtime.errors import PlanError, RegistryError
+    from rtxops.runtime.registry import default_registry
+
+    registry = default_registry()
+    if op is not None:
+        try:
+            return registry.op(op).parse_bucket(bucket).id
+        except (RegistryError, PlanError) as e:
+            raise _fail(str(e), 2) from None
+    forms = set()
+    for spec in registry.ops():
+        try:
+            forms.add(spec.parse_bucket(bucket).id)
+        except PlanError:
+            pass
+    return forms.pop() if len(forms) == 1 else bucket
 
 
 def _tuning_rows(h, op: Optional[str], bucket: Optional[str]) -> list[dict]:

@@ -80,7 +80,13 @@ def validate(registry: Registry, op: str | None, bucket: str | None, strategy: s
         _check(registry.op, op)
         if bucket is not None:
             parsed = _check(lambda: registry.op(op).parse_bucket(bucket))
-            if getattr(parsed, "device", None) == "cuda" and not _cuda_here():
+            if parsed.device not in ("cpu", "cuda"):
+                raise TuneError(f"bucket {bucket!r}: device {parsed.device!r} is not one the "
+                                "tuner benchmarks on (cpu, cuda)")
+            negative = [f"{k}={v}" for k, v in parsed.dims if v < 0]
+            if negative:
+                raise TuneError(f"bucket {bucket!r}: {', '.join(negative)} is no size")
+            if parsed.device == "cuda" and not _cuda_here():
                 raise TuneError(f"{bucket} is a CUDA bucket and this machine has no CUDA device")
         for v in variants or ():
             _check(registry.variant, op, v)

@@ -307,3 +307,35 @@ def test_ctrl_c_stops_an_in_process_tune_and_keeps_its_trials(tmp_path, daemons)
     stored = con.execute("SELECT count(*) FROM tuning WHERE op = 'gelu'").fetchone()[0]
     con.close()
     assert stored >= 1
+
+
+def test_tune_refuses_a_bucket_on_no_device_it_tunes_or_of_negative_size(tmp_path, daemons):
+    """`float32/gpu/...` and `hidden=-64` were run, exit 0, and a failed reference row for the
+    junk bucket was stored."""
+    for bucket, said in (("float32/gpu/tanh=0,hidden=64,rows=16", "device 'gpu'"),
+                         ("float32/CPU/tanh=0,hidden=64,rows=16", "device 'CPU'"),
+                         ("float32/cpu/tanh=0,hidden=-64,rows=16", "hidden=-64 is no size")):
+        r = cli("tune", "--op", "gelu", "--bucket", bucket, "--budget", "1", "--reps", "1",
+                mark=daemons.mark, cwd=tmp_path, timeout=120)
+        assert r.returncode == 2 and said in r.stderr, (bucket, r.returncode, r.stderr)
+    assert not (tmp_path / ".rtxops" / "rtxops.duckdb").exists() or "0 rows" in cli(
+        "tune", "--show", mark=daemons.mark, cwd=tmp_path).stdout
+
+
+def test_tune_show_finds_a_bucket_written_in_another_dim_order(tmp_path, daemons):
+    """Tuning stores a bucket with its dims in the op's order; --show compared the text as
+    typed, so the spelling tuning accepted showed 0 rows."""
+    typed = "float32/cpu/rows=16,hidden=64,tanh=0"
+    r = cli("tune", "--op", "gelu", "--bucket", typed, "--budget", "2", "--reps", "3",
+            "--warmup", "0", "--variant", "eager", mark=daemons.mark, cwd=tmp_path, timeout=180)
+    assert r.returncode == 0, r.stderr
+    for args in (["--op", "gelu", "--bucket", typed], ["--bucket", typed]):
+        r = cli("tune", "--show", "--json", *args, mark=daemons.mark, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert {(x["bucket"], x["variant"]) for x in json.loads(r.stdout)} == {
+            (GELU, "reference"), (GELU, "eager")}, args
+    r = cli("tune", "--show", "--json", "--variant", "eager", mark=daemons.mark, cwd=tmp_path)
+    assert [x["variant"] for x in json.loads(r.stdout)] == ["eager"]   # --variant was ignored
+    r = cli("tune", "--show", "--op", "gelu", "--bucket", "float32/cpu/rows=16", mark=daemons.mark,
+            cwd=tmp_path)
+    assert r.returncode == 2 and "must give each of" in r.stderr, r.stderr
