@@ -338,24 +338,28 @@ def replay(
     seeds: int = typer.Option(20, help="runs per strategy, one seed each"),
     shuffle: bool = typer.Option(False, "--shuffle",
                                  help="each seed hands the arms over in its own random order"),
+    trial_reps: Optional[int] = typer.Option(
+        None, help="values one trial takes the median of (default: the sweep's reps, as the "
+                   "tuner's trial is one benchmark of that many repetitions)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run search strategies against a recorded exhaustive sweep: trials each needs to come
     within 5 % of the best arm."""
-    from rtxops.evolve.replay import SweepError, load_sweep
+    from rtxops.evolve.replay import SweepError, load_sweep_file
     from rtxops.evolve.replay import replay as run_replay
     from rtxops.evolve.search import STRATEGIES
 
     unknown = [s for s in strategy or () if s not in STRATEGIES]
     if unknown:
         raise _fail(f"unknown strategy {unknown[0]!r} (known: {', '.join(STRATEGIES)})")
-    if (budget is not None and budget < 1) or seeds < 1:
-        raise _fail("--budget and --seeds must be at least 1")
+    if (budget is not None and budget < 1) or seeds < 1 or (trial_reps is not None and trial_reps < 1):
+        raise _fail("--budget, --seeds and --trial-reps must be at least 1")
     try:
-        arms = load_sweep(sweep)
+        recorded = load_sweep_file(sweep)
     except SweepError as e:
         raise _fail(str(e)) from None
-    result = run_replay(arms, strategy or None, budget, seeds, shuffle=shuffle)
+    result = run_replay(recorded.arms, strategy or None, budget, seeds, shuffle=shuffle,
+                        trial_reps=trial_reps or recorded.reps)
     if as_json:
         out.print_json(data=result)
         return

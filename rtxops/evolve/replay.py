@@ -37,6 +37,7 @@ class Sweep:
     op: str | None = None
     bucket: str | None = None
     keys: dict[str, Arm] = field(default_factory=dict)
+    reps: int | None = None   # the repetitions of one trial when it was recorded
 
     def rows(self) -> list[dict]:
         """Tuning-table-like rows (one per arm: its median) for :func:`priors_from_rows`."""
@@ -75,6 +76,10 @@ def load_sweep_data(data: Any, source: Any = "sweep") -> Sweep:
             sweep.arms[label] = values
             sweep.keys[label] = Arm.of(a["variant"], config)
         sweep.op, sweep.bucket = data.get("op"), data.get("bucket")
+        reps = data.get("reps")
+        if reps is not None and (isinstance(reps, bool) or not isinstance(reps, int) or reps < 1):
+            raise SweepError(f"sweep {source}: reps must be a whole number of at least 1")
+        sweep.reps = reps
     except SweepError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:

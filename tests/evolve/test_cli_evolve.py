@@ -59,6 +59,30 @@ def test_replay_finds_the_known_best_with_every_strategy(tmp_path, daemons):
     assert "budget 4" in r.stdout
 
 
+def test_replay_takes_a_trial_as_the_tuners_benchmark_of_the_sweeps_repetitions(tmp_path, daemons):
+    """A sweep from `tune --sweep-out` records each arm's repetitions; the tuner's trial is the
+    median of `reps` of them. The CLI replayed single values (as noisy as one repetition), so it
+    understated every strategy against what `rtxops tune` does (bench/replay.py did it right)."""
+    import random
+
+    rng = random.Random(7)
+    # the best arm (last: exhaustive meets it last) 10 % ahead, each value +-40 % noise: one
+    # value often misleads, a median of 15 rarely
+    arms = [{"variant": f"v{i}", "config": {}, "values": [1000 * (1.0 if i == 5 else 1.1) * rng.uniform(0.6, 1.4)
+                                                          for _ in range(15)]} for i in range(6)]
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"op": "gelu", "bucket": GELU, "reps": 15, "arms": arms}))
+    results = {}
+    for args in ([], ["--trial-reps", "1"]):
+        r = cli("evolve", "replay", "--sweep", str(path), "--strategy", "exhaustive", "--budget", "6", "--seeds", "30",
+                "--json", *args, mark=daemons.mark)
+        assert r.returncode == 0, r.stderr
+        results[tuple(args)] = json.loads(r.stdout)
+    assert results[()]["trial_reps"] == 15 and results[("--trial-reps", "1")]["trial_reps"] == 1
+    reached = {k: v["strategies"]["exhaustive"]["reached"] for k, v in results.items()}
+    assert reached[()] > reached[("--trial-reps", "1")], reached
+
+
 @pytest.mark.parametrize("content,args,message", [
     ("{not json", [], "cannot read sweep"),
     ('{"arms": 3}', [], "cannot read sweep"),
@@ -66,6 +90,8 @@ def test_replay_finds_the_known_best_with_every_strategy(tmp_path, daemons):
     ('{"arms": [{"variant": "a", "values": [1.0, -2.0]}]}', [], "needs positive, finite values"),
     ('{"arms": [{"variant": "a", "values": [1.0]}]}', ["--strategy", "annealing"], "unknown strategy"),
     ('{"arms": [{"variant": "a", "values": [1.0]}]}', ["--budget", "0"], "at least 1"),
+    ('{"arms": [{"variant": "a", "values": [1.0]}]}', ["--trial-reps", "0"], "at least 1"),
+    ('{"reps": 0, "arms": [{"variant": "a", "values": [1.0]}]}', [], "reps must be a whole number"),
     (None, [], "cannot read sweep"),
 ])
 def test_replay_refuses_bad_input_with_exit_2(tmp_path, daemons, content, args, message):
