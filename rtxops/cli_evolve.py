@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import threading
 import time
@@ -72,6 +73,8 @@ def tune(
     reps: int = typer.Option(20, help="timed fwd+bwd repetitions per trial"),
     warmup: int = typer.Option(3, help="untimed calls per arm before timing"),
     variant: Optional[List[str]] = typer.Option(None, "--variant", help="only these variants (repeatable)"),
+    seed: Optional[int] = typer.Option(None, help="the strategy's seed (default: a fresh one, "
+                                       "given in the report): which arms a small budget tries"),
     sweep_out: Optional[Path] = typer.Option(None, help="write every measured arm's values (replay format)"),
     show: bool = typer.Option(False, "--show", help="print the tuning database instead of tuning"),
     as_json: bool = typer.Option(False, "--json", help="JSON instead of tables"),
@@ -97,8 +100,12 @@ def tune(
     if reps < MIN_SAMPLES:
         err.print(f"rtxops: --reps {reps}: the arms are measured, but the comparison with the "
                   f"reference needs {MIN_SAMPLES} repetitions to decide anything", markup=False)
+    if seed is not None and not 0 <= seed <= 2**31:
+        raise _fail("--seed must be between 0 and 2**31")
+    # a fixed seed tried the same few arms on every run of a small budget, never the others
     params = {"op": op, "bucket": bucket, "strategy": strategy, "budget": budget, "reps": reps,
-              "warmup": warmup, "variants": list(variant) if variant else None}
+              "warmup": warmup, "variants": list(variant) if variant else None,
+              "seed": random.randrange(2**31) if seed is None else seed}
     sweep_out = sweep_out.resolve() if sweep_out is not None else None
     if sweep_out is not None and (sweep_out.is_dir() or not sweep_out.parent.is_dir()):
         raise _fail(f"--sweep-out {sweep_out}: not a file in an existing folder")  # before the trials

@@ -110,7 +110,7 @@ def tune(store: Store, registry: Registry, *, op: str | None = None, bucket: str
     tuner = _Tuner(store, registry, strategy, budget, reps, warmup, variants, seed, timeout_s,
                    on_progress or (lambda _: None), stop or threading.Event())
     report = {"strategy": strategy, "budget": budget, "reps": reps, "warmup": warmup,
-              "buckets": []}
+              "seed": seed, "buckets": []}
     for i, (o, b) in enumerate(todo):
         if tuner.stopped():
             break

@@ -365,3 +365,18 @@ def test_tune_show_finds_a_bucket_written_in_another_dim_order(tmp_path, daemons
     r = cli("tune", "--show", "--op", "gelu", "--bucket", "float32/cpu/rows=16", mark=daemons.mark,
             cwd=tmp_path)
     assert r.returncode == 2 and "must give each of" in r.stderr, r.stderr
+
+
+def test_tune_draws_a_fresh_seed_unless_given_one_and_reports_it(tmp_path, daemons):
+    """Every run used seed 0: with a small budget, random search and successive halving tried
+    the same few arms run after run and never the others."""
+    seeds = []
+    for args in (["--seed", "5"], []):
+        r = cli("tune", "--op", "gelu", "--bucket", GELU, "--budget", "2", "--reps", "3",
+                "--warmup", "0", "--variant", "eager", "--strategy", "random", "--json", *args,
+                mark=daemons.mark, cwd=tmp_path, timeout=180)
+        assert r.returncode == 0, r.stderr
+        seeds.append(json.loads(r.stdout)["seed"])
+    assert seeds[0] == 5 and isinstance(seeds[1], int) and seeds[1] != 5
+    r = cli("tune", "--op", "gelu", "--seed", "-1", mark=daemons.mark, cwd=tmp_path)
+    assert r.returncode == 2 and "--seed must be" in r.stderr
