@@ -891,7 +891,8 @@ def telemetry_export(
 
 
 def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+    """DuckDB's message up to its first blank line (then come hints), on one line."""
+    return " ".join(str(e).strip().split("\n\n")[0].split()) or type(e).__name__
 
 
 @telemetry_app.command("stats")
@@ -942,8 +943,16 @@ def telemetry_prune(
     client = DaemonClient.find(h)
     if client is not None:
         report = client.prune(older_than, dry_run)
+    elif dry_run:   # read only: a dry run neither migrates the store nor writes to it
+        import duckdb
+
+        with _read_store(h) as s:
+            try:
+                report = store_retention.count(s, seconds).as_dict()
+            except duckdb.Error as e:
+                raise _fail(f"cannot read the store: {_first_line(e)}", 1) from None
     else:
-        report = _prune_file(Path(os.environ.get("RTXOPS_STORE") or h.store), seconds, dry_run)
+        report = _prune_file(Path(os.environ.get("RTXOPS_STORE") or h.store), seconds)
     if as_json:
         out.print_json(data=report)
         return
@@ -955,7 +964,7 @@ def telemetry_prune(
     out.print(table)
 
 
-def _prune_file(path: Path, seconds: float, dry_run: bool) -> dict:
+def _prune_file(path: Path, seconds: float) -> dict:
     import duckdb
 
     from rtxops import settings
@@ -968,10 +977,19 @@ def _prune_file(path: Path, seconds: float, dry_run: bool) -> dict:
         store = Store(path)
     except settings.SettingError as e:
         raise _fail(str(e)) from None
-    except (StoreError, duckdb.IOException) as e:
-        raise _fail(f"cannot open {path} for writing (a job writing to it?): {e}", 1) from None
+    except StoreError as e:
+        raise _fail(str(e), 1) from None
+    except duckdb.IOException as e:
+        held = "lock" in str(e).lower()
+        raise _fail(f"cannot open {path} for writing{' (a job writing to it?)' if held else ''}: "
+                    f"{_first_line(e)}", 1) from None
+    except duckdb.Error as e:   # not a DuckDB file, a damaged one
+        raise _fail(f"cannot open the store {path}: {_first_line(e)}", 1) from None
     with store:
-        return store_retention.prune(store, seconds, dry_run=dry_run).as_dict()
+        try:
+            return store_retention.prune(store, seconds).as_dict()
+        except duckdb.Error as e:   # a full disk: nothing was deleted (one transaction)
+            raise _fail(f"the prune failed and deleted nothing: {_first_line(e)}", 1) from None
 
 
 class _read_store:

@@ -302,10 +302,19 @@ SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
-    """Bring the database to :data:`SCHEMA_VERSION`; returns the version it was at."""
-    con.execute("CREATE TABLE IF NOT EXISTS schema_version "
-                "(version INTEGER PRIMARY KEY, description VARCHAR, applied_ns BIGINT)")
-    found = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+    """Bring the database to :data:`SCHEMA_VERSION`; returns the version it was at. A database
+    with tables or views but no schema version is not a store: refused, left as it is."""
+    if _has_schema_version(con):
+        found = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+    else:
+        (objects,) = con.execute(
+            "SELECT (SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()) "
+            "+ (SELECT count(*) FROM duckdb_views() WHERE NOT internal "
+            "AND database_name = current_database())").fetchone()
+        if objects:
+            raise StoreError(f"{con.execute('PRAGMA database_list').fetchone()[2]} holds tables "
+                             "and is not an rtxops store: point RTXOPS_STORE or RTXOPS_HOME elsewhere")
+        found = 0
     if found > SCHEMA_VERSION:
         raise StoreError(f"the store's schema is version {found}, newer than this rtxops "
                          f"understands ({SCHEMA_VERSION}); upgrade rtxops")
@@ -316,6 +325,9 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
             log.info("rtxops store: migrating to schema %d: %s", version, description)
         con.execute("BEGIN")
         try:
+            # (in the first migration's transaction: a failed one leaves the file as it was)
+            con.execute("CREATE TABLE IF NOT EXISTS schema_version "
+                        "(version INTEGER PRIMARY KEY, description VARCHAR, applied_ns BIGINT)")
             for sql in statements:
                 con.execute(sql)
             con.execute("INSERT INTO schema_version VALUES (?, ?, ?)",
@@ -325,6 +337,11 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
             con.execute("ROLLBACK")
             raise
     return found
+
+
+def _has_schema_version(con: duckdb.DuckDBPyConnection) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'schema_version' "
+                            "AND database_name = current_database()").fetchone()[0])
 
 
 # ---- the store -------------------------------------------------------------------------------
@@ -367,9 +384,13 @@ class Store:
         self._compacted = time.monotonic()
         self._wal_threshold = settings.store_wal()   # (a malformed one is said here, not in the writer)
         self._con = duckdb.connect(str(self.path), config=connection_config())
+        try:
+            self.migrated_from = migrate(self._con)
+        except BaseException:
+            self._con.close()   # (its lock on the file with it)
+            raise
         with contextlib.suppress(OSError):   # jobs' environments and output: the user's alone
             os.chmod(self.path, 0o600)
-        self.migrated_from = migrate(self._con)
         if self._con.execute("SELECT count(*) FROM information_schema.tables "
                              "WHERE table_name = '_rtx_rows'").fetchone()[0]:
             self._con.close()   # it would stand in for the rows every write hands DuckDB

@@ -103,6 +103,17 @@ def prune(store: Store, older_than_s: float, *, dry_run: bool = False,
     return PruneReport(before_ns, dry_run, rows, time.perf_counter() - started)
 
 
+def count(q, older_than_s: float) -> PruneReport:
+    """What :func:`prune` would delete, counted through ``q``'s reader (a
+    :class:`~rtxops.telemetry.store.ReadOnlyStore` too: nothing is written)."""
+    check_age(older_than_s)
+    before_ns = time.time_ns() - int(older_than_s * 1e9)
+    started = time.perf_counter()
+    with q.reader() as cur:
+        rows = _rows(cur, before_ns, delete=False)
+    return PruneReport(before_ns, True, rows, time.perf_counter() - started)
+
+
 def _room_to_checkpoint(path: Path) -> bool:
     """Whether the disk has room for a checkpoint (its WAL's size, and some): one that fails
     invalidates the database until it is reopened. Without room, DuckDB's own checkpoint comes

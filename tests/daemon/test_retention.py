@@ -99,3 +99,55 @@ def test_retention_settings(monkeypatch):
     monkeypatch.setenv("RTXOPS_RETENTION", "soon")
     with pytest.raises(ValueError, match="retention: not an age"):
         retention_from(None)
+
+
+def test_a_dry_run_without_a_daemon_counts_and_writes_nothing(daemons, tmp_path):
+    """It opened the store for writing: an older store was migrated for good (an older rtxops
+    then refused it) by a command that promises to delete nothing."""
+    import duckdb
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    now = time.time_ns()
+    path = home / "rtxops.duckdb"
+    with Store(path) as s:
+        write(s, 100, now - 5 * DAY_NS, "five-days")
+    con = duckdb.connect(str(path))
+    con.execute("DELETE FROM schema_version WHERE version = (SELECT max(version) FROM schema_version)")
+    con.close()
+    before = path.read_bytes()
+    r = cli("telemetry", "prune", "--older-than", "4d", "--dry-run", "--home", str(home), mark=daemons.mark)
+    assert r.returncode == 1 and "older than this rtxops" in r.stderr, r.stderr
+    assert path.read_bytes() == before
+    with Store(path):   # brought up to date, as a daemon would
+        pass
+    r = cli("telemetry", "prune", "--older-than", "4d", "--dry-run", "--json", "--home", str(home),
+            mark=daemons.mark)
+    assert r.returncode == 0 and json.loads(r.stdout)["rows"]["spans"] == 100, r.stderr
+    assert spans_of(path, "five-days") == 100
+
+
+def test_a_file_that_is_no_store_is_left_as_it_is(daemons, tmp_path):
+    """A user's own DuckDB file under RTXOPS_STORE got rtxops' twenty tables from a prune; a
+    file that is not DuckDB at all, a traceback."""
+    import duckdb
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    path = home / "rtxops.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE my_data AS SELECT 42 AS answer")
+    con.close()
+    mode = path.stat().st_mode
+    for args in ([], ["--dry-run"]):
+        r = cli("telemetry", "prune", "--older-than", "4d", *args, "--home", str(home), mark=daemons.mark)
+        assert r.returncode == 1 and "not an rtxops store" in r.stderr, r.stderr
+    con = duckdb.connect(str(path), read_only=True)
+    assert con.execute("SELECT table_name FROM duckdb_tables()").fetchall() == [("my_data",)]
+    con.close()
+    assert path.stat().st_mode == mode
+    path.write_bytes(b"this is not a database" * 1000)
+    r = cli("telemetry", "prune", "--older-than", "4d", "--home", str(home), mark=daemons.mark)
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 1 and "not a valid DuckDB database file" in said, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3, r.stderr
