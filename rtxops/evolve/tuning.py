@@ -7,6 +7,7 @@ import time
 
 from rtxops.runtime.bucket import Bucket
 from rtxops.runtime.registry import Registry
+from rtxops.runtime.spec import REFERENCE
 from rtxops.telemetry import store_evolve
 from rtxops.telemetry.store import Store
 
@@ -51,4 +52,6 @@ class TuningDB:
         from .gate import RULES   # (torch there)
 
         key = self.key(op, bucket, arm)
-        return {**key, "source_hash": f"{key['source_hash']}/gate{RULES}"}
+        # the verdict compares the arm with the reference: a changed reference asks again
+        reference = self.registry.variant(op, REFERENCE).source_hash
+        return {**key, "source_hash": f"{key['source_hash']}/ref{reference}/gate{RULES}"}

@@ -100,6 +100,21 @@ def test_gate_verdicts_are_keyed_like_results(tmp_path, registry, monkeypatch):
         assert db.gate("gelu", BUCKET, ARM) is None  # a new triton: the verdict is re-checked
 
 
+def test_a_changed_reference_asks_for_the_gate_verdict_again(tmp_path, registry):
+    """The gate compares an arm with the reference: a fixed reference left old verdicts (a
+    candidate refused for differing from a wrong reference stayed refused)."""
+    with Store(tmp_path / "s.duckdb") as store:
+        db = TuningDB(store, registry)
+        db.save_gate("gelu", BUCKET, ARM, False, "output 0 differs", 0.5)
+        reference = registry.variant("gelu", "reference")
+        registry.add_variant(dataclasses.replace(
+            reference, build=test_a_changed_reference_asks_for_the_gate_verdict_again))
+        assert registry.variant("gelu", "reference").source_hash != reference.source_hash
+        assert db.gate("gelu", BUCKET, ARM) is None
+        registry.add_variant(reference)
+        assert db.gate("gelu", BUCKET, ARM)["reason"] == "output 0 differs"
+
+
 def test_an_online_figure_does_not_replace_an_offline_one(tmp_path, registry):
     """Online trials time forward calls inside a job's steps, offline ones forward and backward:
     one window of the first must not overwrite a benchmark of the second."""
