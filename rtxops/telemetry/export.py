@@ -59,6 +59,7 @@ def span_attributes(row: dict) -> dict[str, Any]:
 
 
 _CHUNK_ITEMS = 2000  # JSON items joined into one piece of the document
+_CHUNK_CHARS = 1 << 20   # or fewer, where they are long (spans with many events)
 
 
 def _dumps(obj: Any) -> str:
@@ -76,6 +77,7 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
     processes: dict[tuple, int] = {}
     kernel_lanes: dict[tuple, int] = {}   # (pid, kernel) -> tid
     lanes = _Lanes()
+    chars = 0
     items: list[str] = []
     first = True
     for row in rows:
@@ -125,9 +127,10 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
             "dur": max(0, row["end_ns"] - row["start_ns"]) / 1000,
             "args": attrs,
         }))
-        if len(items) >= _CHUNK_ITEMS:
+        chars += len(items[-1])
+        if len(items) >= _CHUNK_ITEMS or chars >= _CHUNK_CHARS:
             yield ("" if first else ",") + ",".join(items)
-            first, items = False, []
+            first, items, chars = False, [], 0
     for pid in processes.values():
         for tid, name in _LANE_NAMES.items():
             items.append(_dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
@@ -147,6 +150,7 @@ def otlp_json_chunks(rows: Iterable[dict]) -> Iterator[str]:
     none = object()  # before the first row (a row's resource id may be None)
     resource, scope = none, None
     parts: list[str] = []
+    chars = 0
     for row in rows:
         key = (row["resource_id"], row.get("scope_name") or "rtxops")
         if key[0] != resource:  # (the first row's too: nothing equals ``none``)
@@ -179,9 +183,10 @@ def otlp_json_chunks(rows: Iterable[dict]) -> Iterator[str]:
                                "attributes": _kv(json.loads(e["attributes"] or "{}"))}
                               for e in row["span_events"]]
         parts.append(_dumps(span))
-        if len(parts) >= _CHUNK_ITEMS:
+        chars += len(parts[-1])
+        if len(parts) >= _CHUNK_ITEMS or chars >= _CHUNK_CHARS:
             yield "".join(parts)
-            parts = []
+            parts, chars = [], 0
     if resource is not none:
         parts.append("]}]}")
     yield "".join(parts) + "]}"

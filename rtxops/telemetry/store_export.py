@@ -47,10 +47,10 @@ def iter_export_rows(q, job_id: str | None = None, order: str = "time",
     first in each (``"resource"``: a resource recurs once per slice); with ``events``, each
     with ``span_events``, its events by time (None without)."""
     with q.reader() as cur, _snapshot(cur):
-        for lo, hi in _slices(cur, job_id):
+        for lo, hi in _slices(cur, job_id, events):
             params = {"job": job_id, "lo": lo, "hi": hi}
             by_span: dict[tuple, list] = {}
-            if events:
+            if events:   # (a slice's events are within its budget too)
                 for trace_id, span_id, time_ns, name, attributes in cur.execute(_EVENTS, params).fetchall():
                     by_span.setdefault((trace_id, span_id), []).append(
                         {"time_ns": time_ns, "name": name, "attributes": attributes})
@@ -101,18 +101,19 @@ class _snapshot:
         self.cur.execute("ROLLBACK")   # nothing was written
 
 
-def _slices(cur, job_id: str | None) -> list[tuple[int | None, int | None]]:
+def _slices(cur, job_id: str | None, events: bool = False) -> list[tuple[int | None, int | None]]:
     """Start-time ranges ``[lo, hi)`` covering the matching spans, each of at most
-    :data:`EXPORT_SLICE_ROWS` rows and a sixth of the connection's memory limit in bytes where
-    spans starting at different times allow it, oldest first, the last one open (``hi`` None);
-    then ``(None, None)`` for spans without a start time if any."""
+    :data:`EXPORT_SLICE_ROWS` rows and a sixth of the connection's memory limit in bytes (with
+    ``events``, their span events' too) where spans starting at different times allow it,
+    oldest first, the last one open (``hi`` None); then ``(None, None)`` for spans without a
+    start time if any."""
     budget = _memory_limit_bytes(cur) // EXPORT_SLICE_SHARE
     lo, hi, unset = cur.execute(
         f"SELECT min(start_ns), max(start_ns), count(*) - count(start_ns) "
         f"FROM spans s WHERE {_MATCHING}", {"job": job_id}).fetchall()[0]
     out: list[tuple[int | None, int | None]] = []
     if lo is not None:
-        starts = _slice_starts(cur, job_id, lo, hi, budget)
+        starts = _slice_starts(cur, job_id, lo, hi, budget, events)
         out = list(zip(starts, [*starts[1:], None]))
     if unset:
         out.append((None, None))
@@ -125,15 +126,26 @@ _HISTOGRAM = f"""
     FROM spans s LEFT JOIN resources r USING (resource_id)
     WHERE {_MATCHING} AND s.start_ns >= $a AND s.start_ns <= $b
     GROUP BY bin ORDER BY bin"""
+# span events by their own time, in the bins of their spans' start (near enough: an event
+# falls in its span, which starts no later), any job's: a slice is cut smaller, never larger.
+# Held in Python as dicts, an event takes some times its bytes in the store
+_EVENT_HISTOGRAM = f"""
+    SELECT (time_ns - $a) // $width AS bin,
+           sum(coalesce(length(attributes), 0) + coalesce(length(name), 0) + {_ROW_BYTES}) * 4
+    FROM span_events WHERE time_ns >= $a AND time_ns <= $b GROUP BY bin"""
 
 
-def _slice_starts(cur, job_id: str | None, a: int, b: int, budget: int) -> list[int]:
+def _slice_starts(cur, job_id: str | None, a: int, b: int, budget: int,
+                  events: bool = False) -> list[int]:
     """Where slices of ``[a, b]`` start (the first at ``a``): the bins of a histogram of start
     times taken in order while they fit the budgets; a bin over budget is cut up the same way."""
     width = -(-(b - a + 1) // _BINS)
+    params = {"job": job_id, "a": a, "b": b, "width": width}
+    event_bytes = dict(cur.execute(_EVENT_HISTOGRAM, {"a": a, "b": b, "width": width}).fetchall()
+                       ) if events else {}
     starts, rows, size = [a], 0, 0
-    for k, n, nbytes in cur.execute(_HISTOGRAM, {"job": job_id, "a": a, "b": b,
-                                                 "width": width}).fetchall():
+    for k, n, nbytes in cur.execute(_HISTOGRAM, params).fetchall():
+        nbytes += event_bytes.get(k, 0)
         start = a + k * width
         if rows and (rows + n > EXPORT_SLICE_ROWS or size + nbytes > budget):
             starts.append(start)
@@ -141,7 +153,7 @@ def _slice_starts(cur, job_id: str | None, a: int, b: int, budget: int) -> list[
         if (n > EXPORT_SLICE_ROWS or nbytes > budget) and width > 1:
             if starts[-1] != start:
                 starts.append(start)
-            starts += _slice_starts(cur, job_id, start, min(start + width - 1, b), budget)[1:]
+            starts += _slice_starts(cur, job_id, start, min(start + width - 1, b), budget, events)[1:]
             rows, size = EXPORT_SLICE_ROWS, budget   # the next bin starts a slice
         else:
             rows, size = rows + n, size + nbytes

@@ -173,3 +173,39 @@ def test_a_store_out_of_memory_is_one_line_that_names_the_setting(tmp_path, fmt)
     assert "ran out of memory" in r.stderr and "RTXOPS_STORE_MEMORY" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
     assert not (tmp_path / "out.json").exists()
+
+
+def test_span_events_count_toward_a_slice_so_memory_stays_bounded(tmp_path, monkeypatch):
+    """A slice's span events were all read into Python at once, however many: 10 events a span
+    took ~1 GB for 100 000 spans (slices were sized by their spans alone)."""
+    monkeypatch.setenv("RTXOPS_STORE_MEMORY", "24MB")   # slices of ~4 MB
+    home = tmp_path / "home"
+    home.mkdir()
+    t0 = time.time_ns()
+    with Store(home / "rtxops.duckdb") as store:
+        for chunk in range(4):
+            spans = []
+            for i in range(500):
+                s = span("req", start=t0 + (chunk * 500 + i) * 10_000, duration=5_000)
+                for k in range(20):
+                    s.events.add(time_unix_nano=s.start_time_unix_nano + k, name="e",
+                                 attributes=kvs({"detail": "x" * 300}))
+                spans.append(s)
+            req = ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+                resource=Resource(attributes=kvs({"service.name": "svc"})),
+                scope_spans=[ScopeSpans(spans=spans)])])
+            store.write(otlp.convert(req.SerializeToString(), otlp.PROTOBUF, t0), timeout=60)
+    out = tmp_path / "o.json"
+    assert _export(home, out, "otlp-json").exit_code == 0   # first use: imports, caches
+    tracemalloc.start()
+    try:
+        r = _export(home, out, "otlp-json")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert r.exit_code == 0 and "wrote 2000 spans" in r.output, r.output
+    doc = json.loads(out.read_text())
+    assert sum(len(s.get("events", [])) for rs in doc["resourceSpans"] for ss in rs["scopeSpans"]
+               for s in ss["spans"]) == 40_000
+    # the events' text alone is 12 MB: held at once, their dicts took several times that
+    assert peak < 12_000_000, f"peak {peak} bytes"
