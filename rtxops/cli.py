@@ -999,13 +999,16 @@ class _read_store:
         self.path = Path(os.environ.get("RTXOPS_STORE") or home.store)
 
     def __enter__(self):
+        from rtxops import settings
         from rtxops.telemetry.store import ReadOnlyStore, StoreError
 
         if not self.path.exists():
             raise _fail(f"no store at {self.path}", 2)
         try:
             self.store = ReadOnlyStore(self.path)
-        except (StoreError, ValueError) as e:   # ValueError: a malformed RTXOPS_STORE_* setting
+        except settings.SettingError as e:   # a malformed RTXOPS_STORE_* setting: usage
+            raise _fail(str(e), 2) from None
+        except (StoreError, ValueError) as e:
             raise _fail(str(e), 1) from None
         return self.store
 

@@ -23,7 +23,8 @@ def rtxops(*args: str, env: dict | None = None, cwd=None) -> subprocess.Complete
                                   "submit with a hang timeout that is not a number",
                                   "run with a name too long and no daemon",
                                   "daemon with an unreadable keyring", "run with an unreadable keyring",
-                                  "prune with a malformed store setting"])
+                                  "prune with a malformed store setting",
+                                  "dry-run prune with a malformed store setting"])
 def test_a_clear_error_and_no_traceback(tmp_path, case):
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -66,8 +67,12 @@ def test_a_clear_error_and_no_traceback(tmp_path, case):
             ["run", "--", sys.executable, "-c", "print('the job ran')"], {"RTXOPS_HOME": home},
             "keyring.json is unreadable"),
         "prune with a malformed store setting": (
-            ["telemetry", "prune", "--older-than", "30d", "--dry-run", "--home", home],
+            ["telemetry", "prune", "--older-than", "30d", "--home", home],
             {"RTXOPS_STORE_WAL": "bogus"}, "RTXOPS_STORE_WAL"),
+        # (a dry run reads the store: the WAL setting is not its business, the memory limit is)
+        "dry-run prune with a malformed store setting": (
+            ["telemetry", "prune", "--older-than", "30d", "--dry-run", "--home", home],
+            {"RTXOPS_STORE_MEMORY": "bogus"}, "RTXOPS_STORE_MEMORY"),
     }[case]
     r = rtxops(*args, env=env, cwd=tmp_path)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
