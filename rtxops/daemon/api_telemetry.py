@@ -58,7 +58,8 @@ def make_router(store: Store, auth) -> APIRouter:
         if job and not await anyio.to_thread.run_sync(store_views.job_known, store, job):
             raise HTTPException(404, f"no job {job!r} in the store")
         if format == "parquet":
-            fd, name = tempfile.mkstemp(suffix=".parquet")
+            # beside the store, on its disk: /tmp is often memory, and a long job's file is large
+            fd, name = tempfile.mkstemp(suffix=".parquet", prefix=".export-", dir=store.path.parent)
             os.close(fd)
             tmp = Path(name)
             try:

@@ -120,8 +120,9 @@ class DaemonClient:
         part = path.with_name(path.name + ".part")
         size = 0
         try:
+            # a Parquet file is written whole before its first byte comes: minutes for a long job
             with self.http.stream("GET", "/v1/telemetry/export", params=params,
-                                  timeout=httpx.Timeout(300, connect=10)) as r:
+                                  timeout=httpx.Timeout(3600, connect=10)) as r:
                 if r.status_code >= 400:
                     raise DaemonError(f"{r.status_code}: {r.read().decode(errors='replace')}")
                 with part.open("wb") as f:

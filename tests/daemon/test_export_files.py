@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
@@ -19,7 +20,17 @@ def test_a_parquet_export_leaves_no_file_behind(tmp_path, monkeypatch, headers):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    with Store(tmp_path / "s.duckdb") as store:
+    (tmp_path / "home").mkdir(mode=0o700)
+    made_in = []
+    real_mkstemp = tempfile.mkstemp
+
+    def mkstemp(*args, **kwargs):
+        fd, name = real_mkstemp(*args, **kwargs)
+        made_in.append(Path(name).parent)
+        return fd, name
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    with Store(tmp_path / "home" / "s.duckdb") as store:
         app = FastAPI()
         app.include_router(api_telemetry.make_router(store, lambda: None))
         with TestClient(app) as client:
@@ -28,7 +39,10 @@ def test_a_parquet_export_leaves_no_file_behind(tmp_path, monkeypatch, headers):
                 assert r.status_code == 200 and r.content[:4] == b"PAR1"
                 assert int(r.headers["content-length"]) == len(r.content)
                 assert "rtxops-spans.parquet" in r.headers["content-disposition"]
+    # written beside the store (not in /tmp, often memory) and gone with the response
     assert list(scratch.iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "home").iterdir()) == ["s.duckdb"]
+    assert made_in and set(made_in) == {tmp_path / "home"}
 
 
 def test_an_export_the_daemon_stops_midway_is_said_so_and_leaves_no_file(tmp_path, monkeypatch):
