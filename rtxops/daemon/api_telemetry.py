@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -48,6 +49,9 @@ def make_router(store: Store, auth) -> APIRouter:
                 store_retention.prune, store, seconds, dry_run=request.dry_run))
         except store_mod.StoreClosed as e:
             raise HTTPException(503, str(e)) from None
+        except store_mod.StoreBusy as e:   # being reopened: the same prune may go again soon
+            raise HTTPException(503, str(e), headers={
+                "Retry-After": str(max(1, math.ceil(e.retry_after)))}) from None
         return report.as_dict()
 
     @router.get("/export", responses={200: {"description": "the export file"}})

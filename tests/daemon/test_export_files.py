@@ -79,3 +79,18 @@ def test_an_export_the_daemon_stops_midway_is_said_so_and_leaves_no_file(tmp_pat
         finally:
             server.should_exit = True
             thread.join(10)
+
+
+def test_a_prune_while_the_store_is_reopened_is_503_with_retry_after(tmp_path):
+    """It was a bare 500: a client could not tell a moment's wait from a failure."""
+    with Store(tmp_path / "s.duckdb") as store:
+        app = FastAPI()
+        app.include_router(api_telemetry.make_router(store, lambda: None))
+        store.broken = "a checkpoint failed"   # (what the writer sets until the file is reopened)
+        try:
+            with TestClient(app, raise_server_exceptions=False) as client:
+                r = client.post("/v1/telemetry/prune", json={"older_than": "30d"})
+        finally:
+            store.broken = None
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, (r.status_code, r.text)
+    assert "being reopened" in r.json()["detail"]
