@@ -136,8 +136,10 @@ class _GovernanceReports:
             return None   # a denied bundle is never kept: the folder is another entry's
         report = verify(directory, Trust(keyring=Keyring.load(authority.keyring_file)),
                         policies=authority.policies).to_dict()
-        if (report.get("facts") or {}).get("digest") != entry.get("subject_digest"):
+        if report["ok"] and (report.get("facts") or {}).get("digest") != entry.get("subject_digest"):
             return None   # the scope's version was issued again since: not this entry's bundle
+        # a folder that fails has no facts to tell whose it is: shown failed, never hidden (a
+        # tampered bundle read "not on this daemon's disk")
 
         def read(name: str) -> dict:
             try:

@@ -61,3 +61,19 @@ def test_the_last_denial_is_the_ledgers_whatever_page_is_shown(daemon):
     assert g["ledger"]["total"] == 52 and "deny" not in {e["kind"] for e in g["ledger"]["items"]}
     assert g["last_denial"]["kind"] == "deny" and g["last_denial"]["scope"] == "job-x"
     assert "last denial" in client.get("/governance").text
+
+
+def test_a_tampered_bundle_shows_as_failed_not_as_missing(daemon):
+    """A failed report has no facts, so its digest matched no entry: the page said the bundle
+    was not on the daemon's disk instead of that it failed verification."""
+    d, client = daemon
+    r = client.post("/v1/plans", params={"job": "job-t"}, json={"version": 1, "defaults": {"silu": "tanh"}})
+    assert r.status_code == 201, r.text
+    entry, = [e for e in client.get("/api/governance").json()["ledger"]["items"] if e["scope"] == "job-t"]
+    plan = d.authority.bundle_dir("job-t", 1) / "plan.json"
+    plan.write_text(plan.read_text() + " ")
+    report = client.get(f"/api/governance/bundles/{entry['subject_digest']}").json()["verify"]
+    assert report is not None and not report["ok"], report
+    assert any(not c["ok"] and "plan.json" in c["message"] for c in report["checks"]), report
+    assert 'id="verify-status">verification FAILED' in client.get(
+        f"/governance/bundles/{entry['subject_digest']}").text
