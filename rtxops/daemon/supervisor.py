@@ -695,7 +695,9 @@ class _Runner:
             for ln in page:
                 if ln.attempt == attempt.number and ln.stream in floor and ln.seq > floor[ln.stream]:
                     found[ln.stream] = (found[ln.stream][0] + 1, ln.seq)
-            after = page[-1].seq if len(page) == 10_000 else None
+            # to the end: a page is short of its limit where long lines fill its bytes (the
+            # rest was taken for not stored, and stored a second time)
+            after = page[-1].seq if page else None
         return {s: f for s, f in found.items() if f[0]}
 
     def _new_tail(self, attempt: Attempt, offsets: dict[str, int], seqs: dict[str, int] | None = None,

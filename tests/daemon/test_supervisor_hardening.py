@@ -418,3 +418,26 @@ def test_a_job_that_ended_while_its_record_was_refused_keeps_its_exit_status_for
         until(lambda: not folder.exists() or not list(folder.glob("attempt-1.*")))
     finally:
         nxt.shutdown(grace_s=0.5)
+
+
+def test_lines_stored_after_the_checkpoint_are_all_found_when_pages_fill_by_bytes(tmp_path):
+    """A page of stored lines stops at 8 MiB: with lines over ~840 bytes it holds fewer than
+    10 000, which was taken for the end of the log. A daemon restarted after a checkpoint then
+    stored the lines past that page a second time."""
+    from types import SimpleNamespace
+
+    from rtxops.daemon.job_sink import DuckDBJobSink
+    from rtxops.daemon.jobs import Attempt
+    from rtxops.daemon.supervisor import _Runner
+    from rtxops.telemetry.store import Store
+
+    with Store(tmp_path / "s.duckdb") as store:
+        sink = DuckDBJobSink(store)
+        text = "x" * 1200
+        sink.log_lines("job-1", 1, 0, "stdout", [(i, i, text) for i in range(1, 20_001)])
+        attempt = Attempt(number=1, started_at_ns=0, log_offsets={"stdout": 1, "stderr": 0},
+                          log_seqs={"stdout": 10_560, "stderr": 0})   # stderr wrote nothing
+        runner = SimpleNamespace(job_id="job-1", sup=SimpleNamespace(sink=sink),
+                                 _probe=lambda name, fn, default, *args: fn(*args))
+        found = _Runner._stored_after_checkpoint(runner, attempt)
+    assert found == {"stdout": (20_000 - 10_560, 20_000)}
