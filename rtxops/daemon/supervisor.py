@@ -335,7 +335,8 @@ class Supervisor:
         # ended while no daemon watched: its waiter left the exit status; the runner takes it
         # from there (its last log lines, then a restart if the job has budget left)
         ended_unseen = (not alive and attempt is not None and attempt.outcome is None
-                        and launch.read_status(_status_file(job, attempt.number)) is not None)
+                        and (launch.read_status(_status_file(job, attempt.number)) is not None
+                             or _awaiting_its_waiter(attempt)))
         if alive or ended_unseen:
             job.adopted = True
             self._runners[job.id] = runner = _Runner(self, job.id)
@@ -978,6 +979,15 @@ class _Runner:
             self._probe_errors.add(name)
             log.warning("job %s: probe %s failed: %s", self.job_id, name, e)
             self.sup._event(self.job_id, "probe_error", probe=name, error=f"{type(e).__name__}: {e}")
+
+
+def _awaiting_its_waiter(attempt: Attempt) -> bool:
+    """Whether the attempt's leader has exited and its waiter has not reaped it yet: the waiter
+    writes the exit status as it does (the runner of an adopted attempt waits for it; taken for
+    lost at once, a job that had just succeeded read ``lost``)."""
+    p = proctree.read_proc(attempt.pid) if attempt.pid is not None else None
+    return (p is not None and p.state == "Z"
+            and (attempt.start_ticks is None or p.start_ticks == attempt.start_ticks))
 
 
 def _attempt_alive(attempt: Attempt, token: str) -> bool:

@@ -441,3 +441,26 @@ def test_lines_stored_after_the_checkpoint_are_all_found_when_pages_fill_by_byte
                                  _probe=lambda name, fn, default, *args: fn(*args))
         found = _Runner._stored_after_checkpoint(runner, attempt)
     assert found == {"stdout": (20_000 - 10_560, 20_000)}
+
+
+def test_a_leader_its_waiter_has_not_reaped_yet_is_awaited_not_lost():
+    """At a daemon's start, a job that had just exited (its waiter about to write the status,
+    slowed by a busy disk) was taken for lost at once: a zombie is not alive."""
+    import subprocess
+    import time
+
+    from rtxops.daemon import proctree
+    from rtxops.daemon.jobs import Attempt
+    from rtxops.daemon.supervisor import _awaiting_its_waiter
+
+    child = subprocess.Popen(["true"])   # this process is its waiter here
+    ticks = proctree.read_proc(child.pid).start_ticks
+    attempt = Attempt(number=1, started_at_ns=0, pid=child.pid, start_ticks=ticks)
+    deadline = time.monotonic() + 10
+    while proctree.read_proc(child.pid).state != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert _awaiting_its_waiter(attempt)
+    assert not _awaiting_its_waiter(Attempt(number=1, started_at_ns=0, pid=child.pid, start_ticks=ticks + 1))
+    child.wait()
+    assert not _awaiting_its_waiter(attempt)
