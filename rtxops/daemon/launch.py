@@ -85,7 +85,8 @@ def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
     own = base if spec.base_env is None else spec.base_env
     env = {**own, **extra_env, **spec.env}
     if extra_env.get("PATH") and "PATH" not in spec.env:
-        env["PATH"] = os.pathsep.join(p for p in (extra_env["PATH"], own.get("PATH")) if p)
+        # (an environment without PATH: a shell's own default path stands for it)
+        env["PATH"] = os.pathsep.join(p for p in (extra_env["PATH"], own.get("PATH") or os.defpath) if p)
     if spec.runtime:
         from rtxops.runtime.bootstrap import child_environment
 

@@ -464,3 +464,16 @@ def test_a_leader_its_waiter_has_not_reaped_yet_is_awaited_not_lost():
     assert not _awaiting_its_waiter(Attempt(number=1, started_at_ns=0, pid=child.pid, start_ticks=ticks + 1))
     child.wait()
     assert not _awaiting_its_waiter(attempt)
+
+
+def test_a_base_environment_without_path_keeps_the_default_path():
+    """`base_env: {}` (a caller with no PATH) gave the job only the daemon's venv bin: `true`
+    was not found, exit 127, where any shell finds it."""
+    import os
+
+    from rtxops.daemon import launch
+    from rtxops.daemon.jobs import JobSpec
+
+    env = launch.environment(JobSpec(command=["true"], base_env={}, runtime=False), job_id="j",
+                             token="t", attempt=1, base=os.environ, extra_env={"PATH": "/venv/bin"})
+    assert env["PATH"].split(os.pathsep) == ["/venv/bin", *os.defpath.split(os.pathsep)]
