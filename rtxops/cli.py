@@ -385,14 +385,12 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
 
 def _reconnect_s() -> float:
     """How long ``rtxops run`` waits for its daemon to come back (``RTXOPS_RECONNECT_S``)."""
-    raw = os.environ.get("RTXOPS_RECONNECT_S", "120")
+    from rtxops import settings
+
     try:
-        value = float(raw)
-    except ValueError:
-        raise _fail(f"RTXOPS_RECONNECT_S={raw!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise _fail(f"RTXOPS_RECONNECT_S={raw!r}: give a number of seconds, 0 or more")
-    return value
+        return settings.seconds("RTXOPS_RECONNECT_S", 120.0, zero="giving up at once")
+    except settings.SettingError as e:
+        raise _fail(str(e)) from None
 
 
 class _DaemonGone(Exception):

@@ -35,8 +35,9 @@ def whole_number(name: str, default: int, minimum: int = 0) -> int:
     return value
 
 
-def seconds(name: str, default: float) -> float:
-    """A finite duration above zero, in seconds; ``default`` when unset or empty."""
+def seconds(name: str, default: float, *, zero: str | None = None) -> float:
+    """A finite duration above zero, in seconds, or 0 too where ``zero`` says what 0 means;
+    ``default`` when unset or empty."""
     raw = _raw(name)
     if raw is None:
         return default
@@ -44,8 +45,9 @@ def seconds(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise SettingError(f"{name}={raw!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise SettingError(f"{name}={raw!r}: it must be a number of seconds above 0")
+    if not math.isfinite(value) or value < 0 or (value == 0 and zero is None):
+        raise SettingError(f"{name}={raw!r}: " + (f"give a number of seconds, or 0 for {zero}" if zero
+                                                  else "it must be a number of seconds above 0"))
     return value
 
 
@@ -143,16 +145,7 @@ JOB_SWITCHES = ("RTXOPS_CALL_MEMORY", "RTXOPS_REROUTE_MLP", "RTXOPS_FUSE_OPTIMIZ
 
 def plan_poll_s() -> float:
     """``RTXOPS_PLAN_POLL_S``: seconds between a job's polls for a new plan; 0 turns polling off."""
-    raw = _raw("RTXOPS_PLAN_POLL_S")
-    if raw is None:
-        return 2.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingError(f"RTXOPS_PLAN_POLL_S={raw!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise SettingError(f"RTXOPS_PLAN_POLL_S={raw!r}: give seconds, or 0 for no polling")
-    return value
+    return seconds("RTXOPS_PLAN_POLL_S", 2.0, zero="no polling")
 
 
 def check_runtime() -> None:

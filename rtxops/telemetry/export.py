@@ -29,7 +29,7 @@ class _Lanes:
     requests, say). Spans come oldest first."""
 
     def __init__(self) -> None:
-        self._open: dict[int, list[int]] = {}        # lane -> end times of the slices open on it
+        self._open: dict[tuple, list[int]] = {}      # (pid, lane) -> ends of the slices open on it
         self._extra: dict[tuple, list[int]] = {}     # (pid, base lane) -> its extra lanes
         self._next = _FIRST_EXTRA_LANE
 
@@ -37,7 +37,7 @@ class _Lanes:
         """The lane for a span of ``base``'s kind in process ``pid``; True when it is a new lane."""
         extra = self._extra.setdefault((pid, base), [])
         for lane in (base, *extra):
-            stack = self._open.setdefault(lane if lane >= _FIRST_EXTRA_LANE else (pid, lane), [])
+            stack = self._open.setdefault((pid, lane), [])
             while stack and stack[-1] <= start:
                 stack.pop()
             if not stack or stack[-1] >= end:
@@ -45,7 +45,7 @@ class _Lanes:
                 return lane, False
         lane, self._next = self._next, self._next + 1
         extra.append(lane)
-        self._open[lane] = [end]
+        self._open[(pid, lane)] = [end]
         return lane, True
 
 
