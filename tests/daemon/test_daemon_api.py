@@ -43,7 +43,7 @@ def test_mutating_endpoints_and_ingest_refuse_a_missing_or_wrong_token(shared):
     }
     jobs_before = shared.client().get("/v1/jobs").json()["total"]
     spans_before = shared.client().get("/v1/telemetry/stats").json().get("ingest spans", 0)
-    no_scheme = httpx.Client(base_url=shared.url, headers={"Authorization": shared.token})
+    no_scheme = httpx.Client(base_url=shared.url, headers={"Authorization": shared.token}, timeout=30.0)
     strangers = [shared.client(token=None), shared.client(token="not-the-token"), no_scheme]
     for stranger in strangers:
         for name, (method, path, kw, _) in calls.items():
@@ -67,7 +67,8 @@ def test_mutating_endpoints_and_ingest_refuse_a_missing_or_wrong_token(shared):
 
     # the same requests with the token go through (the scheme in any case: RFC 7235)
     answers = {}
-    lower = httpx.Client(base_url=shared.url, headers={"Authorization": f"bearer {shared.token}"})
+    lower = httpx.Client(base_url=shared.url, headers={"Authorization": f"bearer {shared.token}"},
+                         timeout=30.0)
     for name, (method, path, kw, expected) in calls.items():
         answers[name] = r = (lower if name == "publish" else c).request(method, path, **kw)
         assert r.status_code == expected, (name, r.text)
