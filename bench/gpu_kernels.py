@@ -50,9 +50,11 @@ def main(argv: list[str] | None = None) -> int:
                           "head_dim")},
               "versions": kb.versions()}
     report["correctness"] = kb.correctness(device, tiny=args.dry_run)
-    report["benchmarks"] = kb.benchmarks(args, device)
     failed = [c for c in report["correctness"] if not c["ok"]]
     report["correctness_failed"] = len(failed)
+    report["benchmarks"] = {}
+    kb.write(report, args.out, quiet=True)   # each step on disk: a run cut short keeps what it had
+    kb.benchmarks(args, device, report["benchmarks"], lambda: kb.write(report, args.out, quiet=True))
     kb.write(report, args.out)
     return 1 if failed else 0
 
@@ -206,21 +208,21 @@ def _workloads(args, device: str) -> dict:
     for name, (op, make) in specs.items():
         ref = reg.op(op).reference
         impls = {"eager": ref, "triton": ("build", op)}
-        if not args.no_compile:
-            impls["torch_compile"] = torch.compile(ref)
         liger = _liger(name)
         if liger is not None:
             impls["liger"] = liger
+        if not args.no_compile:  # last: its build is the slow part of a row
+            impls["torch_compile"] = torch.compile(ref)
         out[name] = (make, impls, triton_of)
     lce_impls = {"eager": lambda x, w, tg: F.cross_entropy(F.linear(x, w), tg),
                  "triton": lambda x, w, tg: linear_cross_entropy(x, w, tg),
                  "triton_weight_dtype_accum":
                      lambda x, w, tg: linear_cross_entropy(x, w, tg, config={"grad_accum": "weight"})}
-    if not args.no_compile:
-        lce_impls["torch_compile"] = torch.compile(lce_impls["eager"])
     liger = _liger("linear_cross_entropy")
     if liger is not None:
         lce_impls["liger"] = liger
+    if not args.no_compile:
+        lce_impls["torch_compile"] = torch.compile(lce_impls["eager"])
     out["linear_cross_entropy"] = (lce_inputs, lce_impls, triton_of)
     return out
 
@@ -284,15 +286,18 @@ def _measure(fn, make, device: str, iters: int, warmup: int) -> dict:
     return result
 
 
-def benchmarks(args, device: str) -> dict:
-    """Per kernel and implementation: fwd+bwd ms and peak extra MiB; speedups vs eager."""
+def benchmarks(args, device: str, results: dict, saved=lambda: None) -> dict:
+    """Per kernel and implementation: fwd+bwd ms and peak extra MiB; speedups vs eager. Rows
+    go into ``results`` as they are measured, ``saved()`` called after each."""
+    import time
+
     only = {s for s in args.only.split(",") if s}
-    results = {}
     for name, (make, impls, triton_of) in _workloads(args, device).items():
         if only and name not in only:
             continue
         row = {}
         for impl, fn in impls.items():
+            started = time.monotonic()
             try:
                 if isinstance(fn, tuple):  # the Triton variant, built for this bucket
                     a, k = make()
@@ -301,6 +306,8 @@ def benchmarks(args, device: str) -> dict:
             except Exception as e:  # one failing baseline must not hide the others
                 row[impl] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             _free(device)
+            print(f"gpu_kernels: {name} {impl}: {row[impl]} ({time.monotonic() - started:.1f} s "
+                  "with builds)", file=sys.stderr, flush=True)
         eager = row.get("eager", {})
         for impl, r in row.items():
             if "ms" in r and "ms" in eager and impl != "eager":
@@ -309,6 +316,7 @@ def benchmarks(args, device: str) -> dict:
                     r["memory_saving_vs_eager"] = round(eager["peak_extra_mib"]
                                                         / r["peak_extra_mib"], 2)
         results[name] = row
+        saved()
     return results
 
 
@@ -322,14 +330,16 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def write(report: dict, path: str) -> None:
+def write(report: dict, path: str, quiet: bool = False) -> None:
     import json
 
     text = json.dumps(report, indent=2, sort_keys=True)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:
         f.write(text + "\n")
-    print(text)
+    os.replace(path + ".tmp", path)
+    if not quiet:
+        print(text)
 
 
 if __name__ == "__main__":
