@@ -69,6 +69,7 @@ def cuda_timing() -> dict:
     import train_gpt
 
     d = patching.enable()
+    d.call_memory = True   # RTXOPS_CALL_MEMORY=1: per-call allocator delta and peak
     exporter = InMemorySpanExporter()
     telemetry = start_job_telemetry(d, exporter, resource={S.JOB_ID: "gpu-check"})
     model = train_gpt.GPT(2048, 256, 2, 4, 128).cuda()
@@ -136,13 +137,16 @@ def triton_training(steps: int = 30, device: str = "cuda", variant: str = "trito
 
     eager_losses, eager_s, _ = train(None)
     routed = sorted(triton_ops())
+    _, reference_s, _ = train(Plan.from_dict({"version": 1}))   # routed, timed, nothing swapped
     plan = Plan.from_dict({"version": 1, "defaults": {op: variant for op in routed}})
     losses, triton_s, variants = train(plan)
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, eager_losses))
     used = [op for op in routed if variant in variants.get(op, ())]
     return {"routed": routed, "ran_variant": used, "variants_seen": variants,
             "worst_relative_loss_gap": worst, "last_loss": [losses[-1], eager_losses[-1]],
-            "median_step_ms": {"eager": round(eager_s * 1e3, 3), variant: round(triton_s * 1e3, 3)},
+            "median_step_ms": {"eager": round(eager_s * 1e3, 3),
+                           "rtxops_reference_plan": round(reference_s * 1e3, 3),
+                           variant: round(triton_s * 1e3, 3)},
             "ok": worst < 1e-2 and bool(used)}
 
 

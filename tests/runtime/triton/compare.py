@@ -21,7 +21,8 @@ def clone_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Fresh leaves with the same values, strides (non-contiguous stays so) and requires_grad."""
     def c(o):
         if isinstance(o, torch.Tensor):
-            out = torch.empty_strided(o.size(), o.stride(), dtype=o.dtype).copy_(o.detach())
+            out = torch.empty_strided(o.size(), o.stride(), dtype=o.dtype, device=o.device)
+            out.copy_(o.detach())
             return out.requires_grad_(o.requires_grad)
         if isinstance(o, tuple):
             return tuple(c(x) for x in o)
@@ -37,7 +38,7 @@ def run(fn: Callable, args: tuple, kwargs: dict, grad_seed: int = 7):
     grads: tuple = ()
     if inputs and any(o.requires_grad for o in outs):
         g = torch.Generator().manual_seed(grad_seed)
-        total = sum((o.float() * torch.randn(o.shape, generator=g)).sum()
+        total = sum((o.float() * torch.randn(o.shape, generator=g).to(o.device)).sum()
                     for o in outs if o.requires_grad)
         grads = torch.autograd.grad(total, inputs, allow_unused=True)
     return outs, grads
