@@ -45,6 +45,21 @@ class _VocabBucket:
         return self.vocab
 
 
+def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``acc += a @ b`` kept in ``acc``'s dtype. On CUDA, 16-bit operands go to the GEMM as they
+    are, with an fp32 output (``out_dtype``): cast to fp32 first, the product runs without tensor
+    cores, 6x slower than the whole eager linear + cross-entropy on an H200 (bench/gpu_kernels.py)."""
+    if acc.dtype != a.dtype and a.is_cuda:
+        try:
+            torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+            return
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, TypeError):   # a torch or dtype without the mixed-output GEMM
+            pass
+    acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
 class LinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -74,7 +89,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             if need_x:
                 torch.mm(logits, weight, out=grad_x[start:end])
             if need_w:
-                grad_w.addmm_(logits.t().to(accum), xc.to(accum))
+                _accumulate_product(grad_w, logits.t(), xc)
             if need_b:
                 grad_b += logits.sum(0, dtype=accum)
         ctx.grads = [grad_x, grad_w, grad_b]
