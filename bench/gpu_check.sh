@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a GPU machine (at most ~8.5 minutes on one H100/H200):
 #   1. the runtime's GPU checks (bench/gpu_check.py) -> ${OUT%.json}_runtime.json;
-#   2. every Triton kernel vs its reference in fp32 and bf16, then fwd+bwd time and peak memory vs
+#   2. what routing costs on CUDA, per call and per step (bench/gpu_dispatch.py) -> ${OUT%.json}_dispatch.json;
+#   3. every Triton kernel vs its reference in fp32 and bf16, then fwd+bwd time and peak memory vs
 #      eager, Liger-Kernel (when importable) and torch.compile on LLM shapes (bench/gpu_kernels.py),
 #      written row by row, so a run cut short keeps the rows it measured.
 # A machine without rtxops' dependencies (an offline GPU image with its own torch and triton):
@@ -25,5 +26,6 @@ export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 status=0
 timeout "${CHECK_TIMEOUT_S:-180}" "$PY" bench/gpu_check.py --compile-budget-s 45 \
   > "${OUT%.json}_runtime.json" || status=1
+timeout "${DISPATCH_TIMEOUT_S:-120}" "$PY" bench/gpu_dispatch.py > "${OUT%.json}_dispatch.json" || status=1
 timeout "${KERNELS_TIMEOUT_S:-330}" "$PY" bench/gpu_kernels.py --out "$OUT" "$@" || status=1
 exit $status

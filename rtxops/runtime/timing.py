@@ -21,6 +21,13 @@ class CudaEventTimer:
         self.max_pending = max_pending
         self.memory = memory
         self.dropped = 0
+        # resolved events, reused per device: making two events a call cost more host time than
+        # recording them (an event belongs to the device it was first recorded on)
+        self._free: dict[int, list] = {}
+
+    def _event(self, device_index: int):
+        free = self._free.get(device_index)
+        return free.pop() if free else torch.cuda.Event(enable_timing=True)
 
     def wrap(self, fn: Callable, slot: int) -> Callable:
         begin, end = self.begin, self.end
@@ -36,37 +43,40 @@ class CudaEventTimer:
     def begin(self, device: torch.device | None = None) -> tuple:
         """Mark the start of a timed stretch on ``device``'s current stream (default: the current
         device's); hand the result to :meth:`end`."""
-        start = torch.cuda.Event(enable_timing=True)
+        stream = torch.cuda.current_stream(device)
+        start = self._event(stream.device_index)
         host_ns = perf_counter_ns()
         before = None
         if self.memory:
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
-        stream = torch.cuda.current_stream(device)
         start.record(stream)
         return host_ns, start, before, stream
 
     def end(self, slot: int, begun: tuple) -> None:
         """Mark the end of the stretch :meth:`begin` started, as one call of ``slot``."""
         host_ns, start, before, stream = begun
-        end = torch.cuda.Event(enable_timing=True)
+        device_index = stream.device_index
+        end = self._event(device_index)
         end.record(stream)
         if before is not None:
             self.readings.memory(slot, torch.cuda.memory_allocated() - before,
                                  torch.cuda.max_memory_allocated() - before)
         if len(self._pending) < self.max_pending:
-            self._pending.append((slot, host_ns, start, end))
+            self._pending.append((slot, host_ns, start, end, device_index))
         else:
             self.dropped += 1
             self.readings.dropped(1)
+            self._free.setdefault(device_index, []).extend((start, end))
 
     def drain(self) -> int:
         """Report every finished pair in order; stop at the first unfinished one. Returns count."""
         n = 0
         pending = self._pending
         while pending and pending[0][3].query():
-            slot, host_ns, start, end = pending.popleft()
+            slot, host_ns, start, end, device_index = pending.popleft()
             self.readings.record(slot, host_ns, int(start.elapsed_time(end) * 1e6))
+            self._free.setdefault(device_index, []).extend((start, end))
             n += 1
         return n
 
