@@ -2,10 +2,12 @@
 
 1. Host cost added per routed call: F.gelu, F.rms_norm and F.softmax on small CUDA inputs, bare
    vs routed on the reference plan with the job telemetry on (CUDA-event timing), in interleaved
-   batches with an optimizer step every 50 calls (the step boundary resolves the events). Once
-   with the timer's events reused and once with two new events a call, as before the reuse.
+   batches with an optimizer step every 50 calls (the step boundary resolves the events); with
+   every call timed by events and with one in 8 (``RTXOPS_CUDA_TIME_EVERY``). Then a profile of
+   the routed calls (every call timed), to see where the host time goes.
 2. Step-time overhead of examples/train_gpt.py's GPT, eager vs routed on the reference plan with
-   telemetry, at a small size (launch-bound) and a larger one; alternating blocks of steps.
+   telemetry (every call timed, and one in 8), at a small size (launch-bound) and a larger one;
+   alternating blocks of steps.
 """
 from __future__ import annotations
 
@@ -25,24 +27,17 @@ from rtxops.telemetry.job import start_job_telemetry
 STEP_EVERY = 50
 
 
-def _routed(fresh_events: bool):
-    """Enable rtxops (reference plan, telemetry into memory); ``fresh_events``: two new CUDA
-    events a call, as the timer made them before it reused them."""
+def _routed(every: int):
+    """Enable rtxops (reference plan, telemetry into memory), timing one CUDA call in ``every``
+    with events; returns the function that turns it off again."""
     d = patching.enable()
+    d.cuda_time_every = every   # what RTXOPS_CUDA_TIME_EVERY sets, before any CUDA route exists
     telemetry = start_job_telemetry(d, InMemorySpanExporter(), resource={S.JOB_ID: "gpu-dispatch"})
-
-    def fresh(device_index: int):
-        d.cuda_timer._free.clear()   # nothing reused
-        return torch.cuda.Event(enable_timing=True)
 
     def finish() -> None:
         telemetry.close(d)
         patching.disable()
-
-    def prepare() -> None:   # the timer exists once a CUDA route was built
-        if fresh_events and d.cuda_timer is not None:
-            d.cuda_timer._event = fresh
-    return prepare, finish
+    return finish
 
 
 def per_call(batches: int, n: int) -> list[dict]:
@@ -64,8 +59,8 @@ def per_call(batches: int, n: int) -> list[dict]:
         return (perf_counter_ns() - t0) / n
 
     results = []
-    for fresh in (False, True):
-        prepare, finish = _routed(fresh)
+    for every in (1, 8):
+        finish = _routed(every)
         try:
             with torch.no_grad():
                 for op, (name, args) in cases.items():
@@ -74,13 +69,12 @@ def per_call(batches: int, n: int) -> list[dict]:
                     for _ in range(2):
                         loop(bare, args)
                         loop(routed, args)
-                        prepare()
                     bares, added = [], []
                     for _ in range(batches):
                         b = loop(bare, args)
                         bares.append(b)
                         added.append(loop(routed, args) - b)
-                    results.append({"op": op, "events": "new each call" if fresh else "reused",
+                    results.append({"op": op, "cuda_time_every": every,
                                     "bare_ns": round(statistics.median(bares)),
                                     "added_ns": round(statistics.median(added))})
         finally:
@@ -88,14 +82,45 @@ def per_call(batches: int, n: int) -> list[dict]:
     return results
 
 
+def profile_of_routed_calls(n: int) -> str:
+    """cProfile's top functions (own time) over ``n`` routed F.gelu calls, every call timed."""
+    import cProfile
+    import io
+    import pstats
+
+    x = torch.randn(8, 256, device="cuda")
+    p = torch.zeros(1, device="cuda", requires_grad=True)
+    opt = torch.optim.SGD([p], lr=0.0)
+    finish = _routed(1)
+    try:
+        with torch.no_grad():
+            gelu = torch.nn.functional.gelu
+            for _ in range(200):
+                gelu(x)
+            opt.step()
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for i in range(n):
+                gelu(x)
+                if i % STEP_EVERY == STEP_EVERY - 1:
+                    opt.step()
+            torch.cuda.synchronize()
+            profiler.disable()
+    finally:
+        finish()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    return text.getvalue()
+
+
 def gpt_overhead(size: dict, blocks: int, steps: int) -> dict:
     sys.path.insert(0, "examples")
     import train_gpt
 
-    def block(routed: bool) -> float:
+    def block(every: int) -> float:   # 0: rtxops off
         finish = None
-        if routed:
-            _, finish = _routed(False)
+        if every:
+            finish = _routed(every)
         try:
             torch.manual_seed(0)
             model = train_gpt.GPT(size["vocab"], size["dim"], size["layers"], size["heads"],
@@ -118,13 +143,16 @@ def gpt_overhead(size: dict, blocks: int, steps: int) -> dict:
             if finish is not None:
                 finish()
 
-    eager, routed = [], []
+    runs: dict[int, list] = {0: [], 1: [], 8: []}
     for _ in range(blocks):
-        eager.append(block(False))
-        routed.append(block(True))
-    e, r = statistics.median(eager), statistics.median(routed)
-    return {"size": size, "eager_ms": round(e, 3), "rtxops_reference_plan_ms": round(r, 3),
-            "overhead": round(r / e - 1, 4), "blocks": {"eager": eager, "routed": routed}}
+        for every, times in runs.items():
+            times.append(block(every))
+    e = statistics.median(runs[0])
+    out = {"size": size, "eager_ms": round(e, 3), "blocks_ms": {str(k): v for k, v in runs.items()}}
+    for every in (1, 8):
+        r = statistics.median(runs[every])
+        out[f"routed_every_{every}"] = {"ms": round(r, 3), "overhead": round(r / e - 1, 4)}
+    return out
 
 
 SIZES = {
@@ -145,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     out = {"bench": "gpu_dispatch", "device": torch.cuda.get_device_name(0),
            "torch": torch.__version__, "per_call": per_call(args.batches, args.calls),
+           "profile_every_1": profile_of_routed_calls(args.calls * 5),
            "gpt": {name: gpt_overhead(size, args.blocks, args.steps) for name, size in SIZES.items()}}
     print(json.dumps(out, indent=2))
     return 0

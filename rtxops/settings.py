@@ -143,6 +143,15 @@ JOB_SWITCHES = ("RTXOPS_CALL_MEMORY", "RTXOPS_REROUTE_MLP", "RTXOPS_FUSE_OPTIMIZ
                 "RTXOPS_DETERMINISTIC", "RTXOPS_VERIFY_FIRST_CALL")
 
 
+CUDA_TIME_EVERY = 1
+
+
+def cuda_time_every() -> int:
+    """``RTXOPS_CUDA_TIME_EVERY``: a CUDA route times its first call and then one in N with
+    events; the calls between take the last timed figure (1: every call is timed)."""
+    return whole_number("RTXOPS_CUDA_TIME_EVERY", CUDA_TIME_EVERY, minimum=1)
+
+
 def plan_poll_s() -> float:
     """``RTXOPS_PLAN_POLL_S``: seconds between a job's polls for a new plan; 0 turns polling off."""
     return seconds("RTXOPS_PLAN_POLL_S", 2.0, zero="no polling")
@@ -155,6 +164,7 @@ def check_runtime() -> None:
         switch(name)
     compile_model()
     plan_poll_s()
+    cuda_time_every()
 
 
 def check_job(direct: bool) -> None:

@@ -43,6 +43,7 @@ def test_every_variable_the_code_reads_is_documented_and_every_documented_one_is
     ("RTXOPS_DETERMINISTIC", "always", settings.check_runtime, "give 1 or 0"),
     ("RTXOPS_VERIFY_FIRST_CALL", "no-thanks", settings.check_runtime, "give 1 or 0"),
     ("RTXOPS_PLAN_POLL_S", "soon", settings.check_runtime, "not a number of seconds"),
+    ("RTXOPS_CUDA_TIME_EVERY", "0", settings.check_runtime, "at least 1"),
 ])
 def test_a_malformed_value_is_refused_with_its_name(monkeypatch, name, raw, read, said):
     monkeypatch.setenv(name, raw)

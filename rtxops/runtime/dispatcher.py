@@ -612,6 +612,7 @@ class Dispatcher:
         # per-call CUDA memory readings reset torch's peak counter before each routed call, which
         # the job's own max_memory_allocated() would then report: only when asked for
         self.call_memory = False
+        self.cuda_time_every = 1   # see CudaEventTimer: one call in N timed with events
         # route classes whose forward only contains an op (gated MLPs) on every plan, not only
         # on plans that route that op (see ModuleSite._update_dormant)
         self.reroute_partial = False
@@ -917,7 +918,8 @@ class Dispatcher:
         if bucket.device != "cuda":
             return site.timed(fn, slot, on_error)
         if self.cuda_timer is None:
-            self.cuda_timer = CudaEventTimer(self.readings, memory=self.call_memory)
+            self.cuda_timer = CudaEventTimer(self.readings, memory=self.call_memory,
+                                             every=self.cuda_time_every)
         whole = isinstance(site, ModuleSite) and fn is site.original_forward
         return site.timed(self.cuda_timer.wrap(fn, slot), -1, on_error, whole=whole or None)
 

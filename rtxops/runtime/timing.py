@@ -11,26 +11,34 @@ import torch
 
 
 class CudaEventTimer:
-    """Device time of calls on CUDA: an event pair around each call, resolved later by
-    :meth:`drain` (at step boundaries) once the GPU has passed them, never with a synchronize.
-    With ``memory`` on, the allocator's delta and peak around each call are reported too."""
+    """Device time of calls on CUDA: an event pair around a call, resolved later by :meth:`drain`
+    (at step boundaries) once the GPU has passed them, never with a synchronize.
 
-    def __init__(self, readings, max_pending: int = 65536, memory: bool = True) -> None:
+    ``every``: routes made by :meth:`wrap` time their first call and then one call in ``every``
+    with events; each call in between is still recorded, with the device time of its route's last
+    timed call (the event records and queries are driver calls, most of a routed call's host cost
+    on a GPU). With ``memory`` on, the allocator's delta and peak around each call are reported
+    too, and every call is timed."""
+
+    def __init__(self, readings, max_pending: int = 65536, memory: bool = True,
+                 every: int = 1) -> None:
         self.readings = readings
         self._pending: deque = deque()
         self.max_pending = max_pending
         self.memory = memory
+        self.every = 1 if memory else max(1, every)
         self.dropped = 0
-        # resolved events, reused per device: making two events a call cost more host time than
-        # recording them (an event belongs to the device it was first recorded on)
+        # resolved events, reused per device (an event belongs to the device it was first
+        # recorded on): two new events a call cost host time on every call
         self._free: dict[int, list] = {}
+        self._last_ns: dict[int, int] = {}   # slot -> device time of its last timed call
 
     def _event(self, device_index: int):
         free = self._free.get(device_index)
         return free.pop() if free else torch.cuda.Event(enable_timing=True)
 
     def wrap(self, fn: Callable, slot: int) -> Callable:
-        begin, end = self.begin, self.end
+        begin, end, every = self.begin, self.end, self.every
 
         def timed(*args, **kwargs):
             begun = begin()
@@ -38,7 +46,25 @@ class CudaEventTimer:
             end(slot, begun)
             return out
 
-        return timed
+        if every == 1:
+            return timed
+        pending, countdown = self._pending, [0]
+
+        def sampled(*args, **kwargs):
+            if countdown[0] == 0:
+                countdown[0] = every - 1
+                return timed(*args, **kwargs)
+            countdown[0] -= 1
+            host_ns = perf_counter_ns()
+            out = fn(*args, **kwargs)
+            if len(pending) < self.max_pending:
+                pending.append((slot, host_ns, None, None, -1))
+            else:
+                self.dropped += 1
+                self.readings.dropped(1)
+            return out
+
+        return sampled
 
     def begin(self, device: torch.device | None = None) -> tuple:
         """Mark the start of a timed stretch on ``device``'s current stream (default: the current
@@ -72,11 +98,19 @@ class CudaEventTimer:
     def drain(self) -> int:
         """Report every finished pair in order; stop at the first unfinished one. Returns count."""
         n = 0
-        pending = self._pending
-        while pending and pending[0][3].query():
-            slot, host_ns, start, end, device_index = pending.popleft()
-            self.readings.record(slot, host_ns, int(start.elapsed_time(end) * 1e6))
-            self._free.setdefault(device_index, []).extend((start, end))
+        pending, last = self._pending, self._last_ns
+        while pending:
+            slot, host_ns, start, end, device_index = pending[0]
+            if start is None:   # a call between timed ones: its route's last timed figure
+                pending.popleft()
+                self.readings.record(slot, host_ns, last.get(slot, 0))
+            elif end.query():
+                pending.popleft()
+                last[slot] = ns = int(start.elapsed_time(end) * 1e6)
+                self.readings.record(slot, host_ns, ns)
+                self._free.setdefault(device_index, []).extend((start, end))
+            else:
+                break
             n += 1
         return n
 

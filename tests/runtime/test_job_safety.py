@@ -188,16 +188,23 @@ def test_a_route_checked_outside_autocast_is_checked_again_inside_it():
 
 def test_per_call_cuda_memory_readings_are_off_unless_asked_for(tmp_path):
     # on by default they reset torch's peak counter before every routed CUDA call, which the
-    # job's own max_memory_allocated() reports; the switch is read at start-up
+    # job's own max_memory_allocated() reports; the switch is read at start-up, and so is the
+    # share of CUDA calls timed with events
     script = tmp_path / "probe.py"
-    script.write_text("from rtxops.runtime import patching\nprint('CALL_MEMORY', patching.active().call_memory)\n")
-    for value, want in ((None, "False"), ("1", "True")):
+    script.write_text("from rtxops.runtime import patching\nd = patching.active()\n"
+                      "print('CALL_MEMORY', d.call_memory, 'TIME_EVERY', d.cuda_time_every)\n")
+    for memory, every, want in ((None, None, "False TIME_EVERY 1"), ("1", "8", "True TIME_EVERY 8"),
+                                (None, "zero", "False TIME_EVERY 1")):
         env = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
         env.update(RTXOPS_ENABLE="1", PYTHONPATH=os.pathsep.join([str(BOOTSTRAP), str(BOOTSTRAP.parents[2])]))
-        if value:
-            env["RTXOPS_CALL_MEMORY"] = value
+        if memory:
+            env["RTXOPS_CALL_MEMORY"] = memory
+        if every:
+            env["RTXOPS_CUDA_TIME_EVERY"] = every
         r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
         assert f"CALL_MEMORY {want}" in r.stdout, r.stderr
+        if every == "zero":
+            assert "RTXOPS_CUDA_TIME_EVERY='zero' is not a whole number; every CUDA call is timed" in r.stderr
 
 
 def test_a_first_call_inside_activation_checkpointing_saves_what_its_recomputation_saves():

@@ -677,6 +677,71 @@ def test_cuda_timer_reuses_resolved_events_on_their_own_device(monkeypatch):
     assert len(made) == 16   # 8 events a step, one set per device, then reused
 
 
+class _TimedEvent:
+    """A CUDA event stand-in whose pairs read 1, 2, 3 ... ms in the order they are resolved."""
+    made = 0
+    resolved = 0
+
+    def __init__(self, enable_timing=False):
+        type(self).made += 1
+
+    def record(self, stream=None):
+        pass
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, other):
+        type(self).resolved += 1
+        return float(type(self).resolved)
+
+
+def _fake_cuda(monkeypatch):
+    _TimedEvent.made = _TimedEvent.resolved = 0
+    monkeypatch.setattr(torch.cuda, "Event", _TimedEvent)
+    stream = types.SimpleNamespace(device_index=0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+
+
+def test_cuda_timer_times_one_call_in_every_and_counts_each_call(monkeypatch):
+    """RTXOPS_CUDA_TIME_EVERY=N: a route's first call and then one in N get events; every call
+    is still recorded, the ones between with the route's last timed figure. (No GPU here.)"""
+    from rtxops.runtime.timing import CudaEventTimer
+
+    _fake_cuda(monkeypatch)
+    recorded = []
+    readings = types.SimpleNamespace(record=lambda slot, t0, ns: recorded.append((slot, ns)),
+                                     dropped=lambda n: None)
+    timer = CudaEventTimer(readings, memory=False, every=4)
+    gelu, silu = timer.wrap(lambda x: x + 1, slot=0), timer.wrap(lambda x: x * 2, slot=1)
+    for _ in range(10):
+        assert gelu(1) == 2
+    assert silu(3) == 6
+    assert timer.drain() == 11
+    ms = 1_000_000
+    assert recorded == ([(0, 1 * ms)] * 4 + [(0, 2 * ms)] * 4 + [(0, 3 * ms)] * 2
+                        + [(1, 4 * ms)])
+    assert _TimedEvent.made == 8   # calls 1, 5 and 9 of one route, 1 of the other
+
+
+def test_cuda_timer_times_every_call_when_it_reads_memory(monkeypatch):
+    """Per-call memory (RTXOPS_CALL_MEMORY=1) is read around timed calls: all of them are."""
+    from rtxops.runtime.timing import CudaEventTimer
+
+    _fake_cuda(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 0)
+    readings = types.SimpleNamespace(record=lambda *a: None, memory=lambda *a: None,
+                                     dropped=lambda n: None)
+    timer = CudaEventTimer(readings, memory=True, every=4)
+    call = timer.wrap(lambda x: x, slot=0)
+    for _ in range(5):
+        call(0)
+    assert timer.drain() == 5 and _TimedEvent.made == 10
+
+
+
 class _FailingExporter(_CountingExporter):
     """Fails its first ``failures`` exports (a daemon answering 503 for a moment)."""
 

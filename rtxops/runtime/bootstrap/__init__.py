@@ -84,6 +84,10 @@ def start() -> None:
             print(f"rtxops: telemetry not started ({factory}): {type(e).__name__}: {e}", file=sys.stderr)
     daemon, job_id = os.environ.get("RTXOPS_DAEMON"), os.environ.get("RTXOPS_JOB_ID")
     dispatcher.call_memory = _switch("RTXOPS_CALL_MEMORY")
+    try:
+        dispatcher.cuda_time_every = settings.cuda_time_every()
+    except settings.SettingError as e:   # (`rtxops run` refuses it before the job starts)
+        print(f"rtxops: {e}; every CUDA call is timed", file=sys.stderr)
     dispatcher.set_reroute_partial(_switch("RTXOPS_REROUTE_MLP"))
     try:
         interval = settings.plan_poll_s()
