@@ -677,6 +677,34 @@ def test_cuda_timer_reuses_resolved_events_on_their_own_device(monkeypatch):
     assert len(made) == 16   # 8 events a step, one set per device, then reused
 
 
+def test_the_cuda_timer_reads_the_current_stream_from_torchs_getters_and_keeps_one_object_each(
+        monkeypatch):
+    """torch.cuda.current_stream() checks the device type on every call (an environment read
+    among them): the largest part of a routed call's host time in a profile on an H200. The
+    timer reads the raw getters and keeps one Stream object per stream. (No GPU here.)"""
+    from rtxops.runtime.timing import _current_stream_reader
+
+    made = []
+
+    class Stream:
+        def __init__(self, stream_id, device_index, device_type):
+            self.key = (stream_id, device_index, device_type)
+            made.append(self)
+
+    current = [(11, 0, 1)]
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: current[0][1], raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentStream",
+                        lambda index: current[0] if index == current[0][1] else None, raising=False)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    read = _current_stream_reader()
+    first = read()
+    assert first.key == (11, 0, 1) and read() is first
+    current[0] = (12, 1, 1)            # another device's stream (a `with torch.cuda.stream(s)`)
+    assert read().key == (12, 1, 1)
+    current[0] = (11, 0, 1)
+    assert read() is first and len(made) == 2
+
+
 class _TimedEvent:
     """A CUDA event stand-in whose pairs read 1, 2, 3 ... ms in the order they are resolved."""
     made = 0
