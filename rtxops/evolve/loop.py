@@ -435,7 +435,7 @@ class EvolveLoop:
         for r in store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, bt.round_from):
             if r["step"] <= last:
                 per_arm.setdefault(Arm(r["variant"], r["config"] or "{}"), {})[r["step"]] = \
-                    r["total_ns"] / r["calls"]
+                    stats.StepMean(r["total_ns"], r["calls"])
         return per_arm
 
     def _finish_round(self, job: str, bt: BucketTuning, last: int,
@@ -537,17 +537,14 @@ class EvolveLoop:
     def _decide(self, job: str, bt: BucketTuning, last: int) -> None:
         best = bt.strategy.best() if bt.strategy else None
         pairs = bt.pairs.get(best, []) if best is not None else []
+        # by call-weighted means (stats.compare_per_call: the arms take different numbers of
+        # calls a step), over the steps both ran in; a bucket called about once per step seldom
+        # runs both in one step: then over the windows the arm ran in
         if len(pairs) >= stats.MIN_PAIRED_SAMPLES or best is None:
-            cmp = stats.compare_paired([i for i, _ in pairs], [c for _, c in pairs],
-                                       min_gain=self.config.min_gain, seed=self.config.seed)
-            measured = [c for _, c in pairs]
+            before, measured = [i for i, _ in pairs], [c for _, c in pairs]
         else:
-            # a bucket called about once per step seldom runs the incumbent and an arm in the same
-            # step (and too few pairs cannot be significant): their calls in the same windows are
-            # compared unpaired
             before, measured = bt.unpaired(best)
-            cmp = stats.compare_independent(before, measured,
-                                            min_gain=self.config.min_gain, seed=self.config.seed)
+        cmp = stats.compare_per_call(before, measured, min_gain=self.config.min_gain)
         veto = self._backward_veto(job, bt, best, last) if best is not None and cmp.promote else None
         if best is None or not cmp.promote or veto:
             entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
