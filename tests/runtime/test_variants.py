@@ -107,6 +107,47 @@ def test_every_config_point_is_valid(op):
             assert variant.check_config(config) is None
 
 
+def _chunked_ce(logits, target):
+    registry = default_registry()
+    spec, variant = registry.op("cross_entropy"), registry.variant("cross_entropy", "chunked")
+    bucket = spec.to_bucket(spec.bucket(logits, target))
+    return variant.build({**variant.default_config, "chunk_rows": 4}, bucket)
+
+
+def test_chunked_cross_entropy_lets_go_of_the_logits_once_backward_ran():
+    """The variant kept the logits on its autograd node: anything holding the loss after
+    backward (``losses.append(loss)``, ``total += loss``) held an N x vocab tensor a step."""
+    import gc
+    import weakref
+
+    x, target = torch.randn(6, 7, requires_grad=True), torch.tensor([0, 3, -100, 5, 1, 6])
+    chunked = _chunked_ce(x, target)
+    kept = []
+    for _ in range(3):
+        logits = x * 2
+        alive = weakref.ref(logits)
+        loss = chunked(logits, target)
+        del logits
+        loss.backward()
+        kept.append(loss)
+        gc.collect()
+        assert alive() is None
+
+
+def test_chunked_cross_entropy_evaluates_under_inference_mode_and_no_grad():
+    """Inference tensors have no version counter: the variant raised on one, so the dispatcher
+    turned it off for the bucket, training calls included, for the rest of the job."""
+    x, target = torch.randn(6, 7), torch.tensor([0, 3, -100, 5, 1, 6])
+    chunked = _chunked_ce(x, target)
+    want = torch.nn.functional.cross_entropy(x, target)
+    with torch.inference_mode():
+        torch.testing.assert_close(chunked(x.clone(), target), want)
+    with torch.no_grad():
+        out = chunked(x.clone().requires_grad_(), target)
+    torch.testing.assert_close(out, want)
+    assert out.grad_fn is None
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_chunked_cross_entropy_has_the_references_second_derivative(reduction, smoothing):

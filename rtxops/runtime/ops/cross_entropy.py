@@ -87,39 +87,56 @@ def logsoftmax_nll(input, target, weight=None, size_average=None, ignore_index=-
     return _reduce(loss, keep, reduction).to(input.dtype)
 
 
-class _ChunkedCE(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, input, target, ignore_index, reduction, smoothing, chunk_rows):
-        vocab = input.shape[1]
-        grad = torch.empty(input.shape, dtype=input.dtype, device=input.device)
-        loss = torch.empty(input.shape[0], dtype=torch.float32, device=input.device)
-        keep = target != ignore_index
-        for start in range(0, input.shape[0], chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            x, k = input[rows].float(), keep[rows]
-            t = torch.where(k, target[rows], 0).unsqueeze(1)
-            lse = x.logsumexp(-1, keepdim=True)
-            l = (lse - x.gather(1, t)).squeeze(1)
-            if smoothing > 0:
-                l = (1 - smoothing) * l + smoothing * (lse.squeeze(1) - x.mean(-1))
-            loss[rows] = torch.where(k, l, 0.0)
+def _chunked_loss(input, target, ignore_index, smoothing: float, chunk_rows: int,
+                  grad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row losses and the kept rows, chunk by chunk; fills ``grad`` (d loss_i / d input_i)
+    when given."""
+    vocab = input.shape[1]
+    loss = torch.empty(input.shape[0], dtype=torch.float32, device=input.device)
+    keep = target != ignore_index
+    for start in range(0, input.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        x, k = input[rows].float(), keep[rows]
+        t = torch.where(k, target[rows], 0).unsqueeze(1)
+        lse = x.logsumexp(-1, keepdim=True)
+        l = (lse - x.gather(1, t)).squeeze(1)
+        if smoothing > 0:
+            l = (1 - smoothing) * l + smoothing * (lse.squeeze(1) - x.mean(-1))
+        loss[rows] = torch.where(k, l, 0.0)
+        if grad is not None:
             p = (x - lse).exp_()
             p.scatter_add_(1, t, torch.full_like(t, smoothing - 1, dtype=p.dtype))
             if smoothing > 0:
                 p.sub_(smoothing / vocab)
             grad[rows] = p.mul_(k.unsqueeze(1))
+    return loss, keep
+
+
+class _ChunkedCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, target, ignore_index, reduction, smoothing, chunk_rows):
+        grad = torch.empty(input.shape, dtype=input.dtype, device=input.device)
+        loss, keep = _chunked_loss(input, target, ignore_index, smoothing, chunk_rows, grad)
         ctx.reduction, ctx.smoothing = reduction, smoothing
         ctx.save_for_backward(grad, keep.sum(), target, keep)
-        # the input too (a reference: a job keeps its logits anyway), for a backward that must
-        # itself be differentiable; not saved for backward, which would refuse a plain backward
-        # after the job changed the logits in place, as torch's own (it saves its output) does not
+        # the input too, for a backward that must itself be differentiable; not saved for
+        # backward, which would refuse a plain backward after the job changed the logits in
+        # place, as torch's own (it saves its output) does not. A plain backward lets go of it:
+        # anything holding the loss (`total += loss`) held the logits too
         ctx.input, ctx.input_version = input, input._version
         return _reduce(loss, keep, reduction).to(input.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         grad, count, target, keep = ctx.saved_tensors
-        if torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
+            ctx.input = None
+        elif ctx.input is None:
+            raise RuntimeError("cross_entropy (rtxops chunked variant): a differentiable "
+                               "backward after a plain one of the same graph (which let go of "
+                               "the logits) is not supported; route cross_entropy to another "
+                               "variant")
+        else:
             # create_graph (a gradient penalty): the gradient made in forward is a constant to
             # autograd, so it is made again from the input with differentiable ops
             if ctx.input._version != ctx.input_version:
@@ -148,6 +165,12 @@ def _build_chunked(config, b: Bucket):
 
     def chunked(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                 reduction="mean", label_smoothing=0.0):
+        if not (torch.is_grad_enabled() and input.requires_grad):
+            # evaluation (no_grad, inference_mode): the loss alone, no gradient buffer, and no
+            # version counter read (inference tensors have none)
+            loss, keep = _chunked_loss(input, target, ignore_index, float(label_smoothing),
+                                       chunk_rows)
+            return _reduce(loss, keep, reduction).to(input.dtype)
         return _ChunkedCE.apply(input, target, ignore_index, reduction, float(label_smoothing),
                                 chunk_rows)
 
