@@ -862,10 +862,13 @@ class Store:
                         until_ns: int | None = None) -> list[dict]:
         """Hits, misses and hit rate per cache: ``variant`` (the runtime's build cache, per op,
         variant and bucket, summed over kernel spans), ``inductor.fxgraph`` and
-        ``triton.autotune`` (process-cumulative counters on step spans: the last value seen per
-        job and rank, summed over ranks). The variant cache is counted in whole minutes."""
+        ``triton.autotune`` (process-cumulative counters on step spans: per process, the last
+        value in the window less the last one before it, looked for as far back as the window
+        is long; summed over a job's processes, a restarted job's old and new ones apart). The
+        variant cache is counted in whole minutes."""
         since_ns, until_ns = _window(since_ns, until_ns)
-        return self.query(_CACHE_HIT_RATES, {"since": since_ns, "until": until_ns, "job": job_id})
+        return self.query(_CACHE_HIT_RATES, {"since": since_ns, "until": until_ns, "job": job_id,
+                                             "before": since_ns - max(0, until_ns - since_ns)})
 
     def jobs(self) -> list[dict]:
         """Jobs seen: resource facts and the span time range per job."""
@@ -1119,6 +1122,14 @@ FROM totals t LEFT JOIN quantiles q USING (key_id)
 ORDER BY job_id, op, bucket, phase, mean_ns
 """
 
+def _in_window(counter: str) -> str:
+    """SQL: what a process-cumulative counter of one process counted in the window: its last
+    value in the window less its last one before it."""
+    last_in = f"arg_max({counter}, start_ns) FILTER (WHERE inside AND {counter} IS NOT NULL)"
+    before = f"arg_max({counter}, start_ns) FILTER (WHERE NOT inside AND {counter} IS NOT NULL)"
+    return f"CASE WHEN {last_in} IS NOT NULL THEN greatest({last_in} - coalesce({before}, 0), 0) END"
+
+
 _CACHE_HIT_RATES = f"""
 WITH variant AS (
     SELECT job_id, 'variant' AS cache, op, variant, bucket,
@@ -1128,20 +1139,20 @@ WITH variant AS (
       AND ($job IS NULL OR job_id = $job)
       AND (cache_hits IS NOT NULL OR cache_misses IS NOT NULL)
     GROUP BY ALL
-), counters AS (
-    SELECT job_id, rank,
-           arg_max(TRY_CAST(attributes->>'rtx.cache.inductor.fxgraph_hits' AS BIGINT),
-                   start_ns) AS fx_hits,
-           arg_max(TRY_CAST(attributes->>'rtx.cache.inductor.fxgraph_misses' AS BIGINT),
-                   start_ns) AS fx_misses,
-           arg_max(TRY_CAST(attributes->>'rtx.cache.triton.autotune_hits' AS BIGINT),
-                   start_ns) AS tr_hits,
-           arg_max(TRY_CAST(attributes->>'rtx.cache.triton.autotune_misses' AS BIGINT),
-                   start_ns) AS tr_misses
+), counter_rows AS (
+    SELECT job_id, resource_id, start_ns, start_ns >= $since AS inside,
+           TRY_CAST(attributes->>'rtx.cache.inductor.fxgraph_hits' AS BIGINT) AS fx_hits,
+           TRY_CAST(attributes->>'rtx.cache.inductor.fxgraph_misses' AS BIGINT) AS fx_misses,
+           TRY_CAST(attributes->>'rtx.cache.triton.autotune_hits' AS BIGINT) AS tr_hits,
+           TRY_CAST(attributes->>'rtx.cache.triton.autotune_misses' AS BIGINT) AS tr_misses
     FROM spans
-    WHERE name = 'rtx.step' AND start_ns >= $since AND start_ns < $until
+    WHERE name = 'rtx.step' AND start_ns >= $before AND start_ns < $until
       AND ($job IS NULL OR job_id = $job)
-    GROUP BY ALL
+), counters AS (
+    SELECT job_id, resource_id,
+           {_in_window("fx_hits")} AS fx_hits, {_in_window("fx_misses")} AS fx_misses,
+           {_in_window("tr_hits")} AS tr_hits, {_in_window("tr_misses")} AS tr_misses
+    FROM counter_rows GROUP BY ALL HAVING bool_or(inside)
 ), compilers AS (
     SELECT job_id, 'inductor.fxgraph' AS cache, NULL AS op, NULL AS variant, NULL AS bucket,
            sum(fx_hits) AS hits, sum(fx_misses) AS misses

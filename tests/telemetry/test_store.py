@@ -252,6 +252,35 @@ def test_steps_memory_swaps_and_cache_rates(store):
     assert [j["job_id"] for j in store.jobs()] == ["job-a"]
 
 
+def test_compiler_cache_rates_are_what_each_process_counted_in_the_window(store):
+    """The counters on step spans count from each process's start: the window's figure is the
+    last value in it less the last one before it, summed over a job's processes (a restart's
+    old and new). It was the last value seen, all time, of one process a rank."""
+    now = time.time_ns()
+    minute = 60 * 10**9
+
+    def steps(hits, misses, at):
+        return [span("rtx.step", {S.STEP_NUMBER: i, S.INDUCTOR_FXGRAPH_HITS: h,
+                                  S.INDUCTOR_FXGRAPH_MISSES: m}, start=t, duration=10)
+                for i, (h, m, t) in enumerate(zip(hits, misses, at))]
+
+    # one process: 1000 hits and 100 misses before the last 5 minutes, 10 more hits in them
+    store.write(batch_of(steps([1000, 1000, 1010], [100, 100, 100],
+                               [now - 8 * minute, now - 6 * minute, now - 2 * minute])))
+    rates = {r["cache"]: r for r in store.cache_hit_rates(job_id="job-a", since_ns=now - 5 * minute,
+                                                          until_ns=now)}
+    assert (rates["inductor.fxgraph"]["hits"], rates["inductor.fxgraph"]["misses"]) == (10, 0)
+    # the job restarted: a new process on the same rank counts from 0 again
+    store.write(batch_of(steps([4, 7], [1, 2], [now - 90 * 10**9, now - 30 * 10**9]),
+                         {**RESOURCE, "process.pid": 78}))
+    rates = {r["cache"]: r for r in store.cache_hit_rates(job_id="job-a", since_ns=now - 5 * minute,
+                                                          until_ns=now)}
+    assert (rates["inductor.fxgraph"]["hits"], rates["inductor.fxgraph"]["misses"]) == (17, 2)
+    hour = {r["cache"]: r for r in store.cache_hit_rates(job_id="job-a", since_ns=now - 60 * minute,
+                                                         until_ns=now)}
+    assert (hour["inductor.fxgraph"]["hits"], hour["inductor.fxgraph"]["misses"]) == (1017, 102)
+
+
 def test_queries_are_parameterized(store):
     store.write(batch_of([span(attrs={S.OP: "x"})]))
     assert store.kernel_stats(job_id="job-a' OR '1'='1") == []
