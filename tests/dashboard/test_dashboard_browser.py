@@ -131,3 +131,52 @@ def test_charts_keep_their_zoom_across_refreshes_and_show_utc(browser, live):
         assert page.evaluate("document.querySelector('#trials-chart').layout.uirevision") == "trials-chart"
     finally:
         context.close()
+
+
+SLOW_LOG_FETCH = """
+  window.__inFlight = 0; window.__mostInFlight = 0;
+  const fetchNow = window.fetch;
+  window.fetch = async (url, opts) => {
+    if (!String(url).includes('/logs?')) return fetchNow(url, opts);
+    window.__inFlight += 1;
+    window.__mostInFlight = Math.max(window.__mostInFlight, window.__inFlight);
+    try { await new Promise((r) => setTimeout(r, 3000)); return await fetchNow(url, opts); }
+    finally { window.__inFlight -= 1; }
+  };
+"""
+
+
+def test_a_followed_log_answered_slower_than_its_poll_shows_each_line_once(browser, live):
+    """Polls every 2 s, answers in 3 s (a slow store, a tunnel): a second poll started while the
+    first waited, both read the same position, and every line was shown twice."""
+    import collections
+
+    code = "import time\nfor i in range(400):\n    print(f'tick {i}', flush=True); time.sleep(0.1)"
+    with live.client(token=True) as c:
+        job = c.post("/v1/jobs", json={"command": ["python", "-c", code], "name": "ticker"}).json()
+        context = browser.new_context(base_url=live.url)
+        try:
+            page = context.new_page()
+            page.add_init_script(SLOW_LOG_FETCH)
+            page.goto(f"/jobs/{job['id']}")
+            page.wait_for_timeout(11000)
+            shown = [line for line in page.text_content("#log").splitlines() if line.startswith("tick ")]
+            most = page.evaluate("window.__mostInFlight")
+        finally:
+            context.close()
+            c.post(f"/v1/jobs/{job['id']}/cancel")
+    twice = {line: n for line, n in collections.Counter(shown).items() if n > 1}
+    assert len(shown) > 20 and not twice, (len(shown), list(twice.items())[:5])
+    assert most == 1
+
+
+def test_a_refresh_keeps_the_filter_text_the_user_typed(web, live):
+    """The 5 s refresh replaced the trials section, the filter form in it, with the server's:
+    text typed and not yet submitted was wiped."""
+    web.page.goto("/evolve")
+    web.page.fill("#trials input[name=op]", "rms_norm")
+    web.page.fill("#trials input[name=variant]", "triton")
+    web.page.click("h1")                                 # focus leaves the section
+    web.page.wait_for_timeout(6500)                      # past one refresh
+    assert web.page.input_value("#trials input[name=op]") == "rms_norm"
+    assert web.page.input_value("#trials input[name=variant]") == "triton"

@@ -132,16 +132,40 @@
     const r = await fetch(location.href, { cache: "no-store" });
     if (!r.ok) throw new Error(`HTTP ${r.status}`);
     const fresh = new DOMParser().parseFromString(await r.text(), "text/html");
+    const selection = document.getSelection();
     for (const el of live) {
       const next = fresh.getElementById(el.id);
       if (!next || el.contains(document.activeElement)) continue;
+      // text the user is selecting stays put
+      if (selection && !selection.isCollapsed && el.contains(selection.anchorNode)) continue;
       // a chart in the section stays the element it is (its zoom with it); only its source moves
       const charts = new Map([...el.querySelectorAll("[data-chart][id]")].map((c) => [c.id, c]));
+      const kept = userState(el);
       el.replaceChildren(...next.childNodes);
       for (const c of el.querySelectorAll("[data-chart][id]")) {
         const old = charts.get(c.id);
         if (old) { old.dataset.src = c.dataset.src; c.replaceWith(old); }
       }
+      restoreUserState(el, kept);
+    }
+  }
+
+  // what the user did inside a live section that the server's markup does not carry: opened
+  // <details> (a hung job's stacks) and typed filter text
+  function userState(el) {
+    const summary = (d) => (d.querySelector("summary") || d).textContent;
+    return {
+      open: new Set([...el.querySelectorAll("details[open]")].map(summary)),
+      typed: new Map([...el.querySelectorAll("input[name]")]
+        .filter((i) => i.value !== i.defaultValue).map((i) => [i.name, i.value])),
+      summary,
+    };
+  }
+
+  function restoreUserState(el, kept) {
+    for (const d of el.querySelectorAll("details")) if (kept.open.has(kept.summary(d))) d.open = true;
+    for (const i of el.querySelectorAll("input[name]")) {
+      if (kept.typed.has(i.name)) i.value = kept.typed.get(i.name);
     }
   }
 
@@ -152,7 +176,9 @@
     const params = new URLSearchParams({ after: log.dataset.after, limit: "1000" });
     if (log.dataset.search) params.set("search", log.dataset.search);
     const d = await getJson(`/api/jobs/${encodeURIComponent(log.dataset.job)}/logs?${params}`);
+    const after = Number(log.dataset.after);
     for (const line of d.lines) {
+      if (line.seq <= after) continue;   // (shown already)
       const span = document.createElement("span");
       span.className = line.stream;
       span.textContent = (line.rank !== 0 ? `[rank ${line.rank}] ` : "") + line.text;  // text, never HTML
@@ -164,14 +190,18 @@
       }
       log.append(span, "\n");
     }
-    log.dataset.after = String(d.last_seq);
+    log.dataset.after = String(Math.max(after, d.last_seq));
     if (d.lines.length) log.scrollTop = log.scrollHeight;
   }
 
   function every(ms, fn) {
+    // one call at a time: an answer slower than the period started a second one (log lines
+    // shown twice, refreshes piling up on a slow store)
+    let running = false;
     setInterval(() => {
-      if (document.hidden) return;
-      fn().then(() => setLive(true), () => setLive(false));
+      if (document.hidden || running) return;
+      running = true;
+      fn().then(() => setLive(true), () => setLive(false)).finally(() => { running = false; });
     }, ms);
   }
 
