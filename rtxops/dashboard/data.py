@@ -171,6 +171,10 @@ def evolve(q, *, job_id: str | None, window: Window) -> dict:
 
 # ---- jobs --------------------------------------------------------------------------------------
 
+EVENTS_SHOWN = 1000
+STACKS_SHOWN = 20
+
+
 def job_detail(q, job_id: str) -> dict | None:
     """One job: its record (spec, attempts with exit and restart reasons), status history and
     captured stacks; None when neither the supervisor nor telemetry knows it."""
@@ -179,7 +183,11 @@ def job_detail(q, job_id: str) -> dict | None:
         return None
     rec = _record(row)
     rec.pop("token", None)
-    _, events = V.job_events(q, job_id, kind=None, limit=1000, offset=0)
+    # the newest events (a job restarting for hours has tens of thousands, and the newest say
+    # where it stands), the stacks among them the newest few (each can be a screenful)
+    total, _ = V.job_events(q, job_id, kind=None, limit=0, offset=0)
+    _, events = V.job_events(q, job_id, kind=None, limit=EVENTS_SHOWN,
+                             offset=max(0, total - EVENTS_SHOWN))
     history, stacks = [], []
     for e in events:
         try:
@@ -196,7 +204,9 @@ def job_detail(q, job_id: str) -> dict | None:
             "attempts": [{k: a.get(k) for k in ("number", "started_at_ns", "ended_at_ns", "pid",
                                                  "outcome", "exit_code", "signal", "detail")}
                          for a in rec.get("attempts", [])],
-            "history": history, "stacks": stacks,
+            "history": history, "stacks": stacks[-STACKS_SHOWN:],
+            "events_left_out": total - len(events),
+            "stacks_left_out": max(0, len(stacks) - STACKS_SHOWN),
             "ranks": V.job_facts(q, [job_id]).get(job_id, {}).get("ranks", 0)}
 
 

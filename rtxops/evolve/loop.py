@@ -144,7 +144,7 @@ class EvolveLoop:
             keep = running | (self.unfinished_jobs() if self.unfinished_jobs else set())
             for job in list(self.jobs):
                 if job not in keep:  # ended: a canary between two attempts goes on after it
-                    del self.jobs[job]
+                    self._close_ended(job, self.jobs.pop(job))
             for job in sorted(running):
                 try:
                     self._tick_job(job)
@@ -154,6 +154,24 @@ class EvolveLoop:
                                   "done": [b.summary() for b in s.done.values()],
                                   **({"own_plan": s.own_plan} if s.own_plan is not None else {})}
                             for job, s in self.jobs.items()}
+
+    def _close_ended(self, job: str, state: JobEvolution) -> None:
+        """A job that ended in a promotion's canary: the promotion gets an outcome (its canary
+        cut short, with how far it got), not silence."""
+        bt = state.active
+        if bt is None or bt.phase != "canary":
+            return
+        try:
+            last = store_evolve.last_step(self.store, job)
+            seen = (f" {last - bt.canary_from + 1} steps into its {self.config.window_steps}-step "
+                    "window" if last is not None and bt.canary_from is not None else
+                    " before it swapped to the promoted plan")
+            self._record(job, bt, "canary_incomplete", bt.winner, None,
+                         plan_version=bt.plan_version,
+                         reason=f"canary cut short: the job ended{seen}; the winner is unproven",
+                         extra={"canary_window": [bt.canary_from, last]})
+        except Exception:   # (the store): the job is gone either way
+            log.exception("evolve: job %s: its cut-short canary could not be recorded", job)
 
     def status(self) -> dict:
         """Where every job's tuning stands, as of the last tick (never waits for a tick)."""
@@ -388,12 +406,7 @@ class EvolveLoop:
                          reason="no candidate passed the gate" if bt.arms else "no candidates")
             return
         bt.phase = "exploring"
-        # the canary's step-time baseline: a window of the plan the job runs now (see
-        # _swapped_lately)
-        swapped = store_evolve.last_swap_step(self.store, job)
-        since = max(0, last - self.config.window_steps, swapped + 1 if swapped is not None else 0)
-        bt.step_before = [r["duration_ns"] for r in store_evolve.step_durations(
-            self.store, job, since, last)]
+        bt.step_before = self._step_baseline(job, last)
         prior = (tuning_priors(self.store, self.registry, bt.op, bt.bucket, sorted(passed))
                  if self.config.strategy == "thompson" else None)
         bt.strategy = make_strategy(self.config.strategy, sorted(passed), self.config.budget,
@@ -562,6 +575,12 @@ class EvolveLoop:
                 reason = cmp.reason if best is not None else "nothing measured"
             self._record(job, bt, "reject", best, cmp, reason=reason)
             return
+        # the canary compares with the steps just before this swap: the baseline taken before
+        # the rounds may be many windows old, and whatever slowed the job since (longer
+        # sequences, a slower data loader) would read as the winner's regression
+        recent = self._step_baseline(job, last)
+        if len(recent) >= stats.MIN_SAMPLES:
+            bt.step_before = recent
         decision = self._decision(bt, "promote", best, cmp)
         published = self._publish(job, bt, PlanEntry(bt.op, bt.bucket, best.variant, best.config),
                                   last, decision, self._evidence(job, bt))
@@ -574,6 +593,13 @@ class EvolveLoop:
         # a restarted daemon finds the canary to finish by this record: retried until written
         self._record(job, bt, "promote", best, cmp, plan_version=published.version,
                      reason=cmp.reason)
+
+    def _step_baseline(self, job: str, last: int) -> list[float]:
+        """The canary's step-time baseline: the last window's step times of the plan the job runs
+        now (see _swapped_lately)."""
+        swapped = store_evolve.last_swap_step(self.store, job)
+        since = max(0, last - self.config.window_steps, swapped + 1 if swapped is not None else 0)
+        return [r["duration_ns"] for r in store_evolve.step_durations(self.store, job, since, last)]
 
     def _backward_veto(self, job: str, bt: BucketTuning, best: Arm, last: int) -> str | None:
         """Why ``best``, faster in its forward calls, must not win: its sampled backward calls
@@ -665,8 +691,10 @@ class EvolveLoop:
         bt.unwritten.append(lambda: self._decide_record(
             job, bt, "rollback", bt.winner, cmp, reason=reason, plan_version=published.version,
             extra=evidence))
-        if kernel_regressed or (step_regressed and not unproven):
-            # measured slower live; unseen is not evidence of that
+        if kernel_regressed:
+            # the kernel itself measured slower live: kept from this bucket in every job until
+            # a key part changes. A slower step alone rolls back, but is not evidence against
+            # the kernel (anything in the step can have changed)
             median = statistics.median(live)
             bt.unwritten.append(lambda: self.tuning.record(
                 bt.op, bt.bucket, bt.winner, source="canary", trials=len(live), median_ns=median,
