@@ -558,7 +558,8 @@ class EvolveLoop:
         else:
             before, measured = bt.unpaired(best)
         cmp = stats.compare_per_call(before, measured, min_gain=self.config.min_gain)
-        veto = self._backward_veto(job, bt, best, last) if best is not None and cmp.promote else None
+        veto, unchecked = (self._backward_veto(job, bt, best, last) if best is not None and cmp.promote
+                           else (None, None))
         if best is None or not cmp.promote or veto:
             entry = PlanEntry(bt.op, bt.bucket, bt.incumbent.variant, bt.incumbent.config)
             self._publish(job, bt, entry, last, {"kind": "explore", "arms": [], "op": bt.op,
@@ -592,7 +593,7 @@ class EvolveLoop:
         bt.decision_ns = statistics.median(measured)
         # a restarted daemon finds the canary to finish by this record: retried until written
         self._record(job, bt, "promote", best, cmp, plan_version=published.version,
-                     reason=cmp.reason)
+                     reason=cmp.reason + (f"; {unchecked}" if unchecked else ""))
 
     def _step_baseline(self, job: str, last: int) -> list[float]:
         """The canary's step-time baseline: the last window's step times of the plan the job runs
@@ -601,13 +602,15 @@ class EvolveLoop:
         since = max(0, last - self.config.window_steps, swapped + 1 if swapped is not None else 0)
         return [r["duration_ns"] for r in store_evolve.step_durations(self.store, job, since, last)]
 
-    def _backward_veto(self, job: str, bt: BucketTuning, best: Arm, last: int) -> str | None:
-        """Why ``best``, faster in its forward calls, must not win: its sampled backward calls
-        (the runtime times one per route every few steps) make its forward + backward per call
-        no faster than the incumbent's. None when they do not, or when too few backward calls of
-        either were timed to tell (inference, or a short tuning). Each figure is the median over
-        steps of the arm's mean a call: one cold call (a kernel built inside its timed call)
-        moves a mean over the whole tuning, not that."""
+    def _backward_veto(self, job: str, bt: BucketTuning, best: Arm,
+                       last: int) -> tuple[str | None, str | None]:
+        """``(veto, unchecked)``. ``veto``: why ``best``, faster in its forward calls, must not
+        win: its sampled backward calls (the runtime times one per route every few steps) make
+        its forward + backward per call no faster than the incumbent's. ``unchecked``: why that
+        could not be told (too few backward calls timed: inference, a short tuning, or CUDA
+        routes, whose backward the runtime does not time yet), said on the promotion. Each
+        figure is the median over steps of the arm's mean a call: one cold call (a kernel built
+        inside its timed call) moves a mean over the whole tuning, not that."""
         since = bt.windows[0][0] if bt.windows else 0
         per_step: dict[tuple[Arm, str], list[tuple[float, int]]] = {}
         for phase in ("fwd", "bwd"):
@@ -625,14 +628,17 @@ class EvolveLoop:
         (fwd, _), (bwd, timed) = per_call(best, "fwd"), per_call(best, "bwd")
         (fwd_inc, _), (bwd_inc, timed_inc) = per_call(bt.incumbent, "fwd"), per_call(bt.incumbent, "bwd")
         if None in (fwd, bwd, fwd_inc, bwd_inc) or min(timed, timed_inc) < BACKWARD_MIN_CALLS:
-            return None
+            cuda = bt.bucket.split("/")[1:2] == ["cuda"]
+            return None, (f"backward not compared ({timed} and {timed_inc} backward calls timed, "
+                          f"{BACKWARD_MIN_CALLS} needed"
+                          + ("; CUDA routes' backward is not timed yet" if cuda else "") + ")")
         if fwd_inc <= 0 or fwd_inc + bwd_inc <= 0:   # zero-time spans (some client's): no ratio
-            return None
+            return None, "backward not compared (zero-time spans)"
         if fwd + bwd < fwd_inc + bwd_inc:
-            return None
+            return None, None
         return (f"forward {fwd / fwd_inc - 1:+.0%} a call, but forward + backward "
                 f"{(fwd + bwd) / (fwd_inc + bwd_inc) - 1:+.0%} ({timed} and {timed_inc} backward "
-                "calls timed): its backward costs more than its forward saves")
+                "calls timed): its backward costs more than its forward saves"), None
 
     def _finish_canary(self, job: str, bt: BucketTuning, last: int) -> None:
         rows = store_evolve.arm_steps(self.store, job, bt.op, bt.bucket, bt.canary_from)

@@ -60,7 +60,24 @@ def test_too_few_timed_backward_calls_leave_the_forward_decision_alone(monkeypat
     """Two timed backward calls each (a short job, or one not training) are no evidence."""
     rows = rows_of({INC: 1.0, CAND: 0.7}, {INC: 2.0, CAND: 9.0}, bwd_every=50)
     assert sum(r.get("phase") == "bwd" and r["variant"] == "candidate" for r in rows) == 2
-    assert decide(monkeypatch, rows)["kind"] == "promote"
+    decision = decide(monkeypatch, rows)
+    assert decision["kind"] == "promote"
+    # and the promotion says so
+    assert "backward not compared (2 and 2 backward calls timed, 3 needed)" in decision["reason"]
+
+
+def test_a_cuda_bucket_promoted_on_its_forward_says_its_backward_was_not_timed(monkeypatch):
+    """The runtime times no backward of a CUDA route yet: the veto cannot apply there, and the
+    promotion must say it was decided on the forward alone."""
+    from rtxops.evolve import loop as L
+
+    rows = [r for r in rows_of({INC: 1.0, CAND: 0.7}, {INC: 2.0, CAND: 2.0})
+            if r.get("phase", "fwd") == "fwd"]
+    loop = loop_over_rows(monkeypatch, rows, last=120)
+    bt = L.BucketTuning("gelu", "float32/cuda/rows=8", INC)
+    bt.windows = [[10, 120]]
+    veto, unchecked = loop._backward_veto("job", bt, CAND, 120)
+    assert veto is None and "CUDA routes' backward is not timed yet" in unchecked
 
 
 def test_an_incumbent_timed_at_zero_is_no_division_by_zero(monkeypatch):
@@ -73,4 +90,4 @@ def test_an_incumbent_timed_at_zero_is_no_division_by_zero(monkeypatch):
     loop = loop_over_rows(monkeypatch, rows, last=120)
     bt = L.BucketTuning("gelu", "b", INC)
     bt.windows = [[10, 120]]
-    assert loop._backward_veto("job", bt, CAND, 120) is None
+    assert loop._backward_veto("job", bt, CAND, 120)[0] is None
