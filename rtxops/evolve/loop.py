@@ -362,7 +362,7 @@ class EvolveLoop:
                                       deterministic=self.config.deterministic) if a != incumbent]
         allowed = {v.strip() for v in self.config.variants.split(",") if v.strip()}
         arms = [a for a in arms if (not allowed or a.variant in allowed)
-                and not self._regressed(op, bucket, a)]
+                and not self._regressed(job, op, bucket, a)]
         bt.arms = arms
         log.info("evolve: job %s: gating %d candidates of %s %s (share %.1f%%)", job, len(arms),
                  op, bucket, 100 * (hs["share"] or 0))
@@ -415,8 +415,8 @@ class EvolveLoop:
         log.info("evolve: job %s: tuning %s %s (%d candidates)", job, bt.op, bt.bucket, len(passed))
         self._next_round(job, bt, last)
 
-    def _regressed(self, op: str, bucket: str, arm: Arm) -> bool:
-        row = self.tuning.lookup(op, bucket, arm)
+    def _regressed(self, job: str, op: str, bucket: str, arm: Arm) -> bool:
+        row = self.tuning.lookup(op, bucket, arm, store_evolve.job_resource(self.store, job))
         return row is not None and row["status"] == "regressed"
 
     # ---- explore rounds --------------------------------------------------------------------------
@@ -528,9 +528,10 @@ class EvolveLoop:
             self.trial_spans.record(trial)
             bt.trial_ids.append(trial["trial_id"])
             progress["told"] = True
-        if values:
+        if values:   # measured in the job: keyed by its torch, triton and device
             self.tuning.record(bt.op, bt.bucket, arm, source=mode, trials=len(values),
-                               median_ns=trial["median_ns"], spread=trial["spread"])
+                               median_ns=trial["median_ns"], spread=trial["spread"],
+                               resource=store_evolve.job_resource(self.store, job))
 
     def _new_trial(self, job: str, bt: BucketTuning, arm: Arm, values: list[float], mode: str) -> dict:
         now = time.time_ns()
@@ -702,9 +703,10 @@ class EvolveLoop:
             # a key part changes. A slower step alone rolls back, but is not evidence against
             # the kernel (anything in the step can have changed)
             median = statistics.median(live)
+            resource = store_evolve.job_resource(self.store, job)
             bt.unwritten.append(lambda: self.tuning.record(
                 bt.op, bt.bucket, bt.winner, source="canary", trials=len(live), median_ns=median,
-                status="regressed", reason=reason))
+                status="regressed", reason=reason, resource=resource))
         log.warning("evolve: job %s: rolled back %s %s: %s", job, bt.op, bt.bucket, reason)
         self._write_unwritten(bt)
 

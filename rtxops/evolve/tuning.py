@@ -12,31 +12,33 @@ from rtxops.telemetry import store_evolve
 from rtxops.telemetry.store import Store
 
 from .candidates import Arm
-from .environment import environment
+from .environment import environment, job_environment
 
 
 class TuningDB:
     def __init__(self, store: Store, registry: Registry) -> None:
         self.store, self.registry = store, registry
 
-    def key(self, op: str, bucket: str, arm: Arm) -> dict:
-        """The full key of an arm's result on this machine, now."""
+    def key(self, op: str, bucket: str, arm: Arm, resource: dict | None = None) -> dict:
+        """The full key of an arm's result: on the machine of the job whose ``resource``
+        attributes are given (a live result), else on this one, now."""
         device = Bucket.parse(op, bucket).device
+        env = (job_environment(resource, device) if resource else None) or environment(device)
         return {"op": op, "bucket": bucket, "variant": arm.variant, "config": arm.config_json,
-                "source_hash": self.registry.variant(op, arm.variant).source_hash,
-                **environment(device)}
+                "source_hash": self.registry.variant(op, arm.variant).source_hash, **env}
 
     def record(self, op: str, bucket: str, arm: Arm, *, source: str, trials: int, median_ns: float | None,
                spread: float | None = None, peak_bytes: int | None = None, status: str = "ok",
-               reason: str = "") -> None:
-        store_evolve.upsert_tuning(self.store, self.key(op, bucket, arm), {
+               reason: str = "", resource: dict | None = None) -> None:
+        store_evolve.upsert_tuning(self.store, self.key(op, bucket, arm, resource), {
             "source": source, "trials": trials, "median_ns": median_ns, "spread": spread,
             "peak_bytes": peak_bytes, "status": status, "reason": reason,
             "updated_ns": time.time_ns()})
 
-    def lookup(self, op: str, bucket: str, arm: Arm) -> dict | None:
-        """The current result for ``arm``, or None (never measured here, or stale)."""
-        rows = store_evolve.tuning_rows(self.store, self.key(op, bucket, arm), limit=1)
+    def lookup(self, op: str, bucket: str, arm: Arm, resource: dict | None = None) -> dict | None:
+        """The current result for ``arm`` (on the job's machine, given its ``resource``), or
+        None (never measured there, or stale)."""
+        rows = store_evolve.tuning_rows(self.store, self.key(op, bucket, arm, resource), limit=1)
         return rows[0] if rows else None
 
     def gate(self, op: str, bucket: str, arm: Arm) -> dict | None:

@@ -31,6 +31,20 @@ def arm_steps(q, job_id: str, op: str, bucket: str, since_step: int,
         [job_id, op, bucket, phase, since_step])
 
 
+def job_resource(q, job_id: str) -> dict:
+    """The resource attributes a job's telemetry carries (its lowest rank's newest process):
+    its torch and triton versions and device models. Empty when it sent none."""
+    rows = q.query("""SELECT attributes FROM resources WHERE job_id = ?
+                      ORDER BY rank NULLS LAST, first_seen_ns DESC LIMIT 1""", [job_id])
+    if not rows or not rows[0]["attributes"]:
+        return {}
+    try:
+        attrs = json.loads(rows[0]["attributes"])
+    except ValueError:
+        return {}
+    return attrs if isinstance(attrs, dict) else {}
+
+
 def step_durations(q, job_id: str, since_step: int, until_step: int | None = None) -> list[dict]:
     """Step durations of a job (rank 0, or the lowest rank reporting) in a step window."""
     return q.query(

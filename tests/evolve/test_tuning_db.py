@@ -168,3 +168,31 @@ def test_paging_through_rows_of_one_arm_under_many_versions_gives_each_once(tmp_
         seen = [r["torch_version"] for offset in range(0, 40, 7)
                 for r in store_evolve.tuning_rows(store, limit=7, offset=offset)]
     assert sorted(seen) == sorted(f"2.{i}" for i in range(40))
+
+
+def test_a_jobs_live_results_are_keyed_by_the_torch_and_device_it_reported(tmp_path, registry):
+    """Online trials and canary marks were keyed by the daemon's torch and device: jobs on
+    other GPU models or in another venv shared one key (a CUDA bucket on a daemon that sees no
+    GPU was keyed by the daemon's CPU)."""
+    from rtxops.telemetry import otlp, store_evolve
+    from rtxops.telemetry import schema as S
+
+    from ..telemetry.otlp_helpers import request, span
+
+    cuda = "float32/cuda/tanh=0,hidden=64,rows=16"
+    resource = {S.JOB_ID: "job-g", S.TORCH_VERSION: "9.9.9", S.TRITON_VERSION: "4.0",
+                S.HW_GPU_MODEL: "NVIDIA H200", S.HW_CPU_MODEL: "some cpu"}
+    body = request([span("rtx.step", {S.STEP_NUMBER: 1})], resource).SerializeToString()
+    with Store(tmp_path / "s.duckdb") as store:
+        store.write(otlp.convert(body, otlp.PROTOBUF, 1), timeout=30)
+        reported = store_evolve.job_resource(store, "job-g")
+        db = TuningDB(store, registry)
+        db.record("gelu", cuda, ARM, source="online", trials=5, median_ns=10.0, resource=reported)
+        db.record("gelu", BUCKET, ARM, source="online", trials=5, median_ns=20.0, resource=reported)
+        assert db.lookup("gelu", cuda, ARM, reported)["median_ns"] == 10.0
+        assert db.lookup("gelu", cuda, ARM) is None            # not this machine's result
+        rows = {r["median_ns"]: r for r in store.query("SELECT * FROM tuning")}
+        assert store_evolve.job_resource(store, "no-such-job") == {}
+    assert (rows[10.0]["torch_version"], rows[10.0]["triton_version"], rows[10.0]["device"]) == (
+        "9.9.9", "4.0", "cuda:NVIDIA H200")
+    assert rows[20.0]["device"] == "cpu:some cpu"
