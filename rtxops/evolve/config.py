@@ -18,6 +18,9 @@ class LoopConfig:
     hot_window_steps: int = 50       # the window hot spots are ranked over
     min_share: float = 0.01          # buckets below this share of step time are not worth tuning
     explore_share: float = 0.10      # at most this share of a bucket's calls runs candidates
+    # a round whose arms add more than this share to the job's step time ends at once (an arm
+    # that passed the gate can still be many times slower than the incumbent)
+    explore_cost_cap: float = 0.05
     window_steps: int = 20           # steps per explore round and per canary window
     margin_steps: int = 5            # a plan takes effect this many steps after the last one seen
     strategy: str = "successive_halving"
@@ -92,7 +95,7 @@ class LoopConfig:
                 raise ValueError(f"RTXOPS_EVOLVE_{f.name.upper()}={value!r}: give a finite number")
         for name in ("interval_s", "hot_window_steps", "window_steps", "budget", "max_arms", "gates",
                      "rollback_threshold", "step_rollback_threshold", "drift_threshold",
-                     "gate_timeout_s", "swap_timeout_s"):
+                     "gate_timeout_s", "swap_timeout_s", "explore_cost_cap"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RTXOPS_EVOLVE_{name.upper()} must be > 0")
         for name in ("min_steps", "margin_steps", "min_gain"):

@@ -43,6 +43,7 @@ from .tuning import TuningDB
 
 log = logging.getLogger("rtxops.evolve")
 ROUND_MAX_WINDOWS = 10  # an explore round waits at most this many windows for its arms' samples
+EXPLORE_COST_STEPS = 5  # a round's steps before its cost to the job is judged
 GATE_WAIT_S = 1.0       # a tick waits this long for a gate (verdicts already stored take ms)
 GATE_ERRORS_KEPT = 3   # gates of one bucket that could not run before it is rejected
 PUBLISH_ATTEMPTS = 3    # derivations of a plan when others publish for the job meanwhile
@@ -266,6 +267,7 @@ class EvolveLoop:
         # the swap step itself closes calls made before the swap: windows start after it
         elif bt.phase == "exploring":
             bt.round_from = swapped + 1
+            per_arm = None
             if last >= swapped + self.config.window_steps:
                 per_arm = self._round_values(job, bt, last)
                 # a bucket called seldom (once per step, say) gets more windows, up to 10, until
@@ -279,6 +281,16 @@ class EvolveLoop:
                         self._next_round(job, bt, last)
                     else:
                         self._vanished(job, bt, last)
+                    return
+            if last >= swapped + EXPLORE_COST_STEPS:
+                per_arm = per_arm if per_arm is not None else self._round_values(job, bt, last)
+                cost = self._exploring_cost(job, bt, per_arm, last)
+                if cost is not None and cost > self.config.explore_cost_cap:
+                    log.warning("evolve: job %s: exploring %s %s adds %.0f%% to its steps (cap "
+                                "%.0f%%): the round ends now", job, bt.op, bt.bucket, 100 * cost,
+                                100 * self.config.explore_cost_cap)
+                    if self._finish_round(job, bt, last, per_arm):
+                        self._next_round(job, bt, last)
         elif bt.phase == "canary":
             bt.canary_from = swapped + 1
             if last >= swapped + self.config.window_steps:
@@ -441,6 +453,23 @@ class EvolveLoop:
             bt.phase = "failed"
             return
         bt.round_arms, bt.round_from, bt.phase = arms, None, "exploring"
+
+    def _exploring_cost(self, job: str, bt: BucketTuning, per_arm: dict[Arm, dict[int, float]],
+                        last: int) -> float | None:
+        """What the round's arms add to the job's step time so far, as a share of its median
+        step: each arm's calls times how much longer than the incumbent's they took. None before
+        there is enough to tell."""
+        base = list(per_arm.get(bt.incumbent, {}).values())
+        steps = [r["duration_ns"] for r in store_evolve.step_durations(
+            self.store, job, bt.round_from, last)]
+        if not base or len(steps) < EXPLORE_COST_STEPS:
+            return None
+        calls = lambda v: getattr(v, "calls", 1)  # noqa: E731
+        incumbent = sum(v * calls(v) for v in base) / sum(calls(v) for v in base)
+        extra = sum(v * calls(v) - incumbent * calls(v)
+                    for arm in bt.round_arms for v in per_arm.get(arm, {}).values())
+        step = statistics.median(steps)
+        return extra / len(steps) / step if step > 0 else None
 
     def _round_values(self, job: str, bt: BucketTuning, last: int) -> dict[Arm, dict[int, float]]:
         """Per arm (the incumbent too): step → its per-call time, in the round's window so far."""

@@ -67,9 +67,9 @@ def compare_per_call(incumbent: Sequence[float], candidate: Sequence[float], *,
                      min_samples: int = MIN_SAMPLES) -> Comparison:
     """Compare two arms' per-step means of calls (:class:`StepMean`; a plain value counts as one
     call) by their call-weighted means. The calls' variance is estimated from both arms together
-    (as under "no difference" they share it: the arm with few calls may not have met the rare
-    slow call the other shows), and the log ratio of the means gets a normal interval and a
-    one-sided p-value from it."""
+    (relative to each arm's mean; as under "no difference" they share it: the arm with few calls
+    may not have met the rare slow call the other shows), and the log ratio of the means gets a
+    normal interval and a one-sided p-value from it."""
     a, b = _weighted(incumbent), _weighted(candidate)
     if len(a) and len(b):
         a, b = _without_gross_outliers(a, b)
@@ -78,9 +78,11 @@ def compare_per_call(incumbent: Sequence[float], candidate: Sequence[float], *,
         return _too_few(n, min_samples)
     (xa, ka), (xb, kb) = a.T, b.T
     ma, mb = (ka @ xa) / ka.sum(), (kb @ xb) / kb.sum()
-    # a step's mean of k calls varies as 1/k of one call: k (x - m)^2 estimates one call's variance
-    spread = (ka @ (xa - ma) ** 2 + kb @ (xb - mb) ** 2) / max(1, len(a) + len(b) - 2)
-    se = math.sqrt(spread / (ka.sum() * ma * ma) + spread / (kb.sum() * mb * mb))
+    # a step's mean of k calls varies as 1/k of one call: k (x - m)^2 estimates one call's
+    # variance; relative to each arm's mean (timing noise scales with the time), then pooled
+    spread = ((ka @ ((xa - ma) / ma) ** 2 + kb @ ((xb - mb) / mb) ** 2)
+              / max(1, len(a) + len(b) - 2))
+    se = math.sqrt(spread / ka.sum() + spread / kb.sum())
     observed = math.log(mb / ma)
     alpha = 1.0 - confidence
     if se == 0:

@@ -1,0 +1,42 @@
+"""Exploring costs the job at most a share of its step time (RTXOPS_EVOLVE_EXPLORE_COST_CAP, 5 %):
+an arm that passed the gate but is many times slower than the incumbent, on a hot bucket, added
+to every step for a whole round (up to 200 steps for a seldom-called bucket)."""
+from __future__ import annotations
+
+from rtxops.evolve.candidates import Arm
+from rtxops.telemetry import store_evolve as se
+
+from .loop_harness import loop_over_rows, tick_one_arm
+
+INC, ARM = Arm.of("reference"), Arm.of("slow")
+
+
+def rows_for(arm_ms: float, last: int) -> list[dict]:
+    """Steps of 10 calls (9 incumbent at 1 ms, 1 arm) from step 10 (the round's first)."""
+    rows = []
+    for step in range(10, last + 1):
+        rows.append({"step": step, "variant": INC.variant, "config": "{}", "calls": 9,
+                     "total_ns": 9e6})
+        rows.append({"step": step, "variant": ARM.variant, "config": "{}", "calls": 1,
+                     "total_ns": arm_ms * 1e6})
+    return rows
+
+
+def tick_at(monkeypatch, arm_ms: float, last: int) -> list[dict]:
+    decisions: list[dict] = []
+    loop = loop_over_rows(monkeypatch, rows_for(arm_ms, last), last=last, decisions=decisions)
+    monkeypatch.setattr(se, "step_durations", lambda q, job, since, until=None: [
+        {"step": s, "duration_ns": 100e6} for s in range(since, (until or last) + 1)])
+    tick_one_arm(loop, "gelu", INC, ARM)
+    return decisions
+
+
+def test_a_round_whose_arm_costs_more_than_the_cap_ends_at_once(monkeypatch):
+    # 40 ms for the arm's call against 1 ms: +39 ms on a 100 ms step, 39 %
+    decisions = tick_at(monkeypatch, arm_ms=40.0, last=16)
+    assert decisions and decisions[-1]["kind"] == "reject", decisions
+
+
+def test_a_round_within_the_cap_runs_its_window(monkeypatch):
+    # 4 ms against 1 ms: +3 ms on a 100 ms step, 3 %
+    assert tick_at(monkeypatch, arm_ms=4.0, last=16) == []
