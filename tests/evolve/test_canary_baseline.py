@@ -38,36 +38,35 @@ def test_the_canary_baseline_is_the_window_before_the_promotion(monkeypatch):
     assert bt.phase == "canary" and min(bt.step_before) == 130e6
 
 
-def test_a_slower_step_with_a_faster_kernel_rolls_back_without_marking_it_regressed(monkeypatch):
-    rows = [{"step": s, "variant": WIN.variant, "config": "{}", "calls": 8, "total_ns": 8 * 0.8e6}
-            for s in range(10, 30)]
+def canary_of(monkeypatch, live_ms: float, steps_ms: float) -> tuple[list[dict], list[dict]]:
+    """One tick of a canary (steps 10-29 after the swap) of a winner measured 0.8 ms a call
+    against the incumbent's 1 ms, running ``live_ms`` a call live, the job's steps taking
+    ``steps_ms`` against 100 ms before; its decisions and tuning-DB records."""
+    rows = [{"step": s, "variant": WIN.variant, "config": "{}", "calls": 8,
+             "total_ns": 8 * live_ms * 1e6} for s in range(10, 30)]
     decisions: list[dict] = []
     marked: list[dict] = []
     loop = loop_over_rows(monkeypatch, rows, last=29, decisions=decisions)
-    monkeypatch.setattr(se, "step_durations",
-                        lambda *a, **k: [{"duration_ns": 130e6 + i * 1e5} for i in range(20)])
+    monkeypatch.setattr(se, "step_durations", lambda *a, **k: [
+        {"duration_ns": steps_ms * 1e6 + i * 1e5} for i in range(20)])
     loop.tuning.record = lambda *a, **k: marked.append(k)
     bt = L.BucketTuning("gelu", "b", INC, phase="canary", winner=WIN, plan_version=7,
                         step_before=[100e6 + i * 1e5 for i in range(20)])
-    bt.rounds = [({s: 1.0e6 for s in range(-400, -380)}, {WIN: {s: 0.8e6 for s in range(-400, -380)}})]
+    bt.rounds = [({s: 1.0e6 + s for s in range(-400, -380)},
+                  {WIN: {s: 0.8e6 + s for s in range(-400, -380)}})]
     loop.jobs["job"] = L.JobEvolution(active=bt)
     loop.tick()
+    return decisions, marked
+
+
+def test_a_slower_step_with_a_faster_kernel_rolls_back_without_marking_it_regressed(monkeypatch):
+    decisions, marked = canary_of(monkeypatch, live_ms=0.8, steps_ms=130)
     assert decisions[-1]["kind"] == "rollback" and "step time" in decisions[-1]["reason"]
     assert not [m for m in marked if m.get("status") == "regressed"]
 
 
 def test_a_kernel_slower_live_is_marked_regressed(monkeypatch):
-    rows = [{"step": s, "variant": WIN.variant, "config": "{}", "calls": 8, "total_ns": 8 * 2.0e6}
-            for s in range(10, 30)]
-    decisions: list[dict] = []
-    marked: list[dict] = []
-    loop = loop_over_rows(monkeypatch, rows, last=29, decisions=decisions)
-    loop.tuning.record = lambda *a, **k: marked.append(k)
-    bt = L.BucketTuning("gelu", "b", INC, phase="canary", winner=WIN, plan_version=7)
-    bt.rounds = [({s: 1.0e6 + s for s in range(-400, -380)},
-                  {WIN: {s: 0.8e6 + s for s in range(-400, -380)}})]
-    loop.jobs["job"] = L.JobEvolution(active=bt)
-    loop.tick()
+    decisions, marked = canary_of(monkeypatch, live_ms=2.0, steps_ms=100)
     assert decisions[-1]["kind"] == "rollback" and "kernel time" in decisions[-1]["reason"]
     assert [m["status"] for m in marked] == ["regressed"]
 
