@@ -373,8 +373,9 @@ class EvolveLoop:
         arms = [a for a in candidates(self.registry, op, spec_bucket,
                                       deterministic=self.config.deterministic) if a != incumbent]
         allowed = {v.strip() for v in self.config.variants.split(",") if v.strip()}
+        resource = store_evolve.job_resource(self.store, job)
         arms = [a for a in arms if (not allowed or a.variant in allowed)
-                and not self._regressed(job, op, bucket, a)]
+                and not self._regressed(op, bucket, a, resource)]
         bt.arms = arms
         log.info("evolve: job %s: gating %d candidates of %s %s (share %.1f%%)", job, len(arms),
                  op, bucket, 100 * (hs["share"] or 0))
@@ -427,8 +428,9 @@ class EvolveLoop:
         log.info("evolve: job %s: tuning %s %s (%d candidates)", job, bt.op, bt.bucket, len(passed))
         self._next_round(job, bt, last)
 
-    def _regressed(self, job: str, op: str, bucket: str, arm: Arm) -> bool:
-        row = self.tuning.lookup(op, bucket, arm, store_evolve.job_resource(self.store, job))
+    def _regressed(self, op: str, bucket: str, arm: Arm, resource: dict) -> bool:
+        """Whether ``arm`` was marked regressed on the machine of the job ``resource`` names."""
+        row = self.tuning.lookup(op, bucket, arm, resource)
         return row is not None and row["status"] == "regressed"
 
     # ---- explore rounds --------------------------------------------------------------------------

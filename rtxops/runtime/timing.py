@@ -72,7 +72,7 @@ class CudaEventTimer:
 
         if every == 1:
             return timed
-        pending, countdown = self._pending, [0]
+        queue, countdown = self._queue, [0]
 
         def sampled(*args, **kwargs):
             if countdown[0] == 0:
@@ -81,11 +81,7 @@ class CudaEventTimer:
             countdown[0] -= 1
             host_ns = perf_counter_ns()
             out = fn(*args, **kwargs)
-            if len(pending) < self.max_pending:
-                pending.append((slot, host_ns, None, None, -1))
-            else:
-                self.dropped += 1
-                self.readings.dropped(1)
+            queue((slot, host_ns, None, None, -1))
             return out
 
         return sampled
@@ -112,12 +108,17 @@ class CudaEventTimer:
         if before is not None:
             self.readings.memory(slot, torch.cuda.memory_allocated() - before,
                                  torch.cuda.max_memory_allocated() - before)
-        if len(self._pending) < self.max_pending:
-            self._pending.append((slot, host_ns, start, end, device_index))
-        else:
-            self.dropped += 1
-            self.readings.dropped(1)
+        if not self._queue((slot, host_ns, start, end, device_index)):
             self._free.setdefault(device_index, []).extend((start, end))
+
+    def _queue(self, entry: tuple) -> bool:
+        """Queue a call for :meth:`drain`; False, and counted as dropped, when the queue is full."""
+        if len(self._pending) < self.max_pending:
+            self._pending.append(entry)
+            return True
+        self.dropped += 1
+        self.readings.dropped(1)
+        return False
 
     def drain(self) -> int:
         """Report every finished pair in order; stop at the first unfinished one. Returns count."""

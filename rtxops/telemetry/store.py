@@ -1122,6 +1122,7 @@ FROM totals t LEFT JOIN quantiles q USING (key_id)
 ORDER BY job_id, op, bucket, phase, mean_ns
 """
 
+
 def _in_window(counter: str) -> str:
     """SQL: what a process-cumulative counter of one process counted in the window: its last
     value in the window less its last one before it."""
