@@ -24,11 +24,39 @@ def plan_kernels(plan, registry) -> tuple[list[KernelComponent], dict[str, str]]
     components, sources = [], {}
     for (op, name), configs in sorted(uses.items()):
         v = registry.variant(op, name)
-        module = inspect.getmodule(v.build)
-        text = inspect.getsource(module) if module else ""
-        path = f"kernels/{module.__name__ if module else op + '.' + name}.py"
+        path, text = _source(v)
         sources[path] = text
         components.append(KernelComponent(op, name, v.family, bool(v.deterministic), path,
-                                          hashlib.sha256(text.encode()).hexdigest(),
-                                          tuple(sorted(configs))))
+                                          _sha256(text), tuple(sorted(configs))))
     return components, sources
+
+
+def unlike_local(variants: list[dict], registry) -> str | None:
+    """Why the signed kernels (the SBOM's ``variants``, as :func:`.sbom.facts` gives them) are
+    not the ones ``registry`` would run, or None. A variant ``registry`` lacks is left to the
+    plan's install, which refuses it."""
+    for signed in variants:
+        try:
+            v = registry.variant(signed["op"], signed["variant"])
+        except KeyError:
+            continue
+        name = f"{signed['op']}/{signed['variant']}"
+        local = _sha256(_source(v)[1])
+        if local != signed["source_sha256"]:
+            return (f"{name}: this job's source (sha256 {local[:16]}…) is not the signed one "
+                    f"({signed['source_sha256'][:16]}…): the plan was signed for another kernel build")
+        if bool(v.deterministic) != signed["deterministic"]:
+            return (f"{name}: deterministic is {bool(v.deterministic)} here, "
+                    f"{signed['deterministic']} in the signed SBOM")
+    return None
+
+
+def _source(variant) -> tuple[str, str]:
+    """(bundle path, source text) of the module that builds ``variant``."""
+    module = inspect.getmodule(variant.build)
+    text = inspect.getsource(module) if module else ""
+    return f"kernels/{module.__name__ if module else variant.op + '.' + variant.name}.py", text
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

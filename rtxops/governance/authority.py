@@ -14,7 +14,7 @@ from pathlib import Path
 from . import _keys
 from ._bundle import Signer, write_plan_bundle
 from ._errors import PolicyDenied, UsageError, VerificationError
-from ._kernels import plan_kernels
+from ._kernels import plan_kernels, unlike_local
 from ._layout import HEAD_KIND
 from .keyring import Keyring
 from .policy import load_policies
@@ -162,10 +162,11 @@ def bundle_files(directory: Path) -> dict[str, bytes]:
 
 
 def verify_plan_directory(directory: str | Path, keyring_file: str, job: dict,
-                          running_version: int, any_scope: bool = False) -> bytes:
+                          running_version: int, any_scope: bool = False, registry=None) -> bytes:
     """``plan.json`` of the plan bundle at ``directory`` once it verifies as a job requires
     (signature, trusted key, digests, policy, kind plan, version newer than the running one,
-    signed for this job or for every job, unless ``any_scope``); else VerificationError with the
+    signed for this job or for every job, unless ``any_scope``, and kernels whose signed sources
+    are the ones ``registry``, default the runtime's, runs); else VerificationError with the
     reason. The bytes returned are the ones verification hashed and parsed (the file is not
     read again)."""
     report = verify(directory, Trust(keyring=Keyring.load(keyring_file)), policies=load_policies(),
@@ -180,6 +181,14 @@ def verify_plan_directory(directory: str | Path, keyring_file: str, job: dict,
                                          f"({job_id or 'no id'}) nor for every job ({EVERY_JOB})")
     if report.plan_bytes is None:
         raise VerificationError("plan", "a plan bundle must hold plan.json")
+    if registry is None:
+        from rtxops.runtime.registry import default_registry
+
+        registry = default_registry()
+    # what the signature and the policies vouched for is the signed source; the job runs its own
+    unlike = unlike_local(report.facts.get("variants") or [], registry)
+    if unlike:
+        raise VerificationError("kernels", unlike)
     return report.plan_bytes
 
 

@@ -46,3 +46,40 @@ def test_a_name_that_is_both_a_file_and_a_folder_is_a_manifest_error(good_plan, 
     files = {"kernels": b"x", **bundle_files(good_plan)}
     with pytest.raises(VerificationError, match="manifest: file .* cannot be laid out"):
         verify(files, 0)
+
+
+def _registry_with_gelu_algebraic(**changes):
+    """The runtime's registry with gelu/algebraic as another kernel build would have it."""
+    import dataclasses
+
+    from rtxops.runtime.registry import load_builtin
+
+    registry = load_builtin()
+    registry.add_variant(dataclasses.replace(registry.variant("gelu", "algebraic"), **changes))
+    return registry
+
+
+def _other_build(config, bucket):   # a build from this module: another source than the runtime's
+    import torch.nn.functional as F
+
+    return F.gelu
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"build": _other_build}, r"kernels: gelu/algebraic: this job's source .* is not the signed one"),
+    ({"deterministic": False}, "kernels: gelu/algebraic: deterministic is False here, True in the signed SBOM"),
+])
+def test_a_plan_signed_for_another_kernel_build_is_refused(good_plan, keys, changes, reason):
+    """The signature, SBOM and policies vouch for the signed source; the job runs its own. A
+    bundle signed where gelu/algebraic differs from this job's is refused, from the daemon's
+    channel and from a directory named at launch alike."""
+    from rtxops.governance.authority import verify_plan_directory
+
+    job = {"id": "job-1", "deterministic": False}
+    other = _registry_with_gelu_algebraic(**changes)
+    with pytest.raises(VerificationError, match=reason):
+        verify_plan_directory(good_plan, str(keys.keyring_file), job, 0, registry=other)
+    with pytest.raises(VerificationError, match=reason):
+        verify_plan_directory(good_plan, str(keys.keyring_file), job, -1, any_scope=True, registry=other)
+    assert verify_plan_directory(good_plan, str(keys.keyring_file), job, 0) == \
+        (good_plan / "plan.json").read_bytes()
