@@ -16,6 +16,8 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from rtxops.cli_text import inert
+
 err = Console(stderr=True, emoji=False)
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # names, paths as they are
 
@@ -44,7 +46,7 @@ def _home(home: Optional[Path]):
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"rtxops: {message}", markup=False)
+    err.print(f"rtxops: {inert(message)}", markup=False)   # (a bundle's names and fields in it)
     return typer.Exit(code)
 
 
@@ -172,9 +174,6 @@ def sign(directory: Path = typer.Argument(..., help="directory to turn into a bu
         raise _fail("--identity-token and --trust-config are for --keyless signing")
     if not directory.is_dir() or directory.is_symlink():
         raise _fail(f"{directory} is not a directory")
-    kernels: list = []
-    if kind == "plan":
-        version, kernels = _plan_kernels_written(directory)
     if keyless:
         signer = _guard(lambda: KeylessSigner.create(identity_token, trust_config))
         who = f"as {signer.identity} ({signer.issuer})"
@@ -182,6 +181,9 @@ def sign(directory: Path = typer.Argument(..., help="directory to turn into a bu
         key = key or _home(home).root / "keys" / "signing.pem"
         signer = _guard(lambda: Signer.from_key_file(key))
         who = f"with key {signer.key_id[:16]}"
+    kernels: list = []
+    if kind == "plan":   # after the signer: a bad key leaves the folder as it was
+        version, kernels = _plan_kernels_written(directory)
     digest = _guard(lambda: signer.sign_directory(directory, kind=kind, version=version,
                                                   kernels=kernels))
     out.print(f"signed {directory} ({kind}) {digest} {who}")
@@ -191,10 +193,16 @@ def _plan_kernels_written(directory: Path) -> tuple[int, list]:
     """A plan bundle's version and the SBOM components of the variants its plan.json uses, whose
     sources are written under ``kernels/`` (as the daemon lays a plan bundle out: `verify` wants
     the SBOM to list exactly the plan's variants, each with its signed source)."""
+    from rtxops.governance._errors import VerificationError
     from rtxops.governance._kernels import plan_kernels
+    from rtxops.governance._layout import list_files
     from rtxops.runtime.plan import Plan, PlanError
     from rtxops.runtime.registry import default_registry
 
+    try:   # a symlink in the folder (kernels/ itself, say) would have the sources written through it
+        list_files(directory)
+    except VerificationError as e:
+        raise _fail(f"cannot sign {directory}: {e.message}") from None
     try:
         plan = Plan.from_json((directory / "plan.json").read_bytes())
         plan.validate(default_registry())
@@ -267,8 +275,8 @@ def verify(path: Path = typer.Argument(..., help="bundle directory"),
         out.print(json.dumps(report.to_dict(), indent=1, default=str))
     else:
         for line in report.lines():
-            out.print(line)
-        out.print(("verified: " if report.ok else "NOT verified: ") + str(path))
+            out.print(inert(line))
+        out.print(("verified: " if report.ok else "NOT verified: ") + inert(str(path)))
     raise typer.Exit(0 if report.ok else 1)
 
 
@@ -580,7 +588,7 @@ def plan_import(bundle: Path = typer.Argument(..., help="signed plan bundle fold
             raise _fail(f"cannot copy {bundle}: {e}") from None
         report = _guard(lambda: run_verify(copy, trust, policies=policies, expected_kind="plan"))
         for line in report.lines():
-            out.print(line)
+            out.print(inert(line))
         if not report.ok:
             raise typer.Exit(1)
         # the scope is checked as a folder name by verify; the resolved parent is checked again here

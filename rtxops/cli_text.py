@@ -15,4 +15,9 @@ def plain(cell):
     characters as escapes (``\\x1b``)."""
     if not isinstance(cell, str):
         return cell
-    return Text(_ACTING.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), cell))
+    return Text(inert(cell))
+
+
+def inert(text: str) -> str:
+    """``text`` with what a terminal would act on written as escapes (``\\x1b``)."""
+    return _ACTING.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from . import _dsse, _keys, provenance, sbom
 from ._errors import UsageError, VerificationError
-from ._layout import KINDS, PLAN, PROVENANCE, SBOM, SIGNATURE, hash_files, list_files
+from ._layout import (KINDS, MAX_METADATA_BYTES, MAX_SIGNATURE_BYTES, PLAN, PROVENANCE, SBOM, SIGNATURE,
+                      hash_files, list_files)
 
 
 def _version() -> str:
@@ -65,6 +66,12 @@ class DirectorySigner:
         # signed before anything is written: a signing that fails (a keyless signer offline)
         # leaves a signed folder as it was
         signature = (json.dumps(self._sign_statement(_dsse.statement(digests)), indent=1) + "\n").encode()
+        for name, data, limit in ((SIGNATURE, signature, MAX_SIGNATURE_BYTES),
+                                  (PROVENANCE, prov, MAX_METADATA_BYTES), (SBOM, sbom_bytes, MAX_METADATA_BYTES)):
+            if len(data) > limit:   # a bundle no verifier would read: refused, nothing written
+                raise UsageError(f"cannot sign {root}: its {len(names)} files make {name} "
+                                 f"{len(data) >> 20} MiB, over the {limit >> 20} MiB a verifier reads; "
+                                 "bundle fewer files (an archive of them, say)")
         _replace_all(root, {SBOM: sbom_bytes, PROVENANCE: prov, SIGNATURE: signature})
         return "sha256:" + _dsse.root_digest(digests)
 

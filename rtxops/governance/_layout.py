@@ -22,7 +22,7 @@ KINDS = ("plan", "checkpoint", "telemetry", "ledger")
 HEAD_KIND = "ledger-head"
 TRUST_KINDS = (*KINDS, HEAD_KIND)
 
-MAX_SIGNATURE_BYTES = 4 << 20   # the Sigstore bundle (statement with one line per file)
+MAX_SIGNATURE_BYTES = 32 << 20  # the Sigstore bundle (statement with one line per file: ~180 B)
 MAX_METADATA_BYTES = 16 << 20   # plan, SBOM, provenance: parsed as JSON
 MAX_FILES = 100_000
 MAX_DEPTH = 64          # folders within folders a bundle may hold
@@ -41,8 +41,12 @@ def check_name(name: str) -> str:
         raise VerificationError("manifest", f"file name {name!r} holds a backslash")
     if any(part in ("..", ".", "") for part in name.split("/")):
         raise VerificationError("manifest", f"file name {name!r} has '..', '.' or an empty part")
-    if any(ord(c) < 32 for c in name):
+    if any(ord(c) < 32 or 0x7f <= ord(c) <= 0x9f for c in name):
         raise VerificationError("manifest", f"file name {name!r} has control characters")
+    try:   # (a name of bytes that are not UTF-8 comes from the file system as surrogates)
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise VerificationError("manifest", f"file name {name!r} is not UTF-8") from None
     return name
 
 

@@ -144,6 +144,8 @@ _NUMBER = (int, float)
 _FIELD_TYPES = {"key_id": str, "pem": str, "name": str, "not_before": _NUMBER,
                 "not_after": (*_NUMBER, type(None)), "revoked_at": (*_NUMBER, type(None)),
                 "revoked_reason": str}
+_TIMES = ("not_before", "not_after", "revoked_at")
+_YEAR_10000 = 253402300800
 
 
 class KeyringEdit:
@@ -189,6 +191,9 @@ def _entry(key_id: str, value) -> TrustedKey:
         if name in value and (not isinstance(value[name], kinds) or isinstance(value[name], bool)
                               or (isinstance(value[name], float) and not math.isfinite(value[name]))):
             raise ValueError(f"entry {key_id!r}: {name} is {value[name]!r}")
+        if name in _TIMES and isinstance(value.get(name), _NUMBER) and not 0 <= value[name] < _YEAR_10000:
+            raise ValueError(f"entry {key_id!r}: {name} is {value[name]!r}, not a time (seconds "
+                             "since 1970 before the year 10000)")
     kinds = value.get("kinds", list(KINDS))
     if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
         raise ValueError(f"entry {key_id!r}: kinds must be a list of names")

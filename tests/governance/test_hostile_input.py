@@ -216,3 +216,39 @@ def test_a_signed_file_that_is_a_link_is_refused_without_reading_it(keys, good_p
     big.write_bytes(b"x" * 2048)
     with pytest.raises(VerificationError, match="over the 1024 byte limit"):
         read_limited(big, 1024, "provenance")
+
+
+@pytest.mark.parametrize("limit", ["MAX_SIGNATURE_BYTES", "MAX_METADATA_BYTES"])
+def test_a_folder_whose_bundle_no_verifier_would_read_is_refused_before_anything_is_written(
+        keys, tmp_path, monkeypatch, limit):
+    """`rtxops sign` wrote a signature of any size, which verification refuses past its limit:
+    a folder of ~23 000 files was signed and could never verify. The limits here are made small
+    instead of the folder large."""
+    from rtxops.governance import _bundle
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"s-{i:04d}.bin").write_bytes(b"x")
+    monkeypatch.setattr(_bundle, limit, 4096)
+    with pytest.raises(UsageError, match=r"cannot sign .*: its 40 files make .* over the 0 MiB a "
+                                         r"verifier reads; bundle fewer files"):
+        keys.signer().sign_directory(folder, kind="checkpoint")
+    assert sorted(p.name for p in folder.iterdir()) == [f"s-{i:04d}.bin" for i in range(40)]
+
+
+def test_signing_a_plan_folder_writes_no_kernel_source_through_a_symlink(keys, good_plan, tmp_path):
+    """`rtxops sign --kind plan` wrote the kernel sources through a symlinked ``kernels/`` (outside
+    the folder) and only then refused the symlink. A bad key wrote them too before failing."""
+    folder, outside = tmp_path / "plan", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    (folder / "plan.json").write_bytes((good_plan / "plan.json").read_bytes())
+    (folder / "kernels").symlink_to(outside)
+    r = CliRunner().invoke(app, ["sign", str(folder), "--kind", "plan", "--key", str(keys.root / "daemon.pem")])
+    assert r.exit_code == 2 and "kernels is a symlink" in " ".join(r.output.split())
+    assert list(outside.iterdir()) == []
+    (folder / "kernels").unlink()
+    r = CliRunner().invoke(app, ["sign", str(folder), "--kind", "plan", "--key", str(tmp_path / "no.pem")])
+    assert r.exit_code == 2
+    assert sorted(p.name for p in folder.iterdir()) == ["plan.json"]

@@ -22,12 +22,24 @@ def _kinds_not_a_list(ring: dict) -> dict:
     return ring
 
 
+def _revoked_at_past_any_clock(ring: dict) -> dict:
+    next(iter(ring["keys"].values()))["revoked_at"] = 1e300   # crashed `keys list` (OverflowError)
+    return ring
+
+
+def _not_before_1969(ring: dict) -> dict:
+    next(iter(ring["keys"].values()))["not_before"] = -5
+    return ring
+
+
 MALFORMED = {
     "keys is a list": lambda ring: {"keys": []},
     "top level is a list": lambda ring: ["keys"],
     "entry is a string": lambda ring: {"keys": {"k": "pem"}},
     "revoked_at is text": _revoked_at_text,
     "kinds is not a list": _kinds_not_a_list,
+    "revoked_at out of range": _revoked_at_past_any_clock,
+    "not_before negative": _not_before_1969,
 }
 
 

@@ -562,3 +562,21 @@ def test_names_in_a_report_are_printed_as_they_are_not_read_as_markup(good_plan,
         assert code == 1 and f"extra file {name}" in output and "NOT verified" in output, output
         code, output = run(str(bundle), "--keyring", str(keys.keyring_file), "--no-ledger", "--json")
         assert code == 1 and name in json.loads(output)["checks"][-1]["message"], output
+
+
+def test_a_bundle_cannot_send_the_terminal_escape_codes(good_plan, keys, tmp_path):
+    """A key hint or a symlink's name is the bundle's own text, shown in the failure: it reached
+    the terminal raw (``\\x1b[2J`` cleared the screen). A name that is not UTF-8 is refused."""
+    hinted = copy(good_plan, tmp_path / "hint")
+    edit_bundle_json(hinted,
+                     lambda d: d["verificationMaterial"]["publicKey"].update(hint="\x1b[2J\x1b[31mHELLO"))
+    linked = copy(good_plan, tmp_path / "link")
+    (linked / "\x1b[2Jx").symlink_to(linked / "plan.json")
+    for bundle, shown in ((hinted, "\\x1b[2J\\x1b[31mHELLO"), (linked, "\\x1b[2Jx is a symlink")):
+        code, output = run(str(bundle), "--keyring", str(keys.keyring_file), "--no-ledger")
+        assert code == 1 and "\x1b" not in output and shown in output, output
+    named = copy(good_plan, tmp_path / "named")
+    with open(os.path.join(os.fsencode(named), b"\xff.txt"), "wb") as f:
+        f.write(b"x")
+    code, output = run(str(named), "--keyring", str(keys.keyring_file), "--no-ledger")
+    assert code == 1 and "is not UTF-8" in output, output
