@@ -14,8 +14,9 @@ session of its own, with the environment this process got, the job's token resto
 ``{"error": ..., "errno": ..., "filename": ...}`` when it cannot start. It stays out of the job's
 session and does not carry its token, so the signals the supervisor sends the job's processes
 never reach it. Its command line ends with the job's, so ``pkill -f train.py`` (or a scheduler
-signalling every process) finds it too: it outlives SIGTERM, SIGINT and SIGHUP, which the job gets
-as usual (a handler, unlike SIG_IGN, does not pass to the job). Its exit status mirrors the job's.
+signalling every process) finds it too: it outlives every signal that would end it and can be
+caught (SIGTERM, SIGINT, SIGHUP, SIGUSR1 for faulthandler's stacks, ...), which the job gets as
+usual (a handler, unlike SIG_IGN, does not pass to the job). Its exit status mirrors the job's.
 """
 import json
 import os
@@ -66,12 +67,27 @@ def _outlive(signum, frame) -> None:
     """The job's exit status is this process's to keep: a signal meant for the job ends it alone."""
 
 
+def _ending_signals() -> list:
+    """The signals whose default action ends a process and that a handler can catch, less the
+    ones a fault raises (a handler that returns would run the fault again)."""
+    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM",
+             "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGXFSZ", "SIGIO", "SIGPWR", "SIGSTKFLT",
+             "SIGABRT", "SIGSYS", "SIGTRAP")
+    found = [getattr(signal, n) for n in names if hasattr(signal, n)]
+    if hasattr(signal, "SIGRTMIN"):
+        found += range(signal.SIGRTMIN, signal.SIGRTMAX + 1)
+    return found
+
+
 def main(argv: list[str]) -> None:
     status_path, stdout_fd, separator, command = argv[1], int(argv[2]), argv[3], argv[4:]
     if separator != "--" or not command:
         sys.exit("usage: _waiter.py STATUS_FILE STDOUT_FD -- ARGV...")
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, _outlive)
+    for sig in _ending_signals():
+        try:
+            signal.signal(sig, _outlive)
+        except (OSError, ValueError):   # one the C library keeps for itself
+            pass
     env = dict(os.environ)
     token = env.pop(CARRIED_TOKEN, None)
     if token is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 from rtxops.daemon import launch, proctree
@@ -133,8 +134,12 @@ def test_a_job_and_its_waiter_signalled_together_keep_the_jobs_exit_status(sup, 
     until(lambda: [ln.text for ln in sup.logs(job.id)] == ["up"])
     attempt = sup.job(job.id).attempt
     waiter = proctree.read_proc(attempt.pid).ppid
-    for sig in (signal.SIGHUP, signal.SIGINT):   # the waiter outlives these too
+    # the waiter outlives these too (`pkill -USR1 -f train.py` for every rank's stacks left the
+    # job `lost` whatever it did next)
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
+                signal.SIGALRM, signal.SIGRTMIN + 3):
         os.kill(waiter, sig)
+        time.sleep(0.05)
     os.kill(waiter, signal.SIGTERM)
     os.kill(attempt.pid, signal.SIGTERM)
     done = sup.wait(job.id, 30)
