@@ -117,8 +117,10 @@ class JobSpec:
             raise JobSpecError("first_step_timeout_s needs hang_timeout_s")
 
     def backoff(self, restarts_done: int) -> float:
-        """Seconds to wait before the restart that follows ``restarts_done`` earlier restarts."""
-        return min(self.backoff_s * 2 ** min(restarts_done, 62), self.backoff_max_s)
+        """Seconds to wait before the restart that follows ``restarts_done`` earlier restarts:
+        ``backoff_s`` doubled each time, up to ``backoff_max_s`` (or ``backoff_s``, when that is
+        more: a first wait asked for is never cut)."""
+        return min(self.backoff_s * 2 ** min(restarts_done, 62), max(self.backoff_max_s, self.backoff_s))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -689,7 +689,10 @@ class _Runner:
         floor = {s: attempt.log_seqs.get(s, 0) for s in STREAMS
                  if s in attempt.log_seqs or s not in attempt.log_offsets}
         found = {s: (0, 0) for s in floor}
-        after = min(floor.values(), default=None)
+        # from the highest: one tail thread numbers and stores an attempt's lines in turn, so all
+        # stored after the checkpoint are above every seq it holds (from the lowest, a stream that
+        # never wrote, at 0, had a re-adopted job's whole log read before it was watched again)
+        after = max(floor.values(), default=None)
         while after is not None:
             page = self._probe("stored_logs", lambda: self.sup.sink.read_logs(
                 self.job_id, after_seq=after, limit=10_000), [])

@@ -62,6 +62,8 @@ def test_backoff_is_exponential_and_capped():
     s = JobSpec(command=["x"], backoff_s=0.5, backoff_max_s=3)
     assert [s.backoff(n) for n in range(5)] == [0.5, 1.0, 2.0, 3, 3]
     assert s.backoff(10_000) == 3
+    # `--backoff 600` (the API takes up to an hour) was cut to the 60 s default cap
+    assert [JobSpec(command=["x"], backoff_s=600).backoff(n) for n in range(2)] == [600, 600]
     with pytest.raises(ValueError, match="first_step_timeout_s needs hang_timeout_s"):
         JobSpec(command=["x"], first_step_timeout_s=1)
 

@@ -443,6 +443,36 @@ def test_lines_stored_after_the_checkpoint_are_all_found_when_pages_fill_by_byte
     assert found == {"stdout": (20_000 - 10_560, 20_000)}
 
 
+def test_a_readopted_job_reads_only_the_lines_stored_after_its_checkpoint(tmp_path):
+    """A stream that never wrote checkpoints seq 0: the scan started there and read the job's
+    whole log (7.5 s a million lines, every attempt's) before the adopted job was watched again
+    (no cancel, no hang kill)."""
+    from types import SimpleNamespace
+
+    from rtxops.daemon.job_sink import DuckDBJobSink
+    from rtxops.daemon.jobs import Attempt
+    from rtxops.daemon.supervisor import _Runner
+    from rtxops.telemetry.store import Store
+
+    with Store(tmp_path / "s.duckdb") as store:
+        sink = DuckDBJobSink(store)
+        sink.log_lines("job-1", 1, 0, "stdout", [(i, i, "line") for i in range(1, 30_001)])
+        sink.log_lines("job-1", 1, 0, "stderr", [(30_001, 30_001, "late")])
+        attempt = Attempt(number=1, started_at_ns=0, log_offsets={"stdout": 1, "stderr": 0},
+                          log_seqs={"stdout": 29_990, "stderr": 0})
+        read_from = []
+
+        def read_logs(job_id, after_seq, limit):
+            read_from.append(after_seq)
+            return sink.read_logs(job_id, after_seq=after_seq, limit=limit)
+
+        runner = SimpleNamespace(job_id="job-1", sup=SimpleNamespace(sink=SimpleNamespace(read_logs=read_logs)),
+                                 _probe=lambda name, fn, default, *args: fn(*args))
+        found = _Runner._stored_after_checkpoint(runner, attempt)
+    assert found == {"stdout": (10, 30_000), "stderr": (1, 30_001)}
+    assert read_from[0] == 29_990 and len(read_from) == 2, read_from
+
+
 def test_a_leader_its_waiter_has_not_reaped_yet_is_awaited_not_lost():
     """At a daemon's start, a job that had just exited (its waiter about to write the status,
     slowed by a busy disk) was taken for lost at once: a zombie is not alive."""
