@@ -108,3 +108,29 @@ def test_a_target_out_of_range_fails_as_torchs_does():
             fn(x, bad)
     ignored = torch.tensor([1, -100, 2, 3])
     torch.testing.assert_close(fn(x, ignored), F.cross_entropy(x, ignored))
+
+
+def test_a_strided_target_is_read_row_by_row():
+    """``labels[:, 1]`` (stride 3) was read as if contiguous: other rows' labels, wrong loss."""
+    x = logits(6, 50, torch.float32)
+    labels = torch.randint(0, 50, (6, 3), generator=torch.Generator().manual_seed(4))
+    args = (x, labels[:, 1])
+    assert not args[1].is_contiguous()
+    for kwargs in ({}, {"reduction": "none"}):
+        assert_matches(SPEC, build_for("cross_entropy", (x, labels[:, 1].contiguous()), kwargs),
+                       args, kwargs, "strided_target")
+
+
+@pytest.mark.parametrize("masked", [16, 48])
+def test_rows_whose_first_tiles_are_all_masked(masked):
+    """A row's leading vocab tiles all -inf (a masked vocabulary) made the online softmax take
+    exp(-inf - -inf): NaN loss and gradient where torch has a finite one."""
+    x = logits(3, 200, torch.float32)
+    with torch.no_grad():
+        x[0, :masked] = float("-inf")
+    t = targets(3, 200)
+    t[0] = masked + 5
+    args = (x, t)
+    out, grads = run(small_tiles(args, {}), *clone_args(args, {}))
+    assert torch.isfinite(out[0]).all() and torch.isfinite(grads[0]).all()
+    assert_matches(SPEC, small_tiles(args, {}), args, {}, "masked_tiles")

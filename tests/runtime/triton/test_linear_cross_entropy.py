@@ -86,3 +86,18 @@ def test_a_retained_graph_and_a_gradient_penalty_get_the_references_gradients():
     got = penalty(lambda *a: linear_cross_entropy(*a, config={"chunk_rows": 4, "block_v": 16}))
     for g, want in zip(got, penalty(reference)):
         torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-4)
+
+
+def test_a_strided_or_out_of_range_target():
+    """The fused op read a strided target as contiguous, and read logits past the vocab for a
+    target out of range (-1 padding with ignore_index left at -100) where torch raises."""
+    from rtxops.runtime.ops.triton.linear_cross_entropy import linear_cross_entropy
+
+    x, w, _, _ = inputs(6, 16, 50, torch.float32, False)
+    labels = torch.randint(0, 50, (6, 3), generator=torch.Generator().manual_seed(2))
+    strided = labels[:, 1]
+    torch.testing.assert_close(linear_cross_entropy(x, w, strided, config={"chunk_rows": 4}),
+                               reference(x, w, strided.contiguous()))
+    for bad in (torch.tensor([1, 2, 50, 3, 4, 5]), torch.tensor([1, -1, 2, 3, 4, 5])):
+        with pytest.raises(RuntimeError, match="linear_cross_entropy: a target is out of bounds"):
+            linear_cross_entropy(x, w, bad)

@@ -47,7 +47,9 @@ def _rows_forward(X, T, LOSS, GRAD, SCALE, stride_x, stride_g, n_cols, ignore_in
         mask = cols < n_cols
         x = tl.load(x_row + cols, mask=mask, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, axis=0))
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        # while every logit so far is -inf (masked vocab), exp(-inf - -inf) would be NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
         m = m_new
         if HAS_SMOOTHING:
             x_sum += tl.sum(tl.where(mask, x, 0.0), axis=0)
@@ -93,6 +95,7 @@ def loss_rows(x2: torch.Tensor, target: torch.Tensor, grad: torch.Tensor | None,
     """Per-row fp32 losses of (rows, vocab) logits ``x2``; writes ``scale *`` the input gradient
     into ``grad`` when given (``grad`` may be ``x2`` itself)."""
     rows, vocab = x2.shape
+    target = target.contiguous()   # the kernel reads target[row] at row (labels[:, 1] has stride 3)
     loss = torch.empty(rows, dtype=torch.float32, device=x2.device)
     block = min(config["block_v"], next_pow2(vocab))
     reporter.launch(_rows_forward, (rows,), x2, target, loss, grad if grad is not None else x2,
@@ -150,17 +153,20 @@ class CrossEntropyFunction(torch.autograd.Function):
         return grad, None, None, None, None, None, None
 
 
+def check_targets(target: torch.Tensor, vocab: int, ignore_index: int, name: str) -> None:
+    """The kernel reads the target's logit unchecked: a target out of range must fail as torch's
+    does (asynchronously on a GPU, as torch's device assert), not read elsewhere."""
+    out_of_range = ((target < 0) | (target >= vocab)) & (target != ignore_index)
+    torch._assert_async(~out_of_range.any(), f"{name}: a target is out of bounds (0 to {vocab - 1})")
+
+
 def build(config: dict, bucket: Bucket) -> Callable[..., torch.Tensor]:
     resolved = resolve(config, heuristic(bucket))
     reporter = Reporter("cross_entropy", "triton", bucket.id, config, resolved)
 
     def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
                       reduce=None, reduction="mean", label_smoothing=0.0):
-        # the kernel reads the target's logit unchecked: a target out of range must fail as
-        # torch's does (asynchronously on a GPU, as torch's device assert), not read elsewhere
-        out_of_range = ((target < 0) | (target >= input.shape[-1])) & (target != ignore_index)
-        torch._assert_async(~out_of_range.any(),
-                            f"cross_entropy: a target is out of bounds (0 to {input.shape[-1] - 1})")
+        check_targets(target, input.shape[-1], ignore_index, "cross_entropy")
         return CrossEntropyFunction.apply(input, target, ignore_index, reduction,
                                           float(label_smoothing), resolved, reporter)
 

@@ -20,7 +20,7 @@ from ._common import cdiv, next_pow2, reference_grads
 from ._report import Reporter
 from ._variant import AUTO
 from .cross_entropy import heuristic as ce_heuristic
-from .cross_entropy import loss_rows
+from .cross_entropy import check_targets, loss_rows
 
 SPACE: dict[str, list] = {
     "chunk_rows": [AUTO, 256, 1024, 4096],
@@ -141,5 +141,6 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     resolved = {k: auto[k] if requested.get(k, AUTO) == AUTO else requested[k] for k in auto}
     reporter = Reporter("linear_cross_entropy", "triton", f"rows={rows},vocab={vocab}",
                         requested, resolved)
+    check_targets(target, vocab, ignore_index, "linear_cross_entropy")
     return LinearCrossEntropyFunction.apply(x, weight, bias, target.reshape(-1), ignore_index,
                                             reduction, float(label_smoothing), resolved, reporter)
