@@ -28,6 +28,12 @@ def available() -> bool:
     return _otlp_columns is not None and os.environ.get("RTXOPS_OTLP_NATIVE", "1") != "0"
 
 
+def count_rows(body: bytes) -> tuple[int, int]:
+    """(spans, events) of an OTLP protobuf request, counted without decoding it (a malformed
+    part ends the count: the decoders refuse it)."""
+    return _otlp_columns.count_rows(body)
+
+
 def convert(body: bytes, received_ns: int) -> Any:
     """A :class:`.otlp.Batch` from OTLP protobuf ``body``, or None: use the reference decoder."""
     from . import otlp as O

@@ -38,6 +38,9 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 MAX_ATTRIBUTES = 1024      # per span, event or resource
 MAX_EVENTS = 1024          # per span
+# per request: an empty event is 2 bytes on the wire and a row of the store, so a small gzipped
+# body could otherwise make tens of millions of rows (an SDK sends at most 512 spans × 128 events)
+MAX_REQUEST_EVENTS = 1 << 18
 
 
 class TelemetryError(Exception):
@@ -132,11 +135,18 @@ def convert(body: bytes, content_type: str, received_ns: int) -> Batch:
     request (attribute values are checked while they are converted)."""
     if media_type(content_type) == PROTOBUF:
         if _columns.available():
+            _check_rows(*_columns.count_rows(body))   # before either decoder allocates them
             batch = _columns.convert(body, received_ns)
             if batch is not None:
                 return batch
         return to_arrow(_parse_protobuf(_wire.LightRequest, body), received_ns, wire=body)
     return to_arrow(decode_request(body, content_type), received_ns)
+
+
+def _check_rows(spans: int, events: int) -> None:
+    if events > MAX_REQUEST_EVENTS:
+        raise TelemetryInputError(f"the request holds {events} span events; the limit is "
+                                  f"{MAX_REQUEST_EVENTS} a request")
 
 
 def _parse_protobuf(cls: type[Message], body: bytes) -> Message:
@@ -159,6 +169,8 @@ def _parse_json(body: bytes) -> ExportTraceServiceRequest:
         raise TelemetryInputError(f"JSON body is not valid UTF-8: {e}") from None
     except (json.JSONDecodeError, RecursionError) as e:
         raise TelemetryInputError(f"body is not valid JSON: {e}") from None
+    except ValueError as e:   # an integer of more digits than Python converts (4300)
+        raise TelemetryInputError(f"JSON body holds a number that cannot be read: {e}") from None
     if not isinstance(data, dict):
         raise TelemetryInputError("JSON body must be an object with a 'resourceSpans' array")
     for where, span in _json_spans(data):
@@ -324,14 +336,18 @@ class _Layout:
 
 _layouts: dict[tuple[str, ...], _Layout] = {}
 _LAYOUT_CACHE_LIMIT = 4096
+_LAYOUT_CACHED_KEY_CHARS = 4096   # a layout of longer keys is made each time, not kept
 
 
 def _layout(keys: tuple[str, ...]) -> _Layout:
     layout = _layouts.get(keys)
     if layout is None:
+        layout = _Layout(keys)
+        if sum(map(len, keys)) > _LAYOUT_CACHED_KEY_CHARS:
+            return layout   # (a request's 60 MB key stayed in the cache for good)
         if len(_layouts) >= _LAYOUT_CACHE_LIMIT:
             _layouts.clear()
-        layout = _layouts[keys] = _Layout(keys)
+        _layouts[keys] = layout
     return layout
 
 
@@ -408,8 +424,11 @@ class _Columns:
             # a KeyValue with an empty key or no value (proto3 leaves either out of the wire):
             # the scope's flat lists no longer pair up, so they are read from the messages (a
             # missing value is null)
-            pairs = [kv if isinstance(kv, KeyValue) else KeyValue.FromString(kv)  # raw: LightRequest
-                     for span in spans for kv in span.attributes]
+            try:
+                pairs = [kv if isinstance(kv, KeyValue) else KeyValue.FromString(kv)  # raw: LightRequest
+                         for span in spans for kv in span.attributes]
+            except DecodeError as e:
+                raise TelemetryInputError(f"{where}: a span attribute is not a valid KeyValue: {e}") from None
             keys = [kv.key for kv in pairs]
             raws = [kv.value.SerializeToString() for kv in pairs]
         if max(counts, default=0) > MAX_ATTRIBUTES:
@@ -450,6 +469,8 @@ class _Columns:
         if len(span.events) > MAX_EVENTS:
             raise TelemetryInputError(f"{where} has {len(span.events)} events; the limit is {MAX_EVENTS}")
         trace_id, span_id, time_ns, name, attrs = self.events
+        if span.events:
+            _check_rows(0, len(time_ns) + len(span.events))
         tid, sid = span.trace_id.hex(), span.span_id.hex()
         for e, event in enumerate(span.events):
             trace_id.append(tid)

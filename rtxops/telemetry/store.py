@@ -365,8 +365,9 @@ _STOP = object()
 class Store:
     """A DuckDB telemetry database with one writer thread (see the module docstring).
 
-    ``max_queue_batches`` / ``max_queue_spans`` bound what waits for the writer: past either,
-    :meth:`submit` refuses with :class:`StoreBusy` and counts the refused spans.
+    ``max_queue_batches`` / ``max_queue_spans`` bound what waits for the writer (a span event
+    counts as a span there): past either, :meth:`submit` refuses with :class:`StoreBusy` and
+    counts the refused spans.
     ``max_commit_spans`` caps how many queued spans one transaction takes. Every
     ``compact_every_s`` the writer merges the kernel_minutes rows separate commits wrote.
     """
@@ -439,13 +440,13 @@ class Store:
             # a batch larger than the whole queue still goes in when the queue is empty: refused
             # there, it would be refused on every retry
             if (self.queue_batches + 1 > self.max_queue_batches
-                    or (self.queue_batches and self.queue_spans + batch.span_count > self.max_queue_spans)):
+                    or (self.queue_batches and self.queue_spans + _rows(batch) > self.max_queue_spans)):
                 self.spans_refused += batch.span_count
                 self.requests_refused += 1
                 raise StoreBusy(f"the store's write queue is full ({self.queue_batches} batches, "
                                 f"{self.queue_spans} spans waiting)", self._retry_after())
             self.queue_batches += 1
-            self.queue_spans += batch.span_count
+            self.queue_spans += _rows(batch)
             self._queue.put(_Pending(batch, future))
         return future
 
@@ -646,7 +647,7 @@ class Store:
     def _dequeued(self, batch: Batch) -> None:
         with self._lock:
             self.queue_batches -= 1
-            self.queue_spans -= batch.span_count
+            self.queue_spans -= _rows(batch)
 
     def compact(self, before_ns: int | None = None, timeout: float | None = 60.0) -> None:
         """Merge the kernel_minutes rows that separate commits wrote for one minute, for minutes
@@ -711,7 +712,7 @@ class Store:
             self.batches_written += len(group)
             self.commits += 1
             self.queue_batches -= len(group)
-            self.queue_spans -= spans
+            self.queue_spans -= sum(_rows(p.batch) for p in group)
             if spans >= 1000 and elapsed > 0:
                 self._rate = 0.8 * self._rate + 0.2 * spans / elapsed
         for pending in group:
@@ -886,6 +887,12 @@ class Store:
                    max(committed_ns) AS last_commit_ns
             FROM ingest_batches""")[0]
         return {**row, **self.stats()}
+
+
+def _rows(batch: Batch) -> int:
+    """What a queued batch counts against ``max_queue_spans``: its spans and its span events (a
+    request of empty events is small on the wire and as many rows in memory)."""
+    return batch.span_count + batch.events.num_rows
 
 
 def _settled(future: Future, timeout: float | None) -> Any:

@@ -254,3 +254,28 @@ def test_bad_json():
 
 def test_unknown_content_type():
     assert "unsupported content type" in reject(b"", "text/plain")
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_request_of_too_many_span_events_is_refused_on_either_decoding_path(native, monkeypatch):
+    """Events are a row each: 2 bytes on the wire apiece, so a small body made millions."""
+    monkeypatch.setenv("RTXOPS_OTLP_NATIVE", native)
+    one = span(events=[Span.Event()] * 1024)
+    body = request([one] * (otlp.MAX_REQUEST_EVENTS // 1024 + 1)).SerializeToString()
+    with pytest.raises(TelemetryInputError, match="the limit is 262144 a request"):
+        otlp.convert(body, PROTOBUF, 0)
+    body = request([one] * (otlp.MAX_REQUEST_EVENTS // 1024)).SerializeToString()
+    assert otlp.convert(body, PROTOBUF, 0).events.num_rows == otlp.MAX_REQUEST_EVENTS
+
+
+def test_a_huge_attribute_key_is_not_kept_after_its_request(monkeypatch):
+    """The attribute-layout cache kept every layout, whatever its keys' size: requests with a
+    large key (gzipped, 1000:1) pinned that much memory each, 4096 of them."""
+    monkeypatch.setenv("RTXOPS_OTLP_NATIVE", "0")
+    key = "k" * (1 << 20)
+    batch = otlp.convert(request([span(attrs={key: 1, "rtx.op": "x"})]).SerializeToString(), PROTOBUF, 0)
+    assert key in batch.spans["attributes"][0].as_py()
+    assert not any(key in keys for keys in otlp._layouts)
+    small = otlp.convert(request([span(attrs={"small": 1})]).SerializeToString(), PROTOBUF, 0)
+    assert small.spans["attributes"][0].as_py() == '{"small":1}'
+    assert ("small",) in otlp._layouts   # small ones are still kept

@@ -94,6 +94,15 @@ def _event_time_past_2_63() -> bytes:
     return request([span(events=[Span.Event(time_unix_nano=2**64 - 1, name="e")])]).SerializeToString()
 
 
+def _empty_events(link: bool = False) -> bytes:
+    """300 spans of 1024 empty events each (2 bytes apiece on the wire, a row each in memory):
+    300 kB that gzips to a few hundred bytes. ``link``: one the C decoder leaves to Python."""
+    one = span(events=[Span.Event()] * 1024)
+    if link:
+        one.links.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8)
+    return gzip.compress(request([one] * 300).SerializeToString())
+
+
 def _many_gzip_members() -> bytes:
     return b"".join(gzip.compress(b"") for _ in range(10_000)) + gzip.compress(good_body(5))
 
@@ -117,11 +126,18 @@ BAD = {
     "invalid JSON": (lambda: b'{"resourceSpans": [', {"Content-Type": JSON}, 400, "not valid JSON"),
     "JSON not UTF-8": (lambda: b'{"resourceSpans": [{"x": "\xff"}]}', {"Content-Type": JSON}, 400,
                        "UTF-8"),
+    "JSON integer of 5000 digits": (lambda: b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": '
+                                    + b"1" * 5000 + b"}]}]}]}", {"Content-Type": JSON}, 400,
+                                    "holds a number that cannot be read"),
     "10^5 attributes": (_too_many_attributes, {}, 400, "attributes; the limit is"),
     "non-UTF-8 attribute": (_bad_utf8, {}, 400, "UTF-8"),
     "non-UTF-8 span name": (_bad_utf8_name, {}, 400, "UTF-8"),
     "short trace id": (_short_trace_id, {}, 400, "trace_id has 8 bytes"),
     "event time past 2^63": (_event_time_past_2_63, {}, 400, "event time is past the year 2262"),
+    "307 200 empty events": (_empty_events, {"Content-Encoding": "gzip"}, 400,
+                             "307200 span events; the limit is 262144 a request"),
+    "the same with a link": (lambda: _empty_events(link=True), {"Content-Encoding": "gzip"}, 400,
+                             "307200 span events; the limit is 262144 a request"),
     "10^4 gzip members": (_many_gzip_members, {"Content-Encoding": "gzip"}, 400, "over 64 members"),
     "no token": (good_body, {"Authorization": ""}, 401, "bearer token"),
     "wrong token": (good_body, {"Authorization": "Bearer nope"}, 401, "bearer token"),

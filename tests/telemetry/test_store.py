@@ -104,6 +104,22 @@ def test_group_commit_and_close_drain_everything(tmp_path, monkeypatch):
         assert again.query("SELECT count(*) AS n FROM spans") == [{"n": 15}]
 
 
+def test_span_events_count_against_the_queue_bound(tmp_path, monkeypatch):
+    """A request of few spans and many events was queued as its spans alone: 256 of them held
+    millions of event rows in memory."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    blocked = BlockedWriter(monkeypatch)
+    s = Store(tmp_path / "ev.duckdb", max_queue_batches=8, max_queue_spans=10)
+    first = s.submit(batch_of([span()]))
+    with pytest.raises(StoreBusy):
+        s.submit(batch_of([span(events=[Span.Event(name="e")] * 10)]))
+    assert s.stats()["queue_spans"] == 1
+    blocked.release.set()
+    first.result(10)
+    s.close()
+
+
 def test_queue_bounds_refuse_and_count(tmp_path, monkeypatch):
     blocked = BlockedWriter(monkeypatch)
     s = Store(tmp_path / "b.duckdb", max_queue_batches=3, max_queue_spans=10)
