@@ -5,7 +5,7 @@ The oracle is the reference computed in float64. A candidate passes where it is 
 tolerance of the oracle, or no further from it than twice the reference's own error in the bucket's
 dtype (ATen's bf16/fp16 kernels are sometimes less accurate than an fp32-accumulating variant,
 which must not fail for being better), both elementwise and over each whole tensor against its
-size (``‖c − o‖ ≤ 4·rtol·‖o‖``, so values all below the absolute tolerance are still checked).
+size (``‖c − o‖ ≤ rtol·‖o‖``, so values all below the absolute tolerance are still checked).
 Where the oracle is finite the candidate must be too.
 """
 from __future__ import annotations
@@ -19,8 +19,10 @@ from rtxops.runtime.bucket import Bucket
 from rtxops.runtime.spec import OpSpec, Variant
 
 REFERENCE_ERROR_FACTOR = 2.0
-NORM_RTOL_FACTOR = 4.0   # the whole tensor's error, against its size, may be 4× the op's rtol
-RULES = 2   # stored verdicts of other rules are not used (1 passed anything below atol)
+# the whole tensor's error, against its size, may be the op's rtol (4× passed a bf16 cross-entropy
+# that dropped label_smoothing: its gradient 11 % off against 12 % allowed)
+NORM_RTOL_FACTOR = 1.0
+RULES = 3   # stored verdicts of other rules are not used (1 passed anything below atol, 2 4× rtol)
 
 
 @dataclass(frozen=True)
