@@ -163,3 +163,42 @@ def test_watch_chains_hooks_installed_before_it():
         assert seen == ["hook", "listener"]
     finally:
         knobs.runtime.jit_cache_hook, knobs.compilation.listener = old_hook, old_listener
+
+
+def test_a_launch_runs_on_its_tensors_cuda_device(monkeypatch):
+    """Triton launches on the current CUDA device: a model split over two GPUs in one process
+    (device_map="auto") had its cuda:1 tensors handed to a kernel launched on cuda:0. No GPU
+    here: a tensor that says it is on cuda:1, and torch.cuda's device calls, stand in."""
+    import contextlib
+
+    import torch
+
+    from rtxops.runtime.ops.triton import _report
+
+    class OnCuda1(torch.Tensor):
+        is_cuda = property(lambda self: True)
+        device = property(lambda self: torch.device("cuda", 1))
+
+    current = [0]
+
+    @contextlib.contextmanager
+    def device(index):
+        before, current[0] = current[0], index
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", device)
+    launched_on = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched_on.append(current[0])
+
+    reporter = _report.Reporter("rms_norm", "triton", "b", {}, {})
+    monkeypatch.setattr(_report.WATCH, "install", lambda: None)
+    reporter.launch(Kernel(), (1,), torch.ones(2).as_subclass(OnCuda1), 3)
+    reporter.launch(Kernel(), (1,), 3, torch.ones(2))   # a CPU tensor: as it is
+    assert launched_on == [1, 0] and current[0] == 0

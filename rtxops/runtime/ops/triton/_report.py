@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any, Callable
 
+import torch
+
 MEMORY_HIT, DISK_HIT, COMPILED = "memory_hit", "disk_hit", "compiled"
 
 
@@ -111,6 +113,15 @@ class Reporter:
             emit(self.base)
         if kernel_is_interpreted(kernel):
             return kernel[grid](*args, **kwargs)
+        index = _cuda_index(args)
+        if index is not None and index != torch.cuda.current_device():
+            # Triton launches on the current device (and its stream): a model split over GPUs
+            # in one process (device_map="auto") has tensors on another one
+            with torch.cuda.device(index):
+                return self._launch(kernel, grid, args, kwargs)
+        return self._launch(kernel, grid, args, kwargs)
+
+    def _launch(self, kernel: Any, grid: tuple, args: tuple, kwargs: dict) -> Any:
         WATCH.install()
         t0 = perf_counter_ns()
         out, seen = WATCH.launch(lambda: kernel[grid](*args, **kwargs))
@@ -121,6 +132,14 @@ class Reporter:
             name = seen.misses[0] if seen.misses else getattr(kernel, "__name__", "")
             emit(_with(self.base, kernel=name, cache=cache, duration_ns=compile_ns))
         return out
+
+
+def _cuda_index(args: tuple) -> int | None:
+    """The CUDA device of the launch's first tensor, or None (a CPU tensor, or none)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device.index if a.is_cuda else None
+    return None
 
 
 def kernel_is_interpreted(kernel: Any) -> bool:
