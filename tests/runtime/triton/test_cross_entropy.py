@@ -134,3 +134,31 @@ def test_rows_whose_first_tiles_are_all_masked(masked):
     out, grads = run(small_tiles(args, {}), *clone_args(args, {}))
     assert torch.isfinite(out[0]).all() and torch.isfinite(grads[0]).all()
     assert_matches(SPEC, small_tiles(args, {}), args, {}, "masked_tiles")
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_no_gradient_buffers_are_made_in_evaluation(mode, monkeypatch):
+    """needs_input_grad stays True under no_grad: an evaluation made a (rows × vocab) gradient
+    buffer (and the fused op two extra matrix products and a weight-sized buffer)."""
+    from rtxops.runtime.ops.triton import cross_entropy as ce
+    from rtxops.runtime.ops.triton import linear_cross_entropy as lce
+
+    given = []
+    real = ce.loss_rows
+
+    def recording(x2, target, grad, *args):
+        given.append(grad)
+        return real(x2, target, grad, *args)
+
+    monkeypatch.setattr(ce, "loss_rows", recording)
+    monkeypatch.setattr(lce, "loss_rows", recording)
+    x, t = logits(4, 64, torch.float32), targets(4, 64)
+    w = torch.randn(64, 8, requires_grad=True)
+    h = torch.randn(4, 8, requires_grad=True)
+    fn = build_for("cross_entropy", (x, t), {})
+    with mode():
+        torch.testing.assert_close(fn(x, t), F.cross_entropy(x, t))
+        torch.testing.assert_close(lce.linear_cross_entropy(h, w, t), F.cross_entropy(h @ w.t(), t))
+    assert len(given) >= 2 and all(g is None for g in given)
+    fn(x, t).backward()   # with grad on, the buffer is made as before
+    assert given[-1] is not None

@@ -119,13 +119,15 @@ def scale_rows_(grad: torch.Tensor, g: torch.Tensor, config: dict, reporter: Rep
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                reduction: str, smoothing: float, config: dict, reporter: Reporter) -> torch.Tensor:
+                reduction: str, smoothing: float, config: dict, reporter: Reporter,
+                grad_wanted: bool = True) -> torch.Tensor:
         x2 = as_rows(logits, logits.shape[-1])
         keep = target != ignore_index
         kept = keep.sum()
         scale = (1.0 / kept.clamp(min=1).float() if reduction == "mean"
                  else torch.ones((), dtype=torch.float32, device=logits.device))
-        grad = torch.empty_like(x2) if ctx.needs_input_grad[0] else None
+        # (needs_input_grad stays True under no_grad: the caller says whether grad mode is on)
+        grad = torch.empty_like(x2) if ctx.needs_input_grad[0] and grad_wanted else None
         loss = loss_rows(x2, target, grad, scale, ignore_index, smoothing, config, reporter)
         # the logits themselves (a reference: the job made them) for a backward that cannot use
         # the gradient buffer: under create_graph, or once the buffer was scaled
@@ -147,10 +149,10 @@ class CrossEntropyFunction(torch.autograd.Function):
             (dx,) = reference_grads(
                 lambda x: reference(x, target, None, None, ctx.ignore_index, None, ctx.reduction,
                                     ctx.smoothing), (logits,), (grad_out,), ctx.needs_input_grad[:1])
-            return dx, None, None, None, None, None, None
+            return dx, None, None, None, None, None, None, None
         ctx.grad = None   # scaled in place below: its memory is the gradient the job gets
         scale_rows_(grad, grad_out, ctx.config, ctx.reporter)
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
 def check_targets(target: torch.Tensor, vocab: int, ignore_index: int, name: str) -> None:
@@ -168,6 +170,7 @@ def build(config: dict, bucket: Bucket) -> Callable[..., torch.Tensor]:
                       reduce=None, reduction="mean", label_smoothing=0.0):
         check_targets(target, input.shape[-1], ignore_index, "cross_entropy")
         return CrossEntropyFunction.apply(input, target, ignore_index, reduction,
-                                          float(label_smoothing), resolved, reporter)
+                                          float(label_smoothing), resolved, reporter,
+                                          torch.is_grad_enabled())
 
     return cross_entropy

@@ -64,15 +64,16 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 target: torch.Tensor, ignore_index: int, reduction: str, smoothing: float,
-                config: dict, reporter: Reporter) -> torch.Tensor:
+                config: dict, reporter: Reporter, grad_wanted: bool = True) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         rows, vocab = x2.shape[0], weight.shape[0]
         keep = target != ignore_index
         kept = keep.sum()
         scale = (1.0 / kept.clamp(min=1).float() if reduction == "mean"
                  else torch.ones((), dtype=torch.float32, device=x.device))
-        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        need_b = bias is not None and ctx.needs_input_grad[2]
+        # (needs_input_grad stays True under no_grad: the caller says whether grad mode is on)
+        need_x, need_w = (ctx.needs_input_grad[i] and grad_wanted for i in (0, 1))
+        need_b = bias is not None and ctx.needs_input_grad[2] and grad_wanted
         accum = torch.float32 if config["grad_accum"] == "fp32" else weight.dtype
         grad_x = torch.empty_like(x2) if need_x else None
         grad_w = torch.zeros(weight.shape, dtype=accum, device=x.device) if need_w else None
@@ -115,13 +116,13 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
             grads = reference_grads(unfused, (x, weight, bias), (grad_out,),
                                     ctx.needs_input_grad[:3])
-            return (*grads, None, None, None, None, None, None)
+            return (*grads, None, None, None, None, None, None, None)
         ctx.grads = None   # scaled in place below
         g = grad_out.float()
         out = [None if t is None else t.mul_(g.to(t.dtype)).to(dtype)
                for t, dtype in zip(grads, ctx.dtypes)]
         grad_x = None if out[0] is None else out[0].view(ctx.shape)
-        return grad_x, out[1], out[2], None, None, None, None, None, None
+        return grad_x, out[1], out[2], None, None, None, None, None, None, None
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -143,4 +144,5 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
                         requested, resolved)
     check_targets(target, vocab, ignore_index, "linear_cross_entropy")
     return LinearCrossEntropyFunction.apply(x, weight, bias, target.reshape(-1), ignore_index,
-                                            reduction, float(label_smoothing), resolved, reporter)
+                                            reduction, float(label_smoothing), resolved, reporter,
+                                            torch.is_grad_enabled())
