@@ -25,9 +25,10 @@ from ._variant import resolve
 @triton.jit
 def _rotate(X, Y, COS, SIN, sxb, sxs, sxh, syb, sys, syh, scb, scs, n_heads, half,
             BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, TRANSPOSE: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)[:, None]
+    # seq on the grid's first axis: CUDA allows 2^31 - 1 programs there, 65535 on the second
+    s = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)[:, None].to(tl.int64)   # h * sxh passes 2^31 in (batch, heads, seq, dim)
     d = tl.arange(0, BLOCK_D)[None, :]
     d_mask = d < half
     mask = (h < n_heads) & d_mask
@@ -65,7 +66,7 @@ def rotate(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     seq_dim, head_dim = (2, 1) if unsqueeze_dim == 1 else (1, 2)
     batch, seq, heads, dim = x.shape[0], x.shape[seq_dim], x.shape[head_dim], x.shape[-1]
     cos_b = 0 if cos.shape[0] == 1 else cos.stride(0)
-    reporter.launch(_rotate, (batch, seq), x, out, cos, sin,
+    reporter.launch(_rotate, (seq, batch), x, out, cos, sin,
                     x.stride(0), x.stride(seq_dim), x.stride(head_dim),
                     out.stride(0), out.stride(seq_dim), out.stride(head_dim),
                     cos_b, cos.stride(1), heads, dim // 2,
