@@ -197,13 +197,20 @@ def any_value(v: AnyValue, depth: int = 0) -> Any:
     if which == "kvlist_value":
         return {kv.key: any_value(kv.value, depth + 1) for kv in v.kvlist_value.values}
     if which == "bytes_value":
-        return base64.b64encode(v.bytes_value).decode()
+        return Encoded(base64.b64encode(v.bytes_value).decode())
     if which == "double_value":
         return _json_double(v.double_value)
     return getattr(v, which)
 
 
-_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+class Encoded(str):
+    """Text that stands for a value of another type (bytes as base64, a non-finite double as
+    protobuf's JSON writes it): kept in the JSON of attributes, never in a typed string column."""
+
+    __slots__ = ()
+
+
+_NON_FINITE = {"nan": Encoded("NaN"), "inf": Encoded("Infinity"), "-inf": Encoded("-Infinity")}
 
 
 def _json_double(d: float) -> float | str:

@@ -530,6 +530,8 @@ def _typed_column(values: list, key: str, rest: list[bytes | None]) -> pa.Array:
     sql_type = S.TYPED_SPAN_ATTRIBUTES[key]
     arrow_type = _ARROW[sql_type]
     try:
+        if sql_type == "VARCHAR" and any(type(v) is _wire.Encoded for v in values):
+            raise pa.ArrowTypeError("bytes or a non-finite double among the strings")
         array = pa.array(values)
         if array.type == arrow_type or array.type == pa.null():
             return array.cast(arrow_type)

@@ -279,3 +279,20 @@ def test_a_huge_attribute_key_is_not_kept_after_its_request(monkeypatch):
     small = otlp.convert(request([span(attrs={"small": 1})]).SerializeToString(), PROTOBUF, 0)
     assert small.spans["attributes"][0].as_py() == '{"small":1}'
     assert ("small",) in otlp._layouts   # small ones are still kept
+
+
+def test_bytes_and_non_finite_doubles_stay_out_of_typed_string_columns():
+    """A bytes ``rtx.op`` was stored as its base64 text in the typed ``op`` column, a NaN
+    ``rtx.phase`` as "NaN": values of another type go to the attributes' JSON, as an int
+    ``rtx.variant`` does."""
+    attrs = [KeyValue(key="rtx.op", value=AnyValue(bytes_value=b"mm")),
+             KeyValue(key="rtx.phase", value=AnyValue(double_value=float("nan"))),
+             KeyValue(key="rtx.variant", value=AnyValue(int_value=3)),
+             KeyValue(key="rtx.bucket", value=AnyValue(string_value="b"))]
+    req = request([span(attrs={})])
+    req.resource_spans[0].scope_spans[0].spans[0].attributes.extend(attrs)
+    for batch in (otlp.convert(req.SerializeToString(), PROTOBUF, 0),
+                  otlp.convert(json.dumps(otlp_json(req)).encode(), JSON, 0)):
+        row = batch.spans.to_pylist()[0]
+        assert (row["op"], row["phase"], row["variant"], row["bucket"]) == (None, None, None, "b")
+        assert orjson.loads(row["attributes"]) == {"rtx.op": "bW0=", "rtx.phase": "NaN", "rtx.variant": 3}
