@@ -29,10 +29,13 @@ fixed cost per call outweighs what it saves (2-5 % of the example GPT's compiled
 costs memory. So both are measured, not guessed. On CUDA the flash and memory-efficient kernels
 are what a job wants and only ``compiled`` runs.
 
-Caveats (documented, not hidden): the background pass runs the model once more, so modules with
-side effects in forward (BatchNorm running statistics, dropout's RNG) see one extra call (it draws
-from the global generator when the compile gets to it: a seeded job is not repeatable). Jobs
-under ``torch.distributed`` are left alone (a background pass could desynchronise collectives).
+Caveats (documented, not hidden): the background pass runs the model once more, on the shadow
+(its buffers are copies: BatchNorm's running statistics are the job's own), but dropout draws from
+the global generator when the compile gets to it: a seeded job is not repeatable. Jobs under
+``torch.distributed`` are left alone (a background pass could desynchronise collectives). A call
+with an input that requires grad (a gradient penalty's interpolates, a GAN discriminator fed the
+generator's output) runs eager: torch.compile's backward cannot be differentiated again. While
+it compiles, torch's ``is_compiling()`` flag is process-wide: the job's own thread sees it set.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ import atexit
 import contextlib
 import copy
 import functools
+import inspect
 import itertools
 import logging
 import statistics
@@ -207,6 +211,7 @@ class RegionCompiler:
                 except Exception as e:  # never the job's step: the job stays in eager
                     self._fail(f"cannot copy the model's inputs: {type(e).__name__}: {e}")
                     return
+                _compile_settings()   # (on the job's thread: torch reads them from its context)
                 thread = threading.Thread(target=self._compile, args=(module, *clones),
                                           name="rtxops-region-compile", daemon=True)
                 thread.start()
@@ -227,6 +232,8 @@ class RegionCompiler:
         with background_compile():
             try:
                 self._compile_here(model, args, kwargs)
+            except _NotCompiled as e:
+                self._fail(str(e))
             except Exception as e:   # else the region stayed "compiling", the model held for good
                 self._fail(f"the background compile failed: {type(e).__name__}: {e}")
 
@@ -240,6 +247,8 @@ class RegionCompiler:
             try:
                 self._candidates.append((name, self._compile_candidate(model, args, kwargs, name,
                                                                        eager)))
+            except _NotCompiled:
+                raise
             except Exception as e:
                 if self._exiting:   # the job is done with it
                     return
@@ -259,6 +268,8 @@ class RegionCompiler:
         if kw.get("options"):
             try:
                 return self._warm_up(model, args, kwargs, kw, name, eager)
+            except _NotCompiled:
+                raise
             except Exception as e:
                 if self._exiting:
                     raise
@@ -273,6 +284,11 @@ class RegionCompiler:
         backward once."""
         shadow = _shadow(model)
         if shadow is None:  # the live model: the job's optimizer may race the pass below
+            if any(True for _ in model.buffers()):
+                # a pass on them beside the job's steps changes what its backward saved (BatchNorm)
+                raise _NotCompiled("the model cannot be copied and holds buffers its forward may "
+                                   "change (BatchNorm statistics, say): it is not compiled beside "
+                                   "the job's steps; it stays eager")
             compiled = run = self.compile_fn(candidate_forward(eager, candidate), **kw)
             target = model
         else:
@@ -407,7 +423,10 @@ class RegionCompiler:
 
         def forward(*args, **kwargs):
             self._calls += 1
-            if _tracing():   # the job traces its model (torch.jit.trace, torch.fx): as written
+            if _tracing() or _differentiable_input(args, kwargs):
+                # a trace (torch.jit.trace, torch.fx) wants the model as written; an input that
+                # requires grad may be differentiated twice (a gradient penalty), which
+                # torch.compile's backward cannot
                 return eager(*args, **kwargs)
             try:
                 with _backward_compiled_with_forward():
@@ -571,6 +590,26 @@ def _tracing() -> bool:
     return torch._C._get_tracing_state() is not None or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
 
 
+def _differentiable_input(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in itertools.chain(args, kwargs.values()))
+
+
+class _NotCompiled(Exception):
+    """The model is not compiled, for the reason given (not a failure of the compiler)."""
+
+
+def _compile_settings() -> None:
+    """What a compiled model swapped in under the job's code needs of torch.compile (read when
+    anything compiles, so set for the process): a backward that can run twice
+    (``retain_graph=True``: donated buffers refuse it), and guards on the modules' hooks (a hook
+    the job adds after the swap runs, as in eager)."""
+    import torch._dynamo.config
+    import torch._functorch.config
+
+    torch._functorch.config.donated_buffer = False
+    torch._dynamo.config.skip_nnmodule_hook_guards = False
+
+
 def _tensors(out) -> list[torch.Tensor]:
     if isinstance(out, torch.Tensor):
         return [out]
@@ -584,13 +623,16 @@ def _tensors(out) -> list[torch.Tensor]:
 def _shadow(model: nn.Module) -> nn.Module | None:
     """A copy of ``model`` whose parameters share the model's storage (no memory is copied) but
     not its autograd version counters (``.data``), so the job's optimizer updating them in place
-    cannot fail the background backward pass; buffers are the model's own tensors. None when the
-    model cannot be copied or sets its own ``forward`` per instance."""
+    cannot fail the background backward pass; its buffers are copies (the pass updating the
+    model's BatchNorm statistics in place failed the job's own backward, which saved them). None
+    when the model cannot be copied or sets its own ``forward`` per instance."""
     if "forward" in model.__dict__:
         return None
     memo: dict[int, Any] = {}
-    for t in [*model.parameters(), *model.buffers()]:
-        memo[id(t)] = nn.Parameter(t.data, t.requires_grad) if isinstance(t, nn.Parameter) else t
+    for t in model.parameters():
+        memo[id(t)] = nn.Parameter(t.data, t.requires_grad)
+    for t in model.buffers():
+        memo[id(t)] = t.detach().clone()
     try:
         return copy.deepcopy(model, memo)
     except Exception:  # noqa: BLE001 - locks, handles…: fall back to the live model
@@ -605,6 +647,10 @@ class _CompiledForward:
     def __init__(self, model: nn.Module, forward: Callable) -> None:
         self._model = weakref.ref(model)
         self._forward = forward
+        try:   # what inspect.signature(model.forward) says (HF's generate reads it)
+            self.__signature__ = inspect.signature(type(model).forward.__get__(model))
+        except (TypeError, ValueError):
+            pass
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward(*args, **kwargs)
