@@ -111,8 +111,18 @@ class FusedOptimizer:
     def _on_step(self, step: int, optimizer) -> None:
         if self.state in (TRIAL, FUSED) and self._optimizer() is optimizer and \
                 not all(g.get("fused") for g in optimizer.param_groups):
-            # the job loaded a checkpoint (load_state_dict: its own settings, as saved): the
-            # region's choice stands, else its trial timed default steps as fused ones
+            # the job loaded a checkpoint (load_state_dict: its own settings, as saved) or added
+            # a param group (unfreezing layers): the region's choice stands, else its trial timed
+            # default steps as fused ones
+            added = optimizer.param_groups[len(self._saved):]
+            problem = _params_refused(type(optimizer), [p for g in added for p in g["params"]])
+            if problem:
+                self._restore()
+                self.report(step, DEFAULT)
+                self._stop(f"an added param group: {problem}")
+                return
+            # (the list the checkpoint hook holds: a revert and a checkpoint see the new groups)
+            self._saved.extend((g.get("fused"), g.get("foreach")) for g in added)
             _switch_to_fused(optimizer)
         if self.state in (FUSED, DEFAULT, UNSUPPORTED):
             return
@@ -201,10 +211,19 @@ def unsupported_reason(optimizer) -> str | None:
     accepted = inspect.signature(cls.__init__).parameters  # AdamW keeps one default it sets itself
     kw = {k: v for k, v in optimizer.defaults.items() if k in accepted}
     try:
-        from torch.optim.optimizer import _device_dtype_check_for_fused
-
         cls(params, **{**kw, "fused": True, "foreach": False})
-        for p in params:  # what the optimizer checks only on its first fused step
+    except Exception as e:  # noqa: BLE001 - whatever torch refuses
+        return f"torch refuses fused=True here: {e}"
+    return _params_refused(cls, params)
+
+
+def _params_refused(cls: type, params: list) -> str | None:
+    """Why torch's fused ``cls`` would refuse one of ``params`` (what it checks only on its first
+    fused step: device and dtype), or None."""
+    from torch.optim.optimizer import _device_dtype_check_for_fused
+
+    try:
+        for p in params:
             _device_dtype_check_for_fused(p, cuda_unsupported=cls is torch.optim.Adagrad)
     except Exception as e:  # noqa: BLE001 - whatever torch refuses
         return f"torch refuses fused=True here: {e}"

@@ -302,3 +302,43 @@ def test_loading_a_checkpoint_keeps_the_fused_optimizer(settle):
     assert all(s["step"].dtype == torch.float32 for s in opt.state.values())
     region.close()
     assert not opt.param_groups[0]["fused"]
+
+
+def test_a_param_group_added_during_the_trial_is_fused_saved_and_restored_with_the_others():
+    """add_param_group (unfreezing layers) after the flip: the new group was fused but left out
+    of the checkpoint rewrite and of the revert; one torch cannot fuse (a complex parameter)
+    would have made the job's own step raise."""
+    net, head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(net.parameters())
+    reports = []
+    region = FusedOptimizer(lambda s, o: reports.append(o), trial_steps=2, warmup_steps=0)
+    step = 0
+
+    def steps(n):
+        nonlocal step
+        for _ in range(n):
+            step += 1
+            (net(torch.randn(2, 8)).sum() + head(torch.randn(2, 8)).sum()).backward()
+            opt.step()
+            opt.zero_grad()
+            region.on_step(step, opt)
+
+    steps(4)
+    assert region.state == TRIAL
+    opt.add_param_group({"params": head.parameters(), "foreach": True})
+    steps(1)
+    assert [(g["fused"], g["foreach"]) for g in opt.param_groups] == [(True, False)] * 2
+    assert [(g["fused"], g["foreach"]) for g in opt.state_dict()["param_groups"]] == \
+        [(None, None), (None, True)]
+    region._restore()
+    assert [(g["fused"], g["foreach"]) for g in opt.param_groups] == [(None, None), (None, True)]
+
+    opt = torch.optim.AdamW(net.parameters())
+    region = FusedOptimizer(lambda s, o: reports.append(o), trial_steps=2, warmup_steps=0)
+    reports.clear()
+    steps(4)
+    assert region.state == TRIAL
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))]})
+    steps(2)   # the job's steps go on, on the default path
+    assert region.state == UNSUPPORTED and "an added param group" in region.reason
+    assert reports == ["fused", "default"] and not any(g.get("fused") for g in opt.param_groups)
