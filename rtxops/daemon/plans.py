@@ -151,7 +151,7 @@ class PlanBoard:
         if plan.environment is None:  # tuned here: jobs elsewhere (other torch, device) skip it
             from rtxops.runtime.plan import current_environment
 
-            plan = dataclasses.replace(plan, environment=current_environment())
+            plan = dataclasses.replace(plan, environment=current_environment(probe_cuda=True))
         return self.publish(plan, job_id, decision=decision, evidence=evidence)
 
     def report(self, job_id: str, version: int, reason: str) -> None:

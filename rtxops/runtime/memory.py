@@ -72,8 +72,9 @@ def _open_statm() -> tuple[int, int] | None:
 
 
 def cuda_stats(device: int | None = None) -> dict[str, float]:
-    """Allocator figures for one CUDA device; empty without CUDA."""
-    if not torch.cuda.is_available():
+    """Allocator figures for one CUDA device; empty before the job initialized CUDA (asking
+    would initialize it)."""
+    if not torch.cuda.is_initialized():
         return {}
     s = torch.cuda.memory_stats(device)
     allocated = s.get("allocated_bytes.all.current", 0)

@@ -188,15 +188,18 @@ class Plan:
         if not self.environment:
             return None
         here = current_environment() if here is None else here
+        # (a device still unknown, "": CUDA not initialized by the job yet, is not compared)
         diffs = [f"{k} {v!r} (here {here.get(k)!r})" for k, v in sorted(self.environment.items())
-                 if here.get(k) != v]
+                 if here.get(k) != v and not (k == "device" and here.get(k) == "")]
         if not diffs:
             return None
         return f"plan version {self.version} was tuned for another environment: " + ", ".join(diffs)
 
 
-def current_environment() -> dict[str, str]:
-    """This process's torch, triton, CUDA and device model (what a plan records it was tuned in)."""
+def current_environment(probe_cuda: bool = False) -> dict[str, str]:
+    """This process's torch, triton, CUDA and device model (what a plan records it was tuned in).
+    The device is "" (unknown) in a CUDA build of torch that has not initialized CUDA, unless
+    ``probe_cuda``: a job must not initialize it before its script does (the daemon may)."""
     import importlib.metadata
 
     import torch
@@ -205,7 +208,10 @@ def current_environment() -> dict[str, str]:
         triton = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         triton = ""
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    if torch.cuda.is_initialized() or (probe_cuda and torch.cuda.is_available()):
+        device = torch.cuda.get_device_name(0)
+    else:
+        device = "" if torch.version.cuda and not probe_cuda else "cpu"
     return {"torch": torch.__version__, "triton": triton, "cuda": torch.version.cuda or "",
             "device": device}
 

@@ -19,6 +19,7 @@ import json
 import os
 from dataclasses import dataclass
 
+import torch
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
@@ -33,7 +34,7 @@ from . import schema as S
 from .exporters import (DeferredExporter, DuckDBSpanExporter, ExportThread, StepProcessor,
                         otlp_http_exporter)
 from .recorder import Recorder
-from .resource import job_resource_attributes
+from .resource import gpu_attributes, job_resource_attributes
 from .spans import CallSampling, SpanBuilder
 
 DEFAULT_DAEMON = "http://127.0.0.1:8765"
@@ -95,7 +96,10 @@ def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store
     recorder = Recorder(lambda rec: holder["thread"].submit(rec), capacity=capacity,
                         flush_every_s=export_interval_s)
     builder = SpanBuilder(tracer, recorder.slots, _step_attributes, sampling, recorder.totals)
-    thread = ExportThread(builder.build, processor, exporter, interval_s=export_interval_s,
+    build = builder.build
+    if resource is None and torch.version.cuda and not torch.cuda.is_initialized():
+        build = _with_gpu_once_initialized(builder.build, tracer)
+    thread = ExportThread(build, processor, exporter, interval_s=export_interval_s,
                           count=builder.count)
     holder["thread"] = thread
     # the recorder replaces the default CallStats: its totals (added up off-thread) serve the summary
@@ -132,6 +136,22 @@ def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
         sampling=sampling, capacity=capacity, export_interval_s=export_interval_s,
     )
     return telemetry  # the bootstrap closes it at exit (Readings.close)
+
+
+def _with_gpu_once_initialized(build, tracer):
+    """``build``, which adds the GPU attributes to ``tracer``'s resource at the first export
+    after the job initialized CUDA (the spans from then on carry them; the job's newest resource
+    is the one the evolve loop keys its results by). Asking at start would initialize CUDA
+    before the script's first line (:func:`.resource.gpu_attributes`)."""
+    pending = [True]
+
+    def build_then(rec, extra=None):
+        if pending[0] and torch.cuda.is_initialized():
+            pending[0] = False
+            tracer.resource = tracer.resource.merge(Resource(gpu_attributes()))
+        return build(rec, extra)
+
+    return build_then
 
 
 def _step_attributes() -> dict:

@@ -26,16 +26,24 @@ def job_resource_attributes() -> dict:
         S.RANK: rank(),
         S.HW_CPU_MODEL: cpu_model(),
         S.TORCH_VERSION: torch.__version__,
-        S.HW_GPU_COUNT: torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        **gpu_attributes(),
     }
-    if torch.cuda.is_available():
-        attrs[S.HW_GPU_MODEL] = torch.cuda.get_device_name(0)
-        attrs[S.CUDA_VERSION] = torch.version.cuda or ""
     try:  # the installed distribution's version: importing triton costs ~0.1 s at job start
         attrs[S.TRITON_VERSION] = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         pass
     return attrs
+
+
+def gpu_attributes() -> dict:
+    """GPU count, model and CUDA version, once the job has initialized CUDA itself; before that,
+    no GPU (0). Asking torch sooner initializes CUDA, before the script's first line runs: a
+    ``CUDA_VISIBLE_DEVICES`` the script sets is then ignored, and its forked workers cannot use
+    CUDA. The job's telemetry asks again at each export until it is (:func:`.job.start_job_telemetry`)."""
+    if not torch.cuda.is_initialized():
+        return {S.HW_GPU_COUNT: 0}
+    return {S.HW_GPU_COUNT: torch.cuda.device_count(), S.HW_GPU_MODEL: torch.cuda.get_device_name(0),
+            S.CUDA_VERSION: torch.version.cuda or ""}
 
 
 def service_name() -> str:

@@ -828,3 +828,51 @@ def test_a_part_refused_twice_is_dropped_and_counted():
     exporter = _FailingExporter(failures=10 ** 6)
     thread = _spans_through(exporter, steps=3)
     assert exporter.exported == 0 and thread.spans_failed == 30 and thread.spans_exported == 0
+
+
+def test_cuda_is_not_initialized_for_the_resource_and_the_gpu_joins_it_once_the_job_did(monkeypatch):
+    """Telemetry starts before the script's first line: asking torch for the GPU there
+    initialized CUDA (a CUDA_VISIBLE_DEVICES the script set was ignored; forked workers could not
+    use CUDA). No GPU here: a CUDA build of torch whose CUDA the job initializes mid-run stands in."""
+    from rtxops.runtime.memory import cuda_stats
+    from rtxops.runtime.plan import current_environment
+    from rtxops.telemetry.resource import job_resource_attributes
+
+    initialized = [False]
+
+    def refused(*args):
+        raise AssertionError("this would initialize CUDA")
+
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized[0])
+    for name in ("is_available", "device_count", "get_device_name", "memory_stats", "init"):
+        monkeypatch.setattr(torch.cuda, name, refused)
+    attrs = job_resource_attributes()
+    assert attrs[S.HW_GPU_COUNT] == 0 and S.HW_GPU_MODEL not in attrs
+    assert cuda_stats() == {} and current_environment()["device"] == ""
+    # a plan tuned on some GPU is not refused for a device the job has not opened yet
+    assert Plan(version=2, environment={**current_environment(), "device": "NVIDIA H200"}
+                ).environment_mismatch() is None
+
+    d = patching.enable(plan=Plan(version=1, defaults={"gelu": "eager"}))
+    exporter = InMemorySpanExporter()
+    telemetry = start_job_telemetry(d, exporter, export_interval_s=0.2)   # the job's own resource
+    try:
+        train_losses(TinyNet(), steps=2)
+        deadline = time.monotonic() + 30
+        while not _by_name(exporter.get_finished_spans(), S.STEP) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = _by_name(exporter.get_finished_spans(), S.STEP)[0]
+        assert first.resource.attributes[S.HW_GPU_COUNT] == 0
+        initialized[0] = True   # the job moved its model to the GPU
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+        monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})
+        train_losses(TinyNet(), steps=2)
+    finally:
+        telemetry.close(d)
+        patching.disable()
+    last = _by_name(exporter.get_finished_spans(), S.STEP)[-1]
+    assert last.resource.attributes[S.HW_GPU_MODEL] == "NVIDIA H200"
+    assert last.resource.attributes[S.HW_GPU_COUNT] == 2
+    assert last.resource.attributes[S.JOB_ID] == first.resource.attributes[S.JOB_ID]
