@@ -226,5 +226,5 @@ def _version_of(body: bytes | None) -> int:
     try:
         v = json.loads(body).get("version", -1)
         return v if isinstance(v, int) else -1
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):   # ([[[[… nests past the parser)
         return -1

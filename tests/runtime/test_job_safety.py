@@ -895,3 +895,25 @@ def test_each_strided_layout_of_a_shape_is_checked_on_its_own(op):
         y.t().reshape(-1).view(-1)
     finally:
         patching.disable()
+
+
+def test_the_users_own_sitecustomize_runs_as_a_package_and_a_failing_one_leaves_rtxops_on(tmp_path):
+    """rtxops's sitecustomize shadows the user's: a package ``sitecustomize/`` was not run, and
+    one that raised turned rtxops off without a word."""
+    script = tmp_path / "probe.py"
+    script.write_text("import os\nfrom rtxops.runtime import patching\n"
+                      "print('USER', os.environ.get('USER_SC'), 'RTXOPS', patching.active() is not None)\n")
+    for name, body, want in (
+            ("pkg", "import os\nos.environ['USER_SC'] = 'package'\n", "USER package RTXOPS True"),
+            ("bad", "raise RuntimeError('user sitecustomize broke')\n", "USER None RTXOPS True")):
+        user = tmp_path / name
+        path = user / "sitecustomize" / "__init__.py" if name == "pkg" else user / "sitecustomize.py"
+        path.parent.mkdir(parents=True)
+        path.write_text(body)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
+        env.update(RTXOPS_ENABLE="1", RTXOPS_TELEMETRY="off",
+                   PYTHONPATH=os.pathsep.join([str(BOOTSTRAP), str(user), str(BOOTSTRAP.parents[2])]))
+        r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+        assert want in r.stdout, (name, r.stdout, r.stderr)
+        if name == "bad":
+            assert "Error in sitecustomize; set PYTHONVERBOSE for traceback:\nRuntimeError: user sitecustomize broke" in r.stderr
