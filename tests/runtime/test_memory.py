@@ -2,6 +2,7 @@
 file held open however many threads and forks read it."""
 from __future__ import annotations
 
+import mmap
 import os
 import select
 import threading
@@ -13,12 +14,16 @@ from rtxops.runtime.memory import rss_bytes
 
 
 def test_rss_follows_allocations_and_matches_psutil():
+    # fresh pages of its own, each written: a bytearray could reuse memory the allocator held
+    # resident from earlier tests (RSS grew 40 MB for 64 in one CI run)
+    block = mmap.mmap(-1, 64 << 20)
     before = rss_bytes()
-    block = bytearray(64 << 20)  # zero-filled: every page touched
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1
     during = rss_bytes()
     assert during - before >= 48 << 20
     assert abs(during - psutil.Process().memory_info().rss) < 8 << 20
-    del block
+    block.close()
 
 
 def _statm_fds() -> int:
