@@ -135,7 +135,7 @@ def convert(body: bytes, content_type: str, received_ns: int) -> Batch:
     request (attribute values are checked while they are converted)."""
     if media_type(content_type) == PROTOBUF:
         if _columns.available():
-            _check_rows(*_columns.count_rows(body))   # before either decoder allocates them
+            _check_events(_columns.count_rows(body)[1])   # before either decoder allocates them
             batch = _columns.convert(body, received_ns)
             if batch is not None:
                 return batch
@@ -143,7 +143,7 @@ def convert(body: bytes, content_type: str, received_ns: int) -> Batch:
     return to_arrow(decode_request(body, content_type), received_ns)
 
 
-def _check_rows(spans: int, events: int) -> None:
+def _check_events(events: int) -> None:
     if events > MAX_REQUEST_EVENTS:
         raise TelemetryInputError(f"the request holds {events} span events; the limit is "
                                   f"{MAX_REQUEST_EVENTS} a request")
@@ -470,7 +470,7 @@ class _Columns:
             raise TelemetryInputError(f"{where} has {len(span.events)} events; the limit is {MAX_EVENTS}")
         trace_id, span_id, time_ns, name, attrs = self.events
         if span.events:
-            _check_rows(0, len(time_ns) + len(span.events))
+            _check_events(len(time_ns) + len(span.events))
         tid, sid = span.trace_id.hex(), span.span_id.hex()
         for e, event in enumerate(span.events):
             trace_id.append(tid)
