@@ -235,6 +235,9 @@ def _print_report(report: dict) -> None:
         for arm, reason in b["gate_failures"].items():
             err.print(f"gate rejected {b['op']} {arm} on {b['bucket']}: {reason}", markup=False,
                       style="yellow")
+    for b in report.get("skipped") or ():
+        err.print(f"skipped recorded {b['op']} bucket {b['bucket']}: {b['reason']}", markup=False,
+                  style="yellow")
     for path in report.get("sweep_files") or ():
         err.print(f"sweep written to {path}", markup=False)
     if report.get("sweep_files") == []:

@@ -42,6 +42,7 @@ log = logging.getLogger("rtxops.evolve")
 
 BASELINE = Arm.of(REFERENCE)
 BATCH = 4
+MAX_DIM = 2**31 - 1   # a bucket's dim past it is no tensor anyone benchmarks (nor a C int)
 SAVE_WAIT_S = 10.0  # how long a submit waits for its task record to be committed
 Progress = Callable[[dict], None]
 
@@ -50,8 +51,10 @@ class TuneError(ValueError):
     """Bad tuning input (unknown op, variant or strategy, malformed bucket, nothing recorded)."""
 
 
-def targets(store, registry: Registry, op: str | None, bucket: str | None) -> list[tuple[str, str]]:
-    """The (op, bucket) pairs to tune: the given one, or every one recorded in telemetry."""
+def targets(store, registry: Registry, op: str | None, bucket: str | None,
+            skipped: list[dict] | None = None) -> list[tuple[str, str]]:
+    """The (op, bucket) pairs to tune: the given one, or every one recorded in telemetry that
+    :func:`bucket_problem` passes (the others go to ``skipped``, with the reason)."""
     if bucket is not None and op is None:
         raise TuneError("--bucket needs --op (a bucket's form depends on its op)")
     if op is not None:
@@ -64,7 +67,35 @@ def targets(store, registry: Registry, op: str | None, bucket: str | None) -> li
     if not found:
         raise TuneError(f"no recorded {op or 'op'} buckets in the telemetry store; run a job under "
                         "rtxops first, or give --op and --bucket")
-    return found
+    # telemetry is any OTLP client's, or an older rtxops's: what the tuner cannot take is skipped
+    usable = []
+    for o, b in found:
+        problem = bucket_problem(registry, o, b)
+        if problem is None:
+            usable.append((o, b))
+        elif skipped is not None:
+            skipped.append({"op": o, "bucket": b, "reason": problem})
+    if not usable:
+        raise TuneError(f"no recorded {op or 'op'} bucket is one the tuner can benchmark here: "
+                        + "; ".join(f"{o} {b}: {bucket_problem(registry, o, b)}" for o, b in found[:3]))
+    return usable
+
+
+def bucket_problem(registry: Registry, op: str, bucket: str) -> str | None:
+    """Why the tuner cannot benchmark ``bucket`` of ``op`` on this machine, or None."""
+    try:
+        parsed = registry.op(op).parse_bucket(bucket)
+    except Exception as e:  # PlanError: the message names what is wrong
+        return str(e)
+    if parsed.device not in ("cpu", "cuda"):
+        return (f"bucket {bucket!r}: device {parsed.device!r} is not one the tuner benchmarks on "
+                "(cpu, cuda)")
+    bad = [f"{k}={v}" for k, v in parsed.dims if not 0 <= v <= MAX_DIM]
+    if bad:
+        return f"bucket {bucket!r}: {', '.join(bad)} is no size"
+    if parsed.device == "cuda" and not _cuda_here():
+        return f"{bucket} is a CUDA bucket and this machine has no CUDA device"
+    return None
 
 
 def validate(registry: Registry, op: str | None, bucket: str | None, strategy: str,
@@ -78,16 +109,8 @@ def validate(registry: Registry, op: str | None, bucket: str | None, strategy: s
         raise TuneError("--bucket needs --op (a bucket's form depends on its op)")
     if op is not None:
         _check(registry.op, op)
-        if bucket is not None:
-            parsed = _check(lambda: registry.op(op).parse_bucket(bucket))
-            if parsed.device not in ("cpu", "cuda"):
-                raise TuneError(f"bucket {bucket!r}: device {parsed.device!r} is not one the "
-                                "tuner benchmarks on (cpu, cuda)")
-            negative = [f"{k}={v}" for k, v in parsed.dims if v < 0]
-            if negative:
-                raise TuneError(f"bucket {bucket!r}: {', '.join(negative)} is no size")
-            if parsed.device == "cuda" and not _cuda_here():
-                raise TuneError(f"{bucket} is a CUDA bucket and this machine has no CUDA device")
+        if bucket is not None and (problem := bucket_problem(registry, op, bucket)) is not None:
+            raise TuneError(problem)
         for v in variants or ():
             _check(registry.variant, op, v)
     else:
@@ -106,11 +129,14 @@ def tune(store: Store, registry: Registry, *, op: str | None = None, bucket: str
     """Tune each target bucket; the report (per bucket: best arm, decision, trials, gate failures,
     the sweep of every measured arm's values). ``variants`` limits the candidates to those names."""
     validate(registry, op, bucket, strategy, budget, variants)
-    todo = targets(store, registry, op, bucket)
+    skipped: list[dict] = []
+    todo = targets(store, registry, op, bucket, skipped)
+    for s in skipped:
+        log.warning("rtxops tune: skipping %s %s: %s", s["op"], s["bucket"], s["reason"])
     tuner = _Tuner(store, registry, strategy, budget, reps, warmup, variants, seed, timeout_s,
                    on_progress or (lambda _: None), stop or threading.Event())
     report = {"strategy": strategy, "budget": budget, "reps": reps, "warmup": warmup,
-              "seed": seed, "buckets": []}
+              "seed": seed, "buckets": [], "skipped": skipped}
     for i, (o, b) in enumerate(todo):
         if tuner.stopped():
             break

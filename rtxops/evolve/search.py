@@ -95,12 +95,13 @@ class SuccessiveHalving(Strategy):
         super().__init__(arms, budget, seed, batch)
         self.survivors = list(self.arms)
         if budget < len(self.arms):
-            # as Hyperband does: a random few (the first arm, the incumbent's or the default
-            # config, among them) with room for a round that halves them, not the first ones in
-            # order, once each, never halved; a budget too small for any halving tries as many
+            # as Hyperband does: a random few with room for a round that halves them, not the
+            # first ones in order, once each, never halved; a budget too small for any halving
+            # tries as many (callers hand the arms over sorted: the first is no one's favourite,
+            # and keeping it made a budget of one the same arm on every run)
             k = max((n for n in range(3, budget + 1) if n + math.ceil(n / 2) <= budget),
                     default=budget)
-            chosen = {0, *self.rng.sample(range(1, len(self.arms)), k - 1)}
+            chosen = set(self.rng.sample(range(len(self.arms)), k))
             self.survivors = [a for i, a in enumerate(self.arms) if i in chosen]
         self.round_todo = list(self.survivors)
         self.round = 0
@@ -154,10 +155,13 @@ class ThompsonSampling(Strategy):
             given = {a: (float(m), max(float(sd), 1e-3)) for a, (m, sd) in prior.items()}
             weak = (_median([m for m, _ in given.values()]), prior_sd)
             self.prior = {a: given.get(a, weak) for a in self.arms}
+        else:   # untried arms go first, in an order of the seed's (a budget under the arms
+            # took the same first few, in the callers' sorted order, on every run)
+            self._first = self.rng.sample(self.arms, len(self.arms))
 
     def _propose(self) -> list[Arm]:
         if self.prior is None:
-            untried = [a for a in self.arms if not self.values.get(a)]
+            untried = [a for a in self._first if not self.values.get(a)]
             if untried:
                 return untried[: self.batch]
         # distinct arms per batch: a batch runs at once (one explore round), so a repeated arm

@@ -315,3 +315,35 @@ def test_the_verdict_compares_the_best_arm_with_the_reference_within_one_run(tmp
     assert len(runs) == 3 and len(runs[1]) == 1 and runs[2] == ["reference", runs[1][0]]
     assert b["best"]["variant"] == runs[1][0]
     assert not b["decision"]["better"] and abs(b["decision"]["gain"]) < 0.02, b["decision"]
+
+
+def test_recorded_buckets_the_tuner_cannot_take_are_skipped_with_the_reason(tmp_path, registry):
+    """Without --bucket the tuner took telemetry's bucket strings (any OTLP client's) unchecked:
+    one malformed bucket crashed the run for every bucket."""
+    from rtxops.evolve.offline import targets
+
+    store = Store(tmp_path / "rtxops.duckdb")
+
+    def record(cur, bucket, total):
+        cur.execute("INSERT INTO kernel_minutes (job_id, op, bucket, variant, config, phase, minute, "
+                    "calls, total_ns) VALUES ('j1', 'gelu', ?, 'reference', '{}', 'fwd', 1, 10, ?)",
+                    [bucket, total])
+
+    try:
+        bad = {"not-a-bucket": "not of the form",
+               GELU.replace("/cpu/", "/cuda/"): "no CUDA device",
+               GELU.replace("hidden=64", "hidden=-64"): "hidden=-64 is no size",
+               GELU.replace("hidden=64", "hidden=99999999999"): "hidden=99999999999 is no size",
+               GELU.replace("/cpu/", "/xpu/"): "device 'xpu'"}
+        for i, bucket in enumerate([GELU, *bad]):
+            store.call(lambda cur, b=bucket, t=100 + i: record(cur, b, t), 30)
+        skipped: list[dict] = []
+        assert targets(store, registry, "gelu", None, skipped) == [("gelu", GELU)]
+        assert {s["bucket"] for s in skipped} == set(bad)
+        for s in skipped:
+            assert bad[s["bucket"]] in s["reason"]
+        store.call(lambda cur: cur.execute("DELETE FROM kernel_minutes WHERE bucket = ?", [GELU]), 30)
+        with pytest.raises(TuneError, match="no recorded gelu bucket is one the tuner can benchmark"):
+            targets(store, registry, "gelu", None)
+    finally:
+        store.close()

@@ -66,9 +66,21 @@ def test_successive_halving_on_a_budget_below_its_arms_still_halves():
             for arm in batch:
                 s.tell(arm, 100.0 + int(arm[3:]))
         assert len(asked) <= 11 and len(set(asked)) < len(asked)   # survivors measured again
-        assert arms[0] in asked                                    # the first arm always runs
         tried |= set(asked)
     assert tried - set(arms[:10])                                  # not only the first ten
+
+
+@pytest.mark.parametrize("name,budget", [("successive_halving", 1), ("successive_halving", 4),
+                                         ("thompson", 1), ("thompson", 5), ("random", 1)])
+def test_a_small_budget_tries_other_arms_with_other_seeds(name, budget):
+    """Thompson without priors took the untried arms in the callers' (sorted) order, and
+    successive halving always kept the first arm: a budget of one measured the same arm on
+    every run whatever the seed, and the others never."""
+    tried = set()
+    for seed in range(40):
+        s = search.make_strategy(name, ARMS, budget, seed=seed)
+        tried |= set(a for _ in range(budget) for a in s.ask() or [])
+    assert len(tried) > len(ARMS) // 2
 
 
 def test_replay_counts_trials_to_within_five_percent(tmp_path):
