@@ -340,6 +340,9 @@ def _tuning_table(rows: list[dict]) -> Table:
 
 
 # ---- evolve replay / status ----------------------------------------------------------------------
+MAX_REPLAY_BUDGET = 100_000   # trials per run: past it a replay takes hours, and says nothing more
+MAX_REPLAY_SEEDS = 10_000
+
 @evolve_app.command("replay")
 def replay(
     sweep: Path = typer.Option(..., "--sweep", help="a sweep file (rtxops tune --sweep-out)"),
@@ -355,7 +358,7 @@ def replay(
 ) -> None:
     """Run search strategies against a recorded exhaustive sweep: trials each needs to come
     within 5 % of the best arm."""
-    from rtxops.evolve.replay import SweepError, load_sweep_file
+    from rtxops.evolve.replay import MAX_REPS, SweepError, load_sweep_file
     from rtxops.evolve.replay import replay as run_replay
     from rtxops.evolve.search import STRATEGIES
 
@@ -364,6 +367,9 @@ def replay(
         raise _fail(f"unknown strategy {unknown[0]!r} (known: {', '.join(STRATEGIES)})")
     if (budget is not None and budget < 1) or seeds < 1 or (trial_reps is not None and trial_reps < 1):
         raise _fail("--budget, --seeds and --trial-reps must be at least 1")
+    if (budget or 0) > MAX_REPLAY_BUDGET or seeds > MAX_REPLAY_SEEDS or (trial_reps or 0) > MAX_REPS:
+        raise _fail(f"--budget goes to {MAX_REPLAY_BUDGET}, --seeds to {MAX_REPLAY_SEEDS} and "
+                    f"--trial-reps to {MAX_REPS}")
     try:
         recorded = load_sweep_file(sweep)
     except SweepError as e:

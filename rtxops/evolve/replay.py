@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import stat
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,8 @@ from .search import STRATEGIES, make_strategy
 
 WITHIN = 0.05
 WITH_PRIORS = "thompson+priors"
+MAX_SWEEP_BYTES = 256 << 20   # a sweep of 10 000 arms × 1000 values is ~200 MB of JSON
+MAX_REPS = 10_000             # values one trial takes the median of (the tuner's reps)
 
 
 class SweepError(ValueError):
@@ -53,7 +57,15 @@ def load_sweep(path: str | Path) -> dict[str, list[float]]:
 
 def load_sweep_file(path: str | Path) -> Sweep:
     try:
-        data = json.loads(Path(path).read_text())
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):   # /dev/zero would never end
+                raise SweepError(f"sweep {path} is not a regular file")
+            raw = f.read(MAX_SWEEP_BYTES + 1)
+        if len(raw) > MAX_SWEEP_BYTES:
+            raise SweepError(f"sweep {path} is over {MAX_SWEEP_BYTES >> 20} MB")
+        data = json.loads(raw)
+    except SweepError:
+        raise
     except (OSError, ValueError, RecursionError) as e:   # RecursionError: arrays nested too deep
         raise SweepError(f"cannot read sweep {path}: {type(e).__name__}: {e}") from None
     return load_sweep_data(data, path)
@@ -77,8 +89,9 @@ def load_sweep_data(data: Any, source: Any = "sweep") -> Sweep:
             sweep.keys[label] = Arm.of(a["variant"], config)
         sweep.op, sweep.bucket = data.get("op"), data.get("bucket")
         reps = data.get("reps")
-        if reps is not None and (isinstance(reps, bool) or not isinstance(reps, int) or reps < 1):
-            raise SweepError(f"sweep {source}: reps must be a whole number of at least 1")
+        if reps is not None and (isinstance(reps, bool) or not isinstance(reps, int)
+                                 or not 1 <= reps <= MAX_REPS):
+            raise SweepError(f"sweep {source}: reps must be a whole number from 1 to {MAX_REPS}")
         sweep.reps = reps
     except SweepError:
         raise

@@ -92,13 +92,20 @@ def test_replay_takes_a_trial_as_the_tuners_benchmark_of_the_sweeps_repetitions(
     ('{"arms": [{"variant": "a", "values": [1.0]}]}', ["--budget", "0"], "at least 1"),
     ('{"arms": [{"variant": "a", "values": [1.0]}]}', ["--trial-reps", "0"], "at least 1"),
     ('{"reps": 0, "arms": [{"variant": "a", "values": [1.0]}]}', [], "reps must be a whole number"),
+    # a trial of a billion values took 8 GB; /dev/zero was read until memory ran out
+    ('{"reps": 1000000000, "arms": [{"variant": "a", "values": [1.0]}]}', [], "from 1 to 10000"),
+    ('{"arms": [{"variant": "a", "values": [1.0]}]}', ["--trial-reps", "100000"], "--trial-reps to 10000"),
+    ('{"arms": [{"variant": "a", "values": [1.0]}]}', ["--budget", "10000000"], "--budget goes to"),
+    ("/dev/zero", [], "is not a regular file"),
     (None, [], "cannot read sweep"),
 ])
 def test_replay_refuses_bad_input_with_exit_2(tmp_path, daemons, content, args, message):
     path = tmp_path / "sweep.json"
-    if content is not None:
+    if content == "/dev/zero":
+        path = Path(content)
+    elif content is not None:
         path.write_text(content)
-    r = cli("evolve", "replay", "--sweep", str(path), *args, mark=daemons.mark)
+    r = cli("evolve", "replay", "--sweep", str(path), *args, mark=daemons.mark, timeout=60)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
 
