@@ -187,19 +187,25 @@ def upsert_tuning(store: Store, key: dict, values: dict) -> None:
     measured later under the same key: only a new key (versions, source) clears it. A live figure
     (online or canary: forward calls inside a job's steps) never replaces an offline one
     (forward and backward, benchmarked): they measure different things; a canary's verdict
-    still marks the row."""
+    still marks the row. A run that measured nothing (``failed``: a worker timed out or was
+    killed) leaves a row that holds a measurement as it was, the failure noted in its reason: the
+    same key is the same code, so the failure was the run's, not the kernel's."""
     measured = ("source", "trials", "median_ns", "spread", "peak_bytes", "updated_ns")
     cols = TUNING_KEY + measured + ("status", "reason")
     row = {**key, **values}
     # (every SET expression reads the row as it was)
-    keep = "source = 'offline' AND excluded.source IN ('online', 'canary')"
+    kept = "(status = 'ok' AND median_ns IS NOT NULL AND excluded.status = 'failed')"
+    keep = f"(source = 'offline' AND excluded.source IN ('online', 'canary')) OR {kept}"
     figure = f"CASE WHEN {keep} THEN {{0}} ELSE excluded.{{0}} END"
-    verdict = ("CASE WHEN status = 'regressed' OR (source = 'offline' AND excluded.source = "
-               "'online') THEN {0} ELSE excluded.{0} END")
+    status = ("CASE WHEN status = 'regressed' OR (source = 'offline' AND excluded.source = "
+              f"'online') OR {kept} THEN status ELSE excluded.status END")
+    reason = (f"CASE WHEN {kept} THEN 'a later run measured nothing: ' || excluded.reason "
+              "WHEN status = 'regressed' OR (source = 'offline' AND excluded.source = 'online') "
+              "THEN reason ELSE excluded.reason END")
     _write(store, f"INSERT INTO tuning ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
                   "ON CONFLICT DO UPDATE SET "
                   + ", ".join([f"{c} = {figure.format(c)}" for c in measured]
-                              + [f"{c} = {verdict.format(c)}" for c in ("status", "reason")]),
+                              + [f"status = {status}", f"reason = {reason}"]),
            [row.get(c) for c in cols])
 
 

@@ -45,6 +45,30 @@ def test_a_new_result_replaces_the_old_one_for_the_same_key(tmp_path, registry):
     assert rows == [{"median_ns": 900.0, "status": "regressed"}]
 
 
+def test_a_run_that_measured_nothing_leaves_a_measured_row_as_it_was(tmp_path, registry):
+    """A later `rtxops tune` whose worker timed out turned an `ok` row into `failed` with no
+    median: the arm dropped out of the priors for a failure of the run, not of the kernel."""
+    with Store(tmp_path / "s.duckdb") as store:
+        db = TuningDB(store, registry)
+        record(store, registry, 1000.0)
+        db.record("gelu", BUCKET, ARM, source="offline", trials=1, median_ns=None,
+                  status="failed", reason="evolve worker timed out")
+        row = db.lookup("gelu", BUCKET, ARM)
+        assert (row["median_ns"], row["trials"], row["status"]) == (1000.0, 5, "ok")
+        assert row["reason"] == "a later run measured nothing: evolve worker timed out"
+        record(store, registry, 900.0)   # a measurement replaces it, the note with it
+        row = db.lookup("gelu", BUCKET, ARM)
+        assert (row["median_ns"], row["status"], row["reason"]) == (900.0, "ok", "")
+    with Store(tmp_path / "t.duckdb") as store:   # a row that never held a figure takes the failure
+        db = TuningDB(store, registry)
+        db.record("gelu", BUCKET, ARM, source="offline", trials=1, median_ns=None,
+                  status="failed", reason="first")
+        db.record("gelu", BUCKET, ARM, source="offline", trials=1, median_ns=None,
+                  status="failed", reason="second")
+        assert store.query("SELECT status, reason FROM tuning") == [{"status": "failed",
+                                                                     "reason": "second"}]
+
+
 def test_a_regressed_mark_outlives_later_measurements_of_the_same_key(tmp_path, registry, monkeypatch):
     """A canary's rollback marks the arm regressed; a later `rtxops tune` or explore round of the
     same arm updates its figures but must not make it a candidate again."""
