@@ -196,22 +196,17 @@ class _Tuner:
         runs: list[dict[Arm, list[float]]] = []   # each worker run's values per arm
         while (first or asked) and not self.stopped():
             run = ([BASELINE] if first else []) + asked
-            runs.append({})
-            for arm, trial in self._run(op, bucket, run, len(trials)):
+            for arm, trial in self._run(op, bucket, run, len(trials), runs):
                 trials.append(trial)
-                runs[-1][arm] = trial["values"]
                 values.setdefault(arm, []).extend(trial["values"])
                 if s and arm in asked:
                     s.tell(arm, trial["median_ns"] if trial["status"] == "ok" else float("inf"))
             first, asked = False, (s.ask() if s else [])
         best = self._best(s, values)
         if best not in (None, BASELINE) and not _paired(runs, best)[0] and not self.stopped():
-            # the verdict compares the two within one run: worker runs differ by more than the
+            # the verdict compares the two within one worker run: runs differ by more than the
             # kernels do (a run's offset hits every arm in it alike)
-            runs.append({})
-            for arm, trial in self._run(op, bucket, [BASELINE, best], len(trials)):
-                trials.append(trial)
-                runs[-1][arm] = trial["values"]
+            trials += [t for _, t in self._run(op, bucket, [BASELINE, best], len(trials), runs)]
         self._record_tuning(op, bucket, trials)
         decision = self._decide(op, bucket, best, values, trials, failed, _paired(runs, best))
         self.progress("done", trials=len(trials))
@@ -228,9 +223,11 @@ class _Tuner:
                                    for a, v in sorted(values.items()) if v]}}
 
     # ---- trials --------------------------------------------------------------------------------
-    def _run(self, op: str, bucket: str, arms: list[Arm], done: int) -> list[tuple[Arm, dict]]:
+    def _run(self, op: str, bucket: str, arms: list[Arm], done: int,
+             runs: list[dict[Arm, list[float]]]) -> list[tuple[Arm, dict]]:
         """Worker runs of ``arms`` (see :func:`run_isolating`: only an arm that kills the worker
-        fails)."""
+        fails); each worker process's values per arm are appended to ``runs`` (after a crash,
+        the arms re-run one per process: no two of those are paired)."""
         request = {"command": "bench", "op": op, "bucket": bucket, "warmup": self.warmup,
                    "reps": self.reps, "arms": [{"variant": a.variant, "config": a.config} for a in arms]}
         started = time.time_ns()
@@ -243,10 +240,14 @@ class _Tuner:
         results = run_isolating(request, "arms", self.timeout_s, on_worker)
         ended = time.time_ns()
         out = []
+        by_worker: dict[int, dict[Arm, list[float]]] = {}
         for arm, r in zip(arms, results):
             if isinstance(r, WorkerError):
                 r = {"status": "failed", "reason": str(r)[:2000], "values": []}
-            out.append((arm, self._trial(op, bucket, arm, r, started, ended)))
+            trial = self._trial(op, bucket, arm, r, started, ended)
+            by_worker.setdefault(r.get("worker", -1), {})[arm] = trial["values"]
+            out.append((arm, trial))
+        runs.extend(by_worker.values())
         self.progress("bench", trials=done + len(out))
         return out
 

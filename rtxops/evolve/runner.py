@@ -1,6 +1,7 @@
 """Run :mod:`rtxops.evolve.worker` in a child process and collect its results."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -99,17 +100,24 @@ def run_worker(request: dict, timeout_s: float = 600.0,
     return results
 
 
+_workers = itertools.count()
+
+
 def run_isolating(request: dict, key: str, timeout_s: float = 600.0,
                   on_progress: Callable[[int, int], None] | None = None) -> list[dict | WorkerError]:
     """One result per element of ``request[key]``, in order: one worker runs them all; when it
     dies, each element it had not answered yet runs in a worker of its own, so only the element
     that kills the process fails and none is measured twice (an answer sent before the worker
-    died stands, batch or alone). A failed element's entry is the :class:`WorkerError`."""
+    died stands, batch or alone). A failed element's entry is the :class:`WorkerError`. Each
+    result carries ``worker``, a number that is the same for results of one worker process
+    (benchmarks are comparable within one: processes differ by more than kernels do)."""
     items = request[key]
+    worker = next(_workers)
     try:
-        by_index = {r["index"]: r for r in run_worker(request, timeout_s, on_progress)}
+        by_index = {r["index"]: {**r, "worker": worker}
+                    for r in run_worker(request, timeout_s, on_progress)}
     except WorkerError as e:
-        by_index = {r["index"]: r for r in e.results}
+        by_index = {r["index"]: {**r, "worker": worker} for r in e.results}
         if len(items) == 1:
             return [by_index.get(0, e)]
         for i, item in enumerate(items):

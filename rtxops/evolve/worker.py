@@ -137,7 +137,10 @@ def _bench(registry, request: dict) -> None:
                 continue
             if flush is not None:
                 flush.zero_()  # evict the last arm's data from L2
-            values[i].append(_timed(fn, args, kwargs, cuda, calls[i]))
+            try:
+                values[i].append(_timed(fn, args, kwargs, cuda, calls[i]))
+            except Exception as e:   # a kernel that fails now and then: its failure, not the run's
+                runs[i] = e
             if done % max(1, total // 50) == 0:
                 _emit({"event": "progress", "done": done, "total": total})
     for i, (arm, fn) in enumerate(zip(arms, runs)):

@@ -1,7 +1,7 @@
 """Broken ``gelu`` variants for the offline tuner's tests, loaded through
 ``RTXOPS_VARIANT_MODULES=tests.evolve.plugins_broken``: one returns NaN, one raises, one passes the
-correctness gate (a single call) and then kills its process on the third call in it; two are
-correct and print to stdout, where the worker's protocol runs."""
+correctness gate (a single call) and then kills its process on the third call in it, one raises
+from its sixth; two are correct and print to stdout, where the worker's protocol runs."""
 from __future__ import annotations
 
 import os
@@ -33,6 +33,17 @@ def _crashes(config, bucket):
     return gelu
 
 
+def _flaky(config, bucket):
+    calls = {"n": 0}
+
+    def gelu(input, approximate="none"):
+        calls["n"] += 1
+        if calls["n"] >= 6:   # past a warm-up of two: in the timed repetitions
+            raise RuntimeError("this kernel fails now and then, on purpose")
+        return _gelu(input, approximate=approximate)
+    return gelu
+
+
 def _chatty(config, bucket):
     def gelu(input, approximate="none"):
         print("chatty kernel, no newline", end="", flush=True)   # a correct kernel that talks
@@ -51,6 +62,7 @@ VARIANTS = [
     Variant("gelu", "broken_nan", "eager", _nan, description="returns NaN"),
     Variant("gelu", "broken_raise", "eager", _raises, description="raises"),
     Variant("gelu", "crashes", "eager", _crashes, description="kills its process on the 3rd call"),
+    Variant("gelu", "flaky", "eager", _flaky, description="raises from its 6th call in a process"),
     Variant("gelu", "chatty", "eager", _chatty, description="correct; prints without a newline"),
     Variant("gelu", "prints_number", "eager", _prints_number, description="correct; prints 128"),
 ]

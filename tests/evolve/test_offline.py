@@ -167,7 +167,12 @@ def test_broken_variants_fail_the_gate_and_a_crash_fails_only_its_trial(tmp_path
 
         trials = {r["variant"]: r for r in store_evolve.trials(store)}
         assert set(trials) == {"reference", "algebraic", "crashes"}  # the rejected never ran
-        assert len(store_evolve.trials(store)) == b["trials"] == 3  # budget 10, 3 arms to try
+        # budget 10, 3 arms to try; the crash sent each arm to a process of its own, so a best
+        # algebraic was never beside the reference: it gets a run with it
+        joint = 2 if b["best"]["variant"] == "algebraic" else 0
+        assert len(store_evolve.trials(store)) == b["trials"] == 3 + joint
+        if joint:
+            assert b["decision"]["reason"] != "the best arm and the reference were never measured in one run"
         crash = trials["crashes"]
         assert crash["status"] == "failed" and crash["median_ns"] is None
         assert f"exited with {CRASH_EXIT}" in json.loads(crash["detail"])["reason"]
@@ -347,3 +352,33 @@ def test_recorded_buckets_the_tuner_cannot_take_are_skipped_with_the_reason(tmp_
             targets(store, registry, "gelu", None)
     finally:
         store.close()
+
+
+def test_arms_measured_in_separate_processes_are_not_paired(tmp_path, registry, monkeypatch):
+    """After a crash each arm re-runs in a process of its own; the tuner filed them as one run
+    and paired the reference with an arm measured in another process (10 % apart here by the
+    process alone), so the best arm never got its run beside the reference."""
+    from rtxops.evolve import offline
+
+    calls: list[list[str]] = []
+
+    def worker(request, key, timeout_s, on_progress):
+        calls.append([a["variant"] for a in request["arms"]])
+        out = []
+        for i, arm in enumerate(request["arms"]):
+            isolated = len(calls) == 1   # the first batch "crashed": one process per arm
+            level = 1000.0 * (0.9 if isolated and arm["variant"] != "reference" else 1.0)
+            values = [level * (1 + 0.002 * ((r * 7 + i) % 5)) for r in range(20)]
+            out.append({"status": "ok", "values": values, "median_ns": statistics.median(values),
+                        "p95_ns": max(values), "spread": 0.01, "peak_bytes": None,
+                        "worker": 100 + i if isolated else 0})
+        return out
+
+    monkeypatch.setattr(offline, "run_isolating", worker)
+    monkeypatch.setattr(offline, "screen", lambda tuning, op, bucket, arms, timeout_s: (set(arms), {}))
+    with Store(tmp_path / "rtxops.duckdb") as store:
+        report = tune(store, registry, op="gelu", bucket=GELU, strategy="exhaustive", budget=10,
+                      variants=["algebraic"])
+    (b,) = report["buckets"]
+    assert calls == [["reference", "algebraic"], ["reference", "algebraic"]]   # the joint run
+    assert not b["decision"]["better"] and abs(b["decision"]["gain"]) < 0.02, b["decision"]

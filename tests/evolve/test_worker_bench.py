@@ -54,3 +54,19 @@ def test_calibration_is_not_set_by_a_cold_first_call():
                            timeout_s=300)
     assert result["status"] == "ok", result
     assert result["calls_per_rep"] > 1
+
+
+def test_a_kernel_that_raises_while_timed_fails_alone_and_the_worker_goes_on(monkeypatch):
+    """An exception in the timed repetitions (only the build and warm-up were guarded) ended the
+    worker: every arm ran again in a process of its own, and the reason was a traceback's tail."""
+    from pathlib import Path
+
+    monkeypatch.setenv("RTXOPS_VARIANT_MODULES", "tests.evolve.plugins_broken")
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    reference, flaky = run_worker({"command": "bench", "op": "gelu", "bucket": BUCKET, "warmup": 2,
+                                   "reps": 5, "min_rep_ns": 0,
+                                   "arms": [{"variant": "reference", "config": {}},
+                                            {"variant": "flaky", "config": {}}]}, timeout_s=120)
+    assert reference["status"] == "ok" and len(reference["values"]) == 5
+    assert flaky["status"] == "failed" and flaky["values"] == []
+    assert flaky["reason"] == "RuntimeError: this kernel fails now and then, on purpose"
