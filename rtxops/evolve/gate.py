@@ -30,6 +30,15 @@ class GateResult:
     passed: bool
     reason: str
     max_error: float | None = None
+    # the check could not judge the kernel (memory ran out, no example inputs, the reference
+    # failed): not stored as its verdict, asked again next time
+    no_verdict: bool = False
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    text = str(e).lower()
+    return (isinstance(e, (MemoryError, torch.OutOfMemoryError))
+            or "can't allocate memory" in text or "out of memory" in text)
 
 
 def check(spec: OpSpec, variant: Variant, config: dict, bucket: Bucket, seed: int = 0) -> GateResult:
@@ -37,24 +46,28 @@ def check(spec: OpSpec, variant: Variant, config: dict, bucket: Bucket, seed: in
     try:
         args, kwargs = spec.example_inputs(bucket, seed)
     except Exception as e:
-        return GateResult(False, f"no example inputs for {bucket}: {type(e).__name__}: {e}")
+        return GateResult(False, f"no example inputs for {bucket}: {type(e).__name__}: {e}",
+                          no_verdict=True)
     grad_seed = seed + 1
     oracle = _run(spec.reference, args, kwargs, torch.float64, grad_seed)
     if isinstance(oracle, Exception):  # a reference without float64 support: its own dtype
         oracle = _run(spec.reference, args, kwargs, None, grad_seed)
         if isinstance(oracle, Exception):
-            return GateResult(False, f"the reference itself fails on {bucket}: {oracle}")
+            return GateResult(False, f"the reference itself fails on {bucket}: {oracle}",
+                              no_verdict=True)
     reference = _run(spec.reference, args, kwargs, None, grad_seed)
     if isinstance(reference, Exception):   # fine in float64 (the oracle), not in this dtype
         return GateResult(False, f"the reference itself fails on {bucket}: "
-                                 f"{type(reference).__name__}: {reference}")
+                                 f"{type(reference).__name__}: {reference}", no_verdict=True)
     try:
         fn = variant.build(dict(config), bucket)
     except Exception as e:
-        return GateResult(False, f"build failed: {type(e).__name__}: {e}")
+        return GateResult(False, f"build failed: {type(e).__name__}: {e}",
+                          no_verdict=_out_of_memory(e))
     candidate = _run(fn, args, kwargs, None, grad_seed)
     if isinstance(candidate, Exception):
-        return GateResult(False, f"raised {type(candidate).__name__}: {candidate}")
+        return GateResult(False, f"raised {type(candidate).__name__}: {candidate}",
+                          no_verdict=_out_of_memory(candidate))
     (c_out, c_grad), (o_out, o_grad), (r_out, _) = candidate, oracle, reference
     if len(c_out) != len(o_out):
         return GateResult(False, f"{len(c_out)} tensor outputs, the reference has {len(o_out)}")

@@ -201,6 +201,9 @@ class _Tuner:
                 values.setdefault(arm, []).extend(trial["values"])
                 if s and arm in asked:
                     s.tell(arm, trial["median_ns"] if trial["status"] == "ok" else float("inf"))
+            # after every run, not once at the end: a task stopped or killed midway keeps what
+            # it measured (its message says so)
+            self._record_tuning(op, bucket, trials)
             first, asked = False, (s.ask() if s else [])
         best = self._best(s, values)
         if best not in (None, BASELINE) and not _paired(runs, best)[0] and not self.stopped():

@@ -94,7 +94,8 @@ def _gate(registry, items: list[dict]) -> None:
                    "setup_error": True}
         else:
             result = check(spec, variant, item.get("config", {}), bucket)
-            out = {"passed": result.passed, "reason": result.reason, "max_error": result.max_error}
+            out = {"passed": result.passed, "reason": result.reason, "max_error": result.max_error,
+                   "setup_error": result.no_verdict}
         _emit({"event": "result", "index": i, **item, **out,
                "seconds": round(time.perf_counter() - started, 3)})
         _emit({"event": "progress", "done": i + 1, "total": len(items)})

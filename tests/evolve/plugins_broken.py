@@ -44,6 +44,14 @@ def _flaky(config, bucket):
     return gelu
 
 
+def _out_of_memory(config, bucket):
+    def gelu(input, approximate="none"):
+        # what torch's CPU allocator raises when the machine is short of memory at the moment
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: "
+                           "can't allocate memory: you tried to allocate 4096 bytes.")
+    return gelu
+
+
 def _chatty(config, bucket):
     def gelu(input, approximate="none"):
         print("chatty kernel, no newline", end="", flush=True)   # a correct kernel that talks
@@ -63,6 +71,7 @@ VARIANTS = [
     Variant("gelu", "broken_raise", "eager", _raises, description="raises"),
     Variant("gelu", "crashes", "eager", _crashes, description="kills its process on the 3rd call"),
     Variant("gelu", "flaky", "eager", _flaky, description="raises from its 6th call in a process"),
+    Variant("gelu", "out_of_memory", "eager", _out_of_memory, description="memory runs out"),
     Variant("gelu", "chatty", "eager", _chatty, description="correct; prints without a newline"),
     Variant("gelu", "prints_number", "eager", _prints_number, description="correct; prints 128"),
 ]

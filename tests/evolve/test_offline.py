@@ -258,6 +258,25 @@ def test_kernels_printing_to_stdout_are_gated_on_their_values(tmp_path, monkeypa
         store.close()
 
 
+def test_memory_running_out_in_the_gate_is_no_verdict_on_the_kernel(tmp_path, monkeypatch):
+    """A failed allocation (a busy machine, a ulimit) was stored as the kernel's verdict and never
+    asked again under the same versions; a kernel that raises on its own still is."""
+    from rtxops.evolve.candidates import Arm
+    from rtxops.evolve.screen import screen
+    from rtxops.evolve.tuning import TuningDB
+
+    monkeypatch.setenv("RTXOPS_VARIANT_MODULES", "tests.evolve.plugins_broken")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    registry = load_builtin(Registry())
+    with Store(tmp_path / "rtxops.duckdb") as store:
+        tuning = TuningDB(store, registry)
+        oom, broken = Arm("out_of_memory", "{}"), Arm("broken_raise", "{}")
+        passed, failed = screen(tuning, "gelu", GELU, [oom, broken], timeout_s=120)
+        assert not passed and "can't allocate memory" in failed[oom]
+        assert tuning.gate("gelu", GELU, oom) is None                  # asked again next time
+        assert tuning.gate("gelu", GELU, broken)["passed"] is False    # stored for good
+
+
 def test_a_job_waiting_for_the_gate_slot_takes_the_verdicts_another_just_stored(tmp_path, monkeypatch):
     """Two jobs open the same hot bucket: the second chose its arms to gate before it waited for
     the slot, and gated them all again."""
@@ -382,3 +401,33 @@ def test_arms_measured_in_separate_processes_are_not_paired(tmp_path, registry, 
     (b,) = report["buckets"]
     assert calls == [["reference", "algebraic"], ["reference", "algebraic"]]   # the joint run
     assert not b["decision"]["better"] and abs(b["decision"]["gain"]) < 0.02, b["decision"]
+
+
+def test_a_tuner_killed_midway_keeps_the_tuning_rows_of_what_it_measured(tmp_path, registry,
+                                                                          monkeypatch):
+    """Tuning rows were written once a bucket was done: a daemon killed (or a double Ctrl-C)
+    midway left trials and no tuning rows, though its message said they were kept."""
+    from rtxops.evolve import offline
+
+    calls = []
+
+    def worker(request, key, timeout_s, on_progress):
+        calls.append(request)
+        if len(calls) > 1:
+            raise SystemExit("killed")   # the process ends in the second worker run
+        values = [1000.0 + r for r in range(5)]
+        return [{"status": "ok", "values": values, "median_ns": statistics.median(values),
+                 "p95_ns": max(values), "spread": 0.01, "peak_bytes": None}
+                for _ in request["arms"]]
+
+    monkeypatch.setattr(offline, "run_isolating", worker)
+    monkeypatch.setattr(offline, "screen", lambda tuning, op, bucket, arms, timeout_s: (set(arms), {}))
+    monkeypatch.setattr(offline, "BATCH", 1)
+    with Store(tmp_path / "rtxops.duckdb") as store:
+        with pytest.raises(SystemExit):
+            tune(store, registry, op="gelu", bucket=GELU, strategy="exhaustive", budget=10,
+                 variants=["eager", "algebraic"])
+        first = {a["variant"] for a in calls[0]["arms"]}
+        rows = store_evolve.tuning_rows(store, op="gelu")
+    assert {r["variant"] for r in rows} == first and len(first) == 2
+    assert all(r["status"] == "ok" and r["median_ns"] == 1002.0 for r in rows)
