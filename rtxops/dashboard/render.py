@@ -61,6 +61,12 @@ def segment(value: object) -> str:
     return urllib.parse.quote(str(value), safe="").replace(".", "%2E")
 
 
+def given(params: dict) -> dict:
+    """``params`` without its None values: a span with no bucket linked to ``bucket=None``,
+    which filtered for the text "None" and found nothing."""
+    return {k: v for k, v in params.items() if v is not None}
+
+
 templates = Jinja2Templates(directory=str(TEMPLATES))
 templates.env.filters.update(ms=ms, when=when, pct=pct, size=size, num=num, pretty=pretty,
-                            compact=compact, segment=segment)
+                            compact=compact, segment=segment, given=given)

@@ -41,6 +41,7 @@ MAX_EVENTS = 1024          # per span
 # per request: an empty event is 2 bytes on the wire and a row of the store, so a small gzipped
 # body could otherwise make tens of millions of rows (an SDK sends at most 512 spans × 128 events)
 MAX_REQUEST_EVENTS = 1 << 18
+MAX_JOB_ID = 1024   # characters, as the dashboard and the API take in a job id
 
 
 class TelemetryError(Exception):
@@ -138,9 +139,21 @@ def convert(body: bytes, content_type: str, received_ns: int) -> Batch:
             _check_events(_columns.count_rows(body)[1])   # before either decoder allocates them
             batch = _columns.convert(body, received_ns)
             if batch is not None:
-                return batch
-        return to_arrow(_parse_protobuf(_wire.LightRequest, body), received_ns, wire=body)
-    return to_arrow(decode_request(body, content_type), received_ns)
+                return _check_job_ids(batch)
+        return _check_job_ids(to_arrow(_parse_protobuf(_wire.LightRequest, body), received_ns,
+                                       wire=body))
+    return _check_job_ids(to_arrow(decode_request(body, content_type), received_ns))
+
+
+def _check_job_ids(batch: Batch) -> Batch:
+    """Refuse job ids no page or API route could open (they take :data:`MAX_JOB_ID` characters)."""
+    for table in (batch.resources, batch.spans):
+        if table.num_rows and "job_id" in table.column_names:
+            longest = pc.max(pc.utf8_length(table["job_id"])).as_py()
+            if longest is not None and longest > MAX_JOB_ID:
+                raise TelemetryInputError(f"a {S.JOB_ID} of {longest} characters; the limit is "
+                                          f"{MAX_JOB_ID}")
+    return batch
 
 
 def _check_events(events: int) -> None:

@@ -139,6 +139,10 @@ BAD = {
     "the same with a link": (lambda: _empty_events(link=True), {"Content-Encoding": "gzip"}, 400,
                              "307200 span events; the limit is 262144 a request"),
     "10^4 gzip members": (_many_gzip_members, {"Content-Encoding": "gzip"}, 400, "over 64 members"),
+    # listed on the dashboard, then a 422 on every page and route of its own
+    "a job id of 1025 characters": (lambda: synthetic.otlp_request(5, seed=3, job_id="j" * 1025)
+                                    .SerializeToString(), {}, 400,
+                                    "rtx.job.id of 1025 characters; the limit is 1024"),
     "no token": (good_body, {"Authorization": ""}, 401, "bearer token"),
     "wrong token": (good_body, {"Authorization": "Bearer nope"}, 401, "bearer token"),
     "token under another scheme": (good_body, {"Authorization": f"Basic {TOKEN}"}, 401, "bearer token"),
@@ -446,3 +450,12 @@ def test_the_listener_hears_a_batch_the_store_could_not_write(tmp_path, monkeypa
         assert store.stats()["spans_refused"] == 20 and store.stats()["requests_refused"] == 1
     finally:
         store.close()
+
+
+def test_a_job_id_of_the_longest_length_the_dashboard_opens_is_stored(served):
+    from rtxops.dashboard.params import MAX_TEXT
+
+    client, store = served
+    body = synthetic.otlp_request(5, seed=3, job_id="j" * MAX_TEXT).SerializeToString()
+    assert client.post("/v1/traces", content=body, headers=PB).status_code == 200
+    assert stored(store)[0] > 0

@@ -4,6 +4,10 @@
 (() => {
   const REFRESH_MS = 5000;
   const LOG_POLL_MS = 2000;
+  const FETCH_TIMEOUT_MS = 10000;   // a daemon that hangs (stopped, a stuck store) reads offline
+  const LOG_PAGE = 1000;
+  const LOG_PAGES_PER_POLL = 5;     // a chatty job: up to 5000 lines every 2 s before it jumps
+  const LOG_MAX_LINES = 5000;       // lines kept on the page; the oldest go first
   // plotly reads a few HTML-like tags in text; every label from the store is shown literally
   const esc = (s) => String(s ?? "").replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   // UTC wall-clock strings, as the tables print times: plotly shows a Date in the browser's zone
@@ -95,15 +99,30 @@
     },
   };
 
-  async function getJson(url) {
-    const r = await fetch(url, { headers: { Accept: "application/json" }, cache: "no-store" });
-    if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
-    return r.json();
+  async function fetchInTime(url, options) {
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), FETCH_TIMEOUT_MS);
+    try {
+      const r = await fetch(url, Object.assign({ cache: "no-store", signal: abort.signal }, options));
+      if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
+      return r;
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
-  function setLive(ok) {
+  async function getJson(url) {
+    return (await fetchInTime(url, { headers: { Accept: "application/json" } })).json();
+  }
+
+  // each poller's last outcome: the badge reads live only while none of them failed (one that
+  // succeeded must not cover for another that cannot reach the daemon)
+  const health = {};
+  function report(poller, ok) {
+    health[poller] = ok;
     const el = document.getElementById("live");
-    if (el) { el.classList.toggle("offline", !ok); el.textContent = ok ? "live" : "offline"; }
+    const live = Object.values(health).every(Boolean);
+    if (el) { el.classList.toggle("offline", !live); el.textContent = live ? "live" : "offline"; }
   }
 
   async function draw(el) {
@@ -129,8 +148,7 @@
   async function refreshSections() {
     const live = [...document.querySelectorAll("[data-live][id]")];
     if (!live.length) return;
-    const r = await fetch(location.href, { cache: "no-store" });
-    if (!r.ok) throw new Error(`HTTP ${r.status}`);
+    const r = await fetchInTime(location.href);
     const fresh = new DOMParser().parseFromString(await r.text(), "text/html");
     const selection = document.getSelection();
     for (const el of live) {
@@ -169,53 +187,99 @@
     }
   }
 
+  // resolves to false when there is nothing to follow (no log here, follow unticked): that
+  // says nothing of the daemon
   async function followLog() {
     const log = document.getElementById("log");
     const follow = document.getElementById("follow");
-    if (!log || !follow || !follow.checked || document.hidden) return;
-    const params = new URLSearchParams({ after: log.dataset.after, limit: "1000" });
-    if (log.dataset.search) params.set("search", log.dataset.search);
-    const d = await getJson(`/api/jobs/${encodeURIComponent(log.dataset.job)}/logs?${params}`);
-    const after = Number(log.dataset.after);
-    for (const line of d.lines) {
-      if (line.seq <= after) continue;   // (shown already)
-      const span = document.createElement("span");
-      span.className = line.stream;
-      span.textContent = (line.rank !== 0 ? `[rank ${line.rank}] ` : "") + line.text;  // text, never HTML
-      if (line.cut) {   // a line cut for display: its whole text is in `rtxops logs`
-        const cut = document.createElement("span");
-        cut.className = "cut";
-        cut.textContent = ` … (${line.size} bytes in all: rtxops logs)`;
-        span.append(cut);
+    if (!log || !follow || !follow.checked || document.hidden) return false;
+    const url = (after) => {
+      const params = new URLSearchParams({ after, limit: String(LOG_PAGE) });
+      if (log.dataset.search) params.set("search", log.dataset.search);
+      return `/api/jobs/${encodeURIComponent(log.dataset.job)}/logs?${params}`;
+    };
+    let added = 0;
+    for (let page = 0; page < LOG_PAGES_PER_POLL; page++) {
+      const after = Number(log.dataset.after);
+      const d = await getJson(url(after));
+      for (const line of d.lines) {
+        if (line.seq <= after) continue;   // (shown already)
+        log.append(lineElement(line), "\n");
+        added++;
       }
-      log.append(span, "\n");
+      log.dataset.after = String(Math.max(after, d.last_seq));
+      if (d.lines.length < LOG_PAGE) break;
     }
-    log.dataset.after = String(Math.max(after, d.last_seq));
-    if (d.lines.length) log.scrollTop = log.scrollHeight;
+    if (added) {
+      const empty = log.parentElement.querySelector(":scope > .empty");
+      if (empty) empty.remove();   // "No output yet." under lines that came since
+      trimLog(log);
+      log.scrollTop = log.scrollHeight;
+    }
+    return true;
   }
 
-  function every(ms, fn) {
+  function lineElement(line) {
+    const span = document.createElement("span");
+    span.className = line.stream;
+    span.textContent = (line.rank !== 0 ? `[rank ${line.rank}] ` : "") + line.text;  // text, never HTML
+    if (line.cut) {   // a line cut for display: its whole text is in `rtxops logs`
+      const cut = document.createElement("span");
+      cut.className = "cut";
+      cut.textContent = ` … (${line.size} bytes in all: rtxops logs)`;
+      span.append(cut);
+    }
+    return span;
+  }
+
+  // the page holds the newest LOG_MAX_LINES lines (each a span and its newline): a chatty job
+  // followed for an hour grew the page without end
+  function trimLog(log) {
+    const lines = log.querySelectorAll(":scope > span:not(.trimmed)");
+    const extra = lines.length - LOG_MAX_LINES;
+    if (extra <= 0) return;
+    for (let i = 0; i < extra; i++) {
+      const next = lines[i].nextSibling;
+      if (next && next.nodeType === Node.TEXT_NODE) next.remove();
+      lines[i].remove();
+    }
+    let note = log.querySelector(":scope > .trimmed");
+    if (!note) {
+      note = document.createElement("span");
+      note.className = "trimmed";
+      log.prepend(note, "\n");
+    }
+    note.dataset.count = String(Number(note.dataset.count || 0) + extra);
+    note.textContent = `… ${note.dataset.count} earlier lines left out here (rtxops logs has them)`;
+  }
+
+  function every(name, ms, fn) {
     // one call at a time: an answer slower than the period started a second one (log lines
     // shown twice, refreshes piling up on a slow store)
     let running = false;
     setInterval(() => {
       if (document.hidden || running) return;
       running = true;
-      fn().then(() => setLive(true), () => setLive(false)).finally(() => { running = false; });
+      fn().then((did) => { if (did !== false) report(name, true); }, () => report(name, false))
+        .finally(() => { running = false; });
     }, ms);
   }
 
   // plotly.js (4.8 MB) loads after the page did, and only where there are charts: the tables
   // are readable at once, the charts follow
+  let plotly = null;   // one load, however many refreshes ask for it while it comes
   function loadPlotly() {
     if (window.Plotly) return Promise.resolve();
-    return new Promise((resolve, reject) => {
-      const script = document.createElement("script");
-      script.src = "/static/vendor/plotly.min.js";
-      script.onload = resolve;
-      script.onerror = () => reject(new Error("plotly.js did not load"));
-      document.head.append(script);
-    });
+    if (!plotly) {
+      plotly = new Promise((resolve, reject) => {
+        const script = document.createElement("script");
+        script.src = "/static/vendor/plotly.min.js";
+        script.onload = resolve;
+        script.onerror = () => { plotly = null; script.remove(); reject(new Error("plotly.js did not load")); };
+        document.head.append(script);
+      });
+    }
+    return plotly;
   }
 
   async function drawAll() {
@@ -223,13 +287,13 @@
     if (!els.length) return;
     await loadPlotly();
     const results = await Promise.allSettled(els.map(draw));
-    setLive(results.every((r) => r.status === "fulfilled"));
+    if (results.some((r) => r.status === "rejected")) throw results.find((r) => r.status === "rejected").reason;
   }
 
   function start() {
-    drawAll().catch(() => setLive(false));
-    every(REFRESH_MS, async () => { await refreshSections(); await drawAll(); });
-    every(LOG_POLL_MS, followLog);
+    drawAll().then(() => report("page", true), () => report("page", false));
+    every("page", REFRESH_MS, async () => { await refreshSections(); await drawAll(); });
+    every("log", LOG_POLL_MS, followLog);
   }
 
   if (document.readyState === "complete") start();
