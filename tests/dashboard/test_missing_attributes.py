@@ -119,3 +119,11 @@ def test_a_window_that_is_no_preset_is_shown_as_chosen(pages):
     assert html.count(" selected>") == 1
     pinned = pages.get("/", params={"window_s": 900, "until_ns": 1_700_000_000_000_000_000}).text
     assert 'class="pinned">until ' in pinned and 'class="pinned"' not in html
+
+
+@pytest.mark.parametrize("path", ["/kernels?window_s=3600", "/evolve?op=gelu"])
+def test_a_page_past_the_end_says_so_and_links_back(pages, path):
+    """Past the last row the pages said "No jobs yet." or "The ledger is empty." with no pager."""
+    html = pages.get(f"{path}&offset=1000").text
+    assert 'class="empty past-end">No rows at offset 1000:' in html, html[-2000:]
+    assert "offset=0" in html.split("past-end", 1)[1].split("</p>", 1)[0]
