@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,7 @@ from rich.table import Table
 
 from rtxops.cli_evolve import register as _register_evolve
 from rtxops.cli_governance import register as _register_governance
-from rtxops.cli_text import plain
+from rtxops.cli_text import inert, plain
 
 app = typer.Typer(help="rtxops: a self-optimizing runtime for PyTorch training jobs.",
                   no_args_is_help=True, add_completion=False)
@@ -31,7 +32,15 @@ app.add_typer(daemon_app, name="daemon")
 app.add_typer(telemetry_app, name="telemetry")
 _register_governance(app)
 _register_evolve(app)
-err = Console(stderr=True, emoji=False)
+class _Messages(Console):
+    """stderr. A reader that went away (``rtxops run ... 2>&1 | head``) loses the messages that
+    follow, not the exit status: Rich's default exits 1 there, in place of the job's."""
+
+    def on_broken_pipe(self) -> None:
+        _silence(self.file)
+
+
+err = _Messages(stderr=True, emoji=False)
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # names, paths as they are
 TELEMETRY_FACTORY = "rtxops.telemetry.job:readings_for_job"
 PLAN_VERIFIER = "rtxops.governance.authority:plan_verifier_for_job"  # a job verifies signed plans
@@ -89,9 +98,16 @@ def run(
         raise _fail(f"plan {plan} does not exist")
     if plan is not None and not plan.is_dir():
         _check_plan_file(plan)   # (a bundle folder is verified by the job, with its keyring)
-    if json_summary is not None and (json_summary.is_dir() or not json_summary.resolve().parent.is_dir()):
+    elif plan is not None:
+        from rtxops.governance import SIGNATURE
+
+        if not (plan / SIGNATURE).is_file():
+            raise _fail(f"plan {plan} is a folder but no signed plan bundle (it has no {SIGNATURE}; "
+                        "`rtxops sign --kind plan` makes one)")
+    if json_summary is not None and (json_summary.is_dir() or not json_summary.resolve().parent.is_dir()
+                                     or not os.access(json_summary.resolve().parent, os.W_OK)):
         # found out before the job runs, not after hours of training
-        raise _fail(f"--json {json_summary}: not a file in an existing folder")
+        raise _fail(f"--json {json_summary}: not a file in an existing folder this user may write")
     if not direct:
         _reconnect_s()  # a malformed RTXOPS_RECONNECT_S is said before the job is submitted
     from rtxops import settings
@@ -113,25 +129,39 @@ def run(
         else:
             code = _run_supervised(command, plan, summary_file, name, telemetry)
         data, unreadable = _read_summary(summary_file)
+    _report(data, unreadable, summary, json_summary)
+    raise typer.Exit(code)
+
+
+def _report(data: Optional[dict], unreadable: str, summary: bool, json_summary: Optional[Path]) -> None:
+    """What ``rtxops run`` says once the job ended: its summary, and ``--json``'s file."""
     if data is None:
         if summary or json_summary:
-            err.print("rtxops: the job left " + (f"an unreadable summary ({unreadable})" if unreadable
-                      else "no summary (it did not start Python, or was killed)"), markup=False)
-    else:
-        if json_summary:
-            try:
-                json_summary.write_text(json.dumps(data, indent=2))
-            except OSError as e:
-                err.print(escape(f"rtxops: cannot write {json_summary}: {e.strerror or e}"))
-        if summary:
-            from rtxops.runtime.summary import per_op
+            _note("rtxops: the job left " + (f"an unreadable summary ({unreadable})" if unreadable
+                  else "no summary (it did not start Python, or was killed)"))
+        return
+    if json_summary:
+        try:
+            json_summary.write_text(json.dumps(data, indent=2))
+        except OSError as e:
+            _note(f"rtxops: cannot write {json_summary}: {e.strerror or e}")
+    if summary:
+        from rtxops.runtime.summary import per_op
 
-            try:
-                _print_summary(data, per_op(data))
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                err.print(f"rtxops: the job left an unreadable summary ({type(e).__name__}: {e})",
-                          markup=False)
-    raise typer.Exit(code)
+        try:
+            _print_summary(data, per_op(data))
+        except Exception as e:   # the job's to write: any shape, never our exit status
+            _note(f"rtxops: the job left an unreadable summary ({type(e).__name__}: {e})")
+
+
+def _silence(stream) -> None:
+    """Send what is still written to ``stream`` nowhere (its reader went away), so that neither
+    a later write nor the flush at exit fails."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
+MAX_PLAN_BYTES = 64 << 20
 
 
 def _check_plan_file(plan: Path) -> None:
@@ -141,7 +171,13 @@ def _check_plan_file(plan: Path) -> None:
     from rtxops.runtime.plan import Plan
 
     try:
-        Plan.from_json(plan.read_bytes())
+        if not stat.S_ISREG(plan.stat().st_mode):   # opening a FIFO would wait for a writer
+            raise _fail(f"plan {plan} is not a regular file")
+        with open(plan, "rb") as f:
+            raw = f.read(MAX_PLAN_BYTES + 1)
+        if len(raw) > MAX_PLAN_BYTES:
+            raise _fail(f"plan {plan} is over {MAX_PLAN_BYTES >> 20} MB: no plan is")
+        Plan.from_json(raw)
     except OSError as e:
         raise _fail(f"cannot read plan {plan}: {e.strerror or e}") from None
     except PlanError as e:
@@ -252,11 +288,15 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
                 # until it has stopped serving): submit to the first, take over from the second
                 client, local = _daemon_coming_up(home, open_here)
         if client is None:
+            before = local.supervisor.unfinished()   # (jobs a daemon before this one left)
             try:
                 job_id = local.supervisor.submit(JobSpec(command=list(command), name=name, env=env,
                                                          cwd=os.getcwd())).id
             except JobSpecError as e:
                 raise DaemonError(str(e)) from None
+            except KeyboardInterrupt:   # the job may exist by now: this run's, to cancel
+                job_id = next(iter(local.supervisor.unfinished() - before), None)
+                raise
             local.start_in_thread(wait=False)  # the job starts while the server comes up
             try:
                 local.wait_started()
@@ -282,6 +322,16 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
             # a daemon of its own (not this process's) may go down and come back: follow it there
             client = _Reconnecting(client, home, job_id)
         return _follow(client, job_id, cancel_on_interrupt=True)
+    except KeyboardInterrupt as e:   # Ctrl-C, SIGTERM or SIGHUP before the follow loop took over
+        signum = getattr(e, "signum", signal.SIGINT)
+        if job_id is not None:
+            with contextlib.suppress(Exception):   # (a local daemon's shutdown stops it anyway)
+                if client is not None:
+                    client.cancel(job_id)
+                else:
+                    local.supervisor.cancel(job_id)
+            err.print(f"rtxops: cancelled job {job_id}")
+        return 128 + signum
     except _DaemonGone as e:
         err.print(escape(f"rtxops: {e}"), style="red")
         raise typer.Exit(2) from None
@@ -379,7 +429,7 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
             return 128 + signum
     job = client.job(job_id)
     if follow and job["state"] != "succeeded" and job.get("reason"):
-        err.print(f"rtxops: job {job_id} {job['state']}: {job['reason']}", markup=False)
+        _note(f"rtxops: job {job_id} {job['state']}: {job['reason']}")
     return 128 + stopped if stopped is not None else _exit_status(job)
 
 
@@ -529,35 +579,49 @@ def _exit_status(job: dict) -> int:
     if last.get("exit_code") is not None:
         return last["exit_code"]
     if last.get("signal"):
-        return 128 + getattr(signal, last["signal"], signal.SIGKILL)
+        return 128 + _signal_number(last["signal"])
     return 0 if job["state"] == "succeeded" else 1
 
 
+def _signal_number(name: str) -> int:
+    """``SIGTERM`` → 15; an unnamed one as the daemon writes it (``SIG40``, a real-time signal)
+    → 40; SIGKILL's for anything else."""
+    number = getattr(signal, name, None)
+    if number is None and name.startswith("SIG") and name[3:].isdigit():
+        number = int(name[3:])
+    return int(number) if number is not None else int(signal.SIGKILL)
+
+
 def _print_summary(data: dict, ops: list[dict]) -> None:
+    """The summary a job left, every value from it shown as text (it is the job's to write: a
+    ``[/x]`` in an op's name was read as markup, an escape sequence acted on the terminal)."""
     if ops:
         _print_ops(data, ops)
     else:   # a script that never called a routed op: no table of nothing
-        err.print(f"rtxops: {data['steps']} optimizer steps, plan v{data['plan_version']}; "
-                  "no routed op was called")
+        _note(f"rtxops: {data['steps']} optimizer steps, plan v{data['plan_version']}; "
+              "no routed op was called")
     for d in data["disabled"]:
-        err.print(escape(f"disabled {d['op']}/{d['variant']} on {d['bucket']}: {d['reason']}"),
-                  style="yellow")
+        _note(f"disabled {d['op']}/{d['variant']} on {d['bucket']}: {d['reason']}", "yellow")
     for m in data["modules_on_own_forward"]:
-        err.print(escape(f"{m['site']} kept its own forward: {m['reason']}"), style="yellow")
+        _note(f"{m['site']} kept its own forward: {m['reason']}", "yellow")
     for r in data["plan_rejections"]:
-        err.print(escape(f"plan rejected: {r}"), style="yellow")
+        _note(f"plan rejected: {r}", "yellow")
+
+
+def _note(text: str, style: str | None = None) -> None:
+    err.print(inert(text), style=style, markup=False, highlight=False)
 
 
 def _print_ops(data: dict, ops: list[dict]) -> None:
-    table = Table(title=f"rtxops: {data['steps']} optimizer steps, plan v{data['plan_version']}")
+    table = Table(title=plain(f"rtxops: {data['steps']} optimizer steps, plan v{data['plan_version']}"))
     for col in ("op", "calls", "time ms", "share", "bucket", "variant (calls)"):
         table.add_column(col, justify="right" if col in ("calls", "time ms", "share") else "left",
                          overflow="fold")
     for o in ops:
         for i, (bucket, variants) in enumerate(sorted(o["buckets"].items())):
             used = ", ".join(f"{v} ({n})" for v, n in sorted(variants.items()))
-            head = (o["op"], str(o["calls"]), f"{o['total_ns'] / 1e6:.1f}", f"{o['share']:.1%}")
-            table.add_row(*(head if i == 0 else ("",) * 4), escape(bucket), escape(used))
+            head = (str(o["op"]), str(o["calls"]), f"{o['total_ns'] / 1e6:.1f}", f"{o['share']:.1%}")
+            table.add_row(*map(plain, (*(head if i == 0 else ("",) * 4), str(bucket), used)))
     err.print(table)
 
 
@@ -789,7 +853,8 @@ def jobs(home: Optional[Path] = typer.Option(None), limit: int = typer.Option(50
     # ids whole at any width (piped output is 80 columns): they are what logs and cancel take
     table.add_column("id", no_wrap=True, min_width=max((len(j["id"]) for j in listed), default=2))
     for col in ("name", "state", "attempts", "restarts", "exit", "step", "reason"):
-        table.add_column(col)
+        # state and figures whole (`rtxops jobs | grep succeeded`); name and reason fold
+        table.add_column(col, no_wrap=col not in ("name", "reason"))
 
     def shown(v) -> str:
         return "" if v is None else str(v)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -569,3 +570,92 @@ def test_a_direct_job_whose_launcher_trains_nothing_stores_a_workers_telemetry(t
     told = r.stderr.count("is not being stored: another process holds")
     # a worker that ends before the other exports leaves the store to it: both are stored then
     assert len(pids) == 2 or (len(pids) == 1 and told == 1), (pids, r.stderr)
+
+
+SUMMARY_WRITER = """import json, os, sys
+summary = {"steps": 1, "plan_version": 0, "disabled": [], "modules_on_own_forward": [],
+           "plan_rejections": [],
+           "slots": [{"op": "gelu", "bucket": "b", "variant": "reference", "calls": 1, "total_ns": 1000}]}
+kind = sys.argv[1]
+if kind == "op": summary["slots"][0]["op"] = "[/x]"
+if kind == "steps": summary["slots"], summary["steps"] = [], "[/x]"
+if kind == "version": summary["plan_version"] = "[/bold]"
+if kind == "escape": summary["disabled"] = [{"op": "gelu", "variant": "v", "bucket": "b",
+                                             "reason": "\\x1b]0;PWNED\\x07\\x1b[2J boom"}]
+open(os.environ["RTXOPS_SUMMARY"], "w").write(json.dumps(summary))
+sys.exit(7)
+"""
+
+
+@pytest.mark.parametrize("kind", ["op", "steps", "version", "escape"])
+def test_a_summary_is_shown_as_text_and_the_exit_code_kept(tmp_path, kind):
+    """A ``[/x]`` in a summary value was read as Rich markup (a traceback, exit 1); an escape
+    sequence in a reason cleared the terminal."""
+    script = tmp_path / "writes_summary.py"
+    script.write_text(SUMMARY_WRITER)
+    r = rtxops_run("--direct", "--no-telemetry", "--", sys.executable, "-S", str(script), kind)
+    assert r.returncode == 7, r.stderr
+    assert "Traceback" not in r.stderr and "\x1b" not in r.stderr, r.stderr
+    shown = {"op": "[/x]", "steps": "[/x] optimizer steps", "version": "plan v[/bold]",
+             "escape": "\\x1b]0;PWNED\\x07\\x1b[2J boom"}[kind]
+    assert shown in r.stderr, r.stderr
+
+
+def test_a_closed_stderr_pipe_leaves_the_jobs_exit_code(tmp_path):
+    """`rtxops run ... 2>&1 | head -1`: writing the summary to a pipe whose reader left raised
+    EPIPE after the job ended, and the job's status (4) became 1."""
+    command = " ".join([*map(shlex.quote, RTXOPS), "run", "--", "sh", "-c", "'echo a; sleep 1; exit 4'"])
+    r = subprocess.run(["bash", "-c", f"set -o pipefail; {command} 2>&1 | head -1; "
+                        "echo \"codes ${PIPESTATUS[*]}\" >&2"],
+                       capture_output=True, text=True, timeout=300, env={**_env(), "COLUMNS": "200"})
+    assert r.stdout.strip() == "a"
+    assert "codes 4 0" in r.stderr, r.stderr
+
+
+def test_a_job_ended_by_a_real_time_signal_exits_with_its_number():
+    """SIG40 has no name in Python's signal module: the run exited 137 (SIGKILL's)."""
+    from rtxops.cli import _exit_status
+
+    assert _exit_status({"attempts": [{"signal": "SIG40"}], "state": "failed"}) == 168
+    assert _exit_status({"attempts": [{"signal": "SIGTERM"}], "state": "failed"}) == 143
+    r = rtxops_run("--no-summary", "--", sys.executable, "-S", "-c",
+                   "import os; os.kill(os.getpid(), 40)")
+    assert r.returncode == 168, r.stderr
+
+
+@pytest.mark.parametrize("what", ["fifo", "folder"])
+def test_a_plan_that_is_no_file_or_bundle_is_refused_before_the_job(tmp_path, what):
+    """A FIFO as --plan waited for good; a folder without a bundle ran the job on the reference
+    plan and said so only at the end."""
+    plan = tmp_path / "plan"
+    if what == "fifo":
+        os.mkfifo(plan)
+    else:
+        plan.mkdir()
+    r = rtxops_run("--plan", str(plan), "--", sys.executable, "-c", "print('ran')", timeout=60)
+    assert r.returncode == 2 and "ran" not in r.stdout, (r.stdout, r.stderr)
+    assert ("not a regular file" if what == "fifo" else "no signed plan bundle") in r.stderr
+
+
+
+@pytest.mark.parametrize("after_s", [1.0, 1.6])
+def test_a_stop_signal_while_the_run_starts_stops_it_and_its_job(tmp_path, after_s):
+    """SIGTERM before the follow loop began (its daemon starting in this process) ended `rtxops
+    run` as Ctrl-C (130), and Ctrl-C while it submitted left it waiting for its own job as if it
+    were another's."""
+    import signal
+
+    marker = f"{31 + after_s}"
+    run = subprocess.Popen([*RTXOPS, "run", "--no-summary", "--", "sleep", marker],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    time.sleep(after_s)
+    run.send_signal(signal.SIGTERM)
+    try:
+        _, stderr = run.communicate(timeout=90)
+    finally:
+        run.kill()
+    assert run.returncode in (143, -signal.SIGTERM), (run.returncode, stderr)
+    assert "Traceback" not in stderr, stderr
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
+    assert left.stdout == "", f"the job's process outlived the run: {left.stdout}"

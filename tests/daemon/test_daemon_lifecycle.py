@@ -346,7 +346,8 @@ def test_a_followed_job_whose_reader_went_away_is_cancelled(daemon, tmp_path):
 
 
 def test_job_ids_are_listed_whole_in_80_columns(daemon, tmp_path):
-    """Piped, `rtxops jobs` is 80 columns wide: ids came out as "j-dd5c8…"."""
+    """Piped, `rtxops jobs` is 80 columns wide: ids came out as "j-dd5c8…", and states as
+    "succeed…" (`rtxops jobs | grep succeeded` found none)."""
     import subprocess
 
     from .live import RTXOPS, clean_env
@@ -357,6 +358,7 @@ def test_job_ids_are_listed_whole_in_80_columns(daemon, tmp_path):
     r = subprocess.run([*RTXOPS, "jobs", "--home", str(daemon.home)], capture_output=True,
                        text=True, timeout=60, env=env)
     assert r.returncode == 0 and job["id"] in r.stdout, r.stdout
+    assert "succeeded" in r.stdout, r.stdout
 
 
 def test_a_stale_address_answered_by_another_server_is_no_daemon(tmp_path):
