@@ -146,13 +146,17 @@ def convert(body: bytes, content_type: str, received_ns: int) -> Batch:
 
 
 def _check_job_ids(batch: Batch) -> Batch:
-    """Refuse job ids no page or API route could open (they take :data:`MAX_JOB_ID` characters)."""
+    """Refuse job ids no page or API route could open: longer than :data:`MAX_JOB_ID`
+    characters, or ``.`` and ``..`` (a browser reads them as the path's own dot segments)."""
     for table in (batch.resources, batch.spans):
         if table.num_rows and "job_id" in table.column_names:
-            longest = pc.max(pc.utf8_length(table["job_id"])).as_py()
+            ids = table["job_id"]
+            longest = pc.max(pc.utf8_length(ids)).as_py()
             if longest is not None and longest > MAX_JOB_ID:
                 raise TelemetryInputError(f"a {S.JOB_ID} of {longest} characters; the limit is "
                                           f"{MAX_JOB_ID}")
+            if longest is not None and longest <= 2 and pc.any(pc.is_in(ids, pa.array([".", ".."]))).as_py():
+                raise TelemetryInputError(f"{S.JOB_ID} '.' or '..' names no job (a path segment)")
     return batch
 
 

@@ -143,6 +143,8 @@ BAD = {
     "a job id of 1025 characters": (lambda: synthetic.otlp_request(5, seed=3, job_id="j" * 1025)
                                     .SerializeToString(), {}, 400,
                                     "rtx.job.id of 1025 characters; the limit is 1024"),
+    "a job id of ..": (lambda: synthetic.otlp_request(5, seed=3, job_id="..").SerializeToString(),
+                       {}, 400, "'.' or '..' names no job"),
     "no token": (good_body, {"Authorization": ""}, 401, "bearer token"),
     "wrong token": (good_body, {"Authorization": "Bearer nope"}, 401, "bearer token"),
     "token under another scheme": (good_body, {"Authorization": f"Basic {TOKEN}"}, 401, "bearer token"),
