@@ -68,16 +68,13 @@ def targets(store, registry: Registry, op: str | None, bucket: str | None,
         raise TuneError(f"no recorded {op or 'op'} buckets in the telemetry store; run a job under "
                         "rtxops first, or give --op and --bucket")
     # telemetry is any OTLP client's, or an older rtxops's: what the tuner cannot take is skipped
-    usable = []
-    for o, b in found:
-        problem = bucket_problem(registry, o, b)
-        if problem is None:
-            usable.append((o, b))
-        elif skipped is not None:
-            skipped.append({"op": o, "bucket": b, "reason": problem})
+    problems = {(o, b): bucket_problem(registry, o, b) for o, b in found}
+    usable = [t for t, problem in problems.items() if problem is None]
     if not usable:
         raise TuneError(f"no recorded {op or 'op'} bucket is one the tuner can benchmark here: "
-                        + "; ".join(f"{o} {b}: {bucket_problem(registry, o, b)}" for o, b in found[:3]))
+                        + "; ".join(f"{o} {b}: {p}" for (o, b), p in list(problems.items())[:3]))
+    if skipped is not None:
+        skipped += [{"op": o, "bucket": b, "reason": p} for (o, b), p in problems.items() if p]
     return usable
 
 

@@ -145,6 +145,9 @@ def convert(body: bytes, content_type: str, received_ns: int) -> Batch:
     return _check_job_ids(to_arrow(decode_request(body, content_type), received_ns))
 
 
+_DOTS = pa.array([".", ".."])
+
+
 def _check_job_ids(batch: Batch) -> Batch:
     """Refuse job ids no page or API route could open: longer than :data:`MAX_JOB_ID`
     characters, or ``.`` and ``..`` (a browser reads them as the path's own dot segments)."""
@@ -155,7 +158,8 @@ def _check_job_ids(batch: Batch) -> Batch:
             if longest is not None and longest > MAX_JOB_ID:
                 raise TelemetryInputError(f"a {S.JOB_ID} of {longest} characters; the limit is "
                                           f"{MAX_JOB_ID}")
-            if longest is not None and longest <= 2 and pc.any(pc.is_in(ids, pa.array([".", ".."]))).as_py():
+            dots = longest is not None and longest <= 2 and pc.any(pc.is_in(ids, _DOTS)).as_py()
+            if dots:
                 raise TelemetryInputError(f"{S.JOB_ID} '.' or '..' names no job (a path segment)")
     return batch
 

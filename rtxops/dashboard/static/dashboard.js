@@ -6,7 +6,7 @@
   const LOG_POLL_MS = 2000;
   const FETCH_TIMEOUT_MS = 10000;   // a daemon that hangs (stopped, a stuck store) reads offline
   const LOG_PAGE = 1000;
-  const LOG_PAGES_PER_POLL = 5;     // a chatty job: up to 5000 lines every 2 s before it jumps
+  const LOG_PAGES_PER_POLL = 5;     // a chatty job's log is read at up to 5000 lines every 2 s
   const LOG_MAX_LINES = 5000;       // lines kept on the page; the oldest go first
   // plotly reads a few HTML-like tags in text; every label from the store is shown literally
   const esc = (s) => String(s ?? "").replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
@@ -99,20 +99,21 @@
     },
   };
 
-  async function fetchInTime(url, options) {
+  // the answer's body read with ``read`` (the timeout covers it too: a body can stall as well)
+  async function fetchInTime(url, options, read) {
     const abort = new AbortController();
     const timer = setTimeout(() => abort.abort(), FETCH_TIMEOUT_MS);
     try {
       const r = await fetch(url, Object.assign({ cache: "no-store", signal: abort.signal }, options));
       if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
-      return r;
+      return await read(r);
     } finally {
       clearTimeout(timer);
     }
   }
 
   async function getJson(url) {
-    return (await fetchInTime(url, { headers: { Accept: "application/json" } })).json();
+    return fetchInTime(url, { headers: { Accept: "application/json" } }, (r) => r.json());
   }
 
   // each poller's last outcome: the badge reads live only while none of them failed (one that
@@ -148,8 +149,8 @@
   async function refreshSections() {
     const live = [...document.querySelectorAll("[data-live][id]")];
     if (!live.length) return;
-    const r = await fetchInTime(location.href);
-    const fresh = new DOMParser().parseFromString(await r.text(), "text/html");
+    const text = await fetchInTime(location.href, {}, (r) => r.text());
+    const fresh = new DOMParser().parseFromString(text, "text/html");
     const selection = document.getSelection();
     for (const el of live) {
       const next = fresh.getElementById(el.id);
