@@ -207,7 +207,7 @@ class _Tuner:
             # the verdict compares the two within one worker run: runs differ by more than the
             # kernels do (a run's offset hits every arm in it alike)
             trials += [t for _, t in self._run(op, bucket, [BASELINE, best], len(trials), runs)]
-        self._record_tuning(op, bucket, trials)
+            self._record_tuning(op, bucket, trials)
         decision = self._decide(op, bucket, best, values, trials, failed, _paired(runs, best))
         self.progress("done", trials=len(trials))
         return {"op": op, "bucket": bucket, "candidates": len(arms), "gate_passed": len(passed),

@@ -288,7 +288,8 @@
     if (!els.length) return;
     await loadPlotly();
     const results = await Promise.allSettled(els.map(draw));
-    if (results.some((r) => r.status === "rejected")) throw results.find((r) => r.status === "rejected").reason;
+    const failed = results.find((r) => r.status === "rejected");
+    if (failed) throw failed.reason;
   }
 
   function start() {
