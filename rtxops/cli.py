@@ -598,8 +598,7 @@ def _print_summary(data: dict, ops: list[dict]) -> None:
     if ops:
         _print_ops(data, ops)
     else:   # a script that never called a routed op: no table of nothing
-        _note(f"rtxops: {data['steps']} optimizer steps, plan v{data['plan_version']}; "
-              "no routed op was called")
+        _note(f"{_headline(data)}; no routed op was called")
     for d in data["disabled"]:
         _note(f"disabled {d['op']}/{d['variant']} on {d['bucket']}: {d['reason']}", "yellow")
     for m in data["modules_on_own_forward"]:
@@ -608,12 +607,18 @@ def _print_summary(data: dict, ops: list[dict]) -> None:
         _note(f"plan rejected: {r}", "yellow")
 
 
+def _headline(data: dict) -> str:
+    processes = data.get("processes", 1)
+    across = f" across {processes} processes" if isinstance(processes, int) and processes > 1 else ""
+    return f"rtxops: {data['steps']} optimizer steps{across}, plan v{data['plan_version']}"
+
+
 def _note(text: str, style: str | None = None) -> None:
     err.print(inert(text), style=style, markup=False, highlight=False)
 
 
 def _print_ops(data: dict, ops: list[dict]) -> None:
-    table = Table(title=plain(f"rtxops: {data['steps']} optimizer steps, plan v{data['plan_version']}"))
+    table = Table(title=plain(_headline(data)))
     for col in ("op", "calls", "time ms", "share", "bucket", "variant (calls)"):
         table.add_column(col, justify="right" if col in ("calls", "time ms", "share") else "left",
                          overflow="fold")

@@ -50,6 +50,28 @@ def test_example_runs_under_rtxops_with_summary(tmp_path):
     assert sum(s["calls"] for s in data["slots"] if s["op"] == "cross_entropy") == 3
 
 
+def test_the_summary_adds_up_every_rank_of_the_job(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn.functional as F
+        import torch.multiprocessing as mp
+
+        def train(rank):
+            lin = torch.nn.Linear(4, 4)
+            opt = torch.optim.SGD(lin.parameters(), 0.1)
+            for _ in range(3):
+                F.softmax(lin(torch.randn(2, 4)), -1).sum().backward()
+                opt.step()
+
+        if __name__ == "__main__":
+            mp.spawn(train, nprocs=2)
+    """))
+    r = rtxops_run("--direct", "--no-telemetry", "--", sys.executable, str(script))
+    assert r.returncode == 0, r.stderr
+    assert "rtxops: 3 optimizer steps across 2 processes, plan v0" in r.stderr
+    assert "softmax" in r.stderr and "reference (6)" in r.stderr
+
+
 def test_exit_code_and_stderr_pass_through(tmp_path):
     script = tmp_path / "fails.py"
     script.write_text("import sys\nprint('out line')\nsys.stderr.write('err line\\n')\nsys.exit(3)\n")

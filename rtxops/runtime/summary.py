@@ -1,6 +1,8 @@
 """What the runtime did in a process: per op, bucket and variant, calls and time."""
 from __future__ import annotations
 
+import json
+import os
 from collections import defaultdict
 
 from .dispatcher import Dispatcher, ModuleSite
@@ -21,6 +23,9 @@ def summarize(dispatcher: Dispatcher) -> dict:
                     "total_ns": stats.total_ns[slot.id], "builds": stats.build_misses[slot.id],
                 })
     return {
+        "job_id": os.environ.get("RTXOPS_JOB_ID", ""),
+        "processes": 1,
+        "first_step": dispatcher.steps_before,
         "steps": dispatcher.step - dispatcher.steps_before,
         "plan_version": dispatcher.plan.version,
         "plan_digest": dispatcher.plan.digest,
@@ -40,6 +45,47 @@ def summarize(dispatcher: Dispatcher) -> dict:
         ],
         "plan_rejections": list(dispatcher.plan_rejections),
     }
+
+
+def did_anything(summary: dict) -> bool:
+    """Whether the process stepped or routed a call (a spawned DataLoader worker does neither)."""
+    return bool(summary.get("steps") or summary.get("slots"))
+
+
+def merged(a: dict, b: dict) -> dict:
+    """The summary of two processes of one job: calls and time added up per slot, the steps
+    from the first either started at to the last either reached (ranks step side by side, a
+    restarted attempt goes on from the step its predecessor reported), the larger peak RSS, the
+    newer plan, and every disabled variant, module and rejection either saw."""
+    slots: dict[tuple, dict] = {}
+    for row in [*a.get("slots", []), *b.get("slots", [])]:
+        key = tuple(row.get(k) for k in ("op", "bucket", "variant", "config", "site"))
+        if key in slots:
+            mine = slots[key]
+            slots[key] = {**mine, **{k: mine.get(k, 0) + row.get(k, 0)
+                                     for k in ("calls", "total_ns", "builds")}}
+        else:
+            slots[key] = dict(row)
+    newer = max((a, b), key=lambda s: (s.get("plan_version") or 0, s.get("steps") or 0))
+    first = min(s.get("first_step", 0) for s in (a, b))
+    last = max(s.get("first_step", 0) + s.get("steps", 0) for s in (a, b))
+    return {
+        "job_id": a.get("job_id", ""),
+        "processes": a.get("processes", 1) + b.get("processes", 1),
+        "first_step": first,
+        "steps": last - first,
+        "plan_version": newer.get("plan_version"),
+        "plan_digest": newer.get("plan_digest"),
+        "peak_rss_bytes": max(a.get("peak_rss_bytes", 0), b.get("peak_rss_bytes", 0)),
+        "slots": list(slots.values()),
+        **{k: _union(a.get(k, []), b.get(k, []))
+           for k in ("disabled", "modules_on_own_forward", "plan_rejections")},
+    }
+
+
+def _union(a: list, b: list) -> list:
+    seen = {json.dumps(x, sort_keys=True) for x in a}
+    return [*a, *(x for x in b if json.dumps(x, sort_keys=True) not in seen)]
 
 
 def per_op(summary: dict) -> list[dict]:

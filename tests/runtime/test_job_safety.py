@@ -456,7 +456,7 @@ def test_a_python_that_cannot_import_rtxops_finds_it_after_its_own_packages(tmp_
     assert "ACTIVE True True" in r.stdout, r.stdout + r.stderr
 
 
-def test_ranks_started_by_torch_multiprocessing_spawn_get_the_runtime(tmp_path):
+def test_ranks_started_by_torch_multiprocessing_spawn_get_the_runtime_and_one_summary(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import torch, torch.nn.functional as F
@@ -465,12 +465,12 @@ def test_ranks_started_by_torch_multiprocessing_spawn_get_the_runtime(tmp_path):
         def train(rank):
             lin = torch.nn.Linear(4, 4)
             opt = torch.optim.SGD(lin.parameters(), 0.1)
-            for _ in range(3):
+            for _ in range(3 + rank):
                 F.softmax(lin(torch.randn(2, 4)), -1).sum().backward()
                 opt.step()
 
         if __name__ == "__main__":
-            mp.spawn(train, nprocs=1)
+            mp.spawn(train, nprocs=2)
     """))
     summary = tmp_path / "summary.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
@@ -479,7 +479,12 @@ def test_ranks_started_by_torch_multiprocessing_spawn_get_the_runtime(tmp_path):
     r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    assert json.loads(summary.read_text())["steps"] == 3  # the rank's, routed and counted
+    data = json.loads(summary.read_text())
+    # both ranks' calls, added up (the parent, which trained nothing, left no mark)
+    assert data["processes"] == 2
+    assert data["steps"] == 4   # the ranks step side by side: the furthest one's steps
+    assert sum(s["calls"] for s in data["slots"] if s["op"] == "softmax") == 3 + 4
+    assert not list(tmp_path.glob("*.part"))
 
 
 def test_torch_compile_worker_processes_do_not_get_the_runtime(tmp_path):

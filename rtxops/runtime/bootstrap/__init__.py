@@ -5,7 +5,8 @@
 ``RTXOPS_KEYRING``  trusted keyring: plans from the daemon are installed only when their signed
                    bundle verifies against it (and the policies); without it none is installed
 ``RTXOPS_DETERMINISTIC``  ``1``: refuse plans that use a non-deterministic variant
-``RTXOPS_SUMMARY``  path where the per-slot summary JSON is written when the process exits
+``RTXOPS_SUMMARY``  path where the per-slot summary JSON is written when the process exits; the
+                   processes of one job (same ``RTXOPS_JOB_ID``, or none) add theirs up there
 ``RTXOPS_VERIFY_FIRST_CALL``  ``0`` turns off the first-call check of non-reference variants
 ``RTXOPS_DAEMON``, ``RTXOPS_JOB_ID``, ``RTXOPS_TOKEN``  poll the daemon for this job's plan
 ``RTXOPS_DAEMON_URL_FILE``  the daemon's URL file: followed when a restarted daemon listens elsewhere
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import fcntl
 import importlib
 import json
 import os
@@ -195,27 +197,43 @@ def _at_exit(dispatcher, summary_path: str | None, pid: int) -> None:
         dispatcher.drain_timers()   # the last step's CUDA-timed calls, into the readings
         dispatcher.readings.close()
         if summary_path:
-            summary = summarize(dispatcher)
-            if summary["steps"] or not _has_steps(Path(summary_path)):
-                # several processes of one job (spawned DataLoader workers, ranks started by
-                # torch.multiprocessing.spawn) share the file: one that trained is never
-                # overwritten by one that did not
-                # whole or not at all (a process killed mid-write, a full disk, two at once)
-                part = Path(f"{summary_path}.{os.getpid()}.part")
-                try:
-                    part.write_text(json.dumps(summary))
-                    os.replace(part, summary_path)
-                finally:
-                    part.unlink(missing_ok=True)
+            _add_summary(Path(summary_path), summarize(dispatcher))
     except Exception as e:  # the job's own exit status matters more than our summary
         print(f"rtxops: could not finish telemetry or the summary: {e}", file=sys.stderr)
 
 
-def _has_steps(path: Path) -> bool:
+def _add_summary(path: Path, summary: dict) -> None:
+    """Write ``summary`` to ``path``, or add it to the summary another process of the same job
+    wrote there (ranks started by torchrun or torch.multiprocessing, spawned DataLoader workers).
+    Under a lock on the folder; the file is replaced whole (a process killed mid-write, a full
+    disk)."""
+    from ..summary import did_anything, merged
+
+    folder = os.open(path.parent, os.O_RDONLY)
     try:
-        return bool(json.loads(path.read_text()).get("steps"))
-    except (OSError, ValueError, AttributeError):
-        return False
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        earlier = _read_summary(path)
+        if earlier is not None and earlier.get("job_id", "") == summary["job_id"]:
+            if not did_anything(summary):
+                return
+            if did_anything(earlier):
+                summary = merged(earlier, summary)
+        part = Path(f"{path}.{os.getpid()}.part")
+        try:
+            part.write_text(json.dumps(summary))
+            os.replace(part, path)
+        finally:
+            part.unlink(missing_ok=True)
+    finally:
+        os.close(folder)   # (and its lock)
+
+
+def _read_summary(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def child_environment(env: dict[str, str], *, plan: str | None = None,
