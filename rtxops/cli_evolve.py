@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rtxops.cli_text import plain
+from rtxops.cli_text import inert, plain
 
 err = Console(stderr=True, emoji=False)
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # names, paths as they are
@@ -91,7 +91,12 @@ def tune(
         if variant:
             rows = [r for r in rows if r["variant"] in variant]
         rows = _with_staleness(rows)
-        out.print_json(data=rows) if as_json else out.print(_tuning_table(rows))
+        if as_json:
+            out.print_json(data=rows)
+        elif rows:
+            out.print(_tuning_table(rows))
+        else:
+            err.print(_no_tuning_rows(op, bucket, variant), markup=False, highlight=False)
         return
     if strategy not in STRATEGIES:
         raise _fail(f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
@@ -321,6 +326,20 @@ def _with_staleness(rows: list[dict]) -> list[dict]:
             ("torch_version", "torch"), ("triton_version", "triton"), ("device", "device"),
             ("source_hash", "kernel source")) if r.get(key) != now[key])
     return sorted(rows, key=lambda r: r["stale"] != "")
+
+
+def _no_tuning_rows(op: Optional[str], bucket: Optional[str], variants: Optional[List[str]]) -> str:
+    """The line `tune --show` prints for no rows: which filter found none, and an op name this
+    rtxops does not know (a typo) named as such."""
+    from rtxops.runtime.registry import default_registry
+
+    asked = [f"{name} {value}" for name, value in (("op", op), ("bucket", bucket)) if value]
+    asked += [f"variant {v}" for v in variants or ()]
+    line = "rtxops: the tuning database has no rows" + (" for " + ", ".join(asked) if asked else "")
+    known = sorted(spec.name for spec in default_registry().ops())
+    if op and op not in known:
+        line += f" ({op!r} is not an op; known: {', '.join(known)})"
+    return inert(line)
 
 
 def _tuning_table(rows: list[dict]) -> Table:

@@ -150,9 +150,12 @@ def test_tune_in_process_tunes_the_recorded_buckets_and_show_lists_them(tmp_path
     r = cli("tune", "--show", mark=daemons.mark, cwd=tmp_path)
     assert r.returncode == 0 and "1 stale: not used here" in " ".join(r.stdout.split()), r.stdout
     r = cli("tune", "--show", "--op", "rms_norm", mark=daemons.mark, cwd=tmp_path)
-    assert r.returncode == 0 and "tuning database (0 rows)" in r.stdout
+    assert r.returncode == 0 and "the tuning database has no rows for op rms_norm\n" in r.stderr
+    assert "┃" not in r.stdout            # a line, not an empty table
+    r = cli("tune", "--show", "--op", "rms_nrom", mark=daemons.mark, cwd=tmp_path)
+    assert r.returncode == 0 and "'rms_nrom' is not an op; known: " in r.stderr
     r = cli("tune", "--show", "--bucket", GELU + "x", mark=daemons.mark, cwd=tmp_path)
-    assert r.returncode == 0 and "tuning database (0 rows)" in r.stdout   # --bucket was ignored
+    assert r.returncode == 0 and f"no rows for bucket {GELU}x" in r.stderr  # --bucket was not ignored
     r = cli("tune", "--show", "--json", "--bucket", GELU, mark=daemons.mark, cwd=tmp_path)
     assert len(json.loads(r.stdout)) == 2
     r = cli("tune", "--show", mark=daemons.mark, cwd=tmp_path)
