@@ -415,8 +415,8 @@ def _chain_problems(rows: list[dict], head: dict | None, keyring: Optional[Path]
         ring = _guard(lambda: Keyring.load(_keyring_path(keyring, home)))
         problem = gl.head_signature_problem(head, ring)
         problems += [problem] if problem else []
-        if not problems:
-            problems += gl.unrecorded_bundles(h.root / "bundles", rows, ring)
+        # whatever the head's signature: entries cut off the end show here, before anyone signs
+        problems += gl.unrecorded_bundles(h.root / "bundles", rows, ring)
     return problems
 
 
@@ -446,7 +446,9 @@ def ledger_sign_head(key: Optional[Path] = typer.Option(None, help="the daemon's
         # a signer revoked or rotated away: signed anew as an unsigned head would be, once the
         # chain checks intact (its key holder vouches for the chain as it stands)
         out.print(f"the head's signature is not trusted: {untrusted}")
-    problems = gl.sign_head(rows, head, h.root / "ledger.head", signer.key)
+    # a head signed over a chain whose last entries were cut off would vouch for the cut
+    problems = gl.check_chain(rows, head) or gl.unrecorded_bundles(h.root / "bundles", rows, ring)
+    problems = problems or gl.sign_head(rows, head, h.root / "ledger.head", signer.key)
     for p in problems:
         out.print(f"FAIL {p}")
     if problems:

@@ -2,6 +2,7 @@
 POSIX paths, no symlinks, no ``..``, no absolute paths)."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import queue
@@ -89,8 +90,12 @@ def list_files(root: Path) -> list[str]:
 def sha256_file(path: Path, stop: threading.Event | None = None) -> str:
     """The sha256 hex digest of ``path``; a big file is read on a second thread while this one
     hashes (reading is ~8 % of a serial pass over a page-cached file). ``stop`` set: give up
-    (CancelledError) at the next chunk."""
-    with open(path, "rb", buffering=0) as f:
+    (CancelledError) at the next chunk. No link is followed, and only a regular file is read:
+    a file swapped for a FIFO or a link to /dev/zero after the listing would hang the hash."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    with open(fd, "rb", buffering=0) as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
         if os.fstat(f.fileno()).st_size < _PIPELINE_BYTES:
             h = hashlib.sha256()
             buf = bytearray(_CHUNK)
@@ -178,7 +183,8 @@ def read_limited(path: Path, limit: int, what: str) -> bytes:
     refused). One open, no link followed, at most ``limit + 1`` bytes read: a file swapped for a
     bigger one (or a link to /dev/zero) after a size check is refused too."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # O_NONBLOCK: opening a FIFO swapped in would wait for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError as e:
         raise VerificationError(what, f"cannot read {path.name}: {e.strerror}") from None
     with os.fdopen(fd, "rb") as f:

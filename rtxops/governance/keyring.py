@@ -59,7 +59,8 @@ class Keyring:
         if not path.exists():
             return cls(path)
         try:
-            data = json.loads(path.read_text())
+            # a key listed twice: json keeps the last entry, which could drop a revocation
+            data = json.loads(path.read_text(), object_pairs_hook=_unique_keys)
             if not isinstance(data, dict) or not isinstance(data.get("keys"), dict):
                 raise ValueError('expected {"keys": {key id: entry}}')
             keys = {k: _entry(k, v) for k, v in data["keys"].items()}
@@ -205,3 +206,12 @@ def _entry(key_id: str, value) -> TrustedKey:
 
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    seen: dict = {}
+    for name, value in pairs:
+        if name in seen:
+            raise ValueError(f"{name!r} is listed twice")
+        seen[name] = value
+    return seen

@@ -200,3 +200,16 @@ def test_two_editors_of_one_keyring_lose_neither_change(tmp_path, keys):
     out, _ = other.communicate(timeout=60)
     assert other.returncode == 0, out
     assert sorted(k.name for k in Keyring.load(path).keys.values()) == ["ours", "theirs"]
+
+
+def test_a_key_listed_twice_is_refused_not_read_as_its_last_entry(keys, good_plan, tmp_path):
+    ring = json.loads(keys.keyring_file.read_text())
+    (key_id, entry), = [(k, v) for k, v in ring["keys"].items() if "plan" in v.get("kinds", [])][:1]
+    revoked = json.dumps({**entry, "revoked_at": 1.0})
+    body = json.dumps(ring["keys"])[1:-1]
+    # the key revoked first, then listed again as it was: json would keep the second entry
+    path = tmp_path / "keyring.json"
+    path.write_text('{"keys": {' + f'"{key_id}": {revoked}, ' + body + "}}")
+    result = CliRunner().invoke(app, ["verify", str(good_plan), "--keyring", str(path), "--no-ledger"])
+    assert result.exit_code == 2, result.output
+    assert "listed twice" in " ".join(result.output.split())

@@ -408,3 +408,22 @@ def test_a_linked_or_broken_version_folder_beside_the_bundles_is_no_traceback(tm
     (home / "bundles" / "job-1" / "v8").mkdir()
     code, out = cli("ledger", "verify", "--home", str(home))
     assert code == 0 and "ledger intact" in out, out
+
+
+def test_a_head_left_unsigned_over_a_cut_chain_names_the_cut_and_is_not_signed(tmp_path):
+    """The last entry deleted and an unsigned head written for the one before: `ledger verify`
+    said only "not signed … sign-head signs it", and `sign-head` then signed over the cut."""
+    home = daemon_home(tmp_path, versions=(1, 2, 3))
+    store = Store(home / "rtxops.duckdb")
+    try:
+        rows = store.query("SELECT seq, entry_hash FROM ledger ORDER BY seq")
+        store.run_write(lambda cur: cur.execute("DELETE FROM ledger WHERE seq = 3")).result(30)
+    finally:
+        store.close()
+    (home / "ledger.head").write_text(json.dumps({"seq": 2, "entry_hash": rows[1]["entry_hash"]}))
+    before = (home / "ledger.head").read_text()
+    code, output = cli("ledger", "verify", "--home", str(home))
+    assert code == 1 and "v3: this home's daemon issued it, and no ledger entry records it" in output
+    code, output = cli("ledger", "sign-head", "--home", str(home))
+    assert code == 1 and "no ledger entry records it" in output, output
+    assert (home / "ledger.head").read_text() == before

@@ -49,3 +49,34 @@ def test_metadata_swapped_after_hashing_is_refused(name, good_plan, keys, tmp_pa
     swapping_after_hashing(monkeypatch, bundle / name, json.dumps(data, indent=1).encode())
     report = verify_mod.verify(bundle, verify_mod.Trust(keyring=verify_mod.Keyring.load(keys.keyring_file)))
     assert not report.ok and report.failure.name == "files"
+
+
+@pytest.mark.parametrize("swap", ["fifo", "link to /dev/zero"])
+def test_a_file_swapped_for_a_fifo_or_a_device_after_the_listing_fails_not_hangs(
+        swap, good_plan, keys, tmp_path, monkeypatch):
+    import os
+    import threading
+
+    bundle = shutil.copytree(good_plan, tmp_path / "b")
+    real = verify_mod.list_files
+    (target,) = (bundle / "kernels").iterdir()   # a file only hashed, never parsed
+
+    def list_then_swap(root):
+        names = real(root)
+        target.unlink()
+        os.mkfifo(target) if swap == "fifo" else os.symlink("/dev/zero", target)
+        return names
+
+    monkeypatch.setattr(verify_mod, "list_files", list_then_swap)
+    got = []
+    trust = verify_mod.Trust(keyring=verify_mod.Keyring.load(keys.keyring_file))
+    worker = threading.Thread(target=lambda: got.append(verify_mod.verify(bundle, trust)), daemon=True)
+    worker.start()
+    worker.join(30)
+    if worker.is_alive():    # unblock the hashing thread stuck on the FIFO, then fail
+        with open(target, "wb", buffering=0) if swap == "fifo" else open(os.devnull, "wb"):
+            pass
+        pytest.fail("verify hung on the swapped file")
+    report = got[0]
+    assert not report.ok and target.name in report.failure.message
+    assert any(why in report.failure.message for why in ("not a regular file", "symbolic links"))
