@@ -99,10 +99,12 @@ GROSS_EXCESS_CALLS = 20
 
 
 def _without_gross_outliers(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Both arms' (mean, calls) steps less those with gross extra time. The excess is counted in
-    time, not per call, so one event is left out alike whichever arm's step it fell in."""
-    typical = float(np.median(np.concatenate([a[:, 0], b[:, 0]])))
-    keep = lambda v: v[(v[:, 0] - typical) * v[:, 1] <= GROSS_EXCESS_CALLS * typical]  # noqa: E731
+    """Both arms' (mean, calls) steps less those with gross extra time. A step's excess is
+    counted from its own arm's median (a faster arm is not an outlier of the other) and in
+    time, not per call, against one bound for both arms, so one event is left out alike
+    whichever arm's step it fell in."""
+    bound = GROSS_EXCESS_CALLS * float(np.median(np.concatenate([a[:, 0], b[:, 0]])))
+    keep = lambda v: v[(v[:, 0] - np.median(v[:, 0])) * v[:, 1] <= bound]  # noqa: E731
     return keep(a), keep(b)
 
 

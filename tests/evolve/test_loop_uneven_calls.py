@@ -60,3 +60,19 @@ def test_one_gross_step_is_left_out_whichever_arm_it_fell_in():
     arm[0] = stats.StepMean(0.7e6, 1)
     gain = stats.compare_per_call(inc, arm).gain
     assert abs(gain - 0.3) < 1e-9
+
+
+def test_a_faster_arm_on_a_bucket_called_a_thousand_times_a_step_is_not_an_outlier():
+    """The steps' excess was measured from the median of both arms together: with 900 incumbent
+    calls a step and an arm 30 % faster, every incumbent step counted as 900 calls of excess
+    and was left out, so the faster arm never had the samples to be promoted."""
+    rng = np.random.default_rng(0)
+    for calls, speedup in ((1000, 0.3), (200, 0.2), (100, 0.5)):
+        k_arm = calls // 10
+        inc = [stats.StepMean((calls - k_arm) * 1e6 * np.exp(rng.normal(0, 0.01)), calls - k_arm)
+               for _ in range(20)]
+        arm = [stats.StepMean(k_arm * (1 - speedup) * 1e6 * np.exp(rng.normal(0, 0.01)), k_arm)
+               for _ in range(20)]
+        c = stats.compare_per_call(inc, arm)
+        assert c.promote and c.samples == 20, (calls, speedup, c)
+        assert abs(c.gain - speedup) < 0.01
