@@ -89,7 +89,7 @@ def region_swap_step(q, job_id: str) -> int | None:
 
 def hotspots(q, job_id: str, since_step: int) -> list[dict]:
     """Every (op, bucket) of a job since ``since_step``: its kernel time (forward + sampled
-    backward, scaled to every step, per rank), calls per step, the (variant, config) with most
+    backward, scaled to every call of every step, per rank), calls per step, the (variant, config) with most
     calls, and the CV of its per-step forward mean; ranked by share of step time."""
     return q.query(
         """WITH k AS (
@@ -103,15 +103,21 @@ def hotspots(q, job_id: str, since_step: int) -> list[dict]:
                  (SELECT step, min(duration_ns) AS d, count(DISTINCT rank) AS ranks
                   FROM step_times WHERE job_id = ? AND step >= ? GROUP BY step)),
            -- forward time is over every step of the window (a bucket called in few steps has a
-           -- small share); backward is timed on sampled steps only: over the steps sampled
-           sampled AS (SELECT count(DISTINCT step) AS steps FROM k WHERE phase = 'bwd'),
+           -- small share); backward is timed on one call a route in sampled steps only: its
+           -- time per call, times the forward calls a step (each call has its backward)
            per_phase AS (
              SELECT op, bucket, phase,
-                    sum(total_ns) / nullif(CASE WHEN phase = 'bwd' THEN max(sampled.steps)
-                                                ELSE greatest(max(s.steps), count(DISTINCT step)) END, 0)
+                    sum(total_ns) / nullif(greatest(max(s.steps), count(DISTINCT step)), 0)
                         AS ns_per_step,
+                    sum(total_ns) / nullif(sum(calls), 0) AS ns_per_call,
                     sum(calls) / nullif(greatest(max(s.steps), count(DISTINCT step)), 0) AS calls_per_step
-             FROM k, s, sampled GROUP BY op, bucket, phase),
+             FROM k, s GROUP BY op, bucket, phase),
+           scaled AS (
+             SELECT p.op, p.bucket, p.phase, p.calls_per_step,
+                    CASE WHEN p.phase = 'bwd' THEN p.ns_per_call * f.calls_per_step
+                         ELSE p.ns_per_step END AS ns_per_step
+             FROM per_phase p LEFT JOIN per_phase f
+               ON f.op = p.op AND f.bucket = p.bucket AND f.phase = 'fwd'),
            fwd_means AS (
              SELECT op, bucket, variant, config, stddev_samp(total_ns / calls)
                         / nullif(avg(total_ns / calls), 0) AS cv, sum(calls) AS calls
@@ -128,7 +134,7 @@ def hotspots(q, job_id: str, since_step: int) -> list[dict]:
                   sum(p.ns_per_step) / max(s.ranks) / nullif(max(s.step_ns) / max(s.steps), 0)
                       AS share,
                   max(s.steps) AS steps
-           FROM per_phase p JOIN top t USING (op, bucket), s
+           FROM scaled p JOIN top t USING (op, bucket), s
            GROUP BY p.op, p.bucket, t.variant, t.config, t.cv
            ORDER BY share DESC NULLS LAST""",
         [job_id, since_step, job_id, since_step])

@@ -50,3 +50,25 @@ def test_kernel_spans_without_a_total_are_left_out(tmp_path):
     with _store(tmp_path, spans) as store:
         rows = store_evolve.arm_steps(store, "job", "gelu", "b", 0)
     assert [(r["step"], r["calls"], r["total_ns"]) for r in rows] == [(10, 1, 100_000)]
+
+
+def test_a_sampled_backward_counts_for_every_call_of_the_step(tmp_path):
+    """The runtime times one backward call a route every few steps: a bucket called 24 times a
+    step had its backward counted as one call's, and ranked under a bucket of less time."""
+    t0, spans = time.time_ns(), []
+    for s in range(64):
+        st = t0 + s * 10**8          # 100 ms steps
+        spans.append(span("rtx.step", {"rtx.step": s}, start=st, duration=100 * 10**6))
+        spans.append(_kernel(s, "gelu", "once", 1_000_000, start=st + 1))
+        spans.append(span("rtx.kernel", {"rtx.step": s, "rtx.op": "gelu", "rtx.bucket": "often",
+                                         "rtx.variant": "reference", "rtx.config": "{}",
+                                         "rtx.phase": "fwd", "rtx.count": 24,
+                                         "rtx.total_ns": 24 * 100_000}, start=st + 2))
+        if s % 8 == 0:
+            spans.append(_kernel(s, "gelu", "once", 2_000_000, phase="bwd", start=st + 3))
+            spans.append(_kernel(s, "gelu", "often", 200_000, phase="bwd", start=st + 4))
+    with _store(tmp_path, spans) as store:
+        rows = store_evolve.hotspots(store, "job", 0)
+    assert [r["bucket"] for r in rows] == ["often", "once"]
+    shares = {r["bucket"]: r["share"] for r in rows}
+    assert abs(shares["once"] - 0.03) < 1e-9 and abs(shares["often"] - 0.072) < 1e-9
