@@ -366,9 +366,14 @@ class EvolveLoop:
         try:
             spec_bucket = Bucket.parse(op, bucket)
             self.registry.op(op)
+            incumbent = Arm(hs["variant"], hs["config"] or "{}")
+            if not isinstance(incumbent.config, dict):
+                raise ValueError("a config is a JSON object")
         except Exception:
-            return None  # telemetry for an op this daemon does not know (another rtxops version)
-        incumbent = Arm(hs["variant"], hs["config"] or "{}")
+            # telemetry for an op this daemon does not know (another rtxops version), or a
+            # config no runtime wrote (any OTLP client writes spans)
+            return None
+
         bt = BucketTuning(op, bucket, incumbent, phase="gating")
         arms = [a for a in candidates(self.registry, op, spec_bucket,
                                       deterministic=self.config.deterministic) if a != incumbent]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import pytest
 
 from rtxops.evolve import loop as L
 from rtxops.evolve.candidates import Arm
@@ -192,3 +193,30 @@ def test_a_trial_whose_tuning_update_failed_is_not_written_twice(monkeypatch, ca
         loop.tick()   # the row saved, the tuning update failed
         loop.tick()   # the rest of that trial
     assert len(saved) == 1 and bt.trial_ids == saved and fails == [0]
+
+
+@pytest.mark.parametrize("config", ["{not json", "1", "null", '"x"', "[]"])
+def test_a_hot_spot_whose_config_is_not_a_json_object_is_passed_over(monkeypatch, caplog, config):
+    """Any OTLP client writes rtx.config: one that was not a JSON object, on the hottest bucket,
+    failed every tick for good, and the job's other buckets were never tuned."""
+    from rtxops.telemetry import store_evolve as se
+
+    loop = loop_over_rows(monkeypatch, [], last=100)
+    opened = []
+    monkeypatch.setattr(L, "screen", lambda *a, **k: opened.append(a) or ([Arm.of("eager")], {}))
+    monkeypatch.setattr(L, "candidates", lambda registry, op, bucket, deterministic=False: [Arm.of("eager")])
+    monkeypatch.setattr(se, "region_swap_step", lambda q, job: None)
+    monkeypatch.setattr(se, "hotspots", lambda q, job, since: [
+        {"op": "gelu", "bucket": "float32/cpu/tanh=0,hidden=64,rows=8", "variant": "reference",
+         "config": config, "share": 0.5},
+        {"op": "gelu", "bucket": "float32/cpu/tanh=0,hidden=64,rows=16", "variant": "reference",
+         "config": "{}", "share": 0.3}])
+    loop.registry.op = lambda op: None
+    loop._regressed = lambda *a: False
+    with caplog.at_level(logging.ERROR):
+        for _ in range(3):
+            loop.tick()
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
+    state = loop.jobs["job"]
+    tuned = [state.active] if state.active else list(state.done.values())
+    assert [bt.bucket for bt in tuned] == ["float32/cpu/tanh=0,hidden=64,rows=16"]
