@@ -843,8 +843,8 @@ class EvolveLoop:
         return {"kind": kind, "op": bt.op, "bucket": bt.bucket,
                 "candidate": {"variant": arm.variant, "config": arm.config},
                 "incumbent": {"variant": bt.incumbent.variant, "config": bt.incumbent.config},
-                "gain": cmp.gain, "ci_low": cmp.ci_low, "ci_high": cmp.ci_high,
-                "p_value": cmp.p_value, "objective": self.config.objective,
+                **{k: v for k, v in cmp.to_dict().items() if k in ("gain", "ci_low", "ci_high", "p_value")},
+                "objective": self.config.objective,
                 "deterministic": variant.deterministic}
 
     def _evidence(self, job: str, bt: BucketTuning) -> dict:
@@ -856,7 +856,7 @@ class EvolveLoop:
     def _decide_record(self, job: str, bt: BucketTuning, kind: str, arm: Arm | None,
                        cmp: stats.Comparison | None, *, reason: str = "",
                        plan_version: int | None = None, extra: dict | None = None) -> None:
-        finite = (lambda v: v if v is not None and abs(v) != float("inf") else None)
+        finite = stats.finite
         bundle = None
         if plan_version is not None:  # the signed bundle of that plan, where governance issued one
             try:
@@ -872,7 +872,7 @@ class EvolveLoop:
             "plan_version": plan_version,
             "gain": finite(cmp.gain) if cmp else None, "ci_low": finite(cmp.ci_low) if cmp else None,
             "ci_high": finite(cmp.ci_high) if cmp else None,
-            "p_value": cmp.p_value if cmp else None, "reason": reason,
+            "p_value": finite(cmp.p_value) if cmp else None, "reason": reason,
             "evidence": {**self._evidence(job, bt), **(extra or {}),
                          "gate_failures": bt.gate_failures}, "bundle_digest": bundle,
             "at_ns": time.time_ns()})

@@ -307,7 +307,7 @@ class _Tuner:
         else:   # repetitions interleave the arms of a run: pairs by position
             cmp = stats.compare_paired(*pairs, seed=self.seed)
             reason = cmp.reason
-        finite = (lambda v: v if v is not None and abs(v) != float("inf") else None)
+        finite = stats.finite
         row = {"decision_id": uuid.uuid4().hex, "job_id": None, "op": op, "bucket": bucket,
                "kind": "offline_best",
                "candidate_variant": best.variant if best else None,

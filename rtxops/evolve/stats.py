@@ -46,9 +46,16 @@ class Comparison:
     reason: str
 
     def to_dict(self) -> dict:
-        return {"gain": self.gain, "ci_low": self.ci_low, "ci_high": self.ci_high,
-                "p_value": self.p_value, "samples": self.samples, "promote": self.promote,
-                "reason": self.reason}
+        """The figures as JSON takes them: an unbounded interval (too few samples) as None."""
+        return {"gain": finite(self.gain), "ci_low": finite(self.ci_low),
+                "ci_high": finite(self.ci_high), "p_value": finite(self.p_value),
+                "samples": self.samples, "promote": self.promote, "reason": self.reason}
+
+
+def finite(value: float | None) -> float | None:
+    """``value``, or None where it is not a finite number (JSON has no Infinity or NaN: a
+    signed provenance with them fails strict parsers)."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 class StepMean(float):

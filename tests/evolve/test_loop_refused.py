@@ -3,6 +3,8 @@ past the plan's effective step, and then the incumbent's entry goes back on the 
 plans are derived from it, so they would carry the failed bucket's explore arms)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rtxops.evolve import loop as L
@@ -15,13 +17,14 @@ from .loop_harness import loop_over_rows
 
 class _Board:
     def __init__(self):
-        self.published, self.reports = [], []
+        self.published, self.reports, self.signed = [], [], []
 
     def current(self, job):
         return self.published[-1] if self.published else None
 
     def promote(self, plan, job, decision, evidence):
         self.published.append(plan)
+        self.signed.append((decision, evidence))   # what governance signs into the bundle
         return plan
 
 
@@ -71,6 +74,9 @@ def test_a_canary_without_the_winner_running_waits_then_rolls_back(monkeypatch):
     assert decisions[-1]["kind"] == "rollback", decisions[-1]
     assert "nothing shows it works live" in decisions[-1]["reason"]
     assert loop.board.current("job").entry("gelu", "b").variant == "reference"
+    # the too-few comparison's unbounded interval: signed as null, not as Infinity (not JSON)
+    json.dumps([loop.board.signed[-1], decisions[-1]["evidence"]], allow_nan=False)
+    assert loop.board.signed[-1][0]["ci_high"] is None
     # unseen is not slower: the winner is not marked regressed for every later tuning
     assert not [m for m in marks if m["status"] == "regressed"]
 
