@@ -43,10 +43,12 @@ chromium:
 bench: install
 	mkdir -p bench/results
 	$(PY) bench/dispatch_overhead.py --out bench/results/dispatch_overhead.json
-	$(PY) bench/step_overhead.py --run-args=--no-telemetry --out bench/results/step_overhead_runtime_only.json
-	$(PY) bench/step_overhead.py --run-args=--direct --out bench/results/step_overhead_direct.json
-	$(PY) bench/step_overhead.py --out bench/results/step_overhead.json
-	$(PY) bench/step_overhead_inprocess.py --out bench/results/step_overhead_inprocess.json
+	$(PY) bench/step_overhead.py --pairs 3 --steps 300 --warmup 20 --run-args=--no-telemetry \
+	  --out bench/results/step_overhead_runtime_only.json
+	$(PY) bench/step_overhead.py --pairs 5 --steps 300 --warmup 20 --run-args=--direct \
+	  --out bench/results/step_overhead_direct.json
+	$(PY) bench/step_overhead.py --pairs 5 --steps 300 --warmup 20 --out bench/results/step_overhead.json
+	$(PY) bench/step_overhead_inprocess.py --pairs 10 --out bench/results/step_overhead_inprocess.json
 	$(PY) bench/daemon_request_cost.py --out bench/results/daemon_request_cost.json
 	$(PY) bench/startup.py --out bench/results/startup.json
 	$(PY) bench/ingest.py --out bench/results/ingest.json

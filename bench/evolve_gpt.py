@@ -70,14 +70,18 @@ def side_by_side(steps: int, env: dict[str, str], rounds: int = 1) -> dict:
             return run_job(GPT + ["--steps", str(steps)], env)
         if name == "compile":
             return run_job(GPT + ["--steps", str(steps), "--compile"], env)
-        home = tempfile.mkdtemp(prefix="rtxops-bench-")
-        out = run_job(RTXOPS + ["run", *REGIONS, "--name", "bench", "--no-summary", "--"]
-                      + GPT + ["--steps", str(steps)],
-                      {**env, "RTXOPS_HOME": home, "RTXOPS_EVOLVE": "1"})
         from rtxops.telemetry.store import ReadOnlyStore
 
-        out["swaps"] = [f'{r["step"]}:{r["plan_digest"][:30]}' for r in ReadOnlyStore(
-            Path(home) / "rtxops.duckdb").query("SELECT step, plan_digest FROM swaps ORDER BY at_ns")]
+        with tempfile.TemporaryDirectory(prefix="rtxops-bench-") as home:
+            out = run_job(RTXOPS + ["run", *REGIONS, "--name", "bench", "--no-summary", "--"]
+                          + GPT + ["--steps", str(steps)],
+                          {**env, "RTXOPS_HOME": home, "RTXOPS_EVOLVE": "1"})
+            store = ReadOnlyStore(Path(home) / "rtxops.duckdb")
+            try:
+                out["swaps"] = [f'{r["step"]}:{r["plan_digest"][:30]}' for r in store.query(
+                    "SELECT step, plan_digest FROM swaps ORDER BY at_ns")]
+            finally:
+                store.close()
         return out
 
     names = ["eager", "compile", "rtxops"]
@@ -109,17 +113,26 @@ def side_by_side(steps: int, env: dict[str, str], rounds: int = 1) -> dict:
 
 def first_steps(repeats: int, env: dict[str, str]) -> dict:
     """Time to first step, eager vs ``rtxops run`` (as in the side-by-side run), in ``repeats``
-    alternated pairs of short runs: one launch is one noisy sample on a small shared machine."""
+    pairs of short runs, which of the two goes first turning from pair to pair: one launch is
+    one noisy sample on a small shared machine. The figure is the median of the pairs' ratios
+    (``pooled_ratio``: of the medians of all runs)."""
     eager, rtx = [], []
-    for _ in range(repeats):
-        eager.append(run_job(GPT + ["--steps", "3"], env)["first_step_s"])
-        home = tempfile.mkdtemp(prefix="rtxops-bench-")
-        rtx.append(run_job(RTXOPS + ["run", *REGIONS, "--name", "bench", "--no-summary", "--"]
+
+    def rtxops_run() -> float:
+        with tempfile.TemporaryDirectory(prefix="rtxops-bench-") as home:
+            return run_job(RTXOPS + ["run", *REGIONS, "--name", "bench", "--no-summary", "--"]
                            + GPT + ["--steps", "3"],
-                           {**env, "RTXOPS_HOME": home, "RTXOPS_EVOLVE": "1"})["first_step_s"])
+                           {**env, "RTXOPS_HOME": home, "RTXOPS_EVOLVE": "1"})["first_step_s"]
+
+    for i in range(repeats):
+        for side in ((eager, rtx) if i % 2 == 0 else (rtx, eager)):
+            side.append(run_job(GPT + ["--steps", "3"], env)["first_step_s"] if side is eager
+                        else rtxops_run())
+    ratios = [r / e for e, r in zip(eager, rtx)]
     return {"eager_s": eager, "rtxops_s": rtx,
-            "median_ratio": round(statistics.median(rtx) / statistics.median(eager), 3),
-            "pair_ratios": [round(r / e, 3) for e, r in zip(eager, rtx)]}
+            "median_ratio": round(statistics.median(ratios), 3),
+            "pooled_ratio": round(statistics.median(rtx) / statistics.median(eager), 3),
+            "pair_ratios": [round(r, 3) for r in ratios]}
 
 
 def exploration_cost(steps: int, rounds: int, env: dict[str, str]) -> dict:
@@ -130,37 +143,38 @@ def exploration_cost(steps: int, rounds: int, env: dict[str, str]) -> dict:
     from rtxops.runtime.registry import default_registry
     from rtxops.telemetry.store import ReadOnlyStore
 
-    tmp = Path(tempfile.mkdtemp(prefix="rtxops-explore-"))
-    store = tmp / "probe.duckdb"
-    subprocess.run(RTXOPS + ["run", "--direct", "--no-summary", "--"] + GPT + ["--steps", "5"],
-                   env={**env, "RTXOPS_STORE": str(store)}, cwd=ROOT, check=True,
-                   capture_output=True)
-    ro = ReadOnlyStore(store)
-    buckets = ro.cursor().execute("SELECT DISTINCT op, bucket FROM kernel_spans").fetchall()
-    ro.close()
-    registry = default_registry()
-    base, explore = [], []
-    for op, bucket in buckets:
-        arms = [a for a in candidates(registry, op, Bucket.parse(op, bucket))
-                if a.variant not in ("reference", "compiled")]  # compiles would stall the run
-        base.append(PlanEntry(op, bucket, "reference"))
-        if arms:
-            arms = arms[:3]
-            explore.append(PlanEntry(op, bucket, "reference", {}, tuple(
-                ExploreArm(a.variant, a.config, 0.10 / len(arms)) for a in arms)))
-        else:
-            explore.append(PlanEntry(op, bucket, "reference"))
-    plans = {}
-    for name, entries in (("reference", base), ("explore", explore)):
-        path = tmp / f"{name}.json"
-        path.write_text(Plan(version=1, entries=tuple(entries)).to_json())
-        plans[name] = path
-    times: dict[str, list[float]] = {"reference": [], "explore": []}
-    for _ in range(rounds):
-        for name, path in plans.items():
-            r = run_job(RTXOPS + ["run", "--direct", "--no-telemetry", "--no-summary", "--plan", str(path),
-                                  "--"] + GPT + ["--steps", str(steps)], env)
-            times[name].append(r["converged_step_ms"])
+    with tempfile.TemporaryDirectory(prefix="rtxops-explore-") as folder:
+        tmp = Path(folder)
+        store = tmp / "probe.duckdb"
+        subprocess.run(RTXOPS + ["run", "--direct", "--no-summary", "--"] + GPT + ["--steps", "5"],
+                       env={**env, "RTXOPS_STORE": str(store)}, cwd=ROOT, check=True,
+                       capture_output=True)
+        ro = ReadOnlyStore(store)
+        buckets = ro.cursor().execute("SELECT DISTINCT op, bucket FROM kernel_spans").fetchall()
+        ro.close()
+        registry = default_registry()
+        base, explore = [], []
+        for op, bucket in buckets:
+            arms = [a for a in candidates(registry, op, Bucket.parse(op, bucket))
+                    if a.variant not in ("reference", "compiled")]  # compiles would stall the run
+            base.append(PlanEntry(op, bucket, "reference"))
+            if arms:
+                arms = arms[:3]
+                explore.append(PlanEntry(op, bucket, "reference", {}, tuple(
+                    ExploreArm(a.variant, a.config, 0.10 / len(arms)) for a in arms)))
+            else:
+                explore.append(PlanEntry(op, bucket, "reference"))
+        plans = {}
+        for name, entries in (("reference", base), ("explore", explore)):
+            path = tmp / f"{name}.json"
+            path.write_text(Plan(version=1, entries=tuple(entries)).to_json())
+            plans[name] = path
+        times: dict[str, list[float]] = {"reference": [], "explore": []}
+        for _ in range(rounds):
+            for name, path in plans.items():
+                r = run_job(RTXOPS + ["run", "--direct", "--no-telemetry", "--no-summary", "--plan", str(path),
+                                      "--"] + GPT + ["--steps", str(steps)], env)
+                times[name].append(r["converged_step_ms"])
     ref, exp = statistics.median(times["reference"]), statistics.median(times["explore"])
     return {"buckets": len(buckets), "explored_buckets": sum(1 for e in explore if e.explore),
             "step_ms": times, "overhead": round(exp / ref - 1, 4)}

@@ -17,11 +17,18 @@ OUT=${OUT:-bench/results/gpu_kernels.json}
 path="$PWD"
 if [ -n "${WHEELS:-}" ]; then
   site=$(mktemp -d)
+  trap 'rm -rf "$site"' EXIT
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
     "$WHEELS"/*.whl || exit 1
   path="$site:$path"
 fi
 export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+# without a GPU the runs below would replace the saved GPU results with "no CUDA device"
+if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  echo "gpu_check.sh: no CUDA device here: nothing run, nothing written" >&2
+  exit 2
+fi
 
 status=0
 timeout "${CHECK_TIMEOUT_S:-180}" "$PY" bench/gpu_check.py --compile-budget-s 45 \

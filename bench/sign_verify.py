@@ -47,7 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--mb", type=int, default=100)
     ap.add_argument("--runs", type=int, default=9)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, help=f"also write the JSON here (the saved run: {RESULTS.name})")
     args = ap.parse_args()
 
     from rtxops.governance import Signer, Trust, generate_key, load_policies, verify

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -43,6 +44,7 @@ def main() -> None:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)   # a 60-minute soak leaves ~650 MB
 
 
 def run(a, home: Path, proc: subprocess.Popen, url: str, token: str) -> None:
@@ -77,36 +79,54 @@ def run(a, home: Path, proc: subprocess.Popen, url: str, token: str) -> None:
     loader.start()
     samples = []
     jobs_run = 1
+    died = None   # what the soak exists to catch: reported, with every sample before it
     end = time.monotonic() + a.minutes * 60
     t0 = time.monotonic()
     while time.monotonic() < end:
         time.sleep(a.sample_s)
-        state = httpx.get(f"{url}/v1/jobs/{job['id']}").json()["state"]
-        if state in ("succeeded", "failed", "cancelled", "lost"):
-            job = httpx.post(url + "/v1/jobs", headers=headers, json={
-                "name": "soak-gpt", "command": [sys.executable, str(ROOT / "examples/train_gpt.py"),
-                                                "--steps", "200"], "cwd": str(ROOT)}).json()
-            jobs_run += 1
-        samples.append({"t_s": round(time.monotonic() - t0, 1), "rss_bytes": daemon.memory_info().rss,
-                        "db_bytes": (home / "rtxops.duckdb").stat().st_size})
+        try:
+            state = httpx.get(f"{url}/v1/jobs/{job['id']}", timeout=30).json()["state"]
+            if state in ("succeeded", "failed", "cancelled", "lost"):
+                job = httpx.post(url + "/v1/jobs", headers=headers, timeout=30, json={
+                    "name": "soak-gpt", "command": [sys.executable, str(ROOT / "examples/train_gpt.py"),
+                                                    "--steps", "200"], "cwd": str(ROOT)}).json()
+                jobs_run += 1
+            samples.append({"t_s": round(time.monotonic() - t0, 1),
+                            "rss_bytes": daemon.memory_info().rss,
+                            "db_bytes": (home / "rtxops.duckdb").stat().st_size})
+        except (httpx.HTTPError, psutil.Error, OSError, KeyError, ValueError) as e:
+            died = {"at_s": round(time.monotonic() - t0, 1), "error": f"{type(e).__name__}: {e}",
+                    "daemon_exit_code": proc.poll()}
+            break
     stop.set()
     loader.join(60)
-    jobs = httpx.get(url + "/v1/jobs").json()["jobs"]
-    stats = httpx.get(url + "/v1/telemetry/stats").json()
-    proc.send_signal(signal.SIGTERM)
-    code = proc.wait(120)
-    warm = samples[len(samples) // 4:] or samples
+    jobs, stats, code = [], {}, proc.poll()
+    if died is None:
+        try:
+            jobs = httpx.get(url + "/v1/jobs", timeout=30).json()["jobs"]
+            stats = httpx.get(url + "/v1/telemetry/stats", timeout=30).json()
+        except httpx.HTTPError as e:
+            died = {"at_s": round(time.monotonic() - t0, 1), "error": f"{type(e).__name__}: {e}"}
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(120)
+        except subprocess.TimeoutExpired:
+            code = "did not stop within 120 s of SIGTERM"
+    warm = samples[len(samples) // 4:] or samples or [{"rss_bytes": 0}]
     rss_start = statistics.median(s["rss_bytes"] for s in warm[:3])
     rss_end = statistics.median(s["rss_bytes"] for s in warm[-3:])
     load_stored = _stored_for(home, "soak-load")
     out = {
         "bench": "soak", "minutes": a.minutes, "rate_spans_s": a.rate,
-        "rss_growth_after_warmup": rss_end / rss_start - 1,
-        "rss_bytes": {"after_warmup": rss_start, "end": rss_end, "max": max(s["rss_bytes"] for s in samples)},
+        "daemon_died": died,
+        "rss_growth_after_warmup": rss_end / rss_start - 1 if rss_start else None,
+        "rss_bytes": {"after_warmup": rss_start, "end": rss_end,
+                      "max": max((s["rss_bytes"] for s in samples), default=0)},
         "load_spans_acked": sent["acked"], "load_spans_stored": load_stored,
         "acked_missing": sent["acked"] - load_stored,
         "requests_refused": sent["refused"], "request_errors": sent["errors"],
-        "jobs_run": jobs_run, "job_restarts": sum(j["crash_restarts"] + j["hang_restarts"] for j in jobs),
+        "jobs_run": jobs_run,
+        "job_restarts": sum(j["crash_restarts"] + j["hang_restarts"] for j in jobs) if jobs else None,
         "db_bytes": (home / "rtxops.duckdb").stat().st_size,
         "daemon_stats": stats, "daemon_exit_code": code,
         "samples": samples,

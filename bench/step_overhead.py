@@ -48,7 +48,9 @@ def main() -> None:
                               ("rtxops", [sys.executable, "-m", "rtxops.cli", "run", "--no-summary",
                                          *a.run_args.split(), "--", *job])):
                 # the evolve loop off: this measures the runtime and its telemetry, not exploring
-                extra = ({"RTXOPS_TELEMETRY_STATS": str(stats), "RTXOPS_EVOLVE": "0"}
+                # and a home of its own: ./.rtxops, or a daemon serving it, would take the job
+                extra = ({"RTXOPS_TELEMETRY_STATS": str(stats), "RTXOPS_EVOLVE": "0",
+                          "RTXOPS_HOME": tempfile.mkdtemp(prefix="home-", dir=tmp)}
                          if name == "rtxops" else None)
                 runs[name].append(step_times(cmd, extra)[a.warmup:])
                 if extra and stats.exists():
@@ -63,8 +65,9 @@ def main() -> None:
         "method": "alternating fresh processes; rtxops = `rtxops run` (in-process daemon, telemetry "
                   "over OTLP, default plan, evolve loop off)",
         "median_step_s": med,
-        "overhead": med["rtxops"] / med["eager"] - 1,
+        "overhead": med["rtxops"] / med["eager"] - 1,   # of the medians of all steps pooled
         "pair_overheads": [r - 1 for r in pair_ratios],
+        "median_pair_overhead": statistics.median(pair_ratios) - 1,
         "export_thread": {
             "cpu_ms_per_step": statistics.median(
                 e["export_thread_cpu_s"] / e["steps"] * 1e3 for e in export if e["steps"]) if export else None,
