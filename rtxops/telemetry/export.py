@@ -123,8 +123,10 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
         items.append(_dumps({
             "ph": "X", "name": label, "cat": row["name"], "pid": pid,
             "tid": tid,
-            "ts": (row["start_ns"] - (origin or 0)) / 1000,
-            "dur": max(0, row["end_ns"] - row["start_ns"]) / 1000,
+            # a row without times (written by hand, or by an old version): at the origin
+            "ts": ((row["start_ns"] if row["start_ns"] is not None else origin or 0) - (origin or 0)) / 1000,
+            "dur": max(0, (row["end_ns"] or 0) - (row["start_ns"] or 0)) / 1000
+                   if row["start_ns"] is not None and row["end_ns"] is not None else 0,
             "args": attrs,
         }))
         chars += len(items[-1])
@@ -171,7 +173,8 @@ def otlp_json_chunks(rows: Iterable[dict]) -> Iterator[str]:
         span = {
             "traceId": row["trace_id"], "spanId": row["span_id"], "name": row["name"],
             "kind": row["kind"] if row.get("kind") is not None else 1,
-            "startTimeUnixNano": str(row["start_ns"]), "endTimeUnixNano": str(row["end_ns"]),
+            "startTimeUnixNano": str(row["start_ns"] or 0),
+            "endTimeUnixNano": str(row["end_ns"] or row["start_ns"] or 0),
             "attributes": _kv(span_attributes(row)),
             "status": {"code": row.get("status_code") or 0,
                        **({"message": row["status_message"]} if row.get("status_message") else {})},

@@ -77,11 +77,14 @@ def export_parquet(q, path: str | os.PathLike[str], job_id: str | None = None) -
                 reader = cur.sql(_ROWS.format(order=_ORDER["time"]),
                                  params={"job": job_id, "lo": lo, "hi": hi}
                                  ).to_arrow_reader(EXPORT_FETCH_ROWS)
-                if writer is None:
-                    writer = pq.ParquetWriter(str(path), reader.schema)
-                for batch in reader:
-                    writer.write_batch(batch)
-                    rows += batch.num_rows
+                try:
+                    if writer is None:
+                        writer = pq.ParquetWriter(str(path), reader.schema)
+                    for batch in reader:
+                        writer.write_batch(batch)
+                        rows += batch.num_rows
+                finally:   # an open reader fails the snapshot's ROLLBACK, hiding the real error
+                    reader.close()
         finally:
             if writer is not None:
                 writer.close()
@@ -98,7 +101,12 @@ class _snapshot:
         self.cur.execute("BEGIN TRANSACTION")
 
     def __exit__(self, *exc: Any) -> None:
-        self.cur.execute("ROLLBACK")   # nothing was written
+        try:
+            self.cur.execute("ROLLBACK")   # nothing was written
+        except Exception:
+            if exc[0] is None:
+                raise
+            # leaving on an error already (a full disk, Ctrl-C): that one is what to report
 
 
 def _slices(cur, job_id: str | None, events: bool = False) -> list[tuple[int | None, int | None]]:

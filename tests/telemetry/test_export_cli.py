@@ -260,3 +260,37 @@ def test_a_services_overlapping_spans_go_on_lanes_where_slices_nest(tmp_path):
     assert lane["db"] == lane["GET /a"] == lane["GET /c"] != lane["GET /b"]   # nested, after, overlapping
     names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert names[lane["GET /a"]] == "other spans" and names[lane["GET /b"]] == "other spans (overlapping)"
+
+
+def test_a_parquet_export_that_cannot_write_says_so(tmp_path, monkeypatch):
+    """A full disk while writing: the snapshot's ROLLBACK, with the store's reader still open,
+    failed and its error ("Resource In Use ... cannot read the spans", exit 1) replaced this one."""
+    import errno
+
+    home = _home(tmp_path)
+
+    def full(self, batch, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_batch", full)
+    r = export(home, "--format", "parquet", "-o", str(tmp_path / "s.parquet"))
+    assert r.exit_code == 2 and "No space left on device" in " ".join(r.output.split()), r.output
+    assert "Resource" not in r.output
+
+
+def test_a_span_row_without_times_is_exported_not_a_crash(tmp_path):
+    """Rows with no start time (written by hand, or by an old version): the chrome trace raised
+    TypeError, and the OTLP JSON said "None" for the time."""
+    home = _home(tmp_path)
+    with Store(home / "rtxops.duckdb") as store:
+        store.call(lambda cur: cur.execute(
+            "INSERT INTO span_rows SELECT * REPLACE (NULL AS start_ns, span_id + 1 AS span_id) "
+            "FROM span_rows LIMIT 1"), 30)
+    r = export(home, "--format", "chrome-trace", "-o", str(tmp_path / "t.json"))
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert len([e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+                if e["ph"] == "X"]) == 3
+    r = export(home, "--format", "otlp-json", "-o", str(tmp_path / "o.json"))
+    assert r.exit_code == 0, (r.output, r.exception)
+    text = (tmp_path / "o.json").read_text()
+    assert '"None"' not in text and text.count('"startTimeUnixNano"') == 3
