@@ -976,8 +976,13 @@ def telemetry_stats(home: Optional[Path] = typer.Option(None),
     if client is not None:
         stats = client.telemetry_stats()
     else:
+        import duckdb
+
         with _read_store(h) as s:
-            stats = store_mod.telemetry_summary(s)
+            try:
+                stats = store_mod.telemetry_summary(s)
+            except duckdb.Error as e:   # a damaged file
+                raise _fail(f"cannot read the store: {_first_line(e)}", 1) from None
     if as_json:
         out.print_json(data=stats)
         return

@@ -137,3 +137,30 @@ def test_a_daemon_on_a_port_in_use_says_so_and_touches_nothing(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"port {port}" in r.stderr and "in use" in r.stderr
     assert not home.exists()
+
+
+@pytest.mark.parametrize("args", [["telemetry", "stats"],
+                                  ["telemetry", "export", "--format", "otlp-json", "-o", "x.json"]])
+def test_readers_of_a_damaged_store_say_so_in_a_line(tmp_path, args):
+    """`telemetry stats` on a store with damaged blocks printed DuckDB's checksum error as a
+    traceback."""
+    import os
+    import time
+
+    from rtxops.telemetry import synthetic
+    from rtxops.telemetry.store import Store
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    path = home / "rtxops.duckdb"
+    with Store(path) as store:
+        store.write(synthetic.kernel_batch(20000, start_ns=time.time_ns() - 10**11, duration_s=60,
+                                           jobs=1, ranks=1, seed=1), timeout=60)
+    size = path.stat().st_size
+    with open(path, "r+b") as f:      # the header blocks kept: the file opens, its data fails
+        for offset in range(size // 4, size, 4096 * 8):
+            f.seek(offset)
+            f.write(bytes(range(256)))
+    r = rtxops(*args, "--home", str(home), cwd=tmp_path)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "cannot read" in r.stderr, r.stderr

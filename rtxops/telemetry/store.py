@@ -1193,7 +1193,9 @@ def telemetry_summary(q) -> dict[str, int]:
                    sum(coalesce(TRY_CAST(attributes->>'rtx.dropped.records' AS BIGINT), 0)) AS records,
                    max(coalesce(TRY_CAST(attributes->>'rtx.dropped.steps' AS BIGINT), 0)) AS steps,
                    max(coalesce(TRY_CAST(attributes->>'rtx.dropped.spans' AS BIGINT), 0)) AS spans
-            FROM spans WHERE name = 'rtx.step' GROUP BY job_id, rank)
+            -- the drop counts grow within one exporter: per process (a restarted attempt
+            -- keeps its job id and rank, and counts from zero again)
+            FROM spans WHERE name = 'rtx.step' GROUP BY job_id, rank, resource_id)
         SELECT coalesce(sum(records), 0) AS records, coalesce(sum(steps), 0) AS steps,
                coalesce(sum(spans), 0) AS spans FROM per_process""")[0]
     out["dropped call records (jobs)"] = int(drops["records"])

@@ -533,3 +533,20 @@ def test_reported_drops_count_what_was_dropped_in_the_window(tmp_path):
         drops = store_views.reported_drops(store, since_ns=t, until_ns=t + 15 * minute)
         assert drops == {"records": 10, "steps": 3 + 4 + 6 + 120 + 150 + 30,
                          "spans": 10 * (3 + 4 + 6 + 120 + 150 + 30)}
+
+
+def test_telemetry_stats_add_up_the_drops_of_every_process_of_a_job(tmp_path):
+    """A restarted attempt keeps its job id and rank and counts its drops from zero: the
+    largest count of any of them was reported, not their sum."""
+    from rtxops.telemetry.store import telemetry_summary
+
+    def steps(values, pid):
+        return request([span("rtx.step", {"rtx.dropped.steps": s, "rtx.dropped.spans": 10 * s},
+                             start=time.time_ns() + i) for i, s in enumerate(values)],
+                       {**RESOURCE, "rtx.job.id": "job", "process.pid": pid})
+
+    with Store(tmp_path / "s.duckdb") as store:
+        for body in (steps([3, 7], pid=5000), steps([1, 2], pid=5001)):
+            store.write(otlp.convert(body.SerializeToString(), otlp.PROTOBUF, time.time_ns()))
+        stats = telemetry_summary(store)
+    assert (stats["dropped steps (jobs)"], stats["dropped spans (jobs)"]) == (9, 90)
