@@ -85,7 +85,7 @@ def prune(store: Store, older_than_s: float, *, dry_run: bool = False,
     """Delete the store's telemetry older than ``older_than_s`` seconds in one transaction on
     the writer thread (ingest waits meanwhile; a failure leaves everything in place)."""
     check_age(older_than_s)
-    before_ns = time.time_ns() - int(older_than_s * 1e9)
+    before_ns = _cutoff(older_than_s)
     started = time.perf_counter()
 
     def run(cur: duckdb.DuckDBPyConnection) -> dict[str, int]:
@@ -107,11 +107,18 @@ def count(q, older_than_s: float) -> PruneReport:
     """What :func:`prune` would delete, counted through ``q``'s reader (a
     :class:`~rtxops.telemetry.store.ReadOnlyStore` too: nothing is written)."""
     check_age(older_than_s)
-    before_ns = time.time_ns() - int(older_than_s * 1e9)
+    before_ns = _cutoff(older_than_s)
     started = time.perf_counter()
     with q.reader() as cur:
         rows = _rows(cur, before_ns, delete=False)
     return PruneReport(before_ns, True, rows, time.perf_counter() - started)
+
+
+def _cutoff(older_than_s: float) -> int:
+    """Now less ``older_than_s``, down to a whole minute: the kernel rollup keeps minutes, and
+    a cutoff inside one deleted its spans before the cutoff but kept their rollup row."""
+    before_ns = time.time_ns() - int(older_than_s * 1e9)
+    return before_ns - before_ns % MINUTE_NS
 
 
 def _room_to_checkpoint(path: Path) -> bool:

@@ -148,3 +148,27 @@ def test_an_age_past_what_the_store_can_hold_is_refused(text):
     and 99999999999d pruned before a time in year -270 million."""
     with pytest.raises(ValueError, match="over 50 years"):
         store_retention.check_age(store_retention.parse_age(text))
+
+
+def test_a_prune_leaves_the_kernel_rollup_and_the_spans_agreeing(store, monkeypatch):
+    """A cutoff inside a minute deleted that minute's spans before it, and kept their rollup
+    row: kernel stats counted spans that were gone."""
+    import types
+
+    now = time.time_ns() // MINUTE_NS * MINUTE_NS + 30 * 10**9     # half a minute in
+    monkeypatch.setattr(store_retention, "time", types.SimpleNamespace(
+        time_ns=lambda: now, perf_counter=time.perf_counter))
+    cut = now - 2 * DAY_NS
+    for seed, start in enumerate((cut - 10 * 10**9, cut + 10 * 10**9)):   # one minute, both sides
+        body = synthetic.otlp_request(2, start_ns=start, kernels_per_step=1, seed=seed)
+        store.write(otlp.convert(body.SerializeToString(), otlp.PROTOBUF, time.time_ns()))
+
+    def figures():
+        rollup = store.kernel_stats(since_ns=cut - 5 * MINUTE_NS, until_ns=cut + 5 * MINUTE_NS)
+        spans = store.query("SELECT count(*) AS n, coalesce(sum(count), 0) AS c FROM kernel_spans")[0]
+        return sum(r["calls"] for r in rollup), spans["c"]
+
+    before = figures()
+    store_retention.prune(store, 2 * 86400)
+    calls_rolled_up, calls_in_spans = figures()
+    assert calls_rolled_up == calls_in_spans == before[1]   # the minute kept whole
