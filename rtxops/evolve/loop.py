@@ -464,19 +464,21 @@ class EvolveLoop:
     def _exploring_cost(self, job: str, bt: BucketTuning, per_arm: dict[Arm, dict[int, float]],
                         last: int) -> float | None:
         """What the round's arms add to the job's step time so far, as a share of its median
-        step: each arm's calls times how much longer than the incumbent's they took. None before
-        there is enough to tell."""
+        step: each arm's calls times how much longer than the incumbent's they took, per rank.
+        None before there is enough to tell."""
         base = list(per_arm.get(bt.incumbent, {}).values())
-        steps = [r["duration_ns"] for r in store_evolve.step_durations(
-            self.store, job, bt.round_from, last)]
+        rows = store_evolve.step_durations(self.store, job, bt.round_from, last)
+        steps = [r["duration_ns"] for r in rows]
         if not base or len(steps) < EXPLORE_COST_STEPS:
             return None
+        # the arms' calls are summed over every rank; a step's time is one rank's
+        ranks = max(1, statistics.median(r.get("ranks") or 1 for r in rows))
         calls = lambda v: getattr(v, "calls", 1)  # noqa: E731
         incumbent = sum(v * calls(v) for v in base) / sum(calls(v) for v in base)
         extra = sum(v * calls(v) - incumbent * calls(v)
                     for arm in bt.round_arms for v in per_arm.get(arm, {}).values())
         step = statistics.median(steps)
-        return extra / len(steps) / step if step > 0 else None
+        return extra / ranks / len(steps) / step if step > 0 else None
 
     def _round_values(self, job: str, bt: BucketTuning, last: int) -> dict[Arm, dict[int, float]]:
         """Per arm (the incumbent too): step → its per-call time, in the round's window so far."""

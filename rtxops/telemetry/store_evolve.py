@@ -46,9 +46,11 @@ def job_resource(q, job_id: str) -> dict:
 
 
 def step_durations(q, job_id: str, since_step: int, until_step: int | None = None) -> list[dict]:
-    """Step durations of a job (rank 0, or the lowest rank reporting) in a step window."""
+    """Step durations of a job (rank 0, or the lowest rank reporting) in a step window, and
+    how many ranks reported each step."""
     return q.query(
-        """SELECT step, min(duration_ns) AS duration_ns FROM step_times
+        """SELECT step, min(duration_ns) AS duration_ns, count(DISTINCT rank) AS ranks
+           FROM step_times
            WHERE job_id = ? AND step >= ? AND step <= ? GROUP BY step ORDER BY step""",
         [job_id, since_step, until_step if until_step is not None else 2**62])
 

@@ -72,3 +72,14 @@ def test_a_sampled_backward_counts_for_every_call_of_the_step(tmp_path):
     assert [r["bucket"] for r in rows] == ["often", "once"]
     shares = {r["bucket"]: r["share"] for r in rows}
     assert abs(shares["once"] - 0.03) < 1e-9 and abs(shares["often"] - 0.072) < 1e-9
+
+
+def test_step_durations_say_how_many_ranks_reported_each_step(tmp_path):
+    t0 = time.time_ns()
+    spans = [span("rtx.step", {"rtx.step": 1}, start=t0, duration=10**6)]
+    with _store(tmp_path, spans) as store:
+        store.write(otlp.convert(request([span("rtx.step", {"rtx.step": 1}, start=t0, duration=2 * 10**6)],
+                                         {**RESOURCE, "rtx.rank": 1}).SerializeToString(),
+                                 otlp.PROTOBUF, time.time_ns()), timeout=30)
+        assert store_evolve.step_durations(store, "job", 0) == [
+            {"step": 1, "duration_ns": 10**6, "ranks": 2}]

@@ -11,22 +11,23 @@ from .loop_harness import loop_over_rows, tick_one_arm
 INC, ARM = Arm.of("reference"), Arm.of("slow")
 
 
-def rows_for(arm_ms: float, last: int) -> list[dict]:
-    """Steps of 10 calls (9 incumbent at 1 ms, 1 arm) from step 10 (the round's first)."""
+def rows_for(arm_ms: float, last: int, ranks: int = 1) -> list[dict]:
+    """Steps of 10 calls a rank (9 incumbent at 1 ms, 1 arm) from step 10 (the round's first),
+    summed over ``ranks`` as the store sums them."""
     rows = []
     for step in range(10, last + 1):
-        rows.append({"step": step, "variant": INC.variant, "config": "{}", "calls": 9,
-                     "total_ns": 9e6})
-        rows.append({"step": step, "variant": ARM.variant, "config": "{}", "calls": 1,
-                     "total_ns": arm_ms * 1e6})
+        rows.append({"step": step, "variant": INC.variant, "config": "{}", "calls": 9 * ranks,
+                     "total_ns": 9e6 * ranks})
+        rows.append({"step": step, "variant": ARM.variant, "config": "{}", "calls": ranks,
+                     "total_ns": arm_ms * 1e6 * ranks})
     return rows
 
 
-def tick_at(monkeypatch, arm_ms: float, last: int) -> list[dict]:
+def tick_at(monkeypatch, arm_ms: float, last: int, ranks: int = 1) -> list[dict]:
     decisions: list[dict] = []
-    loop = loop_over_rows(monkeypatch, rows_for(arm_ms, last), last=last, decisions=decisions)
+    loop = loop_over_rows(monkeypatch, rows_for(arm_ms, last, ranks), last=last, decisions=decisions)
     monkeypatch.setattr(se, "step_durations", lambda q, job, since, until=None: [
-        {"step": s, "duration_ns": 100e6} for s in range(since, (until or last) + 1)])
+        {"step": s, "duration_ns": 100e6, "ranks": ranks} for s in range(since, (until or last) + 1)])
     tick_one_arm(loop, "gelu", INC, ARM)
     return decisions
 
@@ -40,3 +41,11 @@ def test_a_round_whose_arm_costs_more_than_the_cap_ends_at_once(monkeypatch):
 def test_a_round_within_the_cap_runs_its_window(monkeypatch):
     # 4 ms against 1 ms: +3 ms on a 100 ms step, 3 %
     assert tick_at(monkeypatch, arm_ms=4.0, last=16) == []
+
+
+def test_the_cost_is_per_rank_on_a_job_of_many_ranks(monkeypatch):
+    """The arms' calls are summed over the ranks and a step's time is one rank's: an arm adding
+    3 % to each of 8 ranks' steps was said to add 24 %, and its round was cut short."""
+    assert tick_at(monkeypatch, arm_ms=4.0, last=16, ranks=8) == []
+    decisions = tick_at(monkeypatch, arm_ms=40.0, last=16, ranks=8)
+    assert decisions and decisions[-1]["kind"] == "reject", decisions
