@@ -284,11 +284,22 @@ class EvolveLoop:
                     return
             if last >= swapped + EXPLORE_COST_STEPS:
                 per_arm = per_arm if per_arm is not None else self._round_values(job, bt, last)
-                cost = self._exploring_cost(job, bt, per_arm, last)
+                costs = self._exploring_cost(job, bt, per_arm, last)
+                cost = sum(costs.values()) if costs is not None else None
                 if cost is not None and cost > self.config.explore_cost_cap:
+                    # the costliest arms are explored no more (a strategy would ask for them
+                    # again, round after round, each round paying the cap), until the rest fit
+                    retired = []
+                    for arm in sorted(costs, key=costs.get, reverse=True):
+                        if cost <= self.config.explore_cost_cap:
+                            break
+                        cost -= costs[arm]
+                        retired.append(arm)
+                        bt.strategy.retire(arm)
                     log.warning("evolve: job %s: exploring %s %s adds %.0f%% to its steps (cap "
-                                "%.0f%%): the round ends now", job, bt.op, bt.bucket, 100 * cost,
-                                100 * self.config.explore_cost_cap)
+                                "%.0f%%): the round ends now, and %s is explored no more", job,
+                                bt.op, bt.bucket, 100 * sum(costs.values()),
+                                100 * self.config.explore_cost_cap, ", ".join(map(str, retired)))
                     if self._finish_round(job, bt, last, per_arm):
                         self._next_round(job, bt, last)
         elif bt.phase == "canary":
@@ -462,9 +473,9 @@ class EvolveLoop:
         bt.round_arms, bt.round_from, bt.phase = arms, None, "exploring"
 
     def _exploring_cost(self, job: str, bt: BucketTuning, per_arm: dict[Arm, dict[int, float]],
-                        last: int) -> float | None:
-        """What the round's arms add to the job's step time so far, as a share of its median
-        step: each arm's calls times how much longer than the incumbent's they took, per rank.
+                        last: int) -> dict[Arm, float] | None:
+        """What each of the round's arms adds to the job's step time so far, as a share of its
+        median step: its calls times how much longer than the incumbent's they took, per rank.
         None before there is enough to tell."""
         base = list(per_arm.get(bt.incumbent, {}).values())
         rows = store_evolve.step_durations(self.store, job, bt.round_from, last)
@@ -475,10 +486,11 @@ class EvolveLoop:
         ranks = max(1, statistics.median(r.get("ranks") or 1 for r in rows))
         calls = lambda v: getattr(v, "calls", 1)  # noqa: E731
         incumbent = sum(v * calls(v) for v in base) / sum(calls(v) for v in base)
-        extra = sum(v * calls(v) - incumbent * calls(v)
-                    for arm in bt.round_arms for v in per_arm.get(arm, {}).values())
         step = statistics.median(steps)
-        return extra / ranks / len(steps) / step if step > 0 else None
+        if step <= 0:
+            return None
+        return {arm: sum(v * calls(v) - incumbent * calls(v) for v in per_arm.get(arm, {}).values())
+                / ranks / len(steps) / step for arm in bt.round_arms}
 
     def _round_values(self, job: str, bt: BucketTuning, last: int) -> dict[Arm, dict[int, float]]:
         """Per arm (the incumbent too): step → its per-call time, in the round's window so far."""

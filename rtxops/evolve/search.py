@@ -52,6 +52,11 @@ class Strategy(ABC):
         value = float(value)
         self.values[arm].append(value if value > 0 and not math.isnan(value) else math.inf)
 
+    def retire(self, arm: Arm) -> None:
+        """Propose ``arm`` no more (exploring it costs the job too much); what it measured
+        stays told."""
+        self.arms = [a for a in self.arms if a != arm]
+
     def best(self) -> Arm | None:
         """The arm with the lowest median of what was told so far (None: nothing measured)."""
         measured = {a: m for a, v in self.values.items() if v and math.isfinite(m := _median(v))}
@@ -83,6 +88,10 @@ class RandomSearch(Strategy):
 
     def _propose(self) -> list[Arm]:
         return [a for a in self.order if a not in self.values][: self.batch]
+
+    def retire(self, arm: Arm) -> None:
+        super().retire(arm)
+        self.order = [a for a in self.order if a != arm]
 
 
 class SuccessiveHalving(Strategy):
@@ -121,6 +130,11 @@ class SuccessiveHalving(Strategy):
         out, self.round_todo = self.round_todo[: self.batch], self.round_todo[self.batch:]
         return out
 
+    def retire(self, arm: Arm) -> None:
+        super().retire(arm)
+        self.survivors = [a for a in self.survivors if a != arm]
+        self.round_todo = [a for a in self.round_todo if a != arm]
+
     def best(self) -> Arm | None:
         alive = [a for a in self.survivors
                  if self.values.get(a) and math.isfinite(_median(self.values[a]))]
@@ -158,6 +172,11 @@ class ThompsonSampling(Strategy):
         else:   # untried arms go first, in an order of the seed's (a budget under the arms
             # took the same first few, in the callers' sorted order, on every run)
             self._first = self.rng.sample(self.arms, len(self.arms))
+
+    def retire(self, arm: Arm) -> None:
+        super().retire(arm)
+        if self.prior is None:
+            self._first = [a for a in self._first if a != arm]
 
     def _propose(self) -> list[Arm]:
         if self.prior is None:

@@ -49,3 +49,23 @@ def test_the_cost_is_per_rank_on_a_job_of_many_ranks(monkeypatch):
     assert tick_at(monkeypatch, arm_ms=4.0, last=16, ranks=8) == []
     decisions = tick_at(monkeypatch, arm_ms=40.0, last=16, ranks=8)
     assert decisions and decisions[-1]["kind"] == "reject", decisions
+
+
+def test_an_arm_over_the_cap_is_not_explored_again_whatever_the_strategy(monkeypatch):
+    """A round over the cap ended, but the arm stayed a candidate: Thompson sampling asked for
+    it again every round until its budget was spent, the job paying the cap each time."""
+    from rtxops.evolve import loop as L
+    from rtxops.evolve.search import make_strategy
+
+    for name in ("thompson", "successive_halving", "random", "exhaustive"):
+        decisions: list[dict] = []
+        loop = loop_over_rows(monkeypatch, rows_for(40.0, 16), last=16, decisions=decisions)
+        monkeypatch.setattr(se, "step_durations", lambda q, job, since, until=None: [
+            {"step": s, "duration_ns": 100e6} for s in range(since, (until or 16) + 1)])
+        bt = L.BucketTuning("gelu", "b", INC, strategy=make_strategy(name, [ARM], budget=12),
+                            round_arms=[ARM], plan_version=5)
+        bt.strategy.ask()
+        loop.jobs["job"] = L.JobEvolution(active=bt)
+        loop.tick()
+        assert bt.phase != "exploring" and bt.strategy.asked == 1, (name, bt.phase)
+        assert decisions and decisions[-1]["kind"] == "reject", (name, decisions)
