@@ -257,9 +257,20 @@ def verify(path: Path = typer.Argument(..., help="bundle directory"),
     policies = None if no_policy else _guard(lambda: load_policies(policy))
     report = _guard(lambda: run_verify(path, trust, policies=policies, expected_kind=kind,
                                        min_version=min_version))
-    if report.ok and ledger and report.facts.get("kind") == "plan":
-        from rtxops.governance import Check
+    from rtxops.governance import Check
 
+    if trust.keyring is not None and report.checks:   # (a report of no check stays failed)
+        # the trust anchor named: without --keyring or a home it is ./.rtxops's, which a
+        # downloaded folder could bring along
+        where = str(trust.keyring.path)
+        if keyring is None and home is None and not os.environ.get("RTXOPS_HOME"):
+            where += " (the home in this folder; --keyring or --home names another)"
+        report.checks.insert(0, Check("trust", True, f"keyring {where}"))
+    if no_policy and report.ok:
+        report.checks.append(Check("policy", True, "skipped (--no-policy)"))
+    if report.ok and not ledger and report.facts.get("kind") == "plan":
+        report.checks.append(Check("ledger", True, "skipped (--no-ledger)"))
+    if report.ok and ledger and report.facts.get("kind") == "plan":
         root = _home(home).root
         if home is None and not os.environ.get("RTXOPS_HOME") and not root.is_dir():
             # a bundle checked offline, on a machine with no rtxops home: no ledger to ask
@@ -356,7 +367,10 @@ def _ledger_problem(home: Optional[Path], facts: dict,
     if version in issued and issued[version] != facts.get("digest"):
         return (f"the ledger accepted another bundle as version {version} of {scope} "
                 f"({issued[version][:23]}…, this one is {str(facts.get('digest'))[:23]}…)"), None
-    return None, None
+    if version in issued:
+        return None, f"version {version} is the one the ledger accepted for {scope} (newest {newest})"
+    return None, (f"no replay: the ledger's newest for {scope} is "
+                  + (f"version {newest}" if newest is not None else "none yet") + f", this is {version}")
 
 
 # ---- policy --------------------------------------------------------------------------------------

@@ -252,3 +252,17 @@ def test_signing_a_plan_folder_writes_no_kernel_source_through_a_symlink(keys, g
     r = CliRunner().invoke(app, ["sign", str(folder), "--kind", "plan", "--key", str(tmp_path / "no.pem")])
     assert r.exit_code == 2
     assert sorted(p.name for p in folder.iterdir()) == ["plan.json"]
+
+
+def test_verify_names_the_keyring_it_trusted_and_where_it_came_from(good_plan, keys, tmp_path,
+                                                                    monkeypatch):
+    """Without --keyring or a home, the keyring is ./.rtxops's: a downloaded folder can bring
+    one along, so the output says which keyring vouched and that it came from this folder."""
+    (tmp_path / ".rtxops").mkdir()
+    (tmp_path / ".rtxops" / "keyring.json").write_bytes(keys.keyring_file.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RTXOPS_HOME", raising=False)
+    code, output = cli("verify", str(good_plan), "--no-ledger")
+    flat = " ".join(output.split())
+    assert code == 0 and f"keyring {tmp_path / '.rtxops' / 'keyring.json'}" in flat, output
+    assert "(the home in this folder; --keyring or --home names another)" in flat

@@ -305,7 +305,10 @@ CASES = {
 def test_intact_bundle_verifies(good_plan, keys):
     code, output = run(str(good_plan), "--keyring", str(keys.keyring_file), "--no-ledger")
     assert code == 0, output
-    assert output.count("ok  ") == 10 and "verified:" in output
+    # the checks, and lines for the keyring trusted and the ledger check skipped
+    assert output.count("ok  ") == 12 and "verified:" in output
+    assert f"ok   trust       keyring {keys.keyring_file}\n" in output
+    assert "ok   ledger      skipped (--no-ledger)" in output
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -364,7 +367,12 @@ def test_replay_of_an_older_plan_is_refused_by_the_ledger(keys, tmp_path):
     assert code == 1 and "replay of an older plan" in output, output
     # another scope's ledger entries do not count
     other = plan_bundle(tmp_path / "other", keys.signer(), 5, scope="job-2")
-    assert run(str(other), "--keyring", str(keys.keyring_file), "--home", str(home))[0] == 0
+    code, output = run(str(other), "--keyring", str(keys.keyring_file), "--home", str(home))
+    # a ledger check that passed says so: it cannot be told from one not made otherwise
+    assert code == 0 and "ok   ledger      no replay: the ledger's newest for job-2 is none yet" in output
+    newer = plan_bundle(tmp_path / "v9", keys.signer(), 9, scope="job-1")
+    code, output = run(str(newer), "--keyring", str(keys.keyring_file), "--home", str(home))
+    assert code == 0 and "the ledger's newest for job-1 is version 7, this is 9" in output, output
 
 
 def test_a_bundle_another_home_signed_is_not_checked_against_this_homes_ledger(keys, tmp_path):
