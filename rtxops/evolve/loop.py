@@ -384,7 +384,6 @@ class EvolveLoop:
             # telemetry for an op this daemon does not know (another rtxops version), or a
             # config no runtime wrote (any OTLP client writes spans)
             return None
-
         bt = BucketTuning(op, bucket, incumbent, phase="gating")
         arms = [a for a in candidates(self.registry, op, spec_bucket,
                                       deterministic=self.config.deterministic) if a != incumbent]
