@@ -69,6 +69,14 @@ def _client(home: Optional[Path] = None):
     return client
 
 
+def _refuse_unknown_option(command: List[str], name: str) -> None:
+    """An option this command does not know, before ``--``, is taken for the job's command
+    (``rtxops run --hom x -- python t.py`` would try to start ``--hom``): refused, named."""
+    if command and command[0].startswith("-") and command[0] != "-":
+        raise _fail(f"`{name}` has no option {command[0]} (`rtxops {name} --help` lists them); "
+                    "the job's command goes after --")
+
+
 @app.callback()
 def main() -> None:
     """rtxops: a self-optimizing runtime for PyTorch training jobs."""
@@ -89,11 +97,15 @@ def run(
                                        "the background; swap it in when ready, keep it if faster"),
     fuse_optimizer: bool = typer.Option(False, help="try torch's fused implementation of the job's "
                                         "optimizer (Adam, AdamW, SGD, Adagrad); keep it if faster"),
+    home: Optional[Path] = typer.Option(None, help="RTXOPS_HOME (default $RTXOPS_HOME or ./.rtxops)"),
 ) -> None:
     """Run COMMAND with the runtime enabled: ``rtxops run -- python train.py ARGS``.
 
     With a daemon running, the job is submitted to it and its output followed; without one, a
     daemon is started in this process for the job's lifetime."""
+    _refuse_unknown_option(command, "run")
+    if home is not None:
+        os.environ["RTXOPS_HOME"] = str(home.resolve())   # the job and its daemon use it too
     if plan is not None and not plan.exists():  # a plan JSON file or a signed bundle folder
         raise _fail(f"plan {plan} does not exist")
     if plan is not None and not plan.is_dir():
@@ -138,7 +150,8 @@ def _report(data: Optional[dict], unreadable: str, summary: bool, json_summary: 
     if data is None:
         if summary or json_summary:
             _note("rtxops: the job left " + (f"an unreadable summary ({unreadable})" if unreadable
-                  else "no summary (it did not start Python, or was killed)"))
+                  else "no summary (no Python of it ran the runtime: one without torch, or "
+                     "a runtime that did not start, as its output says; or it was killed)"))
         return
     if json_summary:
         try:
@@ -835,6 +848,8 @@ def submit(
 ) -> None:
     """Submit a job to the daemon; prints its id."""
     from rtxops.daemon.client import DaemonError
+
+    _refuse_unknown_option(command, "submit")
 
     for option, value in (("--hang-timeout", hang_timeout), ("--first-step-timeout", first_step_timeout)):
         if value is not None and not (value > 0 and math.isfinite(value)):

@@ -681,3 +681,25 @@ def test_a_stop_signal_while_the_run_starts_stops_it_and_its_job(tmp_path, after
     time.sleep(1)
     left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
     assert left.stdout == "", f"the job's process outlived the run: {left.stdout}"
+
+
+@pytest.mark.parametrize("command", [["run", "--hom", str(Path("/tmp")), "--", "true"],
+                                     ["run", "--compile_model", "--", "true"],
+                                     ["submit", "--hang_timeout", "5", "--", "true"]])
+def test_an_option_misspelt_before_the_command_is_refused_not_run(tmp_path, command):
+    """An option the command does not know was taken for the job's command: the job was
+    submitted, and failed with "cannot start '--hom'" (a daemon started in ./.rtxops for it)."""
+    r = subprocess.run([*RTXOPS, *command], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=60, env={**_env(), "COLUMNS": "200"})
+    assert r.returncode == 2, r.stderr
+    assert f"has no option {command[1]}" in r.stderr and "goes after --" in r.stderr
+    assert not (tmp_path / "home").exists() and not (tmp_path / ".rtxops").exists()
+
+
+def test_run_takes_a_home(tmp_path):
+    home = tmp_path / "elsewhere"
+    script = tmp_path / "job.py"
+    script.write_text("import os; print(os.environ['RTXOPS_HOME'])\n")
+    r = rtxops_run("--home", str(home), "--no-summary", "--", sys.executable, str(script))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(home) and (home / "rtxops.duckdb").exists()
