@@ -317,6 +317,8 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
                 local.shutdown()
                 raise DaemonError(str(e)) from None
             client = DaemonClient(local.url, local.token)
+            _at_terminal(f"rtxops: job {job_id} on a daemon in this process until it ends; "
+                         f"dashboard: {local.url}/jobs/{job_id} (`rtxops daemon` keeps one running)")
         else:
             # the job starts from this environment, as it does with a daemon in this process
             try:
@@ -332,6 +334,8 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
                     signal.signal(s, handler)
                 stops = {}
                 return _run_supervised(command, plan, summary_file, name, telemetry, handovers - 1)
+            _at_terminal(f"rtxops: job {job_id} on the daemon at {client.url}; dashboard: "
+                         f"{client.url}/jobs/{job_id}")
             # a daemon of its own (not this process's) may go down and come back: follow it there
             client = _Reconnecting(client, home, job_id)
         return _follow(client, job_id, cancel_on_interrupt=True)
@@ -624,6 +628,13 @@ def _headline(data: dict) -> str:
     processes = data.get("processes", 1)
     across = f" across {processes} processes" if isinstance(processes, int) and processes > 1 else ""
     return f"rtxops: {data['steps']} optimizer steps{across}, plan v{data['plan_version']}"
+
+
+def _at_terminal(text: str) -> None:
+    """A note for someone watching: left out where stderr is a file or a pipe, as the job's
+    own output merged with it (``2>&1 | head -1``) is what a script reads there."""
+    if err.is_terminal:
+        _note(text)
 
 
 def _note(text: str, style: str | None = None) -> None:

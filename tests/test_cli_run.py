@@ -38,6 +38,7 @@ def test_example_runs_under_rtxops_with_summary(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "step    3" in r.stdout
     assert "rtxops: 3 optimizer steps, plan v0" in r.stderr
+    assert "dashboard:" not in r.stderr    # stderr is no terminal: the job's output alone
     data = json.loads(summary.read_text())
     ops = {s["op"] for s in data["slots"]}
     assert {"linear", "rms_norm", "rope", "attention", "silu", "cross_entropy"} <= ops
@@ -703,3 +704,13 @@ def test_run_takes_a_home(tmp_path):
     r = rtxops_run("--home", str(home), "--no-summary", "--", sys.executable, str(script))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(home) and (home / "rtxops.duckdb").exists()
+
+
+def test_at_a_terminal_run_says_where_to_watch_the_job(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("print('ran')\n")
+    r = subprocess.run([*RTXOPS, "run", "--no-summary", "--", sys.executable, str(script)],
+                       capture_output=True, text=True, timeout=300,
+                       env={**_env(), "COLUMNS": "300", "FORCE_COLOR": "1"})   # Rich: a terminal
+    assert r.returncode == 0, r.stderr
+    assert "on a daemon in this process until it ends; dashboard: http://127.0.0.1:" in r.stderr
