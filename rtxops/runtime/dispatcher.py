@@ -889,8 +889,10 @@ class Dispatcher:
             fn = self._cached_build(choice, bucket, slot)
         except Exception as e:
             self._disable(site, disable_key, slot, f"build failed: {_describe(e)}")
-            return site.timed(site.reference_fn(), self._slot(site, _reference(self, site), bucket),
-                              None), choice.weight
+            # routed as the reference is: a class whose own forward may not be the op's math (a
+            # gated MLP that is no swiglu) gets its check against that forward
+            route, _ = self._route(site, bucket, _reference(self, site), autocast)
+            return route, choice.weight
 
         reference_slot = self._slot(site, _reference(self, site), bucket)
 

@@ -120,6 +120,27 @@ def test_mismatching_module_class_goes_back_to_its_own_forward():
     assert torch.equal(m(x), expected)
 
 
+def test_a_variant_that_fails_to_build_leaves_a_class_its_own_forward_if_it_differs():
+    """On a build failure the class got the op's math without the check against its forward:
+    a gated MLP that is no swiglu gave other values on every call."""
+    from rtxops.runtime.plan import Plan
+    from rtxops.runtime.registry import load_builtin
+    from rtxops.runtime.spec import Variant
+
+    def unbuildable(config, bucket):   # a Triton kernel on a machine whose triton fails, say
+        raise ImportError("no triton here")
+
+    registry = load_builtin()
+    registry.add_variant(Variant("swiglu", "broken", "triton", unbuildable))
+    own_forward = GeluGatedMLP.forward
+    torch.manual_seed(0)
+    m, x = GeluGatedMLP(), torch.randn(4, 8)
+    expected = own_forward(m, x)
+    d = patching.enable(registry=registry, plan=Plan(version=1, defaults={"swiglu": "broken"}))
+    assert all(torch.equal(m(x), expected) for _ in range(3))
+    assert d.site_named(f"module:{GeluGatedMLP.__module__}.{GeluGatedMLP.__qualname__}").failed
+
+
 def test_gated_mlp_is_rerouted_through_swiglu():
     d = patching.enable()
     d.set_reroute_partial(True)

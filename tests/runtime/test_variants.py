@@ -173,3 +173,17 @@ def test_chunked_cross_entropy_has_the_references_second_derivative(reduction, s
     torch.testing.assert_close(g, g_ref)
     torch.testing.assert_close(h, h_ref)
     assert h_ref.abs().max() > 0
+
+
+@pytest.mark.parametrize("frozen", ["q", "k"])
+def test_fused_rope_leaves_a_frozen_input_out_of_the_graph(frozen):
+    """q and k stacked joined their graphs: with only q trained (LoRA on q and v), k's output
+    required a gradient, and backward ran through k's path for nothing."""
+    from rtxops.runtime.ops.rope import fused_qk, reference
+
+    q, k = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8)
+    (q if frozen == "k" else k).requires_grad_(True)
+    cos, sin = torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+    got, want = fused_qk(q, k, cos, sin), reference(q, k, cos, sin)
+    assert [t.requires_grad for t in got] == [t.requires_grad for t in want]
+    assert all(torch.allclose(g, w) for g, w in zip(got, want))

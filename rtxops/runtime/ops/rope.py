@@ -97,8 +97,9 @@ def halves(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 
 
 def fused_qk(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-    """q and k stacked and rotated by one set of kernels when their shapes match."""
-    if q.shape != k.shape:
+    """q and k stacked and rotated by one set of kernels when their shapes match (and both
+    or neither need a gradient: stacked, a frozen k would take q's graph along)."""
+    if q.shape != k.shape or q.requires_grad != k.requires_grad:
         return reference(q, k, cos, sin, position_ids, unsqueeze_dim)
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
