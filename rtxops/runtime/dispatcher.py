@@ -144,6 +144,22 @@ def _subclass_among(args: tuple, kwargs: dict) -> bool:
     return False
 
 
+_SETTINGS = "_rtxops_settings"
+
+
+def _settings_of(module: torch.nn.Module) -> tuple:
+    """The plain values an instance holds besides its tensors and submodules (an ``eps``, an
+    ``add_unit_offset`` flag), kept on the instance from its first call: two instances of one
+    class that differ in them are checked apart (the check of one said nothing of the other)."""
+    settings = tuple(sorted(
+        (name, repr(value) if isinstance(value, float) else value)   # (NaN never equals itself)
+        for name, value in vars(module).items()
+        if not name.startswith("_") and name != "training"
+        and isinstance(value, (bool, int, float, str, type(None)))))
+    module.__dict__[_SETTINGS] = settings or ("",)
+    return settings or ("",)
+
+
 class Scoped(NamedTuple):
     """A call key within a scope whose routes are checked apart from the others' (autocast on,
     a module's train or eval mode): a route checked in one is never reused in another."""
@@ -459,7 +475,8 @@ class ModuleSite(FunctionSite):
                 # that forward reads differently)
                 sub = type(module)
                 key = Scoped(key, (module.training, autocast_scope() if any_autocast() else None,
-                                   None if sub is cls else sub))
+                                   None if sub is cls else sub,
+                                   module.__dict__.get(_SETTINGS) or _settings_of(module)))
             route = route_of(key)
             if route is None:
                 if key is None:

@@ -141,6 +141,35 @@ def test_a_variant_that_fails_to_build_leaves_a_class_its_own_forward_if_it_diff
     assert d.site_named(f"module:{GeluGatedMLP.__module__}.{GeluGatedMLP.__qualname__}").failed
 
 
+class OffsetRMSNorm(nn.Module):
+    """gemma_pytorch's: whether the weight has a unit offset is chosen per instance."""
+
+    def __init__(self, dim, eps=1e-6, add_unit_offset=True):
+        super().__init__()
+        self.eps, self.add_unit_offset = eps, add_unit_offset
+        self.weight = nn.Parameter(torch.randn(dim))
+
+    def forward(self, x):
+        x = x.float()
+        out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out * (1 + self.weight if self.add_unit_offset else self.weight)
+
+
+def test_instances_of_a_class_that_differ_in_their_settings_are_checked_apart():
+    """The first call's check held for every instance of the class in that bucket: an instance
+    with the unit offset ran the plain RMSNorm of the one checked before it."""
+    from rtxops.runtime.plan import Plan
+
+    torch.manual_seed(0)
+    plain, offset = OffsetRMSNorm(16, add_unit_offset=False), OffsetRMSNorm(16)
+    x = torch.randn(4, 16)
+    want = OffsetRMSNorm.forward(offset, x)
+    patching.enable(plan=Plan(version=1, defaults={"rms_norm": "eager"}))
+    plain(x)
+    plain(x)
+    assert torch.allclose(offset(x), want) and torch.allclose(offset(x), want)
+
+
 def test_gated_mlp_is_rerouted_through_swiglu():
     d = patching.enable()
     d.set_reroute_partial(True)
