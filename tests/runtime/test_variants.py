@@ -5,6 +5,7 @@ import importlib
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from rtxops.runtime.dispatcher import _layout
 from rtxops.runtime.registry import OP_MODULES, default_registry
@@ -187,3 +188,32 @@ def test_fused_rope_leaves_a_frozen_input_out_of_the_graph(frozen):
     got, want = fused_qk(q, k, cos, sin), reference(q, k, cos, sin)
     assert [t.requires_grad for t in got] == [t.requires_grad for t in want]
     assert all(torch.allclose(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("op,call", [
+    ("gelu", lambda x: F.gelu(x)),
+    ("softmax", lambda x: F.softmax(x, -1)),
+    ("cross_entropy", lambda x: F.cross_entropy(x, torch.tensor([1, 0, 3, 2]))),
+])
+def test_compiled_variants_differentiate_twice_as_the_reference(op, call):
+    """torch.compile's autograd has no double backward: a gradient penalty raised inside
+    backward ("does not currently support double backward"), where no fallback reaches."""
+    from rtxops.runtime import patching
+    from rtxops.runtime.plan import Plan
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def penalty():
+        g, = torch.autograd.grad(call(x).pow(2).sum(), x, create_graph=True)
+        return torch.autograd.grad(g.pow(2).sum(), x)[0], torch.autograd.grad(call(x).sum(), x)[0]
+
+    want = penalty()
+    d = patching.enable(plan=Plan(version=1, defaults={op: "compiled"}))
+    try:
+        got = penalty()
+        assert not d.disabled   # the compiled variant ran: nothing fell back
+    finally:
+        patching.disable()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
