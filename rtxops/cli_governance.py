@@ -67,6 +67,8 @@ def _guard(fn):
 
 
 # ---- keys ----------------------------------------------------------------------------------------
+DEFAULT_TRUST_KINDS = ("checkpoint", "telemetry", "ledger")   # plans are the daemon's
+
 @keys_app.command("init")
 def keys_init(name: str = typer.Option("signing", help="key file name under $RTXOPS_HOME/keys"),
               out_path: Optional[Path] = typer.Option(None, "--out", help="private key path"),
@@ -117,12 +119,15 @@ def keys_list(keyring: Optional[Path] = typer.Option(None), home: Optional[Path]
 @keys_app.command("trust")
 def keys_trust(public_key: Path = typer.Argument(..., help="PEM public key"),
                name: str = typer.Option(""),
-               kinds: str = typer.Option("checkpoint,telemetry,ledger",
-                                         help="kinds it may sign (plans are the daemon's: add plan "
-                                              "only for a key that stands in for one)"),
+               kinds: Optional[str] = typer.Option(
+                   None, help="kinds it may sign (default for a new key: checkpoint,telemetry,"
+                              "ledger; plans are the daemon's: add plan only for a key that stands "
+                              "in for one). A key trusted already gains them"),
+               replace: bool = typer.Option(False, help="a key trusted already gets exactly these "
+                                                        "kinds, name and validity"),
                days: Optional[float] = typer.Option(None, help="valid for this many days (default: no end)"),
                keyring: Optional[Path] = typer.Option(None), home: Optional[Path] = HomeOpt) -> None:
-    """Trust a public key for the given artifact kinds."""
+    """Trust a public key for the given artifact kinds (a key trusted already gains them)."""
     from rtxops.governance import Keyring
 
     try:
@@ -133,9 +138,17 @@ def keys_trust(public_key: Path = typer.Argument(..., help="PEM public key"),
         raise _fail(f"--days {days:g}: give a positive number of days")
     with _guard(lambda: Keyring.editing(_keyring_path(keyring, home))) as ring:
         now = time.time()
-        entry = _guard(lambda: ring.trust(pem, name=name, kinds=kinds.split(","),
-                                          not_before=now if days else None,
-                                          not_after=now + days * 86400 if days else None))
+        known = not replace and _guard(lambda: ring.entry_of(pem)) is not None
+        given = kinds.split(",") if kinds else ([] if known else list(DEFAULT_TRUST_KINDS))
+        before = set(_guard(lambda: ring.entry_of(pem)).kinds) if known else set()
+        entry = _guard(lambda: ring.trust(
+            pem, name=name, kinds=given, add=known,
+            not_before=now if days else None, not_after=now + days * 86400 if days else None))
+    added = [k for k in entry.kinds if k not in before]
+    if known:
+        out.print(f"trusted {entry.key_id} for {','.join(entry.kinds)}"
+                  + (f" (added {','.join(added)})" if added else " (no kind added)"))
+        return
     out.print(f"trusted {entry.key_id} for {','.join(entry.kinds)}")
 
 

@@ -93,9 +93,11 @@ class Keyring:
             raise
 
     def trust(self, pem: bytes, *, name: str = "", kinds: list[str] | None = None,
-              not_before: float | None = None, not_after: float | None = None) -> TrustedKey:
-        """Add (or re-trust, with new kinds or validity) a public key; returns its entry. A
-        revoked key stays revoked (UsageError): revocation means it may be in other hands."""
+              not_before: float | None = None, not_after: float | None = None,
+              add: bool = False) -> TrustedKey:
+        """Add (or re-trust, with new kinds or validity) a public key; returns its entry. With
+        ``add``, a key trusted already keeps its kinds, name and validity, and gains ``kinds``.
+        A revoked key stays revoked (UsageError): revocation means it may be in other hands."""
         key = _keys.load_public(pem)
         for k in kinds or ():
             if k not in TRUST_KINDS:
@@ -107,12 +109,21 @@ class Keyring:
         if old is not None and old.revoked_at is not None:
             raise UsageError(f"key {kid[:16]} was revoked ({old.revoked_reason or 'no reason given'}); "
                              "a revoked key is not trusted again: make a new key")
+        if add and old is not None:
+            kinds = [*old.kinds, *(k for k in kinds or () if k not in old.kinds)]
+            name = name or old.name
+            if not_before is None and not_after is None:
+                not_before, not_after = old.not_before, old.not_after
         # valid from the start unless told otherwise: "not before now" made a machine whose
         # clock was stepped back (or a job's lagging clock) refuse the daemon's own plans
         entry = TrustedKey(kid, _keys.public_pem(key).decode(), name, list(kinds or KINDS),
                            0.0 if not_before is None else not_before, not_after)
         self.keys[kid] = entry
         return entry
+
+    def entry_of(self, pem: bytes) -> TrustedKey | None:
+        """The entry of the public key ``pem``, or None when this keyring does not hold it."""
+        return self.keys.get(_keys.key_id(_keys.load_public(pem)))
 
     def revoke(self, key_id: str, reason: str = "", at: float | None = None) -> TrustedKey:
         entry = self.find(key_id)

@@ -213,3 +213,32 @@ def test_a_key_listed_twice_is_refused_not_read_as_its_last_entry(keys, good_pla
     result = CliRunner().invoke(app, ["verify", str(good_plan), "--keyring", str(path), "--no-ledger"])
     assert result.exit_code == 2, result.output
     assert "listed twice" in " ".join(result.output.split())
+
+
+def test_trusting_a_key_again_adds_kinds_and_replace_sets_them(tmp_path):
+    """`keys trust KEY --kinds plan`, as the README says to let a key sign plans, replaced its
+    kinds: the key's checkpoint bundles stopped verifying."""
+    ring, home = tmp_path / "r.json", tmp_path / "home"
+
+    def cli(*args):
+        r = CliRunner().invoke(app, list(args))
+        return r.exit_code, " ".join(r.output.split())
+
+    assert cli("keys", "init", "--name", "k", "--home", str(home), "--keyring", str(ring))[0] == 0
+    bundle = tmp_path / "ckpt"
+    bundle.mkdir()
+    (bundle / "model.bin").write_bytes(b"weights")
+    assert cli("sign", str(bundle), "--key", str(home / "keys" / "k.pem"))[0] == 0
+    code, out = cli("keys", "trust", str(home / "keys" / "k.pub"), "--kinds", "plan",
+                    "--keyring", str(ring))
+    assert code == 0 and "(added plan)" in out, out
+    (entry,) = _entries(json.loads(ring.read_text()))
+    assert sorted(entry["kinds"]) == ["checkpoint", "ledger", "plan", "telemetry"]
+    assert entry["name"] == "k"
+    assert cli("verify", str(bundle), "--keyring", str(ring), "--no-ledger")[0] == 0
+    code, out = cli("keys", "trust", str(home / "keys" / "k.pub"), "--kinds", "plan", "--replace",
+                    "--keyring", str(ring))
+    assert code == 0
+    (entry,) = _entries(json.loads(ring.read_text()))
+    assert entry["kinds"] == ["plan"]
+    assert cli("verify", str(bundle), "--keyring", str(ring), "--no-ledger")[0] == 1
