@@ -685,6 +685,15 @@ def daemon(
     except ValueError as e:
         raise _fail(str(e)) from None
     if detach:
+        from rtxops import settings
+        from rtxops.evolve.config import LoopConfig
+        from rtxops.evolve.scheduler import enabled as evolve_enabled
+
+        try:   # a malformed setting is said here, not only in the detached daemon's log
+            if evolve_enabled():
+                LoopConfig.from_env()
+        except (settings.SettingError, ValueError) as e:
+            raise _fail(str(e)) from None
         h.ensure()
         log = open(h.root / "daemon.log", "ab")
         args = [sys.executable, "-m", "rtxops.cli", "daemon", "--host", host, "--port", str(port),

@@ -101,9 +101,20 @@ def test_a_job_with_a_malformed_telemetry_setting_is_not_submitted(tmp_path):
 
 
 def test_a_daemon_with_a_malformed_setting_does_not_start(tmp_path):
-    for name, raw in (("RTXOPS_JOB_LOG_MAX_BYTES", "-1"), ("RTXOPS_STORE_THREADS", "many")):
+    for name, raw in (("RTXOPS_JOB_LOG_MAX_BYTES", "-1"), ("RTXOPS_STORE_THREADS", "many"),
+                      ("RTXOPS_EVOLVE", "maybe")):     # (it was taken for on)
         r = rtxops("daemon", "--port", "0", "--home", str(tmp_path / "home"), env={name: raw})
         assert r.returncode == 2 and f"{name}={raw!r}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_detached_daemon_with_a_malformed_evolve_setting_says_so_before_it_starts(tmp_path):
+    """`daemon --detach` said only "did not come up; see daemon.log", after making the home."""
+    for name, raw, said in (("RTXOPS_EVOLVE", "maybe", "RTXOPS_EVOLVE='maybe'"),
+                            ("RTXOPS_EVOLVE_WINDOW_STEP", "5", "RTXOPS_EVOLVE_WINDOW_STEPS")):
+        r = rtxops("daemon", "--detach", "--port", "0", "--home", str(tmp_path / "home"),
+                   env={name: raw})
+        assert r.returncode == 2 and said in " ".join(r.stderr.split()), r.stderr
+        assert not (tmp_path / "home").exists()
 
 
 def test_job_telemetry_reads_its_settings_before_it_opens_the_store(tmp_path, monkeypatch):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Callable
 
@@ -10,8 +9,12 @@ log = logging.getLogger("rtxops.evolve")
 
 
 def enabled() -> bool:
-    """``RTXOPS_EVOLVE=0`` turns the loop off (the daemon then only serves published plans)."""
-    return os.environ.get("RTXOPS_EVOLVE", "1").lower() not in ("0", "false", "no", "off")
+    """``RTXOPS_EVOLVE=0`` turns the loop off (the daemon then only serves published plans);
+    a value that is no on/off word is refused (:class:`~rtxops.settings.SettingError`), not
+    taken for on."""
+    from rtxops import settings
+
+    return settings.switch("RTXOPS_EVOLVE", default=True)
 
 
 class EvolveScheduler:
