@@ -219,8 +219,9 @@ class _progress:
 
 
 def _print_report(report: dict) -> None:
+    seed = f", seed {report['seed']}" if report.get("seed") is not None else ""
     table = Table(title=f"rtxops tune: {report['strategy']}, budget {report['budget']}, "
-                        f"{report['reps']} reps")
+                        f"{report['reps']} reps{seed}")
     for col in ("op", "bucket", "trials", "gate rejected", "best", "median µs", "gain vs reference",
                 "CI", "verdict"):
         table.add_column(col, overflow="fold")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import threading
 
 from fastapi import APIRouter, Depends, HTTPException, Query
@@ -26,7 +27,9 @@ class TuneRequest(BaseModel):
     reps: int = Field(20, ge=1, le=100_000)
     warmup: int = Field(3, ge=0, le=10_000)
     variants: list[str] | None = Field(None, max_length=100)
-    seed: int = Field(0, ge=0, le=2**31)
+    # none given: a fresh one (a fixed default tried the same few arms of a small budget on
+    # every task); the report gives the one used
+    seed: int | None = Field(None, ge=0, le=2**31)
 
 
 def _limit(default: int = 100):
@@ -59,7 +62,10 @@ def make_router(daemon, auth) -> APIRouter:
         from rtxops.evolve.offline import TuneError
 
         try:
-            return tasks().submit(request.model_dump())
+            params = request.model_dump()
+            if params["seed"] is None:
+                params["seed"] = random.randrange(2**31)
+            return tasks().submit(params)
         except TuneError as e:
             raise HTTPException(422, str(e)) from None
 

@@ -4,6 +4,7 @@ codes, and the API's 401/404/422 answers."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -201,6 +202,7 @@ def test_tune_through_the_daemon_and_the_evolve_api(tmp_path, daemons):
             "--sweep-out", str(tmp_path / "sweep.json"), mark=daemons.mark, timeout=180)
     assert r.returncode == 0, r.stderr
     assert "rtxops tune: successive_halving" in r.stdout and "3/3 trials" in r.stderr
+    assert re.search(r"3 reps, seed \d+", r.stdout), r.stdout   # which arms: the seed says
 
     trials = api.get("/v1/evolve/trials").json()["trials"]
     assert len(trials) == 3 and {t["mode"] for t in trials} == {"offline"}
@@ -217,6 +219,13 @@ def test_tune_through_the_daemon_and_the_evolve_api(tmp_path, daemons):
     assert task["state"] == "done" and task["params"]["budget"] == 3
     full = api.get(f"/v1/evolve/tune/{task['id']}").json()
     assert full["report"]["buckets"][0]["trials"] == 3 and full["error"] is None
+    # a task posted without a seed gets a fresh one (a fixed 0 tried the same arms every time)
+    posted = [api.post("/v1/evolve/tune", json=body).json() for _ in range(2)]
+    assert len({t["params"]["seed"] for t in posted}) == 2, posted
+    for t in posted:
+        api.post(f"/v1/evolve/tune/{t['id']}/cancel")
+    assert until(lambda: all(api.get(f"/v1/evolve/tune/{t['id']}").json()["state"]
+                             not in ("queued", "running") for t in posted), timeout=180)
 
     r = cli("evolve", "replay", "--sweep", str(tmp_path / "sweep.json"), "--seeds", "3",
             mark=daemons.mark)
