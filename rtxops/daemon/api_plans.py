@@ -41,7 +41,7 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
     @router.post("", status_code=201, dependencies=[Depends(auth)],
                  responses={409: {"description": "the version is not newer than the published one"},
                             503: {"description": "not issued now (the disk, the ledger): retry"}})
-    def publish(plan: dict = Body(..., description="a plan (see DESIGN.md: Plan)"),
+    def publish(plan: dict = Body(..., description="a plan (docs/plan.md)"),
                 job: str | None = Query(None, max_length=200)) -> dict:
         try:
             # validate first: the first validation takes seconds (torch), and the step read

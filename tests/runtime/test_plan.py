@@ -103,3 +103,17 @@ def test_environment_is_optional_and_keeps_old_digests():
     assert plain.environment_mismatch({"device": "cpu"}) is None
     with pytest.raises(PlanError, match="plan.environment"):
         Plan.from_dict({"version": 1, "environment": {"torch": 2}})
+
+
+def test_the_plan_docs_list_every_op_with_its_variants_and_dims():
+    """docs/plan.md is where a user finds what a plan may name: it must not fall behind."""
+    from pathlib import Path
+
+    from rtxops.runtime.registry import default_registry
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "plan.md").read_text()
+    registry = default_registry()
+    for spec in registry.ops():
+        row = f"| `{spec.name}` | {', '.join(v.name for v in registry.variants(spec.name))} | " \
+              f"{', '.join(spec.dims)} |"
+        assert row in text, row
