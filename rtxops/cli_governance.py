@@ -540,7 +540,9 @@ def plan_export(out_dir: Path = typer.Argument(..., help="folder to copy the sig
     versions = sorted((int(p.name[1:]), p) for p in root.glob("v*") if p.name[1:].isdigit()) if root.is_dir() else []
     if not versions:
         scopes = sorted(p.name for p in bundles.iterdir() if p.is_dir()) if bundles.is_dir() else []
-        hint = f"; plans are signed per job: give --job (one of {', '.join(scopes)})" if scopes else ""
+        hint = ((f"; the jobs with signed plans: {', '.join(scopes)}" if job else
+                 f"; plans are signed per job: give --job (one of {', '.join(scopes)})")
+                if scopes else "")
         raise _fail(f"no signed plan bundle for {scope} in {bundles}{hint}")
     settled = [(v, p) for v, p in versions if _settled_plan(p)]
     if not settled:

@@ -72,11 +72,7 @@ class DaemonClient:
         except httpx.HTTPError as e:
             raise DaemonUnreachable(f"cannot reach the daemon at {self.url}: {e}") from None
         if r.status_code >= 400:
-            try:
-                detail = _readable(r.json().get("detail", r.text))
-            except (ValueError, AttributeError):
-                detail = r.text
-            raise DaemonError(f"{r.status_code}: {detail}", status=r.status_code)
+            raise _error(r)
         return r.json() if r.content else {}
 
     def submit(self, **spec) -> dict:
@@ -124,7 +120,8 @@ class DaemonClient:
             with self.http.stream("GET", "/v1/telemetry/export", params=params,
                                   timeout=httpx.Timeout(3600, connect=10)) as r:
                 if r.status_code >= 400:
-                    raise DaemonError(f"{r.status_code}: {r.read().decode(errors='replace')}")
+                    r.read()
+                    raise _error(r)
                 with part.open("wb") as f:
                     for chunk in r.iter_bytes():
                         f.write(chunk)
@@ -162,6 +159,15 @@ def _check_text(spec: dict) -> None:
                 hint = ": unset it, or run with --direct" if field == "base_env" else " (run with --direct)"
                 raise DaemonError(f"the {where} holds bytes that are not UTF-8 ('{shown}'); the daemon "
                                   f"takes text{hint}") from None
+
+
+def _error(r: httpx.Response) -> DaemonError:
+    """The daemon's answer ``r`` (4xx, 5xx) as an error saying its ``detail``."""
+    try:
+        detail = _readable(r.json().get("detail", r.text))
+    except (ValueError, AttributeError):
+        detail = r.text
+    return DaemonError(f"{r.status_code}: {detail}", status=r.status_code)
 
 
 def _readable(detail) -> str:

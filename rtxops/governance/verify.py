@@ -182,8 +182,9 @@ def _checks(root, names, hashing, trust: Trust, report: Report, policies, expect
         kernels = _sbom_describes(plan, sbom_bytes, digests)
         report.passed("kernels", f"the SBOM lists the plan's {kernels} kernel variants, sources signed")
     if min_version is not None and version < min_version:
-        raise VerificationError("version", f"version {version} is older than {min_version}, the newest "
-                                           "accepted one (replay of an older bundle)")
+        raise VerificationError("version", f"version {version} is older than the minimum "
+                                           f"version {min_version} asked for (a replay of an older "
+                                           "bundle?)")
     if newer_than is not None and version <= newer_than:
         raise VerificationError("version", f"version {version} is not newer than the running "
                                            f"version {newer_than}")

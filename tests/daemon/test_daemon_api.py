@@ -304,8 +304,10 @@ def test_the_cli_streams_a_json_export_from_the_daemon_into_a_whole_file(shared,
     assert {s["spanId"] for rs in doc["resourceSpans"] for ss in rs["scopeSpans"]
             for s in ss["spans"]} == ids
     missing = tmp_path / "m.json"
-    with pytest.raises(DaemonError, match="404"):
+    with pytest.raises(DaemonError) as refused:
         client.export("chrome-trace", "no-such-job", missing)
+    # a sentence, not the response's JSON
+    assert str(refused.value) == "404: no job 'no-such-job' in the store", str(refused.value)
     assert not missing.exists() and not (tmp_path / "m.json.part").exists()
 
 
