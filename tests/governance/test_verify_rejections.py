@@ -296,7 +296,7 @@ CASES = {
     "sbom lists no kernels": (case_sbom_without_kernels, "kernels", "not in the SBOM: gelu/algebraic"),
     "sbom kernel hash": (case_sbom_kernel_hash, "kernels", "is not a signed file with the sha256"),
     "policy": (case_policy, "policy", "default/measured-gain"),
-    "older than min version": (case_min_version, "version", "older than 6"),
+    "older than min version": (case_min_version, "version", "older than the minimum version 6 asked for"),
     "signed plan that no job takes": (case_plan_not_a_plan, "plan",
                                       "not a valid plan: plan.effective_step must be an integer"),
 }
