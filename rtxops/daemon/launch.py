@@ -84,6 +84,8 @@ def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
     from which a restarted job counts on."""
     own = base if spec.base_env is None else spec.base_env
     env = {**own, **extra_env, **spec.env}
+    if own.get("RTXOPS_TELEMETRY") == "off" and "RTXOPS_TELEMETRY" not in spec.env:
+        env["RTXOPS_TELEMETRY"] = "off"   # the caller's (or the daemon's) "no telemetry" stands
     if extra_env.get("PATH") and "PATH" not in spec.env:
         # (an environment without PATH: a shell's own default path stands for it)
         env["PATH"] = os.pathsep.join(p for p in (extra_env["PATH"], own.get("PATH") or os.defpath) if p)

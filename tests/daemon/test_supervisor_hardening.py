@@ -507,3 +507,17 @@ def test_a_base_environment_without_path_keeps_the_default_path():
     env = launch.environment(JobSpec(command=["true"], base_env={}, runtime=False), job_id="j",
                              token="t", attempt=1, base=os.environ, extra_env={"PATH": "/venv/bin"})
     assert env["PATH"].split(os.pathsep) == ["/venv/bin", *os.defpath.split(os.pathsep)]
+
+
+def test_a_caller_that_turned_telemetry_off_keeps_it_off():
+    """`RTXOPS_TELEMETRY=off rtxops run …` exported spans all the same: the daemon's
+    `RTXOPS_TELEMETRY=otlp` went over the caller's setting."""
+    from rtxops.daemon import launch
+    from rtxops.daemon.jobs import JobSpec
+
+    extra = {"RTXOPS_TELEMETRY": "otlp", "PATH": "/venv/bin"}
+    for own, want in (({"RTXOPS_TELEMETRY": "off"}, "off"), ({}, "otlp"),
+                      ({"RTXOPS_TELEMETRY": "duckdb"}, "otlp")):   # (the daemon holds the store)
+        env = launch.environment(JobSpec(command=["true"], base_env=own), job_id="j", token="t",
+                                 attempt=1, base={}, extra_env=extra)
+        assert env["RTXOPS_TELEMETRY"] == want, own
