@@ -853,7 +853,8 @@ def test_attention_with_a_3d_mask_keeps_torchs_double_backward():
 
 
 @pytest.mark.parametrize("op,variant", [("softmax", "eager"), ("softmax", "logsumexp"),
-                                        ("softmax", "chunked"), ("cross_entropy", "chunked")])
+                                        ("softmax", "chunked"), ("softmax", "compiled"),
+                                        ("cross_entropy", "chunked")])
 def test_changing_the_input_in_place_after_the_call_leaves_backward_as_torchs(op, variant):
     """torch's softmax and cross-entropy save their output for backward, so a job may change the
     input in place afterwards; these variants saved the input, and backward died."""

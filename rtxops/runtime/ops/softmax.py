@@ -7,7 +7,7 @@ from .. import originals
 from ..bucket import Bucket, device_type, pow2
 from ..spec import OpSpec, Variant
 from ._chunked import over_rows
-from ._compiled import compiled_variant
+from ._compiled import compiled_saving_output
 from .triton import variants as triton_variants
 from ._layout import layout_key
 
@@ -71,6 +71,12 @@ def logsumexp(input, dim=None, _stacklevel=3, dtype=None):
     return (x - lse).exp().to(input.dtype)
 
 
+def _grad_from_output(y, grad):
+    """The input's gradient from softmax's output, as torch's kernel has it (in fp32)."""
+    y32, g32 = y.float(), grad.float()
+    return (y32 * (g32 - (g32 * y32).sum(-1, keepdim=True))).to(y.dtype)
+
+
 def _build_chunked(config, b: Bucket):
     rows = config["chunk_rows"]
 
@@ -99,7 +105,7 @@ VARIANTS = [
     Variant("softmax", "chunked", "chunked", _build_chunked,
             config_space={"chunk_rows": [256, 1024, 4096]},
             description="row chunks bound the fp32 temporaries"),
-    compiled_variant("softmax", eager),
+    compiled_saving_output("softmax", eager, _grad_from_output),
 ] + triton_variants("softmax")
 
 
