@@ -3,7 +3,6 @@ autograd gradients a backward falls back on."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
 
 import torch
 import triton
