@@ -217,3 +217,16 @@ def test_compiled_variants_differentiate_twice_as_the_reference(op, call):
         patching.disable()
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_chunked_elementwise_ops_answer_a_sliced_transposed_input_in_torchs_layout():
+    """torch keeps the order of a sliced input's strides (dense in that order); the chunked
+    variants answered such an input contiguous, and the first-call check then disabled them
+    for every call of the bucket, contiguous ones too."""
+    from rtxops.runtime.ops._chunked import over_elements
+
+    for x in (torch.randn(512, 512)[::2].t(), torch.randn(8, 16, 32)[:, ::2].permute(2, 0, 1),
+              torch.randn(1, 512).expand(256, 512).t(), torch.randn(512, 256).t()):
+        got, want = over_elements(F.gelu, 4096, x), F.gelu(x)
+        assert got.stride() == want.stride(), (x.stride(), got.stride(), want.stride())
+        torch.testing.assert_close(got, want)

@@ -24,9 +24,9 @@ def over_elements(fn: Callable[..., torch.Tensor], n: int, *tensors: torch.Tenso
     if first.numel() <= n:
         return fn(*tensors)
     order = stride_order(first)
-    # only a dense layout is kept (as torch keeps it): a sliced or broadcast (stride 0) input
-    # gets a contiguous answer from torch too
-    if order != list(range(first.dim())) and is_dense(first, order):
+    # torch keeps the order of the input's strides, a sliced input's too (its answer is dense
+    # in that order); a broadcast one (a stride 0) gets a contiguous answer
+    if order != list(range(first.dim())) and (is_dense(first, order) or 0 not in first.stride()):
         back = sorted(range(first.dim()), key=order.__getitem__)
         return over_elements(fn, n, *(t.permute(order) for t in tensors)).permute(back)
     slices = zip(*(t.reshape(-1).split(n) for t in tensors))
