@@ -190,14 +190,12 @@ def test_fused_rope_leaves_a_frozen_input_out_of_the_graph(frozen):
     assert all(torch.allclose(g, w) for g, w in zip(got, want))
 
 
-@pytest.mark.parametrize("op,call", [
-    ("gelu", lambda x: F.gelu(x)),
-    ("softmax", lambda x: F.softmax(x, -1)),
-    ("cross_entropy", lambda x: F.cross_entropy(x, torch.tensor([1, 0, 3, 2]))),
-])
-def test_compiled_variants_differentiate_twice_as_the_reference(op, call):
+@pytest.mark.parametrize("op,call", [("softmax", lambda x: F.softmax(x, -1))])
+def test_the_compiled_softmax_differentiates_twice_as_the_reference(op, call):
     """torch.compile's autograd has no double backward: a gradient penalty raised inside
-    backward ("does not currently support double backward"), where no fallback reaches."""
+    backward ("does not currently support double backward"), where no fallback reaches. The
+    compiled softmax takes its gradient from its output, which differentiates again (the other
+    compiled variants do not: see the README)."""
     from rtxops.runtime import patching
     from rtxops.runtime.plan import Plan
 
