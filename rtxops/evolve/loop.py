@@ -488,7 +488,13 @@ class EvolveLoop:
         step = statistics.median(steps)
         if step <= 0:
             return None
-        return {arm: sum(v * calls(v) - incumbent * calls(v) for v in per_arm.get(arm, {}).values())
+        # an arm's first step holds its build (a compile takes seconds): not what exploring it
+        # costs, and it would retire a compiled arm for good on its first call
+        def settled(arm: Arm) -> list:
+            mine = per_arm.get(arm, {})
+            return [mine[s] for s in sorted(mine)[1:]]
+
+        return {arm: sum(v * calls(v) - incumbent * calls(v) for v in settled(arm))
                 / ranks / len(steps) / step for arm in bt.round_arms}
 
     def _round_values(self, job: str, bt: BucketTuning, last: int) -> dict[Arm, dict[int, float]]:

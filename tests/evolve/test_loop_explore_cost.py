@@ -69,3 +69,17 @@ def test_an_arm_over_the_cap_is_not_explored_again_whatever_the_strategy(monkeyp
         loop.tick()
         assert bt.phase != "exploring" and bt.strategy.asked == 1, (name, bt.phase)
         assert decisions and decisions[-1]["kind"] == "reject", (name, decisions)
+
+
+def test_an_arms_first_step_with_its_compile_is_not_its_exploring_cost(monkeypatch):
+    """A compiled arm's first call holds its compile (seconds): counted as exploring's cost it
+    pushed the fastest arm over the cap, and the arm was retired for good."""
+    rows = rows_for(0.5, 16)             # half the incumbent's time a call...
+    first = next(r for r in rows if r["variant"] == ARM.variant)
+    first["total_ns"] = 2e9              # ...but 2 s in the step it compiled in
+    decisions: list[dict] = []
+    loop = loop_over_rows(monkeypatch, rows, last=16, decisions=decisions)
+    monkeypatch.setattr(se, "step_durations", lambda q, job, since, until=None: [
+        {"step": s, "duration_ns": 100e6} for s in range(since, (until or 16) + 1)])
+    bt = tick_one_arm(loop, "gelu", INC, ARM)
+    assert decisions == [] and ARM in bt.strategy.arms
