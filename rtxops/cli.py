@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -204,6 +205,7 @@ def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path, te
     env = child_environment(os.environ, plan=str(plan) if plan else None, summary=str(summary_file),
                             readings_factory=TELEMETRY_FACTORY, plan_verifier=PLAN_VERIFIER)
     env["RTXOPS_TELEMETRY"] = "duckdb" if telemetry else "off"
+    env["RTXOPS_RUN_ID"] = uuid.uuid4().hex   # its processes add their summaries up
     store = Path(env.get("RTXOPS_STORE") or default_path()).resolve()
     if telemetry and store == (_home().root / "rtxops.duckdb").resolve():
         from rtxops.daemon.client import DaemonClient

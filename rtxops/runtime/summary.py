@@ -23,7 +23,8 @@ def summarize(dispatcher: Dispatcher) -> dict:
                     "total_ns": stats.total_ns[slot.id], "builds": stats.build_misses[slot.id],
                 })
     return {
-        "job_id": os.environ.get("RTXOPS_JOB_ID", ""),
+        # the processes of one job: its daemon job id, or the run `rtxops run --direct` made
+        "job_id": os.environ.get("RTXOPS_JOB_ID") or os.environ.get("RTXOPS_RUN_ID", ""),
         "processes": 1,
         "first_step": dispatcher.steps_before,
         "steps": dispatcher.step - dispatcher.steps_before,

@@ -474,7 +474,7 @@ def test_ranks_started_by_torch_multiprocessing_spawn_get_the_runtime_and_one_su
     """))
     summary = tmp_path / "summary.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
-    env.update(RTXOPS_ENABLE="1", RTXOPS_SUMMARY=str(summary),
+    env.update(RTXOPS_ENABLE="1", RTXOPS_SUMMARY=str(summary), RTXOPS_RUN_ID="run-1",
                PYTHONPATH=os.pathsep.join([str(BOOTSTRAP), str(BOOTSTRAP.parents[2])]))
     r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                        timeout=300)

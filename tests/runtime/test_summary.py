@@ -43,6 +43,15 @@ def test_processes_of_one_job_add_up_in_the_file_and_idle_ones_leave_no_mark(tmp
     assert os.listdir(tmp_path) == ["summary.json"]
 
 
+def test_a_summary_left_by_a_run_with_no_job_id_is_replaced_not_added_to(tmp_path):
+    """`RTXOPS_SUMMARY=s.json python train.py` twice: the second run added itself to the
+    first's file."""
+    path = tmp_path / "summary.json"
+    _add_summary(path, _summary(job="", calls=4))
+    _add_summary(path, _summary(job="", calls=6))
+    assert json.loads(path.read_text())["slots"][0]["calls"] == 6
+
+
 def test_another_jobs_summary_in_the_file_is_replaced_not_added_to(tmp_path):
     path = tmp_path / "summary.json"
     _add_summary(path, _summary(job="earlier", calls=4))

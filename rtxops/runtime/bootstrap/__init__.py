@@ -6,7 +6,8 @@
                    bundle verifies against it (and the policies); without it none is installed
 ``RTXOPS_DETERMINISTIC``  ``1``: refuse plans that use a non-deterministic variant
 ``RTXOPS_SUMMARY``  path where the per-slot summary JSON is written when the process exits; the
-                   processes of one job (same ``RTXOPS_JOB_ID``, or none) add theirs up there
+                   processes of one job (same ``RTXOPS_JOB_ID``, or ``RTXOPS_RUN_ID`` without one)
+                   add theirs up there
 ``RTXOPS_VERIFY_FIRST_CALL``  ``0`` turns off the first-call check of non-reference variants
 ``RTXOPS_DAEMON``, ``RTXOPS_JOB_ID``, ``RTXOPS_TOKEN``  poll the daemon for this job's plan
 ``RTXOPS_DAEMON_URL_FILE``  the daemon's URL file: followed when a restarted daemon listens elsewhere
@@ -213,9 +214,10 @@ def _add_summary(path: Path, summary: dict) -> None:
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)
         earlier = _read_summary(path)
-        if earlier is not None and earlier.get("job_id", "") == summary["job_id"]:
-            if not did_anything(summary):
-                return
+        if earlier is not None and did_anything(earlier) and not did_anything(summary):
+            return   # a process that trained nothing (a spawned worker) never replaces one that did
+        if earlier is not None and summary["job_id"] and earlier.get("job_id") == summary["job_id"]:
+            # (no id: a file a run before this one may have left, not added to)
             if did_anything(earlier):
                 summary = merged(earlier, summary)
         part = Path(f"{path}.{os.getpid()}.part")
