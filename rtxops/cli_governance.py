@@ -146,8 +146,10 @@ def keys_trust(public_key: Path = typer.Argument(..., help="PEM public key"),
             not_before=now if days else None, not_after=now + days * 86400 if days else None))
     added = [k for k in entry.kinds if k not in before]
     if known:
+        expired = entry.not_after is not None and entry.not_after <= time.time()
         out.print(f"trusted {entry.key_id} for {','.join(entry.kinds)}"
-                  + (f" (added {','.join(added)})" if added else " (no kind added)"))
+                  + (f" (added {','.join(added)})" if added else " (no kind added)")
+                  + ("; it has expired: --days N renews it" if expired else ""))
         return
     out.print(f"trusted {entry.key_id} for {','.join(entry.kinds)}")
 

@@ -25,7 +25,8 @@ def over_elements(fn: Callable[..., torch.Tensor], n: int, *tensors: torch.Tenso
         return fn(*tensors)
     order = stride_order(first)
     # torch keeps the order of the input's strides, a sliced input's too (its answer is dense
-    # in that order); a broadcast one (a stride 0) gets a contiguous answer
+    # in that order); a broadcast one (a stride 0) goes the plain way, whose layout matches
+    # torch's only sometimes (the first-call check tells)
     if order != list(range(first.dim())) and (is_dense(first, order) or 0 not in first.stride()):
         back = sorted(range(first.dim()), key=order.__getitem__)
         return over_elements(fn, n, *(t.permute(order) for t in tensors)).permute(back)
