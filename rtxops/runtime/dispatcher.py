@@ -155,9 +155,9 @@ def _settings_of(module: torch.nn.Module) -> tuple:
         (name, repr(value) if isinstance(value, float) else value)   # (NaN never equals itself)
         for name, value in vars(module).items()
         if not name.startswith("_") and name != "training"
-        and isinstance(value, (bool, int, float, str, type(None)))))
-    module.__dict__[_SETTINGS] = settings or ("",)
-    return settings or ("",)
+        and isinstance(value, (bool, int, float, str, type(None))))) or ("",)
+    module.__dict__[_SETTINGS] = settings   # never empty: the wrapper's ``or`` reads it as cached
+    return settings
 
 
 class Scoped(NamedTuple):

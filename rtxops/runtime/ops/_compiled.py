@@ -19,13 +19,17 @@ def _fresh_copy(fn: Callable) -> Callable:
     return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
+def _compile(fn: Callable, config: dict) -> Callable:
+    return torch.compile(
+        _fresh_copy(fn), mode=config.get("mode", "default"), dynamic=config.get("dynamic", False)
+    )
+
+
 def compiled_variant(op: str, fn: Callable, description: str = "", **kwargs) -> Variant:
     """A variant that runs ``torch.compile(fn)`` built for each bucket."""
 
     def build(config: dict, bucket: Bucket) -> Callable:
-        return torch.compile(
-            _fresh_copy(fn), mode=config.get("mode", "default"), dynamic=config.get("dynamic", False)
-        )
+        return _compile(fn, config)
 
     return Variant(
         op, "compiled", "compiled", build, config_space=dict(COMPILE_SPACE),
@@ -41,9 +45,7 @@ def compiled_saving_output(op: str, fn: Callable, grad_of: Callable, description
     in place after the call (torch allows that here) had its backward fail."""
 
     def build(config: dict, bucket: Bucket) -> Callable:
-        compiled = torch.compile(
-            _fresh_copy(fn), mode=config.get("mode", "default"), dynamic=config.get("dynamic", False)
-        )
+        compiled = _compile(fn, config)
 
         def run(input, *args, **kw):
             if not (torch.is_grad_enabled() and input.requires_grad):
