@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import logging
+import sys
 import threading
 import traceback
 import weakref
@@ -40,6 +42,7 @@ _functorch_active = torch._C._are_functorch_transforms_active
 _dispatch_modes = torch._C._len_torch_dispatch_stack   # FakeTensorMode and the like
 _has_torch_function = torch._C._has_torch_function
 _function_mode_enabled = torch._C._is_torch_function_mode_enabled
+_handle_torch_function = torch.overrides.handle_torch_function
 _disabled_torch_function = torch._C._disabled_torch_function_impl
 _background_compiles: set[int] = set()  # threads running a background torch.compile (regions.py)
 
@@ -93,6 +96,32 @@ def _traced_here() -> bool:
     when it traces, so nothing after it is traced or guarded on."""
     return (_is_dynamo_compiling() or not _background_compiles
             or threading.get_ident() in _background_compiles)
+
+
+def _handed_over(public: Callable, torch_own: Callable | None, args: tuple, kwargs: dict) -> Any:
+    """The call handed to the arguments' ``__torch_function__`` (or a mode's) under ``public``,
+    the name it was made by: torch's own handlers compare ``func`` with
+    ``torch.nn.functional.X`` when they run (``CausalBias``, expanded weights, fx quantization
+    patterns), and that is the wrapper while rtxops is on. ``torch_own``: torch's Python function,
+    which hands the call over itself (its arguments named as its handlers expect) under the
+    name its module holds, the wrapper. Whatever the handler calls meanwhile on this thread runs
+    unrouted, as torch's own."""
+    _this_thread.unrouted += 1
+    try:
+        if torch_own is not None:
+            return torch_own(*args, **kwargs)
+        if _nested_among(args, kwargs):
+            # torch's jagged tensors compare with the C function itself (nested/_internal/ops.py)
+            return public.__wrapped__(*args, **kwargs)
+        return _handle_torch_function(public, (*args, *kwargs.values()), *args, **kwargs)
+    finally:
+        _this_thread.unrouted -= 1
+
+
+def _nested_among(args: tuple, kwargs: dict) -> bool:
+    nested = sys.modules.get("torch.nested._internal.nested_tensor")
+    kind = getattr(nested, "NestedTensor", None)
+    return kind is not None and any(isinstance(a, kind) for a in (*args, *kwargs.values()))
 
 
 class _ThisThread(threading.local):
@@ -243,17 +272,27 @@ class FunctionSite:
     def _make_wrapper(self) -> Callable:
         call_key, route_of, ref, miss = self.op.call_key, self.routes.get, self.reference, self._miss
         record_cell, live, here = self.dispatcher.record_cell, self.dispatcher.live, _this_thread
-        as_written = naming_itself(ref)
+        # a job's own function (matched by name) knows no torch functions: it runs as written
+        as_written = naming_itself(ref) if self.matched_by_name else None
+        # torch's Python function itself (``ref`` is a copy naming itself, see originals.py)
+        torch_own = getattr(ref, "__wrapped__", None) if as_written is None and \
+            inspect.isfunction(ref) else None
 
         def dispatching(*args, **kwargs):
-            if not live[0] or here.unrouted or (_is_compiling() and _traced_here()):
+            if not live[0] or (_is_compiling() and _traced_here()):
                 # not live: a wrapper held past disable() (``self.act = F.gelu``) is torch's again
+                return ref(*args, **kwargs)
+            if here.unrouted:   # a tracer's (fx) proxies still take the call, under this name
+                if as_written is None and (_has_torch_function(args) or (
+                        kwargs and _has_torch_function(kwargs.values()))):
+                    return _handed_over(dispatching, torch_own, args, kwargs)
                 return ref(*args, **kwargs)
             if (_has_torch_function(args) or (kwargs and _has_torch_function(kwargs.values()))) \
                     and _subclass_among(args, kwargs):
-                # a tensor subclass takes the call, as torch hands it over; no route checked on
-                # plain tensors applies to it
-                return as_written(*args, **kwargs)
+                # a tensor subclass takes the call; no route checked on plain tensors applies
+                if as_written is not None:
+                    return as_written(*args, **kwargs)
+                return _handed_over(dispatching, torch_own, args, kwargs)
             try:
                 key = call_key(*args, **kwargs)
                 if any_autocast() and key is not None:
