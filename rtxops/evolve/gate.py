@@ -100,7 +100,7 @@ def _run(fn, args: tuple, kwargs: dict, dtype: torch.dtype | None, grad_seed: in
         diff = [t for t in outs if t.requires_grad]
         if diff and leaves:
             g = torch.Generator().manual_seed(grad_seed)
-            cotangents = [torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.dtype)
+            cotangents = [torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.device, t.dtype)
                           for t in diff]
             grads = list(torch.autograd.grad(diff, leaves, cotangents, allow_unused=True))
         return [t.detach() for t in outs], grads

@@ -164,3 +164,14 @@ def test_a_bf16_cross_entropy_that_drops_label_smoothing_fails(reduction):
     assert not result.passed and "grad of input 0" in result.reason, result.reason
     reference = check(spec, default_registry().variant("cross_entropy", "logsoftmax_nll"), {}, b)
     assert reference.passed, reference.reason
+
+
+def test_gradients_are_fed_on_the_outputs_device():
+    """On a GPU the cotangents were made on the CPU: autograd refused them for every op whose
+    output is not a scalar, so no CUDA candidate could pass (a meta tensor stands in here)."""
+    from rtxops.evolve.gate import _run
+    x = torch.randn(4, 8, device="meta", requires_grad=True)
+    result = _run(torch.nn.functional.softmax, (x, -1), {}, None, grad_seed=0)
+    assert not isinstance(result, Exception), result
+    outs, grads = result
+    assert grads[0].device.type == "meta"
