@@ -111,8 +111,8 @@ def chrome_trace_chunks(rows: Iterable[dict], origin: int | None = None) -> Iter
         else:
             # one lane per kernel span's own key: the slot (site, variant, config, bucket) and
             # phase; two sites of one op, variant and bucket overlap in part like two ops
-            config = attrs.get(S.CONFIG)
-            lane = (pid, label, attrs.get(S.BUCKET), attrs.get(S.SITE),
+            config = _hashable(attrs.get(S.CONFIG))
+            lane = (pid, label, _hashable(attrs.get(S.BUCKET)), _hashable(attrs.get(S.SITE)),
                     None if config in (None, "{}") else config)
             tid = kernel_lanes.get(lane)
             if tid is None:
@@ -262,3 +262,9 @@ def _any_value(v: Any) -> dict:
     if v is None:   # an unset AnyValue (it came without a value)
         return {}
     return {"stringValue": str(v)}
+
+
+def _hashable(value: Any) -> Any:
+    """An attribute as a lane key: another OTLP client may send a list or map where rtxops
+    sends a string (kept in the attributes, as sent)."""
+    return _dumps(value) if isinstance(value, (list, dict)) else value

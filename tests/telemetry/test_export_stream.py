@@ -209,3 +209,22 @@ def test_span_events_count_toward_a_slice_so_memory_stays_bounded(tmp_path, monk
                for s in ss["spans"]) == 40_000
     # the events' text alone is 12 MB: held at once, their dicts took several times that
     assert peak < 12_000_000, f"peak {peak} bytes"
+
+
+def test_a_kernel_span_whose_bucket_is_a_list_still_exports_a_chrome_trace(tmp_path):
+    """Another OTLP client may send an array where rtxops sends a string: it is kept in the
+    attributes, and the trace's lane key of it failed ('unhashable type: list', every export)."""
+    from .otlp_helpers import request
+    home = tmp_path / "home"
+    home.mkdir()
+    with Store(home / "rtxops.duckdb") as store:
+        spans = [span("rtx.kernel", {"rtx.op": "gelu", "rtx.bucket": [1, 2], "rtx.site": ["a"]}),
+                 span("rtx.kernel", {"rtx.op": "gelu", "rtx.bucket": "float32/cpu/n=8"})]
+        store.write(otlp.convert(request(spans, {"rtx.job.id": "j"}).SerializeToString(),
+                                 otlp.PROTOBUF, time.time_ns()), timeout=60)
+    out = tmp_path / "trace.json"
+    result = _export(home, out, "chrome-trace")
+    assert result.exit_code == 0, result.output
+    lanes = [e["args"]["name"] for e in json.loads(out.read_text())["traceEvents"]
+             if e.get("name") == "thread_name" and "kernel" in e["args"]["name"]]
+    assert len(lanes) == 2 and any("[1,2]" in name for name in lanes), lanes
