@@ -23,7 +23,6 @@ class Handled(torch.Tensor):
             return func(*args, **(kwargs or {}))
 
 
-
 class FakeQuantWeight(torch.Tensor):
     """A weight whose F.linear rounds it to multiples of 0.25 (as weight-quantizing subclasses do)."""
 
