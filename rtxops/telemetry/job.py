@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,7 @@ from rtxops.runtime.memory import cuda_stats, rss_bytes
 from . import schema as S
 from .exporters import (DeferredExporter, DuckDBSpanExporter, ExportThread, StepProcessor,
                         otlp_http_exporter)
-from .recorder import Recorder
+from .recorder import Recorder, StepRecord
 from .resource import gpu_attributes, job_resource_attributes
 from .spans import CallSampling, SpanBuilder
 
@@ -142,7 +143,7 @@ def _with_gpu_once_initialized(build, tracer):
     """``build``, which adds the GPU attributes to ``tracer``'s resource at the first export
     after the job initialized CUDA (the spans from then on carry them; the job's newest resource
     is the one the evolve loop keys its results by). Asking at start would initialize CUDA
-    before the script's first line (:func:`.resource.gpu_attributes`)."""
+    as the script imports torch (:func:`.resource.gpu_attributes`)."""
     pending = [True]
 
     def build_then(rec, extra=None):
@@ -154,21 +155,19 @@ def _with_gpu_once_initialized(build, tracer):
     return build_then
 
 
-def _step_attributes() -> dict:
+def _step_attributes(rec: StepRecord) -> dict:
     attrs: dict = {}
-    cuda = cuda_stats()
+    cuda = cuda_stats(rec.cuda_device) if rec.cuda_device >= 0 else {}
     if cuda:
         attrs.update({
             S.CUDA_ALLOCATED: cuda["allocated"], S.CUDA_RESERVED: cuda["reserved"],
             S.CUDA_FRAGMENTATION: cuda["fragmentation"], S.CUDA_PEAK: cuda["peak"],
             S.CUDA_ALLOC_RETRIES: cuda["alloc_retries"], S.CUDA_OOMS: cuda["ooms"],
         })
-    try:
-        from torch._dynamo.utils import counters
-
-        inductor = counters.get("inductor", {})
-        attrs[S.INDUCTOR_FXGRAPH_HITS] = int(inductor.get("fxgraph_cache_hit", 0))
-        attrs[S.INDUCTOR_FXGRAPH_MISSES] = int(inductor.get("fxgraph_cache_miss", 0))
-    except Exception:
-        pass
+    # dynamo's counters only once the job itself loaded dynamo: importing it here would pull
+    # dynamo and Triton into every process that never compiles (seconds, and ~150 MB)
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    inductor = getattr(dynamo_utils, "counters", {}).get("inductor", {})
+    attrs[S.INDUCTOR_FXGRAPH_HITS] = int(inductor.get("fxgraph_cache_hit", 0))
+    attrs[S.INDUCTOR_FXGRAPH_MISSES] = int(inductor.get("fxgraph_cache_miss", 0))
     return attrs  # the RSS is the step record's, read at the step's end

@@ -37,7 +37,7 @@ def job_resource_attributes() -> dict:
 
 def gpu_attributes() -> dict:
     """GPU count, model and CUDA version, once the job has initialized CUDA itself; before that,
-    no GPU (0). Asking torch sooner initializes CUDA, before the script's first line runs: a
+    no GPU (0). Asking torch sooner initializes CUDA as the script imports torch: a
     ``CUDA_VISIBLE_DEVICES`` the script sets is then ignored, and its forked workers cannot use
     CUDA. The job's telemetry asks again at each export until it is (:func:`.job.start_job_telemetry`)."""
     if not torch.cuda.is_initialized():

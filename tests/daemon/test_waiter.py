@@ -38,7 +38,7 @@ def test_the_waiter_is_outside_the_jobs_tree_and_gets_none_of_its_signals(sup, t
 def test_the_waiter_starts_no_rtxops_runtime(sup, tmp_path):
     """The job's environment enables the runtime through a sitecustomize: the waiter, a Python
     process with that environment, must not import it (nor torch)."""
-    body = script(tmp_path, "idle.py", "import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    body = script(tmp_path, "idle.py", "import time, torch\nprint('ready', flush=True)\ntime.sleep(600)\n")
     job = sup.submit(spec(PY, body, runtime=True))
     until(lambda: [ln.text for ln in sup.logs(job.id)] == ["ready"], 60)
     waiter = proctree.read_proc(sup.job(job.id).attempt.pid).ppid

@@ -445,6 +445,7 @@ def test_a_python_that_cannot_import_rtxops_finds_it_after_its_own_packages(tmp_
         assert importlib.util.find_spec("rtxops") is None
         os.environ["RTXOPS_ENABLE"] = "1"
         runpy.run_path(sys.argv[1])
+        import torch   # (the runtime starts with it)
         from rtxops.runtime import patching
         print("ACTIVE", patching.active() is not None, sys.path[-1] == root)
     """)
@@ -923,3 +924,28 @@ def test_the_users_own_sitecustomize_runs_as_a_package_and_a_failing_one_leaves_
         assert want in r.stdout, (name, r.stdout, r.stderr)
         if name == "bad":
             assert "Error in sitecustomize; set PYTHONVERBOSE for traceback:\nRuntimeError: user sitecustomize broke" in r.stderr
+
+
+def test_a_cuda_error_left_at_exit_costs_neither_the_last_export_nor_the_summary(tmp_path, capsys):
+    """A job that ended on a CUDA error (sticky: every later CUDA call raises it): draining the
+    CUDA timers raised, and the readings were never closed (the last step's telemetry lost) nor
+    the summary written. (No GPU here: the drain raises as it would there.)"""
+    from rtxops.runtime import bootstrap
+
+    d = patching.enable()
+    try:
+        F.gelu(torch.randn(4, 4))
+        closed = []
+        d.readings.close = lambda: closed.append(True)
+
+        def sticky_error():
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        d.drain_timers = sticky_error
+        summary = tmp_path / "summary.json"
+        bootstrap._at_exit(d, str(summary), os.getpid())
+    finally:
+        patching.disable()
+    assert closed == [True]
+    assert [s["op"] for s in json.loads(summary.read_text())["slots"]] == ["gelu"]
+    assert "illegal memory access" in capsys.readouterr().err

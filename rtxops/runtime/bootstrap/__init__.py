@@ -196,6 +196,9 @@ def _at_exit(dispatcher, summary_path: str | None, pid: int) -> None:
         return
     try:
         dispatcher.drain_timers()   # the last step's CUDA-timed calls, into the readings
+    except Exception as e:   # (a CUDA error the job left behind): the rest is still exported
+        print(f"rtxops: the last CUDA-timed calls are not reported: {e}", file=sys.stderr)
+    try:
         dispatcher.readings.close()
         if summary_path:
             _add_summary(Path(summary_path), summarize(dispatcher))

@@ -55,9 +55,7 @@ def _is_helper_process() -> bool:
                for a in argv)
 
 
-# a Python without torch (a tool the job runs with another interpreter) has nothing to route
-if os.environ.get("RTXOPS_ENABLE") == "1" and not _is_launcher and not _is_helper_process() \
-        and importlib.util.find_spec("torch") is not None:
+def _start_runtime() -> None:
     try:
         # a Python where rtxops is not installed finds it after its own packages, never before
         if os.environ.get("RTXOPS_PACKAGE_ROOT") and importlib.util.find_spec("rtxops") is None:
@@ -67,3 +65,61 @@ if os.environ.get("RTXOPS_ENABLE") == "1" and not _is_launcher and not _is_helpe
         start()
     except Exception as e:  # never stop the user's program because rtxops is missing or broken
         print(f"rtxops: runtime not enabled: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+def _rtxops_importing() -> bool:
+    """Whether an rtxops module is being imported (the runtime cannot start in the middle)."""
+    return any(getattr(getattr(m, "__spec__", None), "_initializing", False)
+               for name, m in list(sys.modules.items()) if name.partition(".")[0] == "rtxops")
+
+
+class _StartWithTorch:
+    """A meta path finder that starts the runtime once the process has imported torch: a
+    process of the job that never imports it (a helper Python the job runs, a tool) pays
+    nothing. When rtxops' own modules import torch (a job that imports rtxops first), the
+    runtime starts as the outermost of them finishes: it cannot start half-way through them."""
+
+    def __init__(self) -> None:
+        self.torch_loaded = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch" and name.partition(".")[0] != "rtxops":
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = find(name, path, target) if find else None
+            if spec is not None:
+                break
+        else:
+            return None
+        load = getattr(spec.loader, "exec_module", None)
+
+        def exec_module(module):
+            load(module)
+            # the module is whole: another thread's `import torch` (one the runtime starts) need
+            # not wait for the import lock this thread holds until start() returns
+            spec._initializing = False
+            self.torch_loaded = self.torch_loaded or name == "torch"
+            if self.torch_loaded and not _rtxops_importing():
+                self._start()
+
+        if load is not None:
+            try:   # on this loader only (a fresh one per find_spec): __loader__ stays the real one
+                spec.loader.exec_module = exec_module
+            except AttributeError:
+                pass
+        return spec
+
+    def _start(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+            _start_runtime()
+
+
+# a Python without torch (a tool the job runs with another interpreter) has nothing to route
+if os.environ.get("RTXOPS_ENABLE") == "1" and not _is_launcher and not _is_helper_process() \
+        and importlib.util.find_spec("torch") is not None:
+    if "torch" in sys.modules:   # (the user's own sitecustomize imported it)
+        _start_runtime()
+    else:
+        sys.meta_path.insert(0, _StartWithTorch())
