@@ -54,6 +54,10 @@ _NOT_A_FAILURE: tuple[type[BaseException], ...] = tuple(
 EXPLORE_PERIOD = 1000  # explore shares are laid out over this many calls, deterministically
 REGION_OP = "region"   # the op of the slots regions record (see Dispatcher.region_clock)
 COMPILED_FAMILY = "compiled"  # variants built with torch.compile (ops/_compiled.py)
+# call keys a site remembers routes for; past it the table starts over. A call key holds the
+# call's scalar arguments, so a job that anneals one (label smoothing, dropout) makes a new key
+# every step: without a bound the table grew by ~2 KB a call
+ROUTES_PER_SITE = 1024
 
 
 class _LeadOptimizer:
@@ -914,6 +918,8 @@ class Dispatcher:
                     else:
                         route = site.explore([r for r, _ in arms], [w for _, w in arms])
                     site.bucket_routes[shared] = route
+            if len(site.routes) >= ROUTES_PER_SITE:
+                site.routes.clear()   # (routes stay in bucket_routes: a miss finds them there)
             site.routes[key] = route
             return route
 

@@ -380,3 +380,25 @@ def test_a_route_that_can_never_be_checked_leaves_its_first_call_check():
         assert not d.disabled
     finally:
         patching.disable()
+
+
+def test_a_scalar_annealed_every_step_keeps_the_route_table_bounded():
+    """A call key holds the scalar arguments: label smoothing annealed every step made a new
+    key (and a route kept forever) at every call."""
+    from rtxops.runtime.dispatcher import ROUTES_PER_SITE
+
+    d = patching.enable()
+    try:
+        x, target = torch.randn(8, 10), torch.randint(0, 10, (8,))
+        site = next(s for s in d.sites if s.name == "F.cross_entropy")
+        steps = 3 * ROUTES_PER_SITE
+        for i in range(steps):
+            smoothing = 0.1 * (1 - i / steps)
+            got = F.cross_entropy(x, target, label_smoothing=smoothing)
+            if i % 500 == 0:
+                want = F.cross_entropy.__wrapped__(x, target, label_smoothing=smoothing)
+                torch.testing.assert_close(got, want)
+        assert 0 < len(site.routes) <= ROUTES_PER_SITE
+        assert _calls(d, "cross_entropy") == {"reference": steps}
+    finally:
+        patching.disable()
