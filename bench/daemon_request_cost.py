@@ -42,7 +42,7 @@ def request_bodies(steps_per_request: int, count: int, seed: int) -> tuple[list[
     provider = TracerProvider(resource=Resource.create(job_resource_attributes()))
     processor = StepProcessor()
     provider.add_span_processor(processor)
-    builder = SpanBuilder(provider.get_tracer("rtxops"), slots, lambda: {}, CallSampling())
+    builder = SpanBuilder(provider.get_tracer("rtxops"), slots, lambda rec: {}, CallSampling())
     recs = records(steps_per_request * count, 20, 54, seed)
     bodies, spans = [], 0
     for i in range(count):

@@ -44,7 +44,7 @@ def measure(direct: bool, fast_encode: bool, recs: list[StepRecord], slots: list
     provider = TracerProvider(resource=Resource.create(job_resource_attributes()))
     processor = StepProcessor()
     provider.add_span_processor(processor)
-    builder = SpanBuilder(provider.get_tracer("rtxops"), slots, lambda: {}, CallSampling())
+    builder = SpanBuilder(provider.get_tracer("rtxops"), slots, lambda rec: {}, CallSampling())
     builder._direct = direct
     cpu_build = cpu_encode = 0.0
     spans = 0

@@ -8,6 +8,10 @@ from typing import Callable
 
 import torch
 
+# whether the current stream is capturing a CUDA graph (torch's raw getter; a build without
+# CUDA has a stand-in there that raises)
+_capturing: Callable[[], bool] = (
+    torch._C._cuda_isCurrentStreamCapturing if torch.backends.cuda.is_built() else lambda: False)
 
 
 def _current_stream_reader() -> Callable[[], torch.cuda.Stream]:
@@ -88,7 +92,11 @@ class CudaEventTimer:
 
     def begin(self, device: torch.device | None = None) -> tuple:
         """Mark the start of a timed stretch on ``device``'s current stream (default: the current
-        device's); hand the result to :meth:`end`."""
+        device's); hand the result to :meth:`end`. None while a CUDA graph is being captured:
+        the call runs no kernel then (its replays never pass here), and timing events recorded
+        into a capture are refused by CUDA or never complete for :meth:`drain`."""
+        if _capturing():
+            return None
         stream = self._current_stream() if device is None else torch.cuda.current_stream(device)
         start = self._event(stream.device_index)
         host_ns = perf_counter_ns()
@@ -101,6 +109,8 @@ class CudaEventTimer:
 
     def end(self, slot: int, begun: tuple) -> None:
         """Mark the end of the stretch :meth:`begin` started, as one call of ``slot``."""
+        if begun is None:   # (captured into a CUDA graph: not a call that ran)
+            return
         host_ns, start, before, stream = begun
         device_index = stream.device_index
         end = self._event(device_index)

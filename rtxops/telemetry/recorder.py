@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Callable
 
+import torch
+
 from rtxops.runtime.readings import CallStats, Readings, Slot
 
 RECORD_WIDTH = 3  # slot, start_ns, duration_ns
@@ -36,6 +38,9 @@ class StepRecord:
     swaps: list[tuple[int, int, int, str, int]] = field(default_factory=list)
     memory: dict[int, tuple[int, int]] = field(default_factory=dict)  # slot -> (sum delta, max peak)
     dropped_records: int = 0
+    # the training thread's CUDA device when the record was taken (-1: CUDA not initialized);
+    # the export thread's own current device is device 0 whatever the rank's is
+    cuda_device: int = -1
 
 
 class Recorder(Readings):
@@ -135,7 +140,8 @@ class Recorder(Readings):
         with self._lock:
             rec = StepRecord(step, self._start_ns, end_ns, plan_version, rss_bytes, calls,
                              self._backward, self._builds, self._errors, self._swaps, self._memory,
-                             dropped + self._dropped_elsewhere)
+                             dropped + self._dropped_elsewhere,
+                             torch.cuda.current_device() if torch.cuda.is_initialized() else -1)
             self._backward, self._builds, self._errors, self._swaps = [], [], [], []
             self._memory, self._dropped_elsewhere = {}, 0
         return rec

@@ -45,11 +45,11 @@ class SpanBuilder:
     """Builds the spans of one step record through ``tracer`` (an SDK tracer)."""
 
     def __init__(self, tracer: Tracer, slots: Sequence[Slot],
-                 step_attributes: Callable[[], dict] | None = None,
+                 step_attributes: Callable[[StepRecord], dict] | None = None,
                  sampling: CallSampling | None = None, totals=None) -> None:
         self.tracer = tracer
         self.slots = slots
-        self.step_attributes = step_attributes or (lambda: {})
+        self.step_attributes = step_attributes or (lambda rec: {})
         self.sampling = sampling or CallSampling()
         self.totals = totals  # a CallStats the whole run's calls and time are added to
         self._sampled: dict[int, int] = {}
@@ -95,7 +95,7 @@ class SpanBuilder:
             S.RSS: rec.rss_bytes,
             S.DROPPED_RECORDS: rec.dropped_records,
             S.COUNT: int(calls.shape[0]),
-            **self.step_attributes(),
+            **self.step_attributes(rec),
             **(extra or {}),
         }
         events = [(S.ERROR_EVENT, self._slot_attributes(slot, "fwd") | {S.REASON: message}, self.epoch(at))

@@ -235,7 +235,7 @@ def test_spans_made_without_the_tracer_equal_the_tracers():
         provider = TracerProvider(resource=Resource.create(RESOURCE))
         processor = StepProcessor()
         provider.add_span_processor(processor)
-        builder = SpanBuilder(provider.get_tracer("rtxops"), slots, lambda: {S.RSS: 5},
+        builder = SpanBuilder(provider.get_tracer("rtxops"), slots, lambda rec: {S.RSS: 5},
                               CallSampling(2, 10))
         assert builder._direct
         builder._direct = direct
@@ -677,6 +677,74 @@ def test_cuda_timer_reuses_resolved_events_on_their_own_device(monkeypatch):
     assert len(made) == 16   # 8 events a step, one set per device, then reused
 
 
+def test_step_memory_is_read_from_the_training_threads_cuda_device(monkeypatch):
+    """The allocator figures were read on the export thread, whose current CUDA device is 0
+    whatever the rank set on its own thread: every rank reported device 0's memory. (No GPU
+    here: torch's device getters stand in.)"""
+    from rtxops.runtime.readings import Slot
+    from rtxops.telemetry import job
+    from rtxops.telemetry.recorder import Recorder
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)   # the rank's, set_device(3)
+    asked = []
+
+    def stats(device=None):
+        asked.append(device)
+        return {"allocated": 7, "reserved": 8, "fragmentation": 0.125, "peak": 7,
+                "alloc_retries": 0, "ooms": 0}
+
+    monkeypatch.setattr(job, "cuda_stats", stats)
+    handed = []
+    recorder = Recorder(handed.append)
+    recorder.register_slot(Slot(0, "gelu", "eager", "{}", "b0", "F.gelu", "eager"))
+    recorder.record(0, 100, 10)
+    recorder.step(1, 1000, 1, 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)   # the export thread's
+    attrs = job._step_attributes(handed[0])
+    assert asked == [3] and attrs[S.CUDA_ALLOCATED] == 7
+
+
+def test_calls_captured_into_a_cuda_graph_are_not_timed(monkeypatch):
+    """Under ``torch.cuda.graph`` capture a call runs no kernel (its replays never pass the
+    wrapper): timing events recorded into the capture are refused by CUDA or never complete, and
+    every later drain stopped at them. (No GPU here: the event and stream classes stand in.)"""
+    from rtxops.runtime import timing
+
+    capturing, recorded_while_capturing = [False], []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self, stream=None):
+            recorded_while_capturing.append(capturing[0])
+
+        def query(self):
+            return True
+
+        def elapsed_time(self, other):
+            return 0.5
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: types.SimpleNamespace(device_index=0))
+    monkeypatch.setattr(timing, "_capturing", lambda: capturing[0])
+    recorded = []
+    readings = types.SimpleNamespace(record=lambda slot, t0, ns: recorded.append((slot, ns)),
+                                     dropped=lambda n: None)
+    timer = timing.CudaEventTimer(readings, memory=False)
+    call = timer.wrap(lambda x: x + 1, slot=2)
+    assert call(1) == 2
+    capturing[0] = True
+    assert [call(1) for _ in range(3)] == [2, 2, 2]
+    assert timer.end(5, timer.begin()) is None   # a region's clock, the same way
+    capturing[0] = False
+    assert call(1) == 2
+    assert timer.drain() == 2
+    assert recorded == [(2, 500_000)] * 2 and True not in recorded_while_capturing
+
+
 def test_the_cuda_timer_reads_the_current_stream_from_torchs_getters_and_keeps_one_object_each(
         monkeypatch):
     """torch.cuda.current_stream() checks the device type on every call (an environment read
@@ -868,6 +936,7 @@ def test_cuda_is_not_initialized_for_the_resource_and_the_gpu_joins_it_once_the_
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
         monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         train_losses(TinyNet(), steps=2)
     finally:
         telemetry.close(d)
