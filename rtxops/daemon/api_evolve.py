@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rtxops.evolve.search import STRATEGIES
 from rtxops.telemetry import store_evolve
+from rtxops.telemetry.otlp import MAX_JOB_ID
 
 MAX_LIMIT = 1000
 MAX_OFFSET = 10**9
@@ -107,13 +108,13 @@ def make_router(daemon, auth) -> APIRouter:
                 "jobs": loop.status() if loop is not None else {}, "tune_tasks": tune}
 
     @router.get("/decisions")
-    def decisions(job: str | None = Query(None, max_length=200), limit: int = _limit(),
+    def decisions(job: str | None = Query(None, max_length=MAX_JOB_ID), limit: int = _limit(),
                   offset: int = _offset()) -> dict:
         rows = store_evolve.decisions(daemon.store, job, limit=limit, offset=offset)
         return {"decisions": [_parsed(r, "evidence") for r in rows], "limit": limit, "offset": offset}
 
     @router.get("/trials")
-    def trials(job: str | None = Query(None, max_length=200),
+    def trials(job: str | None = Query(None, max_length=MAX_JOB_ID),
                op: str | None = Query(None, max_length=100), limit: int = _limit(),
                offset: int = _offset()) -> dict:
         rows = store_evolve.trials(daemon.store, job, op, limit=limit, offset=offset)
@@ -129,7 +130,7 @@ def make_router(daemon, auth) -> APIRouter:
         return {"tuning": rows, "limit": limit, "offset": offset}
 
     @router.get("/hotspots")
-    def hotspots(job: str = Query(..., min_length=1, max_length=200),
+    def hotspots(job: str = Query(..., min_length=1, max_length=MAX_JOB_ID),
                  since_step: int = Query(0, ge=0, le=2**62), limit: int = _limit(),
                  offset: int = _offset()) -> dict:
         """A job's (op, bucket) pairs ranked by share of step time since ``since_step``."""

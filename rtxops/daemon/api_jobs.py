@@ -98,6 +98,7 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
         return job_view(get(job_id))
 
     long_polls: list[anyio.CapacityLimiter] = []
+    polling = [0]   # long-polls waiting now (counted on the event loop: no await between check and count)
 
     @router.get("/{job_id}/logs")
     async def logs(job_id: str, after: int = Query(0, ge=0, le=2**62), rank: int | None = Query(None, ge=-1),
@@ -113,10 +114,16 @@ def make_router(supervisor: Supervisor, auth) -> APIRouter:
                                      + ("rank 0" if ranks == 1 else f"ranks 0-{ranks - 1}"))
         if not long_polls:  # made on the event loop (anyio's limiters need one)
             long_polls.append(anyio.CapacityLimiter(MAX_LONG_POLLS))
-        if wait_s and long_polls[0].available_tokens >= 1:
-            lines = await anyio.to_thread.run_sync(
-                lambda: supervisor.wait_for_logs(job_id, after_seq=after, rank=rank, timeout=wait_s,
-                                                 limit=limit), limiter=long_polls[0])
+        if wait_s and polling[0] < MAX_LONG_POLLS:
+            # (the limiter's own count is taken only after a checkpoint: polls arriving together
+            # all saw a free slot, and those past it queued for a slot instead of answering)
+            polling[0] += 1
+            try:
+                lines = await anyio.to_thread.run_sync(
+                    lambda: supervisor.wait_for_logs(job_id, after_seq=after, rank=rank,
+                                                     timeout=wait_s, limit=limit), limiter=long_polls[0])
+            finally:
+                polling[0] -= 1
         else:  # no wait asked, or every long-poll slot taken: answer now, off the event loop
             lines = await anyio.to_thread.run_sync(
                 lambda: supervisor.logs(job_id, rank=rank, after_seq=after, limit=limit))

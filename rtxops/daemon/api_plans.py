@@ -8,15 +8,16 @@ from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Res
 from pydantic import BaseModel, ConfigDict, Field
 
 from rtxops.runtime.errors import PlanError, PlanNotIssued, PlanVersionConflict
-from rtxops.runtime.plan import Plan
+from rtxops.runtime.plan import MAX_VERSION, Plan
+from rtxops.telemetry.otlp import MAX_JOB_ID
 
 from .plans import PlanBoard
 
 
 class Refusal(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    job: str = Field(min_length=1, max_length=200)
-    version: int
+    job: str = Field(min_length=1, max_length=MAX_JOB_ID)
+    version: int = Field(ge=-1, le=MAX_VERSION)   # (-1: a plan given at start, not published)
     reason: str = Field(max_length=10_000)
 
 
@@ -28,7 +29,7 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
 
     @router.get("/current", responses={304: {"description": "the plan has not changed"},
                                        404: {"description": "no plan published"}})
-    def current(request: Request, job: str | None = Query(None, max_length=200)) -> Response:
+    def current(request: Request, job: str | None = Query(None, max_length=MAX_JOB_ID)) -> Response:
         plan = board.current(job)
         if plan is None:
             raise HTTPException(404, "no plan published")
@@ -42,7 +43,7 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
                  responses={409: {"description": "the version is not newer than the published one"},
                             503: {"description": "not issued now (the disk, the ledger): retry"}})
     def publish(plan: dict = Body(..., description="a plan (docs/plan.md)"),
-                job: str | None = Query(None, max_length=200)) -> dict:
+                job: str | None = Query(None, max_length=MAX_JOB_ID)) -> dict:
         try:
             # validate first: the first validation takes seconds (torch), and the step read
             # after it must be current, or the job may be past the effective step already
@@ -61,7 +62,7 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
                 "effective_step": published.effective_step}
 
     @router.get("/bundle", responses={404: {"description": "no signed bundle for the plan"}})
-    def bundle(job: str | None = Query(None, max_length=200)) -> dict:
+    def bundle(job: str | None = Query(None, max_length=MAX_JOB_ID)) -> dict:
         """The current plan's signed bundle (files base64-encoded): jobs verify it offline
         (signature, trusted key, digests, policy) before installing the plan."""
         found = board.bundle(job)

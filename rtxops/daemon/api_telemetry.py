@@ -13,6 +13,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from rtxops.telemetry import export, store as store_mod, store_export, store_retention, store_views
+from rtxops.telemetry.otlp import MAX_JOB_ID
 from rtxops.telemetry.store import Store
 
 FORMATS = ("chrome-trace", "otlp-json", "parquet")
@@ -56,7 +57,7 @@ def make_router(store: Store, auth) -> APIRouter:
 
     @router.get("/export", responses={200: {"description": "the export file"}})
     async def export_spans(format: str = Query(..., pattern="^(chrome-trace|otlp-json|parquet)$"),
-                           job: str | None = Query(None, max_length=200)):
+                           job: str | None = Query(None, max_length=MAX_JOB_ID)):
         """Spans of one job (or all) as a Chrome trace (Perfetto), OTLP/JSON or Parquet; 404 for
         a job neither the supervisor nor telemetry knows."""
         if job and not await anyio.to_thread.run_sync(store_views.job_known, store, job):

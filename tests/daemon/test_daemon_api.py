@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -251,6 +252,53 @@ def test_log_long_polls_never_starve_the_other_endpoints(shared):
         answers = [p.result() for p in polls]
     assert all(r.status_code == 200 for r in answers)
     shared.client().post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_long_polls_arriving_together_past_the_slots_answer_without_queueing(shared):
+    """Polls past MAX_LONG_POLLS answer at once (paced); arriving together, they all saw a free
+    slot and the ones past it queued for one: a 3-second poll took 6 seconds or more."""
+    from rtxops.daemon.api_jobs import MAX_LONG_POLLS
+
+    job = shared.submit(["python", "-c", "import time; time.sleep(600)"])
+    url = f"{shared.url}/v1/jobs/{job['id']}/logs"
+    ready = threading.Barrier(2 * MAX_LONG_POLLS)
+
+    def poll():
+        ready.wait(30)
+        started = time.monotonic()
+        r = httpx.get(url, params={"wait_s": 3, "after": 10**9}, timeout=60)
+        return r.status_code, time.monotonic() - started
+
+    with ThreadPoolExecutor(2 * MAX_LONG_POLLS) as pool:
+        answers = list(pool.map(lambda _: poll(), range(2 * MAX_LONG_POLLS)))
+    assert all(code == 200 for code, _ in answers)
+    assert max(took for _, took in answers) < 5.5, sorted(round(t, 1) for _, t in answers)
+    shared.client().post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_a_job_id_as_long_as_ingest_takes_is_taken_by_every_endpoint_that_names_a_job(shared):
+    """Ingest takes job ids up to MAX_JOB_ID characters (the dashboard too); the daemon's own
+    endpoints stopped at 200 and answered 422 for such a job. A refusal's version is bounded
+    as plans' are."""
+    from rtxops.telemetry.otlp import MAX_JOB_ID
+
+    c = shared.client()
+    job = "j" * MAX_JOB_ID
+    request, _ = otlp_batch(3, seed=11, job_id=job)
+    r = c.post("/v1/traces", content=request.SerializeToString(),
+               headers={"Content-Type": "application/x-protobuf"})
+    assert r.status_code == 200, r.text
+    for path in ("/v1/plans/current", "/v1/plans/bundle", "/v1/evolve/decisions",
+                 "/v1/evolve/trials", "/v1/evolve/hotspots"):
+        assert c.get(path, params={"job": job}).status_code in (200, 404), path
+    assert c.get("/v1/telemetry/export", params={"format": "otlp-json", "job": job}).status_code == 200
+    r = c.post("/v1/plans/report", json={"job": job, "version": 3, "reason": "long id"})
+    assert r.status_code == 204, r.text
+    assert c.post("/v1/plans/report", json={"job": job + "j", "version": 3, "reason": "r"}).status_code == 422
+    for version in (10**30, -2):
+        r = c.post("/v1/plans/report", json={"job": "versions", "version": version, "reason": "r"})
+        assert r.status_code == 422, (version, r.text)
+    assert not [x for x in c.get("/v1/plans/reports").json()["reports"] if x["job_id"] == "versions"]
 
 
 def test_text_that_is_not_unicode_is_refused_and_breaks_nothing(shared):
