@@ -14,18 +14,18 @@ _capturing: Callable[[], bool] = (
     torch._C._cuda_isCurrentStreamCapturing if torch.backends.cuda.is_built() else lambda: False)
 
 
-def _current_stream_reader() -> Callable[[], torch.cuda.Stream]:
-    """``torch.cuda.current_stream()`` without its per-call device checks (an environment read
-    among them: the largest part of a routed call's host time in a profile on an H200), from
-    torch's raw getters, with one Stream object kept per stream."""
+def _current_stream_reader() -> Callable[[int], torch.cuda.Stream]:
+    """``torch.cuda.current_stream(index)`` (``-1``: the current device) without its per-call
+    device checks (an environment read among them: the largest part of a routed call's host time
+    in a profile on an H200), from torch's raw getters, with one Stream object kept per stream."""
     get_device = getattr(torch._C, "_cuda_getDevice", None)
     get_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
     if get_device is None or get_stream is None:   # a build without CUDA
-        return lambda: torch.cuda.current_stream()
+        return lambda index=-1: torch.cuda.current_stream(None if index < 0 else index)
     streams: dict[tuple, torch.cuda.Stream] = {}
 
-    def current() -> torch.cuda.Stream:
-        data = get_stream(get_device())
+    def current(index: int = -1) -> torch.cuda.Stream:
+        data = get_stream(get_device() if index < 0 else index)
         stream = streams.get(data)
         if stream is None:
             if len(streams) >= 256:   # a job making streams by the thousand
@@ -69,7 +69,10 @@ class CudaEventTimer:
         begin, end, every = self.begin, self.end, self.every
 
         def timed(*args, **kwargs):
-            begun = begin()
+            # on the device of the call's first tensor: one the job did not make current (a
+            # model spread over GPUs in one process) runs its kernels on that device's stream
+            first = args[0] if args else None
+            begun = begin(first.get_device() if isinstance(first, torch.Tensor) else -1)
             out = fn(*args, **kwargs)
             end(slot, begun)
             return out
@@ -90,20 +93,23 @@ class CudaEventTimer:
 
         return sampled
 
-    def begin(self, device: torch.device | None = None) -> tuple:
-        """Mark the start of a timed stretch on ``device``'s current stream (default: the current
-        device's); hand the result to :meth:`end`. None while a CUDA graph is being captured:
+    def begin(self, device: torch.device | int | None = None) -> tuple | None:
+        """Mark the start of a timed stretch on ``device``'s current stream (a device or its
+        index; None, -1 or a device without index: the current device's); hand the result to
+        :meth:`end`. None while a CUDA graph is being captured:
         the call runs no kernel then (its replays never pass here), and timing events recorded
         into a capture are refused by CUDA or never complete for :meth:`drain`."""
         if _capturing():
             return None
-        stream = self._current_stream() if device is None else torch.cuda.current_stream(device)
+        if not isinstance(device, int):
+            device = -1 if device is None or device.index is None else device.index
+        stream = self._current_stream(device)
         start = self._event(stream.device_index)
         host_ns = perf_counter_ns()
         before = None
         if self.memory:
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats(stream.device_index)
+            before = torch.cuda.memory_allocated(stream.device_index)
         start.record(stream)
         return host_ns, start, before, stream
 
@@ -116,8 +122,8 @@ class CudaEventTimer:
         end = self._event(device_index)
         end.record(stream)
         if before is not None:
-            self.readings.memory(slot, torch.cuda.memory_allocated() - before,
-                                 torch.cuda.max_memory_allocated() - before)
+            self.readings.memory(slot, torch.cuda.memory_allocated(device_index) - before,
+                                 torch.cuda.max_memory_allocated(device_index) - before)
         if not self._queue((slot, host_ns, start, end, device_index)):
             self._free.setdefault(device_index, []).extend((start, end))
 

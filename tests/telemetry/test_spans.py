@@ -705,6 +705,37 @@ def test_step_memory_is_read_from_the_training_threads_cuda_device(monkeypatch):
     assert asked == [3] and attrs[S.CUDA_ALLOCATED] == 7
 
 
+def test_a_call_is_timed_on_the_stream_of_its_tensors_device(monkeypatch):
+    """A model spread over GPUs in one process (accelerate's device_map) runs a layer's kernels
+    on its tensors' device, whatever device is current: the events were recorded on the current
+    device's stream, timing whatever ran there. (No GPU here: the device getter, the stream and
+    event classes and the tensor's device stand in.)"""
+    from rtxops.runtime.timing import CudaEventTimer
+
+    on_streams = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self, stream=None):
+            on_streams.append(stream.device_index)
+
+    class OnSecondGpu(torch.Tensor):
+        def get_device(self):
+            return 1
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream",   # device 0 is current
+                        lambda device=None: types.SimpleNamespace(device_index=device or 0))
+    readings = types.SimpleNamespace(record=lambda *a: None, dropped=lambda n: None)
+    timer = CudaEventTimer(readings, memory=False)
+    call = timer.wrap(lambda input: input, slot=0)
+    call(torch.Tensor._make_subclass(OnSecondGpu, torch.zeros(2)))
+    call(input=torch.zeros(2))   # no tensor to read it from: the current device
+    assert on_streams == [1, 1, 0, 0]
+
+
 def test_calls_captured_into_a_cuda_graph_are_not_timed(monkeypatch):
     """Under ``torch.cuda.graph`` capture a call runs no kernel (its replays never pass the
     wrapper): timing events recorded into the capture are refused by CUDA or never complete, and
@@ -825,9 +856,9 @@ def test_cuda_timer_times_every_call_when_it_reads_memory(monkeypatch):
     from rtxops.runtime.timing import CudaEventTimer
 
     _fake_cuda(monkeypatch)
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
     readings = types.SimpleNamespace(record=lambda *a: None, memory=lambda *a: None,
                                      dropped=lambda n: None)
     timer = CudaEventTimer(readings, memory=True, every=4)
