@@ -49,6 +49,11 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
             raise not_found(f"job {job_id!r}")
         return job_id
 
+    def whole_id_job(job_id: str, tail: str) -> dict | None:
+        """The job whose id is ``job_id`` + ``tail`` ("/logs", "/events"), when ``job_id`` is
+        no job: its page asks for /api/jobs/{its id}, which the route under a job took."""
+        return None if V.job_known(store, job_id) else data.job_detail(store, job_id + tail)
+
     @router.get("/jobs")
     def jobs(state: Filter = one_of(data.JOB_STATES, "only jobs in this state"),
              search: Filter = text_filter("substring of the job's name or id"),
@@ -62,6 +67,9 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
     def events(job_id: str = id_path(), kind: Filter = text_filter("only this event kind"),
                page: Paging = Depends(paging)) -> dict:
         """The supervisor's events of one job, oldest first."""
+        whole = whole_id_job(job_id, "/events")
+        if whole is not None:
+            return whole
         total, rows = V.job_events(store, known_job(job_id), kind=kind, limit=page.limit,
                                    offset=page.offset)
         return data.page(total, rows, page)
@@ -75,6 +83,9 @@ def make_router(store, *, problems: Callable[[], list[str]] | None = None,
         """Output lines after ``after`` (follow: pass the last ``seq`` back). A line longer than
         4000 bytes is stored in pieces, each a row here as in ``rtxops logs`` (``size``: its
         bytes; ``cut``: cut for display)."""
+        whole = whole_id_job(job_id, "/logs")
+        if whole is not None:
+            return whole
         lines = V.job_logs(store, known_job(job_id), rank=rank, stream=stream, search=search,
                            after_seq=after, limit=limit)
         return {"job_id": job_id, "after": after, "lines": lines,

@@ -190,6 +190,23 @@ def test_a_job_id_holding_a_slash_opens(api, live):
     assert 'href="/jobs/team' in listed
 
 
+def test_a_job_id_ending_as_a_route_under_a_job_opens(api, live):
+    """``team/logs`` asked for as /api/jobs/team/logs went to the logs of a job ``team``: a 404
+    for the job its page shows. (A job ``team`` that exists keeps the route.)"""
+    from ..daemon.live import otlp_batch
+
+    for seed, job in enumerate(("team/logs", "team/events")):
+        request, _ = otlp_batch(3, seed=40 + seed, job_id=job)
+        with live.client(token=True) as c:
+            r = c.post("/v1/traces", content=request.SerializeToString(),
+                       headers={"Content-Type": "application/x-protobuf"})
+            assert r.status_code == 200, r.text
+        r = api.get(f"/api/jobs/{job.replace('/', '%2F')}")
+        assert r.status_code == 200 and r.json()["job_id"] == job, r.text
+    assert api.get(f"/api/jobs/{live.job_id}/logs").json()["job_id"] == live.job_id
+    assert api.get("/api/jobs/nobody/logs").status_code == 404
+
+
 def test_listed_job_ids_link_to_their_own_pages(api, live):
     """A 228-character id (OTLP takes any) was listed, then a 422 on its page; `exp/../other`
     linked as `/jobs/exp/../other`, which a browser resolves to another job's page."""
