@@ -151,8 +151,8 @@ def _report(data: Optional[dict], unreadable: str, summary: bool, json_summary: 
     if data is None:
         if summary or json_summary:
             _note("rtxops: the job left " + (f"an unreadable summary ({unreadable})" if unreadable
-                  else "no summary (no Python of it ran the runtime: one without torch, or "
-                     "a runtime that did not start, as its output says; or it was killed)"))
+                  else "no summary (no Python process of it imported torch, which starts the "
+                     "runtime; or a runtime that did not start, as its output says; or it was killed)"))
         return
     if json_summary:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 import json
 import logging
 import sys
@@ -54,10 +55,11 @@ _NOT_A_FAILURE: tuple[type[BaseException], ...] = tuple(
 EXPLORE_PERIOD = 1000  # explore shares are laid out over this many calls, deterministically
 REGION_OP = "region"   # the op of the slots regions record (see Dispatcher.region_clock)
 COMPILED_FAMILY = "compiled"  # variants built with torch.compile (ops/_compiled.py)
-# call keys a site remembers routes for; past it the table starts over. A call key holds the
-# call's scalar arguments, so a job that anneals one (label smoothing, dropout) makes a new key
-# every step: without a bound the table grew by ~2 KB a call
-ROUTES_PER_SITE = 1024
+# call keys a site remembers routes for; past it the older half is forgotten (a miss finds the
+# route again in bucket_routes). A call key holds the call's scalar arguments, so a job that
+# anneals one (label smoothing, dropout) makes a new key every call: without a bound the table
+# grew by ~2 KB a call. Jobs cycling through more shapes than this miss on every call
+ROUTES_PER_SITE = 4096
 
 
 class _LeadOptimizer:
@@ -805,10 +807,14 @@ class Dispatcher:
         """Report the CUDA-timed calls still pending (at exit: their events done by a
         synchronize, which only the end of the job may wait for)."""
         timers = [t for t in (self.cuda_timer, self.region_timer) if t is not None]
-        if timers and torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-        for timer in timers:
-            timer.drain()
+        try:
+            if timers and torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            for timer in timers:
+                timer.drain()
+        except Exception as e:   # a CUDA error the job left behind (sticky: every CUDA call
+            # raises it again): the rest of the telemetry and the summary still go out
+            log.warning("rtxops: the last CUDA-timed calls are not reported: %s", _describe(e))
 
     def set_readings(self, readings: Readings) -> None:
         """Send readings elsewhere; routes are rebuilt so the hot path calls the new sink."""
@@ -919,7 +925,8 @@ class Dispatcher:
                         route = site.explore([r for r, _ in arms], [w for _, w in arms])
                     site.bucket_routes[shared] = route
             if len(site.routes) >= ROUTES_PER_SITE:
-                site.routes.clear()   # (routes stay in bucket_routes: a miss finds them there)
+                for old in list(itertools.islice(site.routes, ROUTES_PER_SITE // 2)):
+                    del site.routes[old]
             site.routes[key] = route
             return route
 

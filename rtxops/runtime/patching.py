@@ -371,9 +371,13 @@ class _Patch:
             log.exception("rtxops: looking for rope functions failed")
 
     def _scan_functions(self) -> None:
-        modules = list(sys.modules.values())
-        fresh = modules[self._seen_modules:] if len(modules) >= self._seen_modules else modules
-        self._seen_modules = len(modules)
+        count = len(sys.modules)
+        if count == self._seen_modules:   # (most misses: no module loaded since the last one)
+            fresh = []
+        else:
+            modules = list(sys.modules.values())
+            fresh = modules[self._seen_modules:] if count >= self._seen_modules else modules
+            self._seen_modules = count
         main = sys.modules.get("__main__")
         for module in ([main] if main is not None else []) + fresh:
             try:  # no attribute access: a lazily imported module would load

@@ -88,7 +88,8 @@ class CudaEventTimer:
             countdown[0] -= 1
             host_ns = perf_counter_ns()
             out = fn(*args, **kwargs)
-            queue((slot, host_ns, None, None, -1))
+            if not _capturing():   # (see begin)
+                queue((slot, host_ns, None, None, -1))
             return out
 
         return sampled

@@ -70,12 +70,25 @@ def test_exporting_from_a_process_that_never_compiled_does_not_load_dynamo(tmp_p
     read Inductor's counters by importing ``torch._dynamo``, which pulled dynamo and Triton into
     every DataLoader worker and inference process (seconds each, and ~150 MB)."""
     done = _run("""
-        import atexit, sys
-        # registered before the runtime's own exit handler: runs after its last export
-        atexit.register(lambda: print("DYNAMO", "torch._dynamo" in sys.modules, flush=True))
+        import sys
         import torch, torch.nn.functional as F
+        from rtxops.runtime import bootstrap
         for _ in range(3):
             F.gelu(torch.randn(4, 8))
+        bootstrap.finish()   # the exit work (the last export) now
+        print("DYNAMO", "torch._dynamo" in sys.modules, flush=True)
     """, tmp_path, RTXOPS_TELEMETRY="duckdb")
     assert "DYNAMO False" in done.stdout, done.stdout + done.stderr
     assert (tmp_path / "home" / "rtxops.duckdb").exists()
+
+
+def test_torchs_own_loader_is_left_as_it_was(tmp_path):
+    # the start hook sits on torch's loader only while torch is imported: the spec still
+    # pickles (multiprocessing sends specs) and the loader compares equal to a fresh one
+    done = _run("""
+        import pickle, importlib.machinery
+        import torch
+        pickle.dumps(torch.__spec__)
+        print("SAME", torch.__loader__ == importlib.machinery.SourceFileLoader("torch", torch.__file__))
+    """, tmp_path)
+    assert "SAME True" in done.stdout, done.stdout + done.stderr

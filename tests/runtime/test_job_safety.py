@@ -926,26 +926,32 @@ def test_the_users_own_sitecustomize_runs_as_a_package_and_a_failing_one_leaves_
             assert "Error in sitecustomize; set PYTHONVERBOSE for traceback:\nRuntimeError: user sitecustomize broke" in r.stderr
 
 
-def test_a_cuda_error_left_at_exit_costs_neither_the_last_export_nor_the_summary(tmp_path, capsys):
+def test_a_cuda_error_left_at_exit_costs_neither_the_last_export_nor_the_summary(tmp_path, caplog):
     """A job that ended on a CUDA error (sticky: every later CUDA call raises it): draining the
-    CUDA timers raised, and the readings were never closed (the last step's telemetry lost) nor
-    the summary written. (No GPU here: the drain raises as it would there.)"""
+    CUDA timers raised, at exit and again in the telemetry's close, and the last step's spans and
+    the summary were lost. (No GPU here: the synchronize raises as it would there.)"""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
     from rtxops.runtime import bootstrap
+    from rtxops.runtime.timing import CudaEventTimer
+    from rtxops.telemetry.job import start_job_telemetry
 
     d = patching.enable()
+    exporter = InMemorySpanExporter()
     try:
-        F.gelu(torch.randn(4, 4))
-        closed = []
-        d.readings.close = lambda: closed.append(True)
+        start_job_telemetry(d, exporter, export_interval_s=3600)
+        F.gelu(torch.randn(4, 4))   # the last, unfinished step
+        d.cuda_timer = CudaEventTimer(d.readings, memory=False)
+        d.cuda_timer._pending.append((0, 1, None, None, -1))
 
         def sticky_error():
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-        d.drain_timers = sticky_error
+        d.cuda_timer.drain = sticky_error
         summary = tmp_path / "summary.json"
         bootstrap._at_exit(d, str(summary), os.getpid())
     finally:
         patching.disable()
-    assert closed == [True]
     assert [s["op"] for s in json.loads(summary.read_text())["slots"]] == ["gelu"]
-    assert "illegal memory access" in capsys.readouterr().err
+    assert any(span.name == "rtx.step" for span in exporter.get_finished_spans())
+    assert "illegal memory access" in caplog.text

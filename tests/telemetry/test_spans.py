@@ -761,19 +761,20 @@ def test_calls_captured_into_a_cuda_graph_are_not_timed(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream",
                         lambda device=None: types.SimpleNamespace(device_index=0))
     monkeypatch.setattr(timing, "_capturing", lambda: capturing[0])
-    recorded = []
-    readings = types.SimpleNamespace(record=lambda slot, t0, ns: recorded.append((slot, ns)),
-                                     dropped=lambda n: None)
-    timer = timing.CudaEventTimer(readings, memory=False)
-    call = timer.wrap(lambda x: x + 1, slot=2)
-    assert call(1) == 2
-    capturing[0] = True
-    assert [call(1) for _ in range(3)] == [2, 2, 2]
-    assert timer.end(5, timer.begin()) is None   # a region's clock, the same way
-    capturing[0] = False
-    assert call(1) == 2
-    assert timer.drain() == 2
-    assert recorded == [(2, 500_000)] * 2 and True not in recorded_while_capturing
+    for every in (1, 3):   # every call timed, or one in 3 (the others recorded untimed)
+        recorded = []
+        readings = types.SimpleNamespace(record=lambda slot, t0, ns: recorded.append((slot, ns)),
+                                         dropped=lambda n: None)
+        timer = timing.CudaEventTimer(readings, memory=False, every=every)
+        call = timer.wrap(lambda x: x + 1, slot=2)
+        assert call(1) == 2
+        capturing[0] = True
+        assert [call(1) for _ in range(3)] == [2, 2, 2]
+        assert timer.end(5, timer.begin()) is None   # a region's clock, the same way
+        capturing[0] = False
+        assert call(1) == 2
+        assert timer.drain() == 2, every
+        assert recorded == [(2, 500_000)] * 2 and True not in recorded_while_capturing
 
 
 def test_the_cuda_timer_reads_the_current_stream_from_torchs_getters_and_keeps_one_object_each(

@@ -46,8 +46,14 @@ DIRECTORY = str(Path(__file__).resolve().parent)
 PACKAGE_ROOT_VARIABLE = "RTXOPS_PACKAGE_ROOT"   # (sitecustomize.py reads it by this name)
 
 
+_to_finish: list[tuple] = []   # (dispatcher, summary path, pid) of the runtime start() began
+
+
 def start() -> None:
-    """Enable the runtime for this process as the environment asks."""
+    """Enable the runtime for this process as the environment asks; its exit work (see
+    :func:`finish`) is registered with atexit. It runs before the exit handlers registered
+    earlier: the libraries it exports through (OpenTelemetry, DuckDB) register theirs as it
+    starts, and shut down in them."""
     if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
         # a supervisor that cannot attach py-spy asks for stacks with SIGUSR1
         faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -126,7 +132,14 @@ def start() -> None:
         dispatcher.optimizer_region = FusedOptimizer(
             report_optimizer, ready=lambda: regions is None or regions.state in SETTLED,
             clock=step_clock(dispatcher))
-    atexit.register(_at_exit, dispatcher, os.environ.get("RTXOPS_SUMMARY"), os.getpid())
+    _to_finish.append((dispatcher, os.environ.get("RTXOPS_SUMMARY"), os.getpid()))
+    atexit.register(finish)
+
+
+def finish() -> None:
+    """At exit: the runtime's last telemetry and its summary (once)."""
+    while _to_finish:
+        _at_exit(*_to_finish.pop())
 
 
 def _switch(name: str, default: bool = False) -> bool:
@@ -196,9 +209,6 @@ def _at_exit(dispatcher, summary_path: str | None, pid: int) -> None:
         return
     try:
         dispatcher.drain_timers()   # the last step's CUDA-timed calls, into the readings
-    except Exception as e:   # (a CUDA error the job left behind): the rest is still exported
-        print(f"rtxops: the last CUDA-timed calls are not reported: {e}", file=sys.stderr)
-    try:
         dispatcher.readings.close()
         if summary_path:
             _add_summary(Path(summary_path), summarize(dispatcher))

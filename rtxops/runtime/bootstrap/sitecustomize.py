@@ -2,6 +2,7 @@
 
 Turns the runtime on before the user's script runs, then hands over to any other
 ``sitecustomize`` that this one shadows."""
+import contextlib
 import importlib.util
 import os
 import sys
@@ -95,13 +96,19 @@ class _StartWithTorch:
         load = getattr(spec.loader, "exec_module", None)
 
         def exec_module(module):
-            load(module)
-            # the module is whole: another thread's `import torch` (one the runtime starts) need
-            # not wait for the import lock this thread holds until start() returns
-            spec._initializing = False
-            self.torch_loaded = self.torch_loaded or name == "torch"
-            if self.torch_loaded and not _rtxops_importing():
-                self._start()
+            loaded = False
+            try:
+                load(module)
+                loaded = True
+            finally:
+                with contextlib.suppress(AttributeError):
+                    del spec.loader.exec_module   # the loader as it was (pickles, compares equal)
+                # the module is whole (or failed): another thread's `import torch` (one the
+                # runtime starts) need not wait for the lock this thread holds until start() returns
+                spec._initializing = False
+                self.torch_loaded = self.torch_loaded or (loaded and name == "torch")
+                if self.torch_loaded and not _rtxops_importing():
+                    self._start()
 
         if load is not None:
             try:   # on this loader only (a fresh one per find_spec): __loader__ stays the real one
