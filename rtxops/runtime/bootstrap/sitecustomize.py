@@ -1,7 +1,7 @@
 """Loaded by every Python process started under ``rtxops run`` (this folder leads PYTHONPATH).
 
-Turns the runtime on before the user's script runs, then hands over to any other
-``sitecustomize`` that this one shadows."""
+Hands over to any other ``sitecustomize`` that this one shadows, then arranges for the runtime
+to start as the process first imports torch (see :class:`_StartWithTorch`)."""
 import contextlib
 import importlib.util
 import os
