@@ -107,16 +107,10 @@ def run(
     _refuse_unknown_option(command, "run")
     if home is not None:
         os.environ["RTXOPS_HOME"] = str(home.resolve())   # the job and its daemon use it too
-    if plan is not None and not plan.exists():  # a plan JSON file or a signed bundle folder
-        raise _fail(f"plan {plan} does not exist")
-    if plan is not None and not plan.is_dir():
-        _check_plan_file(plan)   # (a bundle folder is verified by the job, with its keyring)
-    elif plan is not None:
-        from rtxops.governance import SIGNATURE
-
-        if not (plan / SIGNATURE).is_file():
-            raise _fail(f"plan {plan} is a folder but no signed plan bundle (it has no {SIGNATURE}; "
-                        "`rtxops sign --kind plan` makes one)")
+    if plan is not None:
+        _check_plan(plan)
+    elif os.environ.get("RTXOPS_PLAN"):   # the job reads it as it would --plan
+        _check_plan(Path(os.environ["RTXOPS_PLAN"]), "RTXOPS_PLAN=")
     if json_summary is not None and (json_summary.is_dir() or not json_summary.resolve().parent.is_dir()
                                      or not os.access(json_summary.resolve().parent, os.W_OK)):
         # found out before the job runs, not after hours of training
@@ -178,24 +172,36 @@ def _silence(stream) -> None:
 MAX_PLAN_BYTES = 64 << 20
 
 
-def _check_plan_file(plan: Path) -> None:
-    """A plan file the job could not read or parse is refused before it runs (the job would
-    train on the reference plan); whether its variants exist is for the job's registry to say."""
+def _check_plan(plan: Path, given_as: str = "") -> None:
+    """A plan the job could not read or parse is refused before it runs (the job would train on
+    the reference plan); whether its variants exist is for the job's registry to say, and a
+    bundle folder is verified by the job, with its keyring. ``given_as``: the variable that
+    named it, for the message."""
     from rtxops.runtime.errors import PlanError
     from rtxops.runtime.plan import Plan
 
+    name = f"plan {given_as}{plan}"
+    if not plan.exists():   # a plan JSON file or a signed bundle folder
+        raise _fail(f"{name} does not exist")
+    if plan.is_dir():
+        from rtxops.governance import SIGNATURE
+
+        if not (plan / SIGNATURE).is_file():
+            raise _fail(f"{name} is a folder but no signed plan bundle (it has no {SIGNATURE}; "
+                        "`rtxops sign --kind plan` makes one)")
+        return
     try:
         if not stat.S_ISREG(plan.stat().st_mode):   # opening a FIFO would wait for a writer
-            raise _fail(f"plan {plan} is not a regular file")
+            raise _fail(f"{name} is not a regular file")
         with open(plan, "rb") as f:
             raw = f.read(MAX_PLAN_BYTES + 1)
         if len(raw) > MAX_PLAN_BYTES:
-            raise _fail(f"plan {plan} is over {MAX_PLAN_BYTES >> 20} MB: no plan is")
+            raise _fail(f"{name} is over {MAX_PLAN_BYTES >> 20} MB: no plan is")
         Plan.from_json(raw)
     except OSError as e:
-        raise _fail(f"cannot read plan {plan}: {e.strerror or e}") from None
+        raise _fail(f"cannot read {name}: {e.strerror or e}") from None
     except PlanError as e:
-        raise _fail(f"plan {plan}: {e}") from None
+        raise _fail(f"{name}: {e}") from None
 
 
 def _run_direct(command: list[str], plan: Optional[Path], summary_file: Path, telemetry: bool) -> int:
@@ -692,8 +698,9 @@ def daemon(
         from rtxops.evolve.scheduler import enabled as evolve_enabled
 
         try:   # a malformed setting is said here, not only in the detached daemon's log
+            settings.variant_modules()
             if evolve_enabled():
-                LoopConfig.from_env()
+                LoopConfig.from_env().check_variants()
         except (settings.SettingError, ValueError) as e:
             raise _fail(str(e)) from None
         h.ensure()

@@ -267,6 +267,8 @@ def verify(path: Path = typer.Argument(..., help="bundle directory"),
     if keyring is not None and not key and not keyring.is_file():
         # a mistyped path read as an empty keyring: every bundle "signed by a key not in it"
         raise _fail(f"--keyring {keyring}: no such file")
+    if trusted_root is not None and not trusted_root.is_file():
+        raise _fail(f"--trusted-root {trusted_root}: no such file")
     trust = Trust(keyring=None if key else _guard(lambda: Keyring.load(_keyring_path(keyring, home))),
                   public_key=pem, identity=identity, issuer=issuer, trusted_root=trusted_root)
     policies = None if no_policy else _guard(lambda: load_policies(policy))
@@ -278,6 +280,8 @@ def verify(path: Path = typer.Argument(..., help="bundle directory"),
         # the trust anchor named: without --keyring or a home it is ./.rtxops's, which a
         # downloaded folder could bring along
         where = str(trust.keyring.path)
+        if not trust.keyring.path.is_file():   # (read as empty: it trusts no key)
+            where += ": no such file, no key trusted"
         if keyring is None and home is None and not os.environ.get("RTXOPS_HOME"):
             where += " (the home in this folder; --keyring or --home names another)"
         report.checks.insert(0, Check("trust", True, f"keyring {where}"))

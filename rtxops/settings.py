@@ -157,11 +157,29 @@ def plan_poll_s() -> float:
     return seconds("RTXOPS_PLAN_POLL_S", 2.0, zero="no polling")
 
 
+def variant_modules() -> list[str]:
+    """``RTXOPS_VARIANT_MODULES``: the plugin modules named, each one that can be found (its
+    package is imported to find it; the module itself, which imports torch, is not)."""
+    import importlib.util
+
+    names = [m.strip() for m in (os.environ.get("RTXOPS_VARIANT_MODULES") or "").split(",") if m.strip()]
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):   # its package is missing, or the name is malformed
+            found = False
+        if not found:
+            raise SettingError(f"RTXOPS_VARIANT_MODULES: no module {name!r} can be imported "
+                               "(give comma-separated module names, each with a VARIANTS list)")
+    return names
+
+
 def check_runtime() -> None:
     """Raise :class:`SettingError` for a malformed switch of the job's runtime (the job would take
     it as off, saying so only in its output)."""
     for name in JOB_SWITCHES:
         switch(name)
+    variant_modules()   # (the job would run without rtxops)
     compile_model()
     plan_poll_s()
     cuda_time_every()

@@ -161,3 +161,50 @@ def test_a_job_with_a_malformed_switch_is_not_started_and_false_means_off(tmp_pa
                env={"RTXOPS_HOME": str(tmp_path / "home"), "RTXOPS_FUSE_OPTIMIZER": "false",
                     "RTXOPS_REROUTE_MLP": "no", "RTXOPS_TELEMETRY": "off"})
     assert r.returncode == 0 and "fused False reroute False" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_a_plugin_module_that_is_not_there_is_refused_before_anything_starts(tmp_path):
+    """A misspelt RTXOPS_VARIANT_MODULES left the job running without rtxops (saying so only in
+    its output), and the daemon's evolve loop unbuilt (saying so only in its log)."""
+    done = tmp_path / "ran"
+    for raw in ("no_such_rtxops_plugin", "json.no_such_module", "os, nope.nope"):
+        r = rtxops("run", "--direct", "--", sys.executable, "-c", f"open({str(done)!r}, 'w')",
+                   env={"RTXOPS_HOME": str(tmp_path / "home"), "RTXOPS_VARIANT_MODULES": raw})
+        assert r.returncode == 2 and "RTXOPS_VARIANT_MODULES: no module" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and not done.exists()
+    r = rtxops("daemon", "--port", "0", "--home", str(tmp_path / "home"),
+               env={"RTXOPS_VARIANT_MODULES": "no_such_rtxops_plugin"})
+    assert r.returncode == 2 and "'no_such_rtxops_plugin'" in r.stderr, r.stderr
+
+
+def test_a_variant_allow_list_naming_no_variant_is_refused_with_the_names(tmp_path):
+    """``RTXOPS_EVOLVE_VARIANTS=eagr`` was taken: the loop then had no candidate anywhere."""
+    for detach in ((), ("--detach",)):
+        r = rtxops("daemon", *detach, "--port", "0", "--home", str(tmp_path / "home"),
+                   env={"RTXOPS_EVOLVE_VARIANTS": "eager,eagr"})
+        flat = " ".join(r.stderr.split())
+        assert r.returncode == 2 and "no op has a variant named 'eagr'" in flat, r.stderr
+        assert "chunked" in flat and "Traceback" not in flat
+
+
+def test_the_loop_config_checks_its_allow_list_against_the_registry():
+    from rtxops.evolve.config import LoopConfig
+    from rtxops.runtime.registry import default_registry
+
+    LoopConfig(variants="eager, chunked,").check_variants(default_registry())
+    LoopConfig().check_variants()   # no allow-list: nothing read
+    with pytest.raises(ValueError, match="'Eager'"):
+        LoopConfig(variants="Eager").check_variants(default_registry())
+
+
+def test_a_plan_named_by_the_environment_is_checked_as_plan_is(tmp_path):
+    """RTXOPS_PLAN pointing nowhere (or at garbage) let the job train on the reference plan."""
+    done = tmp_path / "ran"
+    garbage = tmp_path / "plan.json"
+    garbage.write_text("{not json")
+    for plan, said in ((tmp_path / "missing.json", "does not exist"), (garbage, "plan RTXOPS_PLAN=")):
+        r = rtxops("run", "--direct", "--", sys.executable, "-c", f"open({str(done)!r}, 'w')",
+                   env={"RTXOPS_HOME": str(tmp_path / "home"), "RTXOPS_PLAN": str(plan)})
+        flat = " ".join(r.stderr.split())
+        assert r.returncode == 2 and f"plan RTXOPS_PLAN={plan}" in flat and said in flat, r.stderr
+        assert not done.exists()

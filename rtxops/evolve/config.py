@@ -105,3 +105,29 @@ class LoopConfig:
             raise ValueError("RTXOPS_EVOLVE_MIN_SHARE must be in [0, 1)")
         if not 0 < self.explore_share <= 0.5:
             raise ValueError("RTXOPS_EVOLVE_EXPLORE_SHARE must be in (0, 0.5]")
+
+    def allowed_variants(self) -> set[str]:
+        """The ``variants`` allow-list's names (empty: every variant may be tried)."""
+        return {v.strip() for v in self.variants.split(",") if v.strip()}
+
+    def check_variants(self, registry=None) -> None:
+        """Refuse allow-listed names that no op's variant has: a misspelt name would leave the
+        loop no candidate to try, saying nothing. Reads the registry (torch, and the plugins
+        of ``RTXOPS_VARIANT_MODULES``) only when there is an allow-list."""
+        wanted = self.allowed_variants()
+        if not wanted:
+            return
+        from rtxops.runtime.errors import RegistryError
+
+        try:
+            if registry is None:
+                from rtxops.runtime.registry import default_registry
+
+                registry = default_registry()
+            known = {v.name for op in registry.ops() for v in registry.variants(op.name)}
+        except RegistryError as e:   # a plugin module that cannot be imported
+            raise ValueError(str(e)) from None
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise ValueError(f"RTXOPS_EVOLVE_VARIANTS: no op has a variant named "
+                             f"{', '.join(map(repr, unknown))} (the variants: {', '.join(sorted(known))})")

@@ -131,6 +131,7 @@ class EvolveLoop:
         # jobs whose tuning state is kept while they do not run (a restart's backoff)
         self.unfinished_jobs = unfinished_jobs
         self.config = config or LoopConfig()
+        self.config.check_variants(registry)
         self.tuning = TuningDB(store, registry)
         self.trial_spans = TrialSpans(store)
         self.jobs: dict[str, JobEvolution] = {}
@@ -387,7 +388,7 @@ class EvolveLoop:
         bt = BucketTuning(op, bucket, incumbent, phase="gating")
         arms = [a for a in candidates(self.registry, op, spec_bucket,
                                       deterministic=self.config.deterministic) if a != incumbent]
-        allowed = {v.strip() for v in self.config.variants.split(",") if v.strip()}
+        allowed = self.config.allowed_variants()
         resource = store_evolve.job_resource(self.store, job)
         arms = [a for a in arms if (not allowed or a.variant in allowed)
                 and not self._regressed(op, bucket, a, resource)]

@@ -266,3 +266,17 @@ def test_verify_names_the_keyring_it_trusted_and_where_it_came_from(good_plan, k
     flat = " ".join(output.split())
     assert code == 0 and f"keyring {tmp_path / '.rtxops' / 'keyring.json'}" in flat, output
     assert "(the home in this folder; --keyring or --home names another)" in flat
+
+
+def test_verify_says_when_no_keyring_is_there_and_refuses_a_missing_trusted_root(good_plan, tmp_path,
+                                                                                 monkeypatch):
+    """A home without a keyring file was named as the trust anchor like any other ("ok"), and a
+    mistyped --trusted-root failed the verification (exit 1) instead of the command (exit 2)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RTXOPS_HOME", raising=False)
+    code, output = cli("verify", str(good_plan), "--no-ledger")
+    flat = " ".join(output.split())
+    assert code == 1 and "keyring.json: no such file, no key trusted" in flat, output
+    code, output = cli("verify", str(good_plan), "--identity", "me@example.com", "--issuer",
+                       "https://issuer.example", "--trusted-root", str(tmp_path / "root.json"))
+    assert code == 2 and "--trusted-root" in output and "no such file" in output, output
