@@ -23,7 +23,7 @@ from rich.table import Table
 
 from rtxops.cli_evolve import register as _register_evolve
 from rtxops.cli_governance import register as _register_governance
-from rtxops.cli_text import inert, plain
+from rtxops.cli_text import HomeOpt, inert, plain
 
 app = typer.Typer(help="rtxops: a self-optimizing runtime for PyTorch training jobs.",
                   no_args_is_help=True, add_completion=False)
@@ -66,7 +66,7 @@ def _client(home: Optional[Path] = None):
 
     client = DaemonClient.find(_home(home))
     if client is None:
-        raise _fail("no daemon is running for this RTXOPS_HOME (start one with `rtxops daemon`)", 1)
+        raise _fail("no daemon is running for this RTXOPS_HOME (start one with `rtxops daemon --detach`)", 1)
     return client
 
 
@@ -98,7 +98,7 @@ def run(
                                        "the background; swap it in when ready, keep it if faster"),
     fuse_optimizer: bool = typer.Option(False, help="try torch's fused implementation of the job's "
                                         "optimizer (Adam, AdamW, SGD, Adagrad); keep it if faster"),
-    home: Optional[Path] = typer.Option(None, help="RTXOPS_HOME (default $RTXOPS_HOME or ./.rtxops)"),
+    home: Optional[Path] = HomeOpt,
 ) -> None:
     """Run COMMAND with the runtime enabled: ``rtxops run -- python train.py ARGS``.
 
@@ -668,7 +668,7 @@ def daemon(
     ctx: typer.Context,
     host: str = typer.Option("127.0.0.1", help="address to bind"),
     port: int = typer.Option(8765, min=0, max=65535, help="port to bind (0: any free port)"),
-    home: Optional[Path] = typer.Option(None, help="RTXOPS_HOME (default ./.rtxops)"),
+    home: Optional[Path] = HomeOpt,
     detach: bool = typer.Option(False, help="run in the background (PID file in the home)"),
     retention: Optional[str] = typer.Option(
         None, help="delete telemetry older than this, hourly: 30d, 36h, off "
@@ -812,7 +812,7 @@ def _daemon_home(ctx: typer.Context, home: Optional[Path]) -> Optional[Path]:
 
 
 @daemon_app.command("status")
-def daemon_status(ctx: typer.Context, home: Optional[Path] = typer.Option(None)) -> None:
+def daemon_status(ctx: typer.Context, home: Optional[Path] = HomeOpt) -> None:
     """Is a daemon serving this home? Exit 0 if so, 1 if not."""
     from rtxops.daemon.client import DaemonClient
 
@@ -827,7 +827,7 @@ def daemon_status(ctx: typer.Context, home: Optional[Path] = typer.Option(None))
 
 
 @daemon_app.command("stop")
-def daemon_stop(ctx: typer.Context, home: Optional[Path] = typer.Option(None),
+def daemon_stop(ctx: typer.Context, home: Optional[Path] = HomeOpt,
                 timeout: float = typer.Option(60.0, min=0.1, help="seconds to wait for a clean stop")) -> None:
     """Stop the daemon (SIGTERM: jobs are stopped gracefully, the store flushed)."""
     from rtxops.daemon import proctree
@@ -873,7 +873,7 @@ def submit(
     nproc_per_node: int = typer.Option(1, help="ranks, launched through torchrun (gloo on CPU)"),
     inherit_env: bool = typer.Option(False, help="start the job from this shell's environment "
                                                  "rather than the daemon's"),
-    home: Optional[Path] = typer.Option(None),
+    home: Optional[Path] = HomeOpt,
 ) -> None:
     """Submit a job to the daemon; prints its id."""
     from rtxops.daemon.client import DaemonError
@@ -895,7 +895,7 @@ def submit(
 
 
 @app.command()
-def jobs(home: Optional[Path] = typer.Option(None), limit: int = typer.Option(50, min=1, max=1000)) -> None:
+def jobs(home: Optional[Path] = HomeOpt, limit: int = typer.Option(50, min=1, max=1000)) -> None:
     """List jobs, newest first."""
     listed = _client(home).jobs(limit)
     table = Table()
@@ -917,7 +917,7 @@ def jobs(home: Optional[Path] = typer.Option(None), limit: int = typer.Option(50
 
 @app.command()
 def logs(job: str, follow: bool = typer.Option(False, "--follow", "-f"),
-         rank: Optional[int] = typer.Option(None), home: Optional[Path] = typer.Option(None)) -> None:
+         rank: Optional[int] = typer.Option(None), home: Optional[Path] = HomeOpt) -> None:
     """Print a job's output (``--follow`` until it ends)."""
     from rtxops.daemon.client import DaemonError
 
@@ -928,7 +928,7 @@ def logs(job: str, follow: bool = typer.Option(False, "--follow", "-f"),
 
 
 @app.command()
-def cancel(job: str, home: Optional[Path] = typer.Option(None)) -> None:
+def cancel(job: str, home: Optional[Path] = HomeOpt) -> None:
     """Cancel a job: SIGTERM to its process tree, SIGKILL after the grace period."""
     from rtxops.daemon.client import DaemonError
 
@@ -945,7 +945,7 @@ def telemetry_export(
     format: str = typer.Option(..., "--format", help="chrome-trace | parquet | otlp-json"),
     job: Optional[str] = typer.Option(None, help="only this job"),
     output: Path = typer.Option(..., "--out", "-o", help="file to write"),
-    home: Optional[Path] = typer.Option(None),
+    home: Optional[Path] = HomeOpt,
 ) -> None:
     """Export stored spans: open chrome-trace in Perfetto, otlp-json in any OTel tool."""
     import duckdb
@@ -1008,7 +1008,7 @@ def _first_line(e: BaseException) -> str:
 
 
 @telemetry_app.command("stats")
-def telemetry_stats(home: Optional[Path] = typer.Option(None),
+def telemetry_stats(home: Optional[Path] = HomeOpt,
                     as_json: bool = typer.Option(False, "--json")) -> None:
     """Ingest counts: spans stored by kind and batches; with a daemon running, also its refused
     and rejected requests and drops (a daemon counts those in memory, from its start)."""
@@ -1043,7 +1043,7 @@ def telemetry_stats(home: Optional[Path] = typer.Option(None),
 def telemetry_prune(
     older_than: str = typer.Option(..., "--older-than", help="an age: 30d, 36h, 2w (1d at least)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="count what would go, delete nothing"),
-    home: Optional[Path] = typer.Option(None),
+    home: Optional[Path] = HomeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Delete telemetry older than an age: spans, span events, kernel rollups, the ingest log and

@@ -16,14 +16,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rtxops.cli_text import inert, plain
+from rtxops.cli_text import HomeOpt, inert, plain
 
 err = Console(stderr=True, emoji=False)
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # names, paths as they are
 
 evolve_app = typer.Typer(help="The evolve loop: status, and the replay simulator.",
                          no_args_is_help=True)
-HomeOpt = typer.Option(None, "--home", help="RTXOPS_HOME (default: $RTXOPS_HOME or ./.rtxops)")
 POLL_S = 0.5
 
 
@@ -418,7 +417,7 @@ def status(as_json: bool = typer.Option(False, "--json"), home: Optional[Path] =
     h = _home(home)
     client = _daemon(h)
     if client is None:
-        raise _fail(f"no daemon serving {h.root} (start one with `rtxops daemon`)", 1)
+        raise _fail(f"no daemon serving {h.root} (start one with `rtxops daemon --detach`)", 1)
     state = _call(client, "GET", "/v1/evolve/status")
     state["decisions"] = _call(client, "GET", "/v1/evolve/decisions", params={"limit": 10})["decisions"]
     if as_json:

@@ -16,7 +16,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from rtxops.cli_text import inert
+from rtxops.cli_text import HomeOpt, inert
 
 err = Console(stderr=True, emoji=False)
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # names, paths as they are
@@ -26,7 +26,6 @@ policy_app = typer.Typer(help="CEL policies over bundles.", no_args_is_help=True
 ledger_app = typer.Typer(help="The hash-chained ledger of signed decisions.", no_args_is_help=True)
 plan_app = typer.Typer(help="Move signed plans between machines.", no_args_is_help=True)
 
-HomeOpt = typer.Option(None, "--home", help="RTXOPS_HOME (default: $RTXOPS_HOME or ./.rtxops)")
 
 
 def register(app: typer.Typer) -> None:
@@ -193,6 +192,9 @@ def sign(directory: Path = typer.Argument(..., help="directory to turn into a bu
         signer = _guard(lambda: KeylessSigner.create(identity_token, trust_config))
         who = f"as {signer.identity} ({signer.issuer})"
     else:
+        if key is None and not (_home(home).root / "keys" / "signing.pem").exists():
+            raise _fail(f"no signing key at {_home(home).root / 'keys' / 'signing.pem'}: "
+                        "`rtxops keys init` makes one (or give --key, or --keyless)")
         key = key or _home(home).root / "keys" / "signing.pem"
         signer = _guard(lambda: Signer.from_key_file(key))
         who = f"with key {signer.key_id[:16]}"

@@ -1,9 +1,12 @@
-"""Text for the CLI's tables."""
+"""Text for the CLI: its tables, and the option every command shares."""
 from __future__ import annotations
 
 import re
 
+import typer
 from rich.text import Text
+
+HomeOpt = typer.Option(None, "--home", help="RTXOPS_HOME (default: $RTXOPS_HOME or ./.rtxops)")
 
 # what a terminal would act on rather than show: C0 controls but tab and newline, DEL, C1, and
 # the bidi overrides and isolates (a job's name could clear the screen or read backwards)

@@ -280,3 +280,13 @@ def test_verify_says_when_no_keyring_is_there_and_refuses_a_missing_trusted_root
     code, output = cli("verify", str(good_plan), "--identity", "me@example.com", "--issuer",
                        "https://issuer.example", "--trusted-root", str(tmp_path / "root.json"))
     assert code == 2 and "--trusted-root" in output and "no such file" in output, output
+
+
+def test_signing_in_a_home_without_keys_says_how_to_make_one(tmp_path):
+    folder = tmp_path / "kernel"
+    folder.mkdir()
+    (folder / "k.py").write_text("pass\n")
+    code, output = cli("sign", str(folder), "--kind", "kernel", "--home", str(tmp_path / "home"))
+    flat = " ".join(output.split())
+    assert code == 2 and "`rtxops keys init` makes one" in flat, output
+    assert sorted(p.name for p in folder.iterdir()) == ["k.py"]
