@@ -27,7 +27,6 @@ ledger_app = typer.Typer(help="The hash-chained ledger of signed decisions.", no
 plan_app = typer.Typer(help="Move signed plans between machines.", no_args_is_help=True)
 
 
-
 def register(app: typer.Typer) -> None:
     """Add the governance commands to the ``rtxops`` app."""
     app.add_typer(keys_app, name="keys")
