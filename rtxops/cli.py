@@ -121,6 +121,7 @@ def run(
 
     try:   # (the job would train on without them, saying why only in its output)
         settings.check_runtime()
+        settings.variant_modules(_job_search_path(command))   # (the job would run without rtxops)
         if telemetry:
             settings.check_job(direct)
     except settings.SettingError as e:
@@ -167,6 +168,13 @@ def _silence(stream) -> None:
     a later write nor the flush at exit fails."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
+def _job_search_path(command: list[str]) -> tuple[str, ...]:
+    """Where the job's Python looks for modules before the path it shares with this one: its
+    script's folder (``python train.py``) and the working directory (``-c``, ``-m``)."""
+    scripts = [a for a in command[1:] if a.endswith(".py") and os.path.isfile(a)]
+    return tuple(os.path.dirname(os.path.abspath(a)) for a in scripts[:1]) + (os.getcwd(),)
 
 
 MAX_PLAN_BYTES = 64 << 20
@@ -693,15 +701,9 @@ def daemon(
     except ValueError as e:
         raise _fail(str(e)) from None
     if detach:
-        from rtxops import settings
-        from rtxops.evolve.config import LoopConfig
-        from rtxops.evolve.scheduler import enabled as evolve_enabled
-
         try:   # a malformed setting is said here, not only in the detached daemon's log
-            settings.variant_modules()
-            if evolve_enabled():
-                LoopConfig.from_env().check_variants()
-        except (settings.SettingError, ValueError) as e:
+            _check_plugins((os.getcwd(),))   # (the daemon below runs as python -m: cwd first)
+        except ValueError as e:
             raise _fail(str(e)) from None
         h.ensure()
         log = open(h.root / "daemon.log", "ab")
@@ -723,6 +725,7 @@ def daemon(
     from rtxops.telemetry.store import StoreError
 
     try:
+        _check_plugins()
         d = Daemon(h, host=host, port=port, retention=retention)
     except ValueError as e:  # a malformed RTXOPS_EVOLVE_* setting or retention
         raise _fail(str(e)) from None
@@ -730,6 +733,26 @@ def daemon(
         raise _fail(f"cannot open the store of {h.root} (another daemon starting or serving it?): "
                     f"{e}", 1) from None
     raise typer.Exit(d.serve_forever())
+
+
+def _check_plugins(search_first: tuple[str, ...] = ()) -> None:
+    """Raise ValueError for plugin modules the daemon could not import and for an evolve
+    allow-list naming no variant (reads the registry, and so torch, only with an allow-list).
+    `rtxops run`'s daemon leaves them to the job and to its loop, which say why."""
+    import sys
+
+    from rtxops import settings
+    from rtxops.evolve.config import LoopConfig
+    from rtxops.evolve.scheduler import enabled as evolve_enabled
+
+    settings.variant_modules(search_first)
+    if evolve_enabled():
+        saved = sys.path[:]
+        sys.path[:0] = [p for p in search_first if p not in sys.path]
+        try:
+            LoopConfig.from_env().check_variants()
+        finally:
+            sys.path[:] = saved
 
 
 DAEMON_COMING_UP_S = 60.0   # how long `rtxops run` waits for a daemon another process is starting

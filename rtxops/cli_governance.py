@@ -67,11 +67,14 @@ def _guard(fn):
 # ---- keys ----------------------------------------------------------------------------------------
 DEFAULT_TRUST_KINDS = ("checkpoint", "telemetry", "ledger")   # plans are the daemon's
 
+DEFAULT_KEY_KINDS = "checkpoint,telemetry,ledger"   # plans are the daemon's to sign
+
+
 @keys_app.command("init")
 def keys_init(name: str = typer.Option("signing", help="key file name under $RTXOPS_HOME/keys"),
               out_path: Optional[Path] = typer.Option(None, "--out", help="private key path"),
               trust: bool = typer.Option(True, help="also trust the new key in the keyring"),
-              kinds: str = typer.Option("checkpoint,telemetry,ledger",
+              kinds: str = typer.Option(DEFAULT_KEY_KINDS,
                                         help="kinds it may sign (plans are the daemon's: add plan "
                                              "only for a key that stands in for one)"),
               keyring: Optional[Path] = typer.Option(None), home: Optional[Path] = HomeOpt) -> None:
@@ -192,8 +195,10 @@ def sign(directory: Path = typer.Argument(..., help="directory to turn into a bu
         who = f"as {signer.identity} ({signer.issuer})"
     else:
         if key is None and not (_home(home).root / "keys" / "signing.pem").exists():
+            init = "rtxops keys init" + (f" --home {home}" if home else "") + (
+                f" --kinds {DEFAULT_KEY_KINDS},{kind}" if kind not in DEFAULT_KEY_KINDS.split(",") else "")
             raise _fail(f"no signing key at {_home(home).root / 'keys' / 'signing.pem'}: "
-                        "`rtxops keys init` makes one (or give --key, or --keyless)")
+                        f"`{init}` makes one (or give --key, or --keyless)")
         key = key or _home(home).root / "keys" / "signing.pem"
         signer = _guard(lambda: Signer.from_key_file(key))
         who = f"with key {signer.key_id[:16]}"
@@ -281,7 +286,7 @@ def verify(path: Path = typer.Argument(..., help="bundle directory"),
         # the trust anchor named: without --keyring or a home it is ./.rtxops's, which a
         # downloaded folder could bring along
         where = str(trust.keyring.path)
-        if not trust.keyring.path.is_file():   # (read as empty: it trusts no key)
+        if not identity and not trust.keyring.path.is_file():   # (read as empty: no key trusted)
             where += ": no such file, no key trusted"
         if keyring is None and home is None and not os.environ.get("RTXOPS_HOME"):
             where += " (the home in this folder; --keyring or --home names another)"

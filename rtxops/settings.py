@@ -157,20 +157,31 @@ def plan_poll_s() -> float:
     return seconds("RTXOPS_PLAN_POLL_S", 2.0, zero="no polling")
 
 
-def variant_modules() -> list[str]:
-    """``RTXOPS_VARIANT_MODULES``: the plugin modules named, each one that can be found (its
-    package is imported to find it; the module itself, which imports torch, is not)."""
+def variant_modules(search_first: tuple[str, ...] = ()) -> list[str]:
+    """``RTXOPS_VARIANT_MODULES``: the plugin modules named, each one that can be found. Looked
+    for in ``search_first`` (where the job's interpreter looks before this one's path: the
+    script's folder, the working directory), then on this process's path. A dotted name's
+    package is imported to find it; the module itself, which imports torch, is not."""
     import importlib.util
+    import sys
 
     names = [m.strip() for m in (os.environ.get("RTXOPS_VARIANT_MODULES") or "").split(",") if m.strip()]
     for name in names:
+        saved = sys.path[:]
+        sys.path[:0] = [p for p in search_first if p not in sys.path]
         try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):   # its package is missing, or the name is malformed
-            found = False
-        if not found:
+            spec = importlib.util.find_spec(name)
+        except Exception as e:   # its package is missing or fails on import, or a malformed name
+            raise SettingError(f"RTXOPS_VARIANT_MODULES: {name!r} cannot be imported: "
+                               f"{type(e).__name__}: {e}") from None
+        finally:
+            sys.path[:] = saved
+        if spec is None:
             raise SettingError(f"RTXOPS_VARIANT_MODULES: no module {name!r} can be imported "
                                "(give comma-separated module names, each with a VARIANTS list)")
+        if spec.origin is None:   # a folder without __init__.py: nothing to hold VARIANTS
+            raise SettingError(f"RTXOPS_VARIANT_MODULES: {name!r} is a folder, not a module with "
+                               "a VARIANTS list")
     return names
 
 
@@ -179,7 +190,6 @@ def check_runtime() -> None:
     it as off, saying so only in its output)."""
     for name in JOB_SWITCHES:
         switch(name)
-    variant_modules()   # (the job would run without rtxops)
     compile_model()
     plan_poll_s()
     cuda_time_every()

@@ -3,7 +3,9 @@ with its name (a bare ``int()`` message, a DuckDB parser traceback from the stor
 or a negative export interval that spun the export thread, before)."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -167,14 +169,47 @@ def test_a_plugin_module_that_is_not_there_is_refused_before_anything_starts(tmp
     """A misspelt RTXOPS_VARIANT_MODULES left the job running without rtxops (saying so only in
     its output), and the daemon's evolve loop unbuilt (saying so only in its log)."""
     done = tmp_path / "ran"
-    for raw in ("no_such_rtxops_plugin", "json.no_such_module", "os, nope.nope"):
+    (tmp_path / "a_folder").mkdir()
+    (tmp_path / "failing_pkg").mkdir()
+    (tmp_path / "failing_pkg" / "__init__.py").write_text("raise RuntimeError('broken plugin')\n")
+    for raw, said in (("no_such_rtxops_plugin", "no module 'no_such_rtxops_plugin'"),
+                      ("json.no_such_module", "no module 'json.no_such_module'"),
+                      ("os, nope.nope", "'nope.nope' cannot be imported"),
+                      ("a_folder", "'a_folder' is a folder"),
+                      ("failing_pkg.kernels", "'failing_pkg.kernels' cannot be imported: RuntimeError: broken plugin")):
         r = rtxops("run", "--direct", "--", sys.executable, "-c", f"open({str(done)!r}, 'w')",
-                   env={"RTXOPS_HOME": str(tmp_path / "home"), "RTXOPS_VARIANT_MODULES": raw})
-        assert r.returncode == 2 and "RTXOPS_VARIANT_MODULES: no module" in r.stderr, r.stderr
+                   env={"RTXOPS_HOME": str(tmp_path / "home"), "RTXOPS_VARIANT_MODULES": raw},
+                   cwd=tmp_path)
+        flat = " ".join(r.stderr.split())
+        assert r.returncode == 2 and f"RTXOPS_VARIANT_MODULES: {said}" in flat, r.stderr
         assert "Traceback" not in r.stderr and not done.exists()
-    r = rtxops("daemon", "--port", "0", "--home", str(tmp_path / "home"),
-               env={"RTXOPS_VARIANT_MODULES": "no_such_rtxops_plugin"})
-    assert r.returncode == 2 and "'no_such_rtxops_plugin'" in r.stderr, r.stderr
+    for detach in ((), ("--detach",)):
+        r = rtxops("daemon", *detach, "--port", "0", "--home", str(tmp_path / "home"),
+                   env={"RTXOPS_VARIANT_MODULES": "no_such_rtxops_plugin"})
+        assert r.returncode == 2 and "'no_such_rtxops_plugin'" in r.stderr, r.stderr
+
+
+def test_a_plugin_module_beside_the_script_or_in_the_working_directory_is_taken(tmp_path):
+    """The check looks where the job's Python looks: the installed `rtxops` command has neither
+    the working directory nor the script's folder on its own path."""
+    command = Path(sys.executable).parent / "rtxops"
+    (tmp_path / "jobdir").mkdir()
+    for folder in (tmp_path, tmp_path / "jobdir"):
+        (folder / "my_kernels.py").write_text("VARIANTS = []\n")
+    script = tmp_path / "jobdir" / "train.py"
+    script.write_text("import sys; import my_kernels; open(sys.argv[1], 'w')\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RTXOPS_")}
+    for args in (("-c", f"import my_kernels; open({str(tmp_path / 'ran2')!r}, 'w')"),
+                 (str(script), str(tmp_path / "ran1"))):
+        cwd = tmp_path if args[0] == "-c" else tmp_path / "home"
+        cwd.mkdir(exist_ok=True)
+        if args[0] != "-c":
+            (tmp_path / "my_kernels.py").unlink()   # only beside the script
+        r = subprocess.run([str(command), "run", "--direct", "--no-telemetry", "--no-summary", "--",
+                            sys.executable, *args], capture_output=True, text=True, timeout=120,
+                           cwd=cwd, env={**base, "RTXOPS_VARIANT_MODULES": "my_kernels"})
+        assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ran1").exists() and (tmp_path / "ran2").exists()
 
 
 def test_a_variant_allow_list_naming_no_variant_is_refused_with_the_names(tmp_path):
@@ -182,6 +217,7 @@ def test_a_variant_allow_list_naming_no_variant_is_refused_with_the_names(tmp_pa
     for detach in ((), ("--detach",)):
         r = rtxops("daemon", *detach, "--port", "0", "--home", str(tmp_path / "home"),
                    env={"RTXOPS_EVOLVE_VARIANTS": "eager,eagr"})
+        assert not (tmp_path / "home" / "daemon.pid").exists()
         flat = " ".join(r.stderr.split())
         assert r.returncode == 2 and "no op has a variant named 'eagr'" in flat, r.stderr
         assert "chunked" in flat and "Traceback" not in flat

@@ -53,9 +53,6 @@ class Daemon:
                  job_grace_s: float = 10.0, retention: str | None = None) -> None:
         # a malformed RTXOPS_EVOLVE_* setting stops the daemon here, before it touches anything
         self.evolve_config = LoopConfig.from_env() if evolve_enabled() else None
-        settings.variant_modules()   # and so does a plugin module that is not there
-        if self.evolve_config is not None:
-            self.evolve_config.check_variants()   # (torch only with a variant allow-list)
         self.retention_s = retention_from(retention)   # and so does a malformed retention
         _check_policies()  # and so does a misspelt RTXOPS_POLICIES (it would at the first plan)
         self.job_log_max_bytes = settings.whole_number("RTXOPS_JOB_LOG_MAX_BYTES", MAX_STORED_BYTES)

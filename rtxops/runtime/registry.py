@@ -92,9 +92,9 @@ def load_plugins(registry: Registry, modules: str) -> None:
     for name in filter(None, (m.strip() for m in modules.split(","))):
         try:
             module = importlib.import_module(name)
-        except ImportError as e:
+        except Exception as e:   # missing, or failing on import: said, not a traceback
             raise RegistryError(f"variant module {name!r} (RTXOPS_VARIANT_MODULES) cannot be "
-                                f"imported: {e}") from None
+                                f"imported: {type(e).__name__}: {e}") from None
         for variant in getattr(module, "VARIANTS", ()):
             registry.add_variant(variant)
 
