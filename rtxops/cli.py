@@ -739,20 +739,14 @@ def _check_plugins(search_first: tuple[str, ...] = ()) -> None:
     """Raise ValueError for plugin modules the daemon could not import and for an evolve
     allow-list naming no variant (reads the registry, and so torch, only with an allow-list).
     `rtxops run`'s daemon leaves them to the job and to its loop, which say why."""
-    import sys
-
     from rtxops import settings
     from rtxops.evolve.config import LoopConfig
     from rtxops.evolve.scheduler import enabled as evolve_enabled
 
     settings.variant_modules(search_first)
     if evolve_enabled():
-        saved = sys.path[:]
-        sys.path[:0] = [p for p in search_first if p not in sys.path]
-        try:
+        with settings.searched_first(search_first):
             LoopConfig.from_env().check_variants()
-        finally:
-            sys.path[:] = saved
 
 
 DAEMON_COMING_UP_S = 60.0   # how long `rtxops run` waits for a daemon another process is starting

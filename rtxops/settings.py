@@ -7,9 +7,11 @@ export thread). Every variable is listed in ``docs/settings.md``.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
+import sys
 
 
 class SettingError(ValueError):
@@ -157,25 +159,32 @@ def plan_poll_s() -> float:
     return seconds("RTXOPS_PLAN_POLL_S", 2.0, zero="no polling")
 
 
+@contextlib.contextmanager
+def searched_first(folders: tuple[str, ...]):
+    """Imports inside look in ``folders`` before this process's own path."""
+    saved = sys.path[:]
+    sys.path[:0] = [f for f in folders if f not in sys.path]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
 def variant_modules(search_first: tuple[str, ...] = ()) -> list[str]:
     """``RTXOPS_VARIANT_MODULES``: the plugin modules named, each one that can be found. Looked
     for in ``search_first`` (where the job's interpreter looks before this one's path: the
     script's folder, the working directory), then on this process's path. A dotted name's
     package is imported to find it; the module itself, which imports torch, is not."""
     import importlib.util
-    import sys
 
     names = [m.strip() for m in (os.environ.get("RTXOPS_VARIANT_MODULES") or "").split(",") if m.strip()]
     for name in names:
-        saved = sys.path[:]
-        sys.path[:0] = [p for p in search_first if p not in sys.path]
         try:
-            spec = importlib.util.find_spec(name)
+            with searched_first(search_first):
+                spec = importlib.util.find_spec(name)
         except Exception as e:   # its package is missing or fails on import, or a malformed name
             raise SettingError(f"RTXOPS_VARIANT_MODULES: {name!r} cannot be imported: "
                                f"{type(e).__name__}: {e}") from None
-        finally:
-            sys.path[:] = saved
         if spec is None:
             raise SettingError(f"RTXOPS_VARIANT_MODULES: no module {name!r} can be imported "
                                "(give comma-separated module names, each with a VARIANTS list)")
