@@ -364,8 +364,12 @@ def test_exports_go_out_while_the_job_submits_as_fast_as_steps_build():
 
     submitter = threading.Thread(target=job)
     submitter.start()
-    time.sleep(1.5)
+    # (a fixed 1.5 s saw one export on a loaded 2-core runner: the bound is the job's, not time's)
+    deadline = time.monotonic() + 30
+    while exporter.exports < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     exports_while_running = exporter.exports
+    assert submitter.is_alive()   # the exports went out while the job was still submitting
     stop.set()
     submitter.join()
     thread.close(timeout=60)
