@@ -194,12 +194,12 @@ def sign(directory: Path = typer.Argument(..., help="directory to turn into a bu
         signer = _guard(lambda: KeylessSigner.create(identity_token, trust_config))
         who = f"as {signer.identity} ({signer.issuer})"
     else:
-        if key is None and not (_home(home).root / "keys" / "signing.pem").exists():
-            init = "rtxops keys init" + (f" --home {home}" if home else "") + (
-                f" --kinds {DEFAULT_KEY_KINDS},{kind}" if kind not in DEFAULT_KEY_KINDS.split(",") else "")
-            raise _fail(f"no signing key at {_home(home).root / 'keys' / 'signing.pem'}: "
-                        f"`{init}` makes one (or give --key, or --keyless)")
-        key = key or _home(home).root / "keys" / "signing.pem"
+        if key is None:
+            key = _home(home).root / "keys" / "signing.pem"
+            if not key.exists():
+                init = "rtxops keys init" + (f" --home {home}" if home else "") + (
+                    f" --kinds {DEFAULT_KEY_KINDS},{kind}" if kind not in DEFAULT_KEY_KINDS.split(",") else "")
+                raise _fail(f"no signing key at {key}: `{init}` makes one (or give --key, or --keyless)")
         signer = _guard(lambda: Signer.from_key_file(key))
         who = f"with key {signer.key_id[:16]}"
     kernels: list = []

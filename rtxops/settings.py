@@ -170,9 +170,9 @@ def searched_first(folders: tuple[str, ...]):
         sys.path[:] = saved
 
 
-def variant_modules(search_first: tuple[str, ...] = ()) -> list[str]:
-    """``RTXOPS_VARIANT_MODULES``: the plugin modules named, each one that can be found. Looked
-    for in ``search_first`` (where the job's interpreter looks before this one's path: the
+def variant_modules(search_first: tuple[str, ...] = ()) -> None:
+    """Raise :class:`SettingError` unless every module ``RTXOPS_VARIANT_MODULES`` names can be
+    found: in ``search_first`` (where the job's interpreter looks before this one's path: the
     script's folder, the working directory), then on this process's path. A dotted name's
     package is imported to find it; the module itself, which imports torch, is not."""
     import importlib.util
@@ -191,7 +191,6 @@ def variant_modules(search_first: tuple[str, ...] = ()) -> list[str]:
         if spec.origin is None:   # a folder without __init__.py: nothing to hold VARIANTS
             raise SettingError(f"RTXOPS_VARIANT_MODULES: {name!r} is a folder, not a module with "
                                "a VARIANTS list")
-    return names
 
 
 def check_runtime() -> None:
