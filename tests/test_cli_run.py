@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from ._bounded import joined
+
 ROOT = Path(__file__).resolve().parents[1]
 RTXOPS = [sys.executable, "-m", "rtxops.cli"]
 
@@ -296,7 +298,7 @@ def _run_while(home: Path, daemon, release_after_s: float) -> subprocess.Complet
     try:
         return rtxops_run("--no-summary", "--", "echo", "handed-over", timeout=120)
     finally:
-        timer.join()
+        joined(timer)
 
 
 def test_a_run_reaching_a_daemon_that_is_shutting_down_starts_its_own_once_it_is_gone(tmp_path):

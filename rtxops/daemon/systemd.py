@@ -8,7 +8,13 @@ import threading
 from typing import Callable
 
 
+SEND_TIMEOUT_S = 1.0
+
+
 def notify(message: str) -> bool:
+    """Send ``message`` to systemd; False outside systemd or when it cannot be sent. A receiver
+    that stopped reading (its queue full) costs at most :data:`SEND_TIMEOUT_S`: the daemon's
+    shutdown sends STOPPING=1 holding its shutdown lock, and a blocking send there waited for good."""
     address = os.environ.get("NOTIFY_SOCKET")
     if not address:
         return False
@@ -16,6 +22,7 @@ def notify(message: str) -> bool:
         address = "\0" + address[1:]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(SEND_TIMEOUT_S)
             sock.connect(address)
             sock.sendall(message.encode())
         return True

@@ -11,6 +11,8 @@ from fastapi.testclient import TestClient
 from rtxops.daemon import api_telemetry
 from rtxops.telemetry.store import Store
 
+from .._bounded import serving
+
 
 @pytest.mark.parametrize("headers", [{}, {"Range": "bytes=abc"}, {"Range": "bytes=99999999-"},
                                      {"Range": "bytes=0-3"}])
@@ -48,9 +50,6 @@ def test_a_parquet_export_leaves_no_file_behind(tmp_path, monkeypatch, headers):
 def test_an_export_the_daemon_stops_midway_is_said_so_and_leaves_no_file(tmp_path, monkeypatch):
     """A JSON export fails after its answer began (its status already sent): the client said
     only httpx's 'peer closed connection without sending complete message body'."""
-    import threading
-    import time
-
     import uvicorn
 
     from rtxops.daemon.client import DaemonClient, DaemonError
@@ -66,11 +65,8 @@ def test_an_export_the_daemon_stops_midway_is_said_so_and_leaves_no_file(tmp_pat
         app.include_router(api_telemetry.make_router(store, lambda: None))
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical",
                                                lifespan="off"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
+        thread = serving(server, "telemetry router")
         try:
-            while not server.started:
-                time.sleep(0.01)
             port = server.servers[0].sockets[0].getsockname()[1]
             out = tmp_path / "t.json"
             with pytest.raises(DaemonError, match="stopped the export midway"):

@@ -83,3 +83,29 @@ def test_the_watchdog_goes_quiet_while_the_event_loop_hangs(tmp_path, monkeypatc
         stop.set()
         d.shutdown()
         sock.close()
+
+
+def test_a_notify_socket_nobody_reads_costs_a_bounded_wait(tmp_path, monkeypatch):
+    """A full notify queue (a receiver that stopped reading) blocked the send for good: the
+    daemon's shutdown sends STOPPING=1 holding its shutdown lock."""
+    address = str(tmp_path / "notify.sock")
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(address)
+    monkeypatch.setenv("NOTIFY_SOCKET", address)
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    filler.connect(address)
+    filler.setblocking(False)
+    try:
+        for _ in range(100_000):    # until the receiver's queue takes no more
+            filler.send(b"WATCHDOG=1")
+    except BlockingIOError:
+        pass
+    finally:
+        filler.close()
+    result: list[bool] = []
+    sender = threading.Thread(target=lambda: result.append(systemd.notify("STOPPING=1")), daemon=True)
+    started = time.monotonic()
+    sender.start()
+    sender.join(15)
+    receiver.close()
+    assert result == [False] and time.monotonic() - started < 10, "the send waited on"

@@ -39,6 +39,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from .._bounded import serving
+
 OIDC_ISSUER_V1 = ObjectIdentifier("1.3.6.1.4.1.57264.1.1")  # raw string (sigstore checks this one)
 OIDC_ISSUER_V2 = ObjectIdentifier("1.3.6.1.4.1.57264.1.8")  # DER UTF8String
 SCT_LIST = ObjectIdentifier("1.3.6.1.4.1.11129.2.4.2")
@@ -384,14 +386,7 @@ class FakeSigstore:
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self._server = uvicorn.Server(uvicorn.Config(self.app(), log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        daemon=True, name="fake-sigstore")
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the fake Sigstore server did not start")
-            time.sleep(0.01)
+        self._thread = serving(self._server, "the fake Sigstore server", sockets=[sock])
         return self
 
     def stop(self) -> None:

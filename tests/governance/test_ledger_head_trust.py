@@ -19,6 +19,7 @@ from rtxops.runtime.plan import Plan
 from rtxops.telemetry.store import Store
 from rtxops.telemetry.store_ledger import GENESIS, entry_hash
 
+from .._bounded import joined
 from .helpers import registry
 
 
@@ -295,7 +296,7 @@ def test_readers_never_see_an_entry_without_its_head(tmp_path):
                               subject_digest="sha256:" + "0" * 64, decision={}, signer="k")
     finally:
         stop.set()
-        reader.join()
+        joined(reader)
         authority.close()
         store.close()
     assert alarms == []

@@ -12,6 +12,8 @@ import pytest
 from rtxops.governance._errors import UsageError
 from rtxops.governance.policy import Policy, default_policy_dir
 
+from .._bounded import joined
+
 TRUSTED = "name: t\nrules:\n  - {name: trusted, require: bundle.signer.trusted, reason: untrusted}\n"
 
 
@@ -74,7 +76,7 @@ def test_evaluations_on_two_threads_never_see_each_others_facts():
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            joined(t)
     finally:
         sys.setswitchinterval(before)
     assert not wrong, f"{len(wrong)} wrong decisions, e.g. {wrong[0]}"

@@ -16,6 +16,7 @@ from rtxops.runtime.plan import ExploreArm, Plan
 from rtxops.runtime.registry import load_builtin
 from rtxops.runtime.spec import Variant
 
+from .._bounded import joined
 from .helpers import TinyNet, bucket_id, plan_for, train_losses
 
 GELU_BUCKET = bucket_id("gelu", torch.randn(16, 64))
@@ -347,7 +348,7 @@ def test_variants_built_with_torch_compile_wait_until_a_background_compile_is_ov
             F.silu(x)
         finally:
             release.set()
-            thread.join()
+            joined(thread)
         assert ran() == {"compiled": 1, "reference": 2}
         d.on_step()  # the first boundary after the compile routes again
         torch.testing.assert_close(F.silu(x), x * torch.sigmoid(x))

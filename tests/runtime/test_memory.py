@@ -12,6 +12,8 @@ import psutil
 from rtxops.runtime import memory
 from rtxops.runtime.memory import rss_bytes
 
+from .._bounded import joined, reaped
+
 
 def test_rss_follows_allocations_and_matches_psutil():
     # fresh pages of its own, each written: a bytearray could reuse memory the allocator held
@@ -50,7 +52,7 @@ def _in_child(body) -> str:
         return os.read(read, 4096).decode()
     finally:
         os.close(read)
-        os.waitpid(pid, 0)
+        reaped(pid)
 
 
 def test_a_forked_child_reads_its_own_rss():
@@ -76,12 +78,12 @@ def test_threads_reading_first_together_open_one_file():
     start = threading.Barrier(8)
 
     def read() -> None:
-        start.wait()
+        start.wait(60)
         rss_bytes()
 
     threads = [threading.Thread(target=read) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        joined(t)
     assert _statm_fds() == before + 1

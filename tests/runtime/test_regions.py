@@ -15,6 +15,8 @@ from rtxops.runtime.regions import (
     COMPILED, EAGER, FAILED, MATH_ATTENTION, TRIAL, TRIAL_ROUNDS, RegionCompiler, candidate_forward,
     compile_kwargs, forward_timer, model_region)
 
+from .._bounded import joined
+
 
 class Head(nn.Module):
     def __init__(self):
@@ -646,11 +648,13 @@ def test_compiling_the_math_candidate_leaves_the_jobs_own_attention_calls_alone(
         finally:
             done.set()
 
-    thread = threading.Thread(target=compile_math)
+    thread = threading.Thread(target=compile_math, daemon=True, name="compile-math")
     thread.start()
+    deadline = time.monotonic() + 240
     while not done.is_set():
+        assert time.monotonic() < deadline, "the background compile did not end in 240 s"
         kernels.append(attention_kernel(lambda n, t: n(t), net, x))
-    thread.join()
+    joined(thread)
     assert kernels and set(kernels) == {"flash"}
 
 

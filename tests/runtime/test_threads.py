@@ -10,6 +10,8 @@ from torch import nn
 
 from rtxops.runtime import patching
 
+from .._bounded import joined
+
 
 def test_a_training_thread_and_a_thread_of_new_shapes_share_the_routes():
     """Each new shape on one thread adds a route while the training thread's backward sampling
@@ -43,7 +45,7 @@ def test_a_training_thread_and_a_thread_of_new_shapes_share_the_routes():
         errors.append(f"train: {type(e).__name__}: {e}")
     finally:
         stop.set()
-        side.join()
+        joined(side)
         sys.setswitchinterval(interval)
         torch.set_num_threads(threads)
         patching.disable()

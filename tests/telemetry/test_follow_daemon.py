@@ -19,6 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from rtxops.runtime.daemon_address import DaemonAddress
 from rtxops.telemetry.exporters import DeferredExporter
 
+from .._bounded import joined
+
 
 class _Collector:
     """A real HTTP endpoint on 127.0.0.1 that keeps the span names of every OTLP request."""
@@ -116,7 +118,7 @@ def test_a_batch_failed_at_a_gone_daemon_is_sent_to_the_one_announced_meanwhile(
     announcer.start()
     started = time.monotonic()
     result = exporter.export(_spans("lost?"))
-    announcer.join()
+    joined(announcer)
     exporter.shutdown()
     assert time.monotonic() - started > 0.3, "the export did not try the dead address first"
     assert result is SpanExportResult.SUCCESS and live.names == ["lost?"]

@@ -23,6 +23,8 @@ from rtxops.telemetry.otlp import PROTOBUF
 from rtxops.telemetry.receiver import make_app
 from rtxops.telemetry.store import Store
 
+from .._bounded import joined, serving
+
 TOKEN = "e2e-token"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,13 +36,7 @@ class Server:
         config = uvicorn.Config(make_app(store, token=TOKEN, **options), host="127.0.0.1", port=0,
                                 log_level="warning", access_log=False, lifespan="off")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.01)
+        self.thread = serving(self.server, "receiver")
         port = self.server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}/v1/traces"
 
@@ -189,7 +185,7 @@ def test_overload_flood_gets_429s_with_bounded_memory_and_exact_counts(tmp_path,
     finally:
         release.set()
         stop.set()
-        watcher.join()
+        joined(watcher)
         server.stop()
     n_requests = first + second
     statuses = [s for s, _ in results]

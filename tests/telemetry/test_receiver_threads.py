@@ -14,6 +14,8 @@ from rtxops.telemetry.otlp import PROTOBUF
 from rtxops.telemetry.receiver import make_app
 from rtxops.telemetry.store import Store
 
+from .._bounded import serving
+
 SLOW_S = 12
 
 
@@ -29,10 +31,7 @@ def test_ingest_answers_while_slow_endpoints_hold_every_shared_thread(tmp_path):
 
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                            access_log=False, lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
+    thread = serving(server, "receiver")
     base = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     body = synthetic.otlp_request(20, seed=1, job_id="job-t").SerializeToString()
     try:

@@ -16,6 +16,7 @@ from rtxops.telemetry import schema as S
 from rtxops.telemetry.job import start_job_telemetry
 from rtxops.telemetry.spans import CallSampling
 
+from .._bounded import joined, read_all, reaped
 from ..runtime.helpers import TinyNet, bucket_id, plan_for, train_losses
 
 RESOURCE = {S.SERVICE_NAME: "test", S.JOB_ID: "job-1", S.RANK: 0}
@@ -371,7 +372,7 @@ def test_exports_go_out_while_the_job_submits_as_fast_as_steps_build():
     exports_while_running = exporter.exports
     assert submitter.is_alive()   # the exports went out while the job was still submitting
     stop.set()
-    submitter.join()
+    joined(submitter)
     thread.close(timeout=60)
     assert exports_while_running >= 2
 
@@ -527,9 +528,11 @@ def test_a_forked_child_counts_its_steps_and_keeps_none_of_them():
         finally:
             os._exit(0)
     os.close(write)
-    with os.fdopen(read) as f:
-        got = json.loads(f.read())
-    os.waitpid(pid, 0)
+    try:
+        got = json.loads(read_all(read))
+    finally:
+        os.close(read)
+        reaped(pid)
     thread.close()
     assert got == [0, 0, 100]
 

@@ -15,6 +15,7 @@ from rtxops.telemetry import otlp, store as store_module, synthetic
 from rtxops.telemetry import schema as S
 from rtxops.telemetry.store import Store, StoreBusy, StoreClosed, StoreError
 
+from .._bounded import joined
 from .otlp_helpers import RESOURCE, request, span
 
 
@@ -184,7 +185,7 @@ def test_readers_run_while_the_writer_writes(store):
     for i in range(20):
         store.write(batch_of([span() for _ in range(50)]))
     stop.set()
-    reader.join()
+    joined(reader)
     assert seen == sorted(seen) and len(seen) > 1
 
 
