@@ -105,7 +105,7 @@ def test_an_empty_token_file_gets_a_real_token_and_an_empty_token_checks_nothing
 
 
 def _make_token(root, barrier, out):
-    barrier.wait()
+    barrier.wait(30)
     out.put(Home(root).token(create=True))
 
 
@@ -121,9 +121,15 @@ def test_two_daemons_starting_at_once_on_a_new_home_keep_one_token(tmp_path):
         starts = [ctx.Process(target=_make_token, args=(root, barrier, out)) for _ in range(2)]
         for p in starts:
             p.start()
-        for p in starts:
-            p.join(30)
-        tokens = {out.get(timeout=10), out.get(timeout=10)}
+        try:
+            for p in starts:
+                p.join(30)
+            tokens = {out.get(timeout=10), out.get(timeout=10)}
+        finally:   # a child stuck on a lock it inherited must not hold the worker's exit
+            for p in starts:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
         assert tokens == {Home(root).token()}, i
         assert sorted(p.name for p in root.iterdir()) == ["jobs", "plans", "token"]
 
