@@ -109,23 +109,13 @@ def run(
         os.environ["RTXOPS_HOME"] = str(home.resolve())   # the job and its daemon use it too
     if plan is not None:
         _check_plan(plan)
-    elif os.environ.get("RTXOPS_PLAN"):   # the job reads it as it would --plan
-        _check_plan(Path(os.environ["RTXOPS_PLAN"]), "RTXOPS_PLAN=")
     if json_summary is not None and (json_summary.is_dir() or not json_summary.resolve().parent.is_dir()
                                      or not os.access(json_summary.resolve().parent, os.W_OK)):
         # found out before the job runs, not after hours of training
         raise _fail(f"--json {json_summary}: not a file in an existing folder this user may write")
     if not direct:
         _reconnect_s()  # a malformed RTXOPS_RECONNECT_S is said before the job is submitted
-    from rtxops import settings
-
-    try:   # (the job would train on without them, saying why only in its output)
-        settings.check_runtime()
-        settings.variant_modules(_job_search_path(command))   # (the job would run without rtxops)
-        if telemetry:
-            settings.check_job(direct)
-    except settings.SettingError as e:
-        raise _fail(str(e)) from None
+    _check_job_environment(command, plan_given=plan is not None, direct=direct, telemetry=telemetry)
     if compile_model:
         os.environ["RTXOPS_COMPILE_MODEL"] = "1"  # the job inherits it, directly or via the daemon
     if fuse_optimizer:
@@ -168,6 +158,25 @@ def _silence(stream) -> None:
     a later write nor the flush at exit fails."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
+def _check_job_environment(command: list[str], *, plan_given: bool = False, direct: bool = False,
+                           telemetry: bool = True) -> None:
+    """What a job started from this environment reads of it, checked before it starts (it would
+    train on without them, saying why only in its output): a plan ``RTXOPS_PLAN`` names (unless
+    ``--plan`` gave one), the runtime's settings, its plugin modules (without them it would run
+    without rtxops) and, with ``telemetry``, its export settings."""
+    if not plan_given and os.environ.get("RTXOPS_PLAN"):   # the job reads it as it would --plan
+        _check_plan(Path(os.environ["RTXOPS_PLAN"]), "RTXOPS_PLAN=")
+    from rtxops import settings
+
+    try:
+        settings.check_runtime()
+        settings.variant_modules(_job_search_path(command))
+        if telemetry:
+            settings.check_job(direct)
+    except settings.SettingError as e:
+        raise _fail(str(e)) from None
 
 
 def _job_search_path(command: list[str]) -> tuple[str, ...]:
@@ -900,6 +909,8 @@ def submit(
     for option, value in (("--hang-timeout", hang_timeout), ("--first-step-timeout", first_step_timeout)):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise _fail(f"{option} {value}: give a number of seconds above 0")
+    if inherit_env:   # the job reads this environment (without it, the daemon's, checked at its start)
+        _check_job_environment(command)
     try:
         job = _client(home).submit(command=list(command), name=name, restarts=restarts,
                                    hang_restarts=hang_restarts, hang_timeout_s=hang_timeout,

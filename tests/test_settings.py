@@ -244,3 +244,20 @@ def test_a_plan_named_by_the_environment_is_checked_as_plan_is(tmp_path):
         flat = " ".join(r.stderr.split())
         assert r.returncode == 2 and f"plan RTXOPS_PLAN={plan}" in flat and said in flat, r.stderr
         assert not done.exists()
+
+
+def test_a_job_submitted_with_this_shells_environment_is_checked_as_run_checks_it(tmp_path):
+    """`rtxops submit --inherit-env` sent a misspelt plugin or plan on to the daemon: the job ran
+    without rtxops, or on the reference plan, saying so only in its log."""
+    for env, said in (({"RTXOPS_VARIANT_MODULES": "no_such_rtxops_plugin"},
+                       "RTXOPS_VARIANT_MODULES: no module 'no_such_rtxops_plugin'"),
+                      ({"RTXOPS_PLAN": str(tmp_path / "missing.json")}, "does not exist")):
+        r = rtxops("submit", "--inherit-env", "--home", str(tmp_path / "home"), "--",
+                   sys.executable, "-c", "pass", env=env, cwd=tmp_path)
+        flat = " ".join(r.stderr.split())
+        assert r.returncode == 2 and said in flat, r.stderr
+        assert "no daemon" not in flat   # refused before any daemon was looked for
+    # the daemon's own environment is the job's without --inherit-env: nothing of this one read
+    r = rtxops("submit", "--home", str(tmp_path / "home"), "--", sys.executable, "-c", "pass",
+               env={"RTXOPS_VARIANT_MODULES": "no_such_rtxops_plugin"}, cwd=tmp_path)
+    assert r.returncode != 0 and "RTXOPS_VARIANT_MODULES" not in r.stderr, r.stderr
