@@ -30,7 +30,7 @@ def _runtime_off_and_seeded():
 # HANG_EXIT_S, faulthandler's own thread dumps every thread's stack to a file and ends the worker
 # (xdist names the test it crashed in); the run prints the dumps at its end instead of hanging.
 HANG_EXIT_S = 420
-_HANG_DIR = "RTXOPS_TEST_HANG_DIR"
+_HANG_DIR = "TESTS_HANG_DUMP_DIR"   # (shared with the xdist workers through their environment)
 
 
 def pytest_configure(config):
