@@ -172,11 +172,24 @@ def _check_job_environment(command: list[str], *, plan_given: bool = False, dire
 
     try:
         settings.check_runtime()
-        settings.variant_modules(_job_search_path(command))
+        settings.variant_modules(_job_search_path(command), python=_other_python(command))
         if telemetry:
             settings.check_job(direct)
     except settings.SettingError as e:
         raise _fail(str(e)) from None
+
+
+def _other_python(command: list[str]) -> Optional[str]:
+    """The job's interpreter when it is a Python of another environment than this one's (its
+    packages are not this one's); None for this one's, or a command that is no Python."""
+    import shutil
+
+    found = shutil.which(command[0])
+    if found is None or not os.path.basename(found).startswith("python"):
+        return None
+    # (a venv's python links to its base interpreter: the folder tells environments apart)
+    same = os.path.dirname(os.path.abspath(found)) == os.path.dirname(os.path.abspath(sys.executable))
+    return None if same else found
 
 
 def _job_search_path(command: list[str]) -> tuple[str, ...]:

@@ -170,27 +170,47 @@ def searched_first(folders: tuple[str, ...]):
         sys.path[:] = saved
 
 
-def variant_modules(search_first: tuple[str, ...] = ()) -> None:
+def variant_modules(search_first: tuple[str, ...] = (), python: str | None = None) -> None:
     """Raise :class:`SettingError` unless every module ``RTXOPS_VARIANT_MODULES`` names can be
-    found: in ``search_first`` (where the job's interpreter looks before this one's path: the
-    script's folder, the working directory), then on this process's path. A dotted name's
-    package is imported to find it; the module itself, which imports torch, is not."""
-    import importlib.util
+    found: in ``search_first`` (where the job's interpreter looks before its own path: the
+    script's folder, the working directory), then on this process's path or, given ``python``
+    (the job's interpreter, another environment's), on that one's. A dotted name's package is imported to find it; the module itself, which imports
+    torch, is not."""
+    from rtxops import _find_modules
 
     names = [m.strip() for m in (os.environ.get("RTXOPS_VARIANT_MODULES") or "").split(",") if m.strip()]
-    for name in names:
-        try:
-            with searched_first(search_first):
-                spec = importlib.util.find_spec(name)
-        except Exception as e:   # its package is missing or fails on import, or a malformed name
-            raise SettingError(f"RTXOPS_VARIANT_MODULES: {name!r} cannot be imported: "
-                               f"{type(e).__name__}: {e}") from None
-        if spec is None:
-            raise SettingError(f"RTXOPS_VARIANT_MODULES: no module {name!r} can be imported "
+    if not names:
+        return
+    if python is None:
+        found = _find_modules.problems(names, list(search_first))
+    else:
+        found = _problems_in(python, names, search_first)
+    if found:
+        name, problem = found[0]
+        if problem == "missing":
+            by = f" by {python}" if python else ""
+            raise SettingError(f"RTXOPS_VARIANT_MODULES: no module {name!r} can be imported{by} "
                                "(give comma-separated module names, each with a VARIANTS list)")
-        if spec.origin is None:   # a folder without __init__.py: nothing to hold VARIANTS
+        if problem == "folder":
             raise SettingError(f"RTXOPS_VARIANT_MODULES: {name!r} is a folder, not a module with "
                                "a VARIANTS list")
+        raise SettingError(f"RTXOPS_VARIANT_MODULES: {name!r} {problem}")
+
+
+def _problems_in(python: str, names: list[str], search_first: tuple[str, ...]) -> list:
+    """:func:`rtxops._find_modules.problems` run by the interpreter ``python``; nothing when it
+    cannot tell (it does not start, or answers otherwise: the job will say)."""
+    import json
+    import subprocess
+
+    from rtxops import _find_modules
+
+    try:
+        r = subprocess.run([python, _find_modules.__file__, *search_first, "--", *names],
+                           capture_output=True, text=True, timeout=60)
+        return [tuple(p) for p in json.loads(r.stdout)] if r.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError, ValueError, TypeError):
+        return []
 
 
 def check_runtime() -> None:

@@ -261,3 +261,25 @@ def test_a_job_submitted_with_this_shells_environment_is_checked_as_run_checks_i
     r = rtxops("submit", "--home", str(tmp_path / "home"), "--", sys.executable, "-c", "pass",
                env={"RTXOPS_VARIANT_MODULES": "no_such_rtxops_plugin"}, cwd=tmp_path)
     assert r.returncode != 0 and "RTXOPS_VARIANT_MODULES" not in r.stderr, r.stderr
+
+
+def test_a_plugin_only_the_jobs_own_python_has_is_taken_and_one_it_lacks_refused(tmp_path):
+    """The check looked on rtxops's own path alone: a job run by another environment's Python,
+    the plugin installed there, was refused though it would have loaded it."""
+    other = tmp_path / "other-env" / "bin"
+    site = tmp_path / "other-env" / "site"
+    other.mkdir(parents=True)
+    site.mkdir()
+    (site / "their_kernels.py").write_text("VARIANTS = []\n")
+    python = other / "python3"   # another environment's interpreter: its own packages on its path
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    done = tmp_path / "ran"
+    for modules, code in (("their_kernels", 0), ("their_kernels,not_theirs_either", 2)):
+        r = rtxops("run", "--direct", "--no-telemetry", "--no-summary", "--", str(python), "-c",
+                   f"import their_kernels; open({str(done)!r}, 'w')", cwd=tmp_path,
+                   env={"RTXOPS_HOME": str(tmp_path / "home"), "RTXOPS_VARIANT_MODULES": modules})
+        assert r.returncode == code, r.stderr
+    flat = " ".join(r.stderr.split())
+    assert f"no module 'not_theirs_either' can be imported by {python} (give" in flat, r.stderr
+    assert done.exists()
