@@ -1,21 +1,29 @@
 """Whether modules can be imported, found without importing them: what ``RTXOPS_VARIANT_MODULES``
 names is checked with it before a job starts. Imports nothing of rtxops, so that a job's own
 interpreter (another Python than rtxops's) can run this file by path:
-``python _find_modules.py FOLDER… -- NAME…`` prints one JSON list of ``[name, problem]``."""
-from __future__ import annotations
-
-import importlib.util
-import json
+``python _find_modules.py REQUEST_JSON`` prints one JSON list of ``[name, problem]``."""
+import os
 import sys
 
+if __name__ == "__main__":   # this file's folder (rtxops's own modules) is not on the job's path
+    _here = os.path.dirname(os.path.realpath(__file__))
+    if sys.path and os.path.realpath(sys.path[0] or ".") == _here:   # (absent under -P)
+        del sys.path[0]
 
-def problems(names: list[str], search_first: list[str]) -> list[list[str]]:
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+
+
+def problems(names, search_first, package_root=None):
     """``[name, problem]`` for each name that cannot be imported, looked for in ``search_first``
-    before this interpreter's path. A dotted name's package is imported to find it; the module
-    itself is not."""
+    before this interpreter's path, and in ``package_root`` after it when this interpreter has
+    no rtxops of its own (as a job's runtime adds it). A dotted name's package is imported to
+    find it; the module itself is not."""
     saved = sys.path[:]
     sys.path[:0] = [f for f in search_first if f not in sys.path]
-    found: list[list[str]] = []
+    if package_root and importlib.util.find_spec("rtxops") is None:
+        sys.path.append(package_root)
+    found = []
     try:
         for name in names:
             try:
@@ -33,6 +41,5 @@ def problems(names: list[str], search_first: list[str]) -> list[list[str]]:
 
 
 if __name__ == "__main__":
-    sys.path.pop(0)   # this file's own folder is not the job's
-    split = sys.argv.index("--")
-    print(json.dumps(problems(sys.argv[split + 1:], sys.argv[1:split])))
+    request = json.loads(sys.argv[1])
+    print("\n" + json.dumps(problems(request["names"], request["search_first"], request["package_root"])))

@@ -172,23 +172,34 @@ def _check_job_environment(command: list[str], *, plan_given: bool = False, dire
 
     try:
         settings.check_runtime()
-        settings.variant_modules(_job_search_path(command), python=_other_python(command))
+        settings.variant_modules(_job_search_path(command), python=_other_python(command, direct))
         if telemetry:
             settings.check_job(direct)
     except settings.SettingError as e:
         raise _fail(str(e)) from None
 
 
-def _other_python(command: list[str]) -> Optional[str]:
+def _other_python(command: list[str], direct: bool) -> Optional[str]:
     """The job's interpreter when it is a Python of another environment than this one's (its
-    packages are not this one's); None for this one's, or a command that is no Python."""
+    packages are not this one's); None for this one's, or a command that is no Python (this
+    one's path is then the best guess)."""
     import shutil
 
-    found = shutil.which(command[0])
-    if found is None or not os.path.basename(found).startswith("python"):
+    from rtxops.daemon.launch import is_python
+
+    if not is_python(command[0]):
         return None
-    # (a venv's python links to its base interpreter: the folder tells environments apart)
-    same = os.path.dirname(os.path.abspath(found)) == os.path.dirname(os.path.abspath(sys.executable))
+    # a daemon's job finds a bare `python` in this one's folder first (the daemon puts it in
+    # front of the job's PATH)
+    path = None if direct or os.sep in command[0] else os.pathsep.join(
+        [os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)])
+    found = shutil.which(command[0], path=path)
+    if found is None:
+        return None
+    # the same folder and file: a venv's pythons all link to their base interpreter, which
+    # the base's own folder holds too; the folder alone would take python3.11 for python3.12
+    same = (os.path.dirname(os.path.abspath(found)) == os.path.dirname(os.path.abspath(sys.executable))
+            and os.path.samefile(found, sys.executable))
     return None if same else found
 
 

@@ -187,28 +187,33 @@ def variant_modules(search_first: tuple[str, ...] = (), python: str | None = Non
         found = _problems_in(python, names, search_first)
     if found:
         name, problem = found[0]
+        by = f" (by {python})" if python else ""
         if problem == "missing":
-            by = f" by {python}" if python else ""
             raise SettingError(f"RTXOPS_VARIANT_MODULES: no module {name!r} can be imported{by} "
                                "(give comma-separated module names, each with a VARIANTS list)")
         if problem == "folder":
             raise SettingError(f"RTXOPS_VARIANT_MODULES: {name!r} is a folder, not a module with "
-                               "a VARIANTS list")
-        raise SettingError(f"RTXOPS_VARIANT_MODULES: {name!r} {problem}")
+                               f"a VARIANTS list{by}")
+        raise SettingError(f"RTXOPS_VARIANT_MODULES: {name!r} {problem}{by}")
 
 
 def _problems_in(python: str, names: list[str], search_first: tuple[str, ...]) -> list:
-    """:func:`rtxops._find_modules.problems` run by the interpreter ``python``; nothing when it
-    cannot tell (it does not start, or answers otherwise: the job will say)."""
+    """:func:`rtxops._find_modules.problems` run by the interpreter ``python``, with rtxops's
+    own package root after its path as a job's runtime adds it; nothing when it cannot tell (it
+    does not start, or answers otherwise: the job itself will say)."""
     import json
     import subprocess
 
     from rtxops import _find_modules
 
+    request = {"names": names, "search_first": list(search_first),
+               "package_root": os.path.dirname(os.path.dirname(os.path.abspath(_find_modules.__file__)))}
     try:
-        r = subprocess.run([python, _find_modules.__file__, *search_first, "--", *names],
+        r = subprocess.run([python, _find_modules.__file__, json.dumps(request)],
                            capture_output=True, text=True, timeout=60)
-        return [tuple(p) for p in json.loads(r.stdout)] if r.returncode == 0 else []
+        # the last line: a sitecustomize or .pth file of that environment may print before it
+        lines = r.stdout.strip().splitlines()
+        return [tuple(p) for p in json.loads(lines[-1])] if r.returncode == 0 and lines else []
     except (OSError, subprocess.SubprocessError, ValueError, TypeError):
         return []
 

@@ -25,6 +25,7 @@ def serving(server: uvicorn.Server, what: str, timeout: float = 10, **run_kwargs
     deadline = time.monotonic() + timeout
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
+            server.should_exit = True   # (one still starting stops when it can)
             raise RuntimeError(f"{what} did not start")
         time.sleep(0.01)
     return thread

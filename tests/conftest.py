@@ -27,49 +27,56 @@ def _runtime_off_and_seeded():
 
 # ---- a test hung where no Python runs (a C call holding the GIL) --------------------------------
 # pytest-timeout's signal (timeout = 300 in pyproject) needs the main thread to run Python. Past
-# HANG_EXIT_S, faulthandler's own thread dumps every thread's stack to a file and ends the worker
-# (xdist names the test it crashed in); the run prints the dumps at its end instead of hanging.
+# HANG_EXIT_S, faulthandler's own thread dumps every thread's stack and ends the process: an
+# xdist worker (xdist names the test it crashed in) writes them to a file the run prints at its
+# end; a run without workers writes them to its stderr.
 HANG_EXIT_S = 420
 _HANG_DIR = "TESTS_HANG_DUMP_DIR"   # (shared with the xdist workers through their environment)
+_hangs = {"stderr": None, "file": None, "made": None}
 
 
 def pytest_configure(config):
-    if not hasattr(config, "workerinput") and _HANG_DIR not in os.environ:   # the controller
-        import tempfile
+    if hasattr(config, "workerinput"):
+        return
+    import tempfile
 
-        os.environ[_HANG_DIR] = tempfile.mkdtemp(prefix="rtxops-test-hangs-")
+    # stderr as it is before pytest captures it, for a run without workers
+    _hangs["stderr"] = os.fdopen(os.dup(2), "w")
+    if getattr(config.option, "numprocesses", None) and _HANG_DIR not in os.environ:   # xdist
+        _hangs["made"] = os.environ[_HANG_DIR] = tempfile.mkdtemp(prefix="rtxops-test-hangs-")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     import faulthandler
 
-    dump = _hang_file()
-    dump.seek(0)
-    dump.truncate()
-    dump.write(f"{item.nodeid} ran over {HANG_EXIT_S} s; the stacks when it was ended:\n")
-    dump.flush()
+    worker = hasattr(item.config, "workerinput")
+    dump = _worker_dump() if worker else _hangs["stderr"]
+    if dump is None:
+        yield
+        return
+    if worker:
+        dump.write(f"{item.nodeid} ran over {HANG_EXIT_S} s; the stacks when it was ended:\n")
+        dump.flush()
     faulthandler.dump_traceback_later(HANG_EXIT_S, exit=True, file=dump)
     try:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
-        dump.seek(0)
-        dump.truncate()
+        if worker:   # it ended: nothing to tell
+            dump.seek(0)
+            dump.truncate()
 
 
-_dump = None
-
-
-def _hang_file():
-    global _dump
-    if _dump is None:
-        _dump = open(os.path.join(os.environ[_HANG_DIR], f"{os.getpid()}.txt"), "w+")
-    return _dump
+def _worker_dump():
+    """This xdist worker's dump file, empty between tests."""
+    if _hangs["file"] is None and os.environ.get(_HANG_DIR):
+        _hangs["file"] = open(os.path.join(os.environ[_HANG_DIR], f"{os.getpid()}.txt"), "w+")
+    return _hangs["file"]
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput") or not os.environ.get(_HANG_DIR):
         return
     import pathlib
     import shutil
@@ -77,7 +84,9 @@ def pytest_terminal_summary(terminalreporter, config):
     folder = pathlib.Path(os.environ[_HANG_DIR])
     for path in sorted(folder.glob("*.txt")):
         text = path.read_text(errors="replace")
-        if text.strip():
+        if "most recent call first" in text:   # faulthandler's (a worker that died otherwise: no stacks)
             terminalreporter.section("hung test (faulthandler)", sep="!")
             terminalreporter.write(text)
-    shutil.rmtree(folder, ignore_errors=True)
+        path.unlink()
+    if _hangs["made"]:
+        shutil.rmtree(_hangs["made"], ignore_errors=True)

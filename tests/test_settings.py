@@ -271,15 +271,21 @@ def test_a_plugin_only_the_jobs_own_python_has_is_taken_and_one_it_lacks_refused
     other.mkdir(parents=True)
     site.mkdir()
     (site / "their_kernels.py").write_text("VARIANTS = []\n")
-    python = other / "python3"   # another environment's interpreter: its own packages on its path
+    python = other / "python"   # another environment's interpreter: its own packages on its path
     python.write_text(f"#!/bin/sh\nPYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
     done = tmp_path / "ran"
+    job = ("-c", f"import their_kernels; open({str(done)!r}, 'w')")
+    env = {"RTXOPS_HOME": str(tmp_path / "home"), "PATH": f"{other}{os.pathsep}{os.environ['PATH']}"}
     for modules, code in (("their_kernels", 0), ("their_kernels,not_theirs_either", 2)):
-        r = rtxops("run", "--direct", "--no-telemetry", "--no-summary", "--", str(python), "-c",
-                   f"import their_kernels; open({str(done)!r}, 'w')", cwd=tmp_path,
-                   env={"RTXOPS_HOME": str(tmp_path / "home"), "RTXOPS_VARIANT_MODULES": modules})
+        r = rtxops("run", "--direct", "--no-telemetry", "--no-summary", "--", "python", *job,
+                   cwd=tmp_path, env={**env, "RTXOPS_VARIANT_MODULES": modules})
         assert r.returncode == code, r.stderr
     flat = " ".join(r.stderr.split())
-    assert f"no module 'not_theirs_either' can be imported by {python} (give" in flat, r.stderr
+    assert f"no module 'not_theirs_either' can be imported (by {python})" in flat, r.stderr
     assert done.exists()
+    # a daemon's job runs a bare `python` as rtxops's own (first on the job's PATH): checked so
+    r = rtxops("run", "--no-telemetry", "--no-summary", "--", "python", *job, cwd=tmp_path,
+               env={**env, "RTXOPS_VARIANT_MODULES": "their_kernels"})
+    flat = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "no module 'their_kernels' can be imported (give" in flat, r.stderr
