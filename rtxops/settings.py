@@ -174,8 +174,8 @@ def variant_modules(search_first: tuple[str, ...] = (), python: str | None = Non
     """Raise :class:`SettingError` unless every module ``RTXOPS_VARIANT_MODULES`` names can be
     found: in ``search_first`` (where the job's interpreter looks before its own path: the
     script's folder, the working directory), then on this process's path or, given ``python``
-    (the job's interpreter, another environment's), on that one's. A dotted name's package is imported to find it; the module itself, which imports
-    torch, is not."""
+    (the job's interpreter, another environment's), on that one's. A dotted name's package is
+    imported to find it; the module itself, which imports torch, is not."""
     from rtxops import _find_modules
 
     names = [m.strip() for m in (os.environ.get("RTXOPS_VARIANT_MODULES") or "").split(",") if m.strip()]
