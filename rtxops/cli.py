@@ -172,7 +172,8 @@ def _check_job_environment(command: list[str], *, plan_given: bool = False, dire
 
     try:
         settings.check_runtime()
-        settings.variant_modules(_job_search_path(command), python=_other_python(command, direct))
+        if os.environ.get("RTXOPS_VARIANT_MODULES"):   # (finding the job's Python costs an import)
+            settings.variant_modules(_job_search_path(command), python=_other_python(command, direct))
         if telemetry:
             settings.check_job(direct)
     except settings.SettingError as e:

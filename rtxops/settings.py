@@ -205,9 +205,9 @@ def _problems_in(python: str, names: list[str], search_first: tuple[str, ...]) -
     import subprocess
 
     from rtxops import _find_modules
+    from rtxops.runtime.bootstrap import PACKAGE_ROOT
 
-    request = {"names": names, "search_first": list(search_first),
-               "package_root": os.path.dirname(os.path.dirname(os.path.abspath(_find_modules.__file__)))}
+    request = {"names": names, "search_first": list(search_first), "package_root": PACKAGE_ROOT}
     try:
         r = subprocess.run([python, _find_modules.__file__, json.dumps(request)],
                            capture_output=True, text=True, timeout=60)

@@ -43,6 +43,8 @@ from pathlib import Path
 from rtxops import settings
 
 DIRECTORY = str(Path(__file__).resolve().parent)
+# the folder holding the rtxops package (see child_environment)
+PACKAGE_ROOT = str(Path(DIRECTORY).parents[2])
 PACKAGE_ROOT_VARIABLE = "RTXOPS_PACKAGE_ROOT"   # (sitecustomize.py reads it by this name)
 
 
@@ -261,7 +263,7 @@ def child_environment(env: dict[str, str], *, plan: str | None = None,
     # bootstrap appends it to sys.path there. Not on PYTHONPATH: for an installed rtxops it is a
     # whole site-packages, whose torch would stand before the job's own (PYTHONPATH precedes
     # the interpreter's stdlib and site-packages)
-    out[PACKAGE_ROOT_VARIABLE] = str(Path(DIRECTORY).parents[2])
+    out[PACKAGE_ROOT_VARIABLE] = PACKAGE_ROOT
     # the job's own entries exactly as given (an empty one is the working directory)
     own = out["PYTHONPATH"].split(os.pathsep) if out.get("PYTHONPATH") else []
     own = [p for p in own if p != DIRECTORY]
