@@ -429,7 +429,7 @@ class RegionCompiler:
                 # torch.compile's backward cannot
                 return eager(*args, **kwargs)
             try:
-                with _backward_compiled_with_forward():
+                with _backward_compiled_with_forward(), _autocast_cache_off():
                     return compiled(*args, **kwargs)
             except _NOT_A_FAILURE:         # a checkpoint's early stop, not the compiled model's
                 raise
@@ -567,11 +567,32 @@ def _autocast_state() -> list[tuple[str, torch.dtype]]:
 @contextlib.contextmanager
 def _autocast(state: list[tuple[str, torch.dtype]]):
     """Autocast as ``state`` says, on this thread (dynamo guards on it: a model compiled without
-    the job's autocast was compiled again, on the job's thread, at the swap)."""
+    the job's autocast was compiled again, on the job's thread, at the swap), with its cast
+    cache off. That cache is one map for every thread, under one mutex: the compile's fake
+    tensors went into it, and the job's thread leaving autocast cleared it holding the mutex
+    while it waited for the GIL, which the compile's thread held waiting for the mutex (a
+    deadlock, seen once in a test run). Dynamo guards on the cache's switch too:
+    :func:`_autocast_cache_off` turns it off around the compiled calls on the job's thread."""
     with contextlib.ExitStack() as stack:
         for device, dtype in state:
-            stack.enter_context(torch.autocast(device, dtype=dtype))
+            stack.enter_context(torch.autocast(device, dtype=dtype, cache_enabled=False))
         yield
+
+
+@contextlib.contextmanager
+def _autocast_cache_off():
+    """Autocast's cast cache off on this thread while a compiled model runs under autocast: as
+    it was compiled (see :func:`_autocast`). Inside the compiled graph the cache plays no part;
+    the eager code between its graphs (a graph break) casts the weights at every use."""
+    if not torch.is_autocast_cache_enabled() or \
+            not any(torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES):
+        yield
+        return
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(True)
 
 
 def _backward_compiled_with_forward():

@@ -808,12 +808,14 @@ class DropNet(Net):
         return self.drop(super().forward(x))
 
 
-def _compiled_where(evaluate_after_first_step: bool, autocast: bool) -> tuple[list[str], str]:
-    """Threads the model's graphs were compiled on, in a job trained until its region settled."""
-    compiled_on = []
+def _compiled_where(evaluate_after_first_step: bool, autocast: bool) -> tuple[list[str], str, list[bool]]:
+    """Threads the model's graphs were compiled on, in a job trained until its region settled,
+    and whether autocast's cast cache was on as each was."""
+    compiled_on, cache_on = [], []
 
     def recording(gm, example_inputs):
         compiled_on.append(threading.current_thread().name)
+        cache_on.append(torch.is_autocast_cache_enabled())
         return gm.forward
 
     d = patching.enable()
@@ -843,21 +845,25 @@ def _compiled_where(evaluate_after_first_step: bool, autocast: bool) -> tuple[li
     finally:
         patching.disable()
         regions.close()
-    return compiled_on, regions.state
+    return compiled_on, regions.state, cache_on
 
 
 def test_a_model_trained_under_autocast_is_compiled_under_it_in_the_background():
     """Autocast is the thread's own: the background compile ran without it, and the swap
-    compiled the model again on the job's thread (4.6 s of one step with Inductor)."""
-    compiled_on, state = _compiled_where(evaluate_after_first_step=False, autocast=True)
+    compiled the model again on the job's thread (4.6 s of one step with Inductor). Its cast
+    cache is off there: the cache is shared by every thread, and the compile's thread taking
+    its lock deadlocked with the job's thread leaving autocast (a test run hung on it); the
+    job's thread runs the compiled model with it off too, or dynamo compiles it again there."""
+    compiled_on, state, cache_on = _compiled_where(evaluate_after_first_step=False, autocast=True)
     assert state in (COMPILED, EAGER) and compiled_on
     assert set(compiled_on) == {"rtxops-region-compile"}, compiled_on
+    assert not any(cache_on), cache_on
 
 
 def test_an_evaluation_between_steps_is_not_the_call_compiled():
     """The first call after the model was found is captured for the compile: an evaluation
     (eval mode, no grad) was, and the swap compiled the model again on the job's thread."""
-    compiled_on, state = _compiled_where(evaluate_after_first_step=True, autocast=False)
+    compiled_on, state, _ = _compiled_where(evaluate_after_first_step=True, autocast=False)
     assert state in (COMPILED, EAGER) and compiled_on
     assert set(compiled_on) == {"rtxops-region-compile"}, compiled_on
 
