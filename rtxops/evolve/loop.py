@@ -272,12 +272,11 @@ class EvolveLoop:
             if last >= swapped + self.config.window_steps:
                 per_arm = self._round_values(job, bt, last)
                 # a bucket called seldom (once per step, say) gets more windows, up to 10, until
-                # each arm of the round has been measured enough to be compared
+                # each arm of the round the job runs has been measured enough to be compared
                 # (a bucket with no call at all in the window is not gone yet: one called every
                 # 25th step has none in a 20-step window)
                 if (last >= swapped + ROUND_MAX_WINDOWS * self.config.window_steps
-                        or (per_arm and all(len(per_arm.get(a, ())) >= stats.MIN_SAMPLES
-                                            for a in bt.round_arms))):
+                        or (per_arm and not self._unmeasured(job, bt, per_arm))):
                     if self._finish_round(job, bt, last, per_arm):
                         self._next_round(job, bt, last)
                     else:
@@ -390,7 +389,9 @@ class EvolveLoop:
                                       deterministic=self.config.deterministic) if a != incumbent]
         allowed = self.config.allowed_variants()
         resource = store_evolve.job_resource(self.store, job)
+        disabled = store_evolve.disabled_arms(self.store, job, op, bucket)
         arms = [a for a in arms if (not allowed or a.variant in allowed)
+                and (a.variant, a.config_json) not in disabled
                 and not self._regressed(op, bucket, a, resource)]
         bt.arms = arms
         log.info("evolve: job %s: gating %d candidates of %s %s (share %.1f%%)", job, len(arms),
@@ -506,6 +507,18 @@ class EvolveLoop:
                 per_arm.setdefault(Arm(r["variant"], r["config"] or "{}"), {})[r["step"]] = \
                     stats.StepMean(r["total_ns"], r["calls"])
         return per_arm
+
+    def _unmeasured(self, job: str, bt: BucketTuning, per_arm: dict[Arm, dict[int, float]]) -> list[Arm]:
+        """The round's arms with too few samples yet, less those the job disabled (they get
+        no calls: waiting for them held the round for its longest); those are retired."""
+        waiting = [a for a in bt.round_arms if len(per_arm.get(a, ())) < stats.MIN_SAMPLES]
+        if waiting:
+            disabled = store_evolve.disabled_arms(self.store, job, bt.op, bt.bucket)
+            for arm in [a for a in waiting if (a.variant, a.config_json) in disabled]:
+                waiting.remove(arm)
+                if bt.strategy is not None:
+                    bt.strategy.retire(arm)
+        return waiting
 
     def _finish_round(self, job: str, bt: BucketTuning, last: int,
                       per_arm: dict[Arm, dict[int, float]]) -> bool:

@@ -53,8 +53,8 @@ class Strategy(ABC):
         self.values[arm].append(value if value > 0 and not math.isnan(value) else math.inf)
 
     def retire(self, arm: Arm) -> None:
-        """Propose ``arm`` no more (exploring it costs the job too much); what it measured
-        stays told."""
+        """Propose ``arm`` no more (exploring it costs the job too much, or the job disabled
+        it); what it measured stays told."""
         self.arms = [a for a in self.arms if a != arm]
 
     def best(self) -> Arm | None:

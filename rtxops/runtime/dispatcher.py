@@ -53,6 +53,8 @@ _NOT_A_FAILURE: tuple[type[BaseException], ...] = tuple(
     cls for cls in (getattr(torch.utils.checkpoint, "_StopRecomputationError", None),) if cls)
 
 EXPLORE_PERIOD = 1000  # explore shares are laid out over this many calls, deterministically
+SECOND_ORDER_REASON = ("the job differentiates gradients (create_graph=True), which this "
+                       "variant's backward (torch.compile's) cannot")
 REGION_OP = "region"   # the op of the slots regions record (see Dispatcher.region_clock)
 COMPILED_FAMILY = "compiled"  # variants built with torch.compile (ops/_compiled.py)
 # call keys a site remembers routes for; past it the older half is forgotten (a miss finds the
@@ -698,6 +700,7 @@ class Dispatcher:
         self.regions = None  # a RegionCompiler when the whole model is to be compiled (regions.py)
         self.optimizer_region = None  # a FusedOptimizer when the optimizer may run fused
         self._compiling_elsewhere = False  # a background compile ran at the last step boundary
+        self.second_order = False  # the job differentiated a gradient (second_order.py)
         self._lock = threading.RLock()
 
     # ---- sites ----------------------------------------------------------------------------
@@ -880,9 +883,12 @@ class Dispatcher:
         return timed
 
     # ---- resolution (route miss) ----------------------------------------------------------
-    def choices(self, op: OpSpec, bucket: Bucket, autocast: tuple | None = None) -> list[Choice]:
+    def choices(self, op: OpSpec, bucket: Bucket, autocast: tuple | None = None,
+                refused: list[Choice] | None = None) -> list[Choice]:
         """The (variant, config, weight) arms the running plan asks for in ``bucket`` (under
-        ``autocast``, the autocast state in force: a variant disabled there only may run outside)."""
+        ``autocast``, the autocast state in force: a variant disabled there only may run outside).
+        Arms a job differentiating gradients cannot run are replaced by the reference and
+        appended to ``refused``."""
         entry = self.plan.entry(op.name, bucket.id)
         if entry is not None:
             arms = [(entry.variant, dict(entry.config), 1.0 - sum(a.weight for a in entry.explore))]
@@ -897,6 +903,10 @@ class Dispatcher:
                 op.name, name, choice.config_json, bucket.id, autocast) not in self.disabled
             if usable and variant.family == COMPILED_FAMILY and _background_compiles:
                 usable = False  # until the compile is over (see on_step)
+            if usable and self.second_order and not variant.double_backward:
+                usable = False
+                if refused is not None:
+                    refused.append(choice)
             if not usable:
                 choice = Choice(self.registry.variant(op.name, REFERENCE), {}, weight)
             out.append(choice)
@@ -918,7 +928,11 @@ class Dispatcher:
                     # a variant that fails under autocast (torch upcasts some ops there) is
                     # disabled under that autocast state only
                     ac = autocast_scope() if any_autocast() else None
-                    arms = [self._route(site, bucket, c, ac) for c in self.choices(site.op, bucket, ac)]
+                    refused: list[Choice] = []
+                    arms = [self._route(site, bucket, c, ac)
+                            for c in self.choices(site.op, bucket, ac, refused)]
+                    for choice in refused:
+                        self._refuse_second_order(site, bucket, choice, ac)
                     if len(arms) == 1:
                         route = arms[0][0]
                     else:
@@ -1093,6 +1107,29 @@ class Dispatcher:
 
         route = site.self_recording(first_call)
         return route
+
+    def note_second_order(self) -> None:
+        """A backward pass builds a graph of its gradients (``create_graph=True``): from now on
+        the routes take only variants whose backward differentiates again (see
+        :meth:`_refuse_second_order`)."""
+        with self._lock:
+            if self.second_order:
+                return
+            self.second_order = True
+            for s in self.sites:
+                s.clear()
+        log.warning("rtxops: the job differentiates gradients (create_graph=True): variants whose "
+                    "backward cannot be differentiated again (torch.compile's) are not used from "
+                    "now on; a graph that already holds one fails in its double backward")
+
+    def _refuse_second_order(self, site: FunctionSite, bucket: Bucket, choice: Choice,
+                             autocast: tuple | None) -> None:
+        """A plan's arm the job cannot run since it differentiates gradients: reported as
+        disabled (once per arm), so that the evolve loop stops exploring it there."""
+        key = (bucket.op, choice.variant.name, choice.config_json, bucket.id, autocast)
+        if key not in self.disabled:
+            self.disabled[key] = SECOND_ORDER_REASON
+            self.readings.error(self._slot(site, choice, bucket), SECOND_ORDER_REASON)
 
     def _disable(self, site: FunctionSite, key: tuple, slot: int, reason: str) -> None:
         with self._lock:

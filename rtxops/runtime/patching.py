@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch import nn
 
-from . import originals, script_shims
+from . import originals, script_shims, second_order
 from .dispatcher import Dispatcher, ModuleSite, unrouted_on_this_thread
 from .ops._layout import layout_key
 from .plan import Plan
@@ -321,6 +321,10 @@ class _Patch:
                 _set(namespace, name, wrapper)
 
     def _wrap_entry_points(self) -> None:
+        for owner, name in second_order.ENTRY_POINTS:
+            fn = owner.__dict__[name]
+            self.entry_points[(owner, name)] = fn
+            setattr(owner, name, second_order.watching(fn, self.dispatcher.note_second_order))
         for owner, name in UNROUTED_ENTRY_POINTS:
             fn = owner.__dict__.get(name)
             if fn is None:

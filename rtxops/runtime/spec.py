@@ -103,6 +103,9 @@ class Variant:
     dtypes: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16, torch.float16})
     deterministic: bool = True
     description: str = ""
+    # whether the gradients its backward returns can be differentiated again (a job's
+    # ``create_graph=True``); torch.compile's backward cannot (see second_order.py)
+    double_backward: bool = True
 
     @property
     def default_config(self) -> dict:

@@ -37,6 +37,7 @@ def loop_over_rows(monkeypatch, rows: list[dict], *, last: int, swapped: int = 9
                         [r for r in rows if r["step"] >= since and r.get("phase", "fwd") == phase])
     monkeypatch.setattr(se, "step_durations", lambda *a, **k: [])
     monkeypatch.setattr(se, "job_resource", lambda q, job: {})
+    monkeypatch.setattr(se, "disabled_arms", lambda q, job, op, bucket: set())
     monkeypatch.setattr(se, "save_trial", save_trial or (lambda store, row: None))
     sink = decisions if decisions is not None else []
     monkeypatch.setattr(se, "save_decision", lambda store, row: sink.append(row))

@@ -26,14 +26,16 @@ def _compile(fn: Callable, config: dict) -> Callable:
 
 
 def compiled_variant(op: str, fn: Callable, description: str = "", **kwargs) -> Variant:
-    """A variant that runs ``torch.compile(fn)`` built for each bucket."""
+    """A variant that runs ``torch.compile(fn)`` built for each bucket. Its backward is
+    torch.compile's, which cannot be differentiated again."""
 
     def build(config: dict, bucket: Bucket) -> Callable:
         return _compile(fn, config)
 
     return Variant(
         op, "compiled", "compiled", build, config_space=dict(COMPILE_SPACE),
-        description=description or f"torch.compile of the {op} math, one graph per bucket", **kwargs,
+        description=description or f"torch.compile of the {op} math, one graph per bucket",
+        **{"double_backward": False, **kwargs},
     )
 
 
