@@ -1067,13 +1067,17 @@ class Dispatcher:
                     except Exception:  # values that cannot be read (meta, fake, vmapped):
                         unreadable = True  # the reference answers; a later call is checked
             rng.restore()
-            if unreadable:
+
+            def unread():
                 unchecked[0] += 1
                 if unchecked[0] >= UNCHECKED_CALLS_KEPT:
                     # never readable (under torch.func.vmap): each call ran the reference twice
                     # and the route once; the reference alone answers these calls from now on
                     site.replace(route, site.unrouted())
                 return site.run_reference(args, kwargs)
+
+            if unreadable:
+                return unread()
             if not problem:
                 t0 = perf_counter_ns()
                 try:
@@ -1083,6 +1087,8 @@ class Dispatcher:
                 except Exception as e:
                     problem, raised = f"raised {_describe(e)}", True
                     rng.restore()
+                    if _functorch_active():   # with autograd, under torch.func: see on_error
+                        return unread()
                 else:
                     self.readings.record(slot, t0, elapsed)
                     site.replace(route, fast)
@@ -1112,6 +1118,8 @@ class Dispatcher:
         """A backward pass builds a graph of its gradients (``create_graph=True``): from now on
         the routes take only variants whose backward differentiates again (see
         :meth:`_refuse_second_order`)."""
+        if _functorch_active():
+            return   # torch.func's grad asks for a graph on every call (so that it nests)
         with self._lock:
             if self.second_order:
                 return

@@ -517,6 +517,25 @@ def test_torch_compile_worker_processes_do_not_get_the_runtime(tmp_path):
     assert sorted(p.name for p in marks.iterdir()) == [r.stdout.strip()]   # the job's alone
 
 
+def test_a_first_call_under_torch_func_grad_leaves_an_autograd_function_variant_enabled():
+    """The route's first call checks the variant without autograd (it passes), then runs it
+    with autograd; under torch.func.grad that raised (no torch.func support) and the variant
+    was disabled for the bucket, as if it computed the op wrong."""
+    from .helpers import plan_for
+
+    dispatcher = patching.enable(plan_for(1, defaults={"cross_entropy": "chunked"}))
+    try:
+        x, t = torch.randn(8, 50), torch.randint(0, 50, (8,))
+        want = torch.func.grad(lambda z: originals.cross_entropy(z, t))(x)
+        torch.testing.assert_close(torch.func.grad(lambda z: F.cross_entropy(z, t))(x), want)
+        assert not dispatcher.disabled
+        F.cross_entropy(x.clone().requires_grad_(), t).backward()
+        slots = [s.id for s in dispatcher.slots if s.variant == "chunked"]
+        assert sum(dispatcher.readings.calls[i] for i in slots) >= 1
+    finally:
+        patching.disable()
+
+
 def test_torch_func_over_an_autograd_function_variant_leaves_it_enabled():
     """chunked cross_entropy is an autograd.Function without torch.func support: a job taking
     per-sample gradients with torch.func (vmap over grad) got them from the reference, but the

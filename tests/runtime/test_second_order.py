@@ -94,3 +94,14 @@ def test_disable_puts_torchs_backward_entry_points_back():
     assert (torch.autograd.backward, torch.autograd.grad) != before
     patching.disable()
     assert (torch.autograd.backward, torch.autograd.grad) == before
+
+
+def test_torch_func_grad_is_not_taken_for_a_gradient_penalty():
+    """torch.func.grad asks torch.autograd.grad for a graph on every call (so that it nests)."""
+    x = torch.randn(4, 8)
+    d = patching.enable(plan=COMPILED_GELU)
+    try:
+        torch.func.grad(lambda z: F.gelu(z).sum())(x)
+    finally:
+        patching.disable()
+    assert not d.second_order
