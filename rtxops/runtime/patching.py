@@ -251,6 +251,7 @@ class _Patch:
         self._hook_new_classes()
         self.scan_functions()
         self._wrap_entry_points()
+        self._watch_second_order()
         self.step_hook = register_optimizer_step_post_hook(
             lambda optimizer, args, kwargs: d.on_step(optimizer)
         )
@@ -320,11 +321,14 @@ class _Patch:
             if getattr(namespace, name, None) is original and namespace not in gave_up:
                 _set(namespace, name, wrapper)
 
-    def _wrap_entry_points(self) -> None:
+    def _watch_second_order(self) -> None:
+        # kept with the patched functions: TorchScript, which knows torch.autograd.grad as a
+        # builtin by identity, sees torch's own while it compiles (see suspended)
         for owner, name in second_order.ENTRY_POINTS:
-            fn = owner.__dict__[name]
-            self.entry_points[(owner, name)] = fn
-            setattr(owner, name, second_order.watching(fn, self.dispatcher.note_second_order))
+            fn = self.functions[(owner, name)] = owner.__dict__[name]
+            _set(owner, name, second_order.watching(fn, self.dispatcher.note_second_order))
+
+    def _wrap_entry_points(self) -> None:
         for owner, name in UNROUTED_ENTRY_POINTS:
             fn = owner.__dict__.get(name)
             if fn is None:

@@ -105,3 +105,20 @@ def test_torch_func_grad_is_not_taken_for_a_gradient_penalty():
     finally:
         patching.disable()
     assert not d.second_order
+
+
+def test_torchscript_compiles_a_function_calling_torch_autograd_grad_while_it_is_watched():
+    """TorchScript knows torch.autograd.grad as a builtin by identity: the watching wrapper
+    must not be what it sees."""
+    patching.enable()
+    try:
+        @torch.jit.script
+        def gradient(x: torch.Tensor) -> torch.Tensor:
+            g = torch.autograd.grad([(x * x).sum()], [x], create_graph=True)[0]
+            assert g is not None
+            return g
+
+        x = torch.randn(3, requires_grad=True)
+        torch.testing.assert_close(gradient(x), 2 * x)
+    finally:
+        patching.disable()
