@@ -176,8 +176,9 @@ STACKS_SHOWN = 20
 
 
 def job_detail(q, job_id: str) -> dict | None:
-    """One job: its record (spec, attempts with exit and restart reasons), status history and
-    captured stacks; None when neither the supervisor nor telemetry knows it."""
+    """One job: its record (spec, attempts with exit and restart reasons), status history,
+    captured stacks and the variants its runtime disabled; None when neither the supervisor nor
+    telemetry knows it."""
     row = V.job(q, job_id)
     if row is None and not V.job_known(q, job_id):
         return None
@@ -207,7 +208,8 @@ def job_detail(q, job_id: str) -> dict | None:
             "history": history, "stacks": stacks[-STACKS_SHOWN:],
             "events_left_out": total - len(events),
             "stacks_left_out": max(0, len(stacks) - STACKS_SHOWN),
-            "ranks": V.job_facts(q, [job_id]).get(job_id, {}).get("ranks", 0)}
+            "ranks": V.job_facts(q, [job_id]).get(job_id, {}).get("ranks", 0),
+            "disabled": V.disabled_variants(q, job_id)}
 
 
 # ---- governance --------------------------------------------------------------------------------

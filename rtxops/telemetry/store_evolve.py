@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from . import store_views
 from .store import Store
 
 log = logging.getLogger("rtxops.evolve")
@@ -35,16 +36,8 @@ def disabled_arms(q, job_id: str, op: str, bucket: str) -> set[tuple[str, str]]:
     """(variant, config) of the bucket the job reported disabled (``rtx.variant.disabled``: a
     first call that differed from the reference, a build that failed, a variant the job cannot
     run): they get no more calls there."""
-    rows = q.query(
-        """SELECT DISTINCT e.attributes->>'rtx.variant' AS variant,
-                  e.attributes->>'rtx.config' AS config
-           FROM span_events e
-           WHERE e.name = 'rtx.variant.disabled' AND e.attributes->>'rtx.op' = ?
-             AND e.attributes->>'rtx.bucket' = ?
-             AND EXISTS (SELECT 1 FROM spans s WHERE s.trace_id = e.trace_id
-                         AND s.span_id = e.span_id AND s.job_id = ?)""",
-        [op, bucket, job_id])
-    return {(r["variant"], r["config"] or "{}") for r in rows}
+    return {(e["variant"], e["config"] or "{}")
+            for e in store_views.disabled_events(q, job_id, op=op, bucket=bucket)}
 
 
 def job_resource(q, job_id: str) -> dict:

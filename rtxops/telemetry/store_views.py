@@ -121,6 +121,58 @@ def job_facts(q, job_ids: list[str]) -> dict[str, Row]:
     return {r["job_id"]: r for r in rows}
 
 
+DISABLED_SHOWN = 200   # a job's disabled variants a page lists (each (op, variant, config, bucket) once)
+_STEP_SLACK_NS = 60 * 10**9   # an event's time against its step span's, either side
+
+
+def disabled_events(q, job_id: str, *, op: str | None = None,
+                    bucket: str | None = None) -> list[Row]:
+    """The job's ``rtx.variant.disabled`` events (a first call that differed from the reference,
+    a build that failed, a variant it cannot run): time, op, variant, config, bucket, reason.
+    The events are few; the step spans they hang on are found by integer id within the events'
+    time range (joining every span on its hex id read the whole span table)."""
+    events = q.query("""
+        SELECT time_ns, span_id, attributes->>'rtx.op' AS op,
+               attributes->>'rtx.variant' AS variant, attributes->>'rtx.config' AS config,
+               attributes->>'rtx.bucket' AS bucket, attributes->>'rtx.reason' AS reason
+        FROM span_events WHERE name = 'rtx.variant.disabled'
+          AND ($op IS NULL OR attributes->>'rtx.op' = $op)
+          AND ($bucket IS NULL OR attributes->>'rtx.bucket' = $bucket)
+        ORDER BY time_ns""", {"op": op, "bucket": bucket})
+    ids = {e["span_id"]: _span_int(e["span_id"]) for e in events}
+    if not any(v is not None for v in ids.values()):
+        return []
+    times = [e["time_ns"] for e in events]
+    mine = {r["span_id"] for r in q.query("""
+        SELECT DISTINCT r.span_id FROM span_rows r JOIN span_keys k USING (key_id)
+        WHERE k.job_id = $job AND r.span_id IN (SELECT unnest($ids::UBIGINT[]))
+          AND r.start_ns <= $hi AND r.end_ns >= $lo""",
+        {"job": job_id, "ids": [v for v in ids.values() if v is not None],
+         "lo": min(times) - _STEP_SLACK_NS, "hi": max(times) + _STEP_SLACK_NS})}
+    return [e for e in events if ids[e["span_id"]] in mine]
+
+
+def _span_int(span_id: str | None) -> int | None:
+    try:
+        return int(span_id, 16)
+    except (TypeError, ValueError):
+        return None
+
+
+def disabled_variants(q, job_id: str) -> list[Row]:
+    """What the job's runtime disabled, each (op, variant, config, bucket) once: when first,
+    why, and how many times it was reported (by its ranks and attempts)."""
+    seen: dict[tuple, Row] = {}
+    for e in disabled_events(q, job_id):
+        key = (e["op"], e["variant"], e["config"], e["bucket"])
+        if key in seen:
+            seen[key]["reports"] += 1
+        elif len(seen) < DISABLED_SHOWN:
+            seen[key] = {**{k: e[k] for k in ("op", "variant", "config", "bucket", "reason")},
+                         "first_ns": e["time_ns"], "reports": 1}
+    return list(seen.values())
+
+
 # ---- steps, swaps and speed-up -----------------------------------------------------------------
 
 _SLICED = """

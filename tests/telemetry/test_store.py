@@ -551,3 +551,37 @@ def test_telemetry_stats_add_up_the_drops_of_every_process_of_a_job(tmp_path):
             store.write(otlp.convert(body.SerializeToString(), otlp.PROTOBUF, time.time_ns()))
         stats = telemetry_summary(store)
     assert (stats["dropped steps (jobs)"], stats["dropped spans (jobs)"]) == (9, 90)
+
+
+def test_a_variant_the_runtime_disabled_is_found_for_its_job(tmp_path):
+    """From the runtime's own event to the store's view: a job that differentiates gradients
+    refuses the plan's compiled gelu, and the store names it, for that job only."""
+    import torch
+
+    from rtxops.runtime import patching
+    from rtxops.runtime.plan import Plan
+    from rtxops.telemetry import store_evolve, store_views
+    from rtxops.telemetry.exporters import DuckDBSpanExporter
+    from rtxops.telemetry.job import start_job_telemetry
+
+    from ..runtime.helpers import TinyNet, train_losses
+
+    store = Store(tmp_path / "s.duckdb")
+    d = patching.enable(plan=Plan(version=1, defaults={"gelu": "compiled"}))
+    telemetry = start_job_telemetry(d, DuckDBSpanExporter(store), store=None,
+                                    resource={S.SERVICE_NAME: "t", S.JOB_ID: "job-pen", S.RANK: 0})
+    try:
+        x = torch.randn(4, requires_grad=True)
+        torch.autograd.grad((x * x).sum(), x, create_graph=True)   # the job's first penalty
+        train_losses(TinyNet(), steps=2)
+        telemetry.close(d)
+    finally:
+        patching.disable()
+    try:
+        (row,) = store_views.disabled_variants(store, "job-pen")
+        assert (row["op"], row["variant"]) == ("gelu", "compiled") and "create_graph" in row["reason"]
+        assert store_evolve.disabled_arms(store, "job-pen", "gelu", row["bucket"]) == \
+            {("compiled", row["config"])}
+        assert store_views.disabled_variants(store, "another-job") == []
+    finally:
+        store.close()
