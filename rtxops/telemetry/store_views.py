@@ -123,22 +123,27 @@ def job_facts(q, job_ids: list[str]) -> dict[str, Row]:
 
 DISABLED_SHOWN = 200   # a job's disabled variants a page lists (each (op, variant, config, bucket) once)
 _STEP_SLACK_NS = 60 * 10**9   # an event's time against its step span's, either side
+# how long before the store first heard of a job its events may be from (spans a job held
+# while its daemon was away)
+_HELD_NS = 3600 * 10**9
 
 
 def disabled_events(q, job_id: str, *, op: str | None = None,
                     bucket: str | None = None) -> list[Row]:
     """The job's ``rtx.variant.disabled`` events (a first call that differed from the reference,
     a build that failed, a variant it cannot run): time, op, variant, config, bucket, reason.
-    The events are few; the step spans they hang on are found by integer id within the events'
-    time range (joining every span on its hex id read the whole span table)."""
+    The events are few (those since the job began); the step spans they hang on are found by
+    integer id within the events' time range (joining every span on its hex id read the whole
+    span table)."""
     events = q.query("""
         SELECT time_ns, span_id, attributes->>'rtx.op' AS op,
                attributes->>'rtx.variant' AS variant, attributes->>'rtx.config' AS config,
                attributes->>'rtx.bucket' AS bucket, attributes->>'rtx.reason' AS reason
         FROM span_events WHERE name = 'rtx.variant.disabled'
+          AND time_ns >= (SELECT min(first_seen_ns) FROM resources WHERE job_id = $job) - $held
           AND ($op IS NULL OR attributes->>'rtx.op' = $op)
           AND ($bucket IS NULL OR attributes->>'rtx.bucket' = $bucket)
-        ORDER BY time_ns""", {"op": op, "bucket": bucket})
+        ORDER BY time_ns""", {"job": job_id, "held": _HELD_NS, "op": op, "bucket": bucket})
     ids = {e["span_id"]: _span_int(e["span_id"]) for e in events}
     if not any(v is not None for v in ids.values()):
         return []
