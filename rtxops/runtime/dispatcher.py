@@ -1114,12 +1114,17 @@ class Dispatcher:
         route = site.self_recording(first_call)
         return route
 
-    def note_second_order(self) -> None:
+    def note_second_order(self, through_parameters: bool = True) -> None:
         """A backward pass builds a graph of its gradients (``create_graph=True``): from now on
         the routes take only variants whose backward differentiates again (see
-        :meth:`_refuse_second_order`)."""
+        :meth:`_refuse_second_order`); one taken with respect to parameters also sends the
+        compiled model region back to eager."""
         if _functorch_active():
             return   # torch.func's grad asks for a graph on every call (so that it nests)
+        if through_parameters and self.regions is not None:
+            self.regions.differentiated_through_parameters()
+        if self.second_order:
+            return
         with self._lock:
             if self.second_order:
                 return

@@ -164,6 +164,7 @@ class RegionCompiler:
         self._block_calls = 0   # ... when the trial block under way began
         self._exiting = False
         self._closed = False
+        self._through_parameters = False   # the job differentiates gradients w.r.t. parameters
         self._step_ns: list[int] = []
         self._last_ns: int | None = None
         self._baseline_from: int | None = None
@@ -256,7 +257,7 @@ class RegionCompiler:
                     self._fail(f"torch.compile failed: {type(e).__name__}: {e}")
                     return
                 log.info("region: the %s candidate is left out: %s: %s", name, type(e).__name__, e)
-        if self._closed:
+        if self._closed or self.state == FAILED:   # (a step boundary gave up meanwhile)
             self._release()
             return
         self.compile_seconds = time.perf_counter() - started
@@ -324,7 +325,17 @@ class RegionCompiler:
                 self._restore_forward(model)
             self._fail(f"{type(e).__name__}: {e}")
 
+    def differentiated_through_parameters(self) -> None:
+        """The job builds a graph of gradients taken with respect to parameters (Hessian-vector
+        products, MAML): torch.compile's backward cannot be differentiated again, so the model
+        runs eager from its next call, and the region ends in eager at the next step boundary.
+        (A gradient penalty on the model's inputs is not that: those calls run eager alone.)"""
+        self._through_parameters = True
+
     def _on_step(self, step: int) -> None:
+        if self._through_parameters and self.state not in (EAGER, FAILED):
+            self._leave_for_second_order(step)
+            return
         self._last_step = step
         now = time.perf_counter_ns()
         if self._last_ns is not None:
@@ -387,6 +398,19 @@ class RegionCompiler:
             log.info("region: kept %s (median step: %s)", best, ", ".join(
                 f"{k} {v / 1e6:.2f} ms" for k, v in self.step_medians_ns.items()))
 
+    def _leave_for_second_order(self, step: int) -> None:
+        for h in self._hooks:   # still discovering, or waiting for the call to compile
+            h.remove()
+        self._hooks = []
+        model = self._model() if self._model else None
+        installed = model is not None and isinstance(model.__dict__.get("forward"), _CompiledForward)
+        if model is not None:
+            self._restore_forward(model)
+        self._fail("the job differentiates gradients with respect to the model's parameters "
+                   "(create_graph=True), which torch.compile's backward cannot")
+        if installed:
+            self.report(step, "eager")
+
     def _model_or_fail(self) -> nn.Module | None:
         model = self._model() if self._model else None
         if model is None:
@@ -423,7 +447,7 @@ class RegionCompiler:
 
         def forward(*args, **kwargs):
             self._calls += 1
-            if _tracing() or _differentiable_input(args, kwargs):
+            if self._through_parameters or _tracing() or _differentiable_input(args, kwargs):
                 # a trace (torch.jit.trace, torch.fx) wants the model as written; an input that
                 # requires grad may be differentiated twice (a gradient penalty), which
                 # torch.compile's backward cannot

@@ -20,17 +20,33 @@ import torch
 ENTRY_POINTS = ((torch.autograd, "backward"), (torch.autograd, "grad"))
 
 
-def watching(fn: Callable, on_create_graph: Callable[[], None]) -> Callable:
-    """``fn`` (one of :data:`ENTRY_POINTS`), calling ``on_create_graph()`` before a pass that
-    builds a graph of its gradients."""
-    position = list(inspect.signature(fn).parameters).index("create_graph")
+def watching(fn: Callable, on_create_graph: Callable[[bool], None]) -> Callable:
+    """``fn`` (one of :data:`ENTRY_POINTS`), calling ``on_create_graph(through_parameters)``
+    before a pass that builds a graph of its gradients; ``through_parameters``: whether the
+    pass is taken with respect to parameters (a backward into every leaf, or ``inputs`` holding
+    an ``nn.Parameter``: Hessian-vector products, MAML), not only to tensors the job made (a
+    gradient penalty's interpolates)."""
+    signature = inspect.signature(fn)
+    position = list(signature.parameters).index("create_graph")
 
     @functools.wraps(fn)
     def watched(*args, **kwargs):
         if kwargs.get("create_graph") if "create_graph" in kwargs else (
                 len(args) > position and args[position]):
-            on_create_graph()
+            on_create_graph(_through_parameters(signature, args, kwargs))
         return fn(*args, **kwargs)
 
     watched.__rtxops_wrapper__ = True  # type: ignore[attr-defined]
     return watched
+
+
+def _through_parameters(signature: inspect.Signature, args: tuple, kwargs: dict) -> bool:
+    try:
+        inputs = signature.bind(*args, **kwargs).arguments.get("inputs")
+    except TypeError:   # torch's own call will say what is wrong
+        return False
+    if inputs is None:
+        return True     # backward into every leaf the graph reaches
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    return any(isinstance(t, torch.nn.Parameter) for t in inputs)

@@ -98,6 +98,43 @@ def test_two_backwards_through_one_forward_and_a_gradient_penalty_run_on_the_com
         stop(regions)
 
 
+def test_a_job_taking_hessian_vector_products_keeps_its_model_eager():
+    """Gradients taken with respect to the parameters with ``create_graph=True`` (AdaHessian's
+    Hessian-vector products) go through the model on inputs that do not require grad: the
+    compiled model was swapped in, and the job's second backward raised through it."""
+    import time
+
+    from rtxops.runtime.regions import COMPILED, EAGER, FAILED
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 2))
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.01)
+    d = patching.enable()
+    regions = d.regions = RegionCompiler(lambda step, outcome: None, trial_steps=3, compile_fn=aot_eager)
+
+    def step(i):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(i))
+        grads = torch.autograd.grad(model(x).pow(2).mean(), params, create_graph=True)
+        hv = torch.autograd.grad(sum(g.sum() for g in grads), params)
+        opt.zero_grad()
+        for p, g, h in zip(params, grads, hv):
+            p.grad = g.detach() + 0.01 * h
+        opt.step()
+
+    try:
+        i, deadline = 0, time.monotonic() + 120
+        while regions.state not in (COMPILED, EAGER, FAILED) and time.monotonic() < deadline:
+            step(i)
+            i += 1
+        for j in range(i, i + 5):
+            step(j)
+        assert regions.state == FAILED and "create_graph" in regions.error, regions.state
+        assert "forward" not in model.__dict__
+    finally:
+        stop(regions)
+
+
 def test_a_hook_added_after_the_swap_runs_and_the_signature_is_the_models():
     torch.manual_seed(0)
 
