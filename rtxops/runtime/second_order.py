@@ -1,6 +1,8 @@
 """Notices a job that differentiates its gradients (``create_graph=True``: a gradient penalty,
 MAML's inner step), so the dispatcher stops choosing variants whose backward cannot be
-differentiated again (torch.compile's: "does not currently support double backward").
+differentiated again (torch.compile's: "does not currently support double backward"), and the
+compiled model region goes back to eager when those gradients are taken with respect to
+parameters.
 
 torch's two ways into a backward pass, ``torch.autograd.backward`` (``Tensor.backward`` calls
 it) and ``torch.autograd.grad``, are wrapped while rtxops is on; the check is one argument
