@@ -76,3 +76,24 @@ def test_a_round_of_arms_the_job_runs_still_waits_for_them(monkeypatch):
     loop.jobs["job"] = L.JobEvolution(active=bt)
     loop.tick()
     assert bt.windows == [] and bt.phase == "exploring"
+
+
+def test_a_bucket_opened_again_does_not_gate_or_offer_what_the_job_disabled(monkeypatch):
+    from .test_loop_gate_background import BUCKET, _loop
+
+    screened = []
+
+    def screen(tuning, op, bucket, arms, timeout_s):
+        screened.append(list(arms))
+        return arms, {}
+
+    loop, _ = _loop(monkeypatch, screen)
+    monkeypatch.setattr(L, "GATE_WAIT_S", 5.0, raising=False)
+    monkeypatch.setattr(L, "candidates", lambda *a, **k: [INC, FAST, DISABLED])
+    asked = []
+    monkeypatch.setattr(store_evolve, "disabled_arms", lambda q, job, op, bucket: asked.append(
+        (job, op, bucket)) or {(DISABLED.variant, DISABLED.config_json)})
+    loop.tick()
+    assert ("job", "gelu", BUCKET) in asked
+    assert screened == [[FAST]]
+    assert loop.jobs["job"].active.round_arms == [FAST]
