@@ -35,18 +35,23 @@ def watching(fn: Callable, on_create_graph: Callable[[bool], None]) -> Callable:
     def watched(*args, **kwargs):
         if kwargs.get("create_graph") if "create_graph" in kwargs else (
                 len(args) > position and args[position]):
-            on_create_graph(_through_parameters(signature, args, kwargs))
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError:   # torch's own call says what is wrong
+                return fn(*args, **kwargs)
+            inputs = bound.arguments.get("inputs")
+            if inputs is not None and not isinstance(inputs, (torch.Tensor, tuple, list)):
+                # read once here (``model.parameters()`` is a generator): torch gets the tuple
+                inputs = bound.arguments["inputs"] = tuple(inputs)
+            on_create_graph(_through_parameters(inputs))
+            return fn(*bound.args, **bound.kwargs)
         return fn(*args, **kwargs)
 
     watched.__rtxops_wrapper__ = True  # type: ignore[attr-defined]
     return watched
 
 
-def _through_parameters(signature: inspect.Signature, args: tuple, kwargs: dict) -> bool:
-    try:
-        inputs = signature.bind(*args, **kwargs).arguments.get("inputs")
-    except TypeError:   # torch's own call will say what is wrong
-        return False
+def _through_parameters(inputs) -> bool:
     if inputs is None:
         return True     # backward into every leaf the graph reaches
     if isinstance(inputs, torch.Tensor):

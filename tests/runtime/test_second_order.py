@@ -122,3 +122,21 @@ def test_torchscript_compiles_a_function_calling_torch_autograd_grad_while_it_is
         torch.testing.assert_close(gradient(x), 2 * x)
     finally:
         patching.disable()
+
+
+def test_inputs_given_as_a_generator_reach_torch_whole():
+    """``torch.autograd.grad(loss, model.parameters(), create_graph=True)``: the watcher looks
+    at the inputs (are they parameters?) and must not use the generator up."""
+    model = torch.nn.Linear(4, 2)
+    want = torch.autograd.grad(model(torch.ones(3, 4)).square().sum(), model.parameters(),
+                               create_graph=True)
+    d = patching.enable()
+    try:
+        got = torch.autograd.grad(model(torch.ones(3, 4)).square().sum(), model.parameters(),
+                                  create_graph=True)
+        model(torch.ones(3, 4)).square().sum().backward(inputs=model.parameters(), create_graph=True)
+    finally:
+        patching.disable()
+    assert d.second_order
+    assert len(got) == 2 and all(torch.equal(g, w) for g, w in zip(got, want))
+    assert all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want))
