@@ -34,7 +34,9 @@ Caveats (documented, not hidden): the background pass runs the model once more, 
 the global generator when the compile gets to it: a seeded job is not repeatable. Jobs under
 ``torch.distributed`` are left alone (a background pass could desynchronise collectives). A call
 with an input that requires grad (a gradient penalty's interpolates, a GAN discriminator fed the
-generator's output) runs eager: torch.compile's backward cannot be differentiated again. While
+generator's output) runs eager: torch.compile's backward cannot be differentiated again; a job
+that differentiates gradients taken with respect to parameters (Hessian-vector products) sends
+the region to eager for good (:meth:`RegionCompiler.differentiated_through_parameters`). While
 it compiles, torch's ``is_compiling()`` flag is process-wide: the job's own thread sees it set.
 """
 from __future__ import annotations
