@@ -40,6 +40,10 @@ class LoopConfig:
     # a bucket another has just gated finds the verdicts stored
     gates: int = 1
     swap_timeout_s: float = 300.0    # a job that has not swapped to a published plan by then: failed
+    # a job with nothing left worth tuning is scanned for hot spots again after twice the gap of
+    # the scan before, from interval_s up to this (a converged job costs the store a query a
+    # minute, not one a tick)
+    idle_scan_max_s: float = 60.0
 
     @classmethod
     def from_env(cls, **overrides) -> LoopConfig:
@@ -95,7 +99,7 @@ class LoopConfig:
                 raise ValueError(f"RTXOPS_EVOLVE_{f.name.upper()}={value!r}: give a finite number")
         for name in ("interval_s", "hot_window_steps", "window_steps", "budget", "max_arms", "gates",
                      "rollback_threshold", "step_rollback_threshold", "drift_threshold",
-                     "gate_timeout_s", "swap_timeout_s", "explore_cost_cap"):
+                     "gate_timeout_s", "swap_timeout_s", "explore_cost_cap", "idle_scan_max_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RTXOPS_EVOLVE_{name.upper()} must be > 0")
         for name in ("min_steps", "margin_steps", "min_gain"):

@@ -117,11 +117,15 @@ class JobEvolution:
     done: dict[tuple[str, str], BucketTuning] = field(default_factory=dict)
     gate_errors: dict[tuple[str, str], int] = field(default_factory=dict)   # gates that could not run
     own_plan: int | None = None   # the version of a plan the job runs that the board does not hold
+    quiet_scans: int = 0          # hot-spot scans in a row that opened nothing
+    next_scan_at: float = 0.0     # (the loop's clock) no hot-spot scan before this
 
 
 class EvolveLoop:
     """Ticks over running jobs. ``board`` is the daemon's plan board (``current`` and ``promote``);
     ``running_jobs`` returns the ids of the jobs to tune."""
+
+    clock = staticmethod(time.monotonic)   # what quiet hot-spot scans are put off by
 
     def __init__(self, store: Store, board, registry: Registry, running_jobs: Callable[[], list[str]],
                  config: LoopConfig | None = None,
@@ -192,8 +196,19 @@ class EvolveLoop:
             self._advance(job, state, state.active, last)
         elif last >= self.config.min_steps and not self._runs_a_plan_of_its_own(job, state):
             self._check_drift(job, state, last)
-            if state.active is None:
-                self._open_hot_bucket(job, state, last)
+            if state.active is None and self.clock() >= state.next_scan_at:
+                self._scan(job, state, last)
+
+    def _scan(self, job: str, state: JobEvolution, last: int) -> None:
+        """Open the job's hottest untuned bucket. A scan that opens none puts the next one off by
+        twice the gap before it, from ``interval_s`` up to ``idle_scan_max_s``: the hot-spot
+        query reads the job's whole window, every tick, and a converged job has nothing new."""
+        if self._open_hot_bucket(job, state, last):
+            state.quiet_scans, state.next_scan_at = 0, 0.0
+            return
+        state.quiet_scans += 1
+        gap = min(self.config.interval_s * 2 ** min(state.quiet_scans, 30), self.config.idle_scan_max_s)
+        state.next_scan_at = self.clock() + gap
 
     def _runs_a_plan_of_its_own(self, job: str, state: JobEvolution) -> bool:
         """The job swapped to a plan newer than the board's for it (``rtxops run --plan``, or a
@@ -354,7 +369,8 @@ class EvolveLoop:
         return bt
 
     # ---- opening a bucket ----------------------------------------------------------------------
-    def _open_hot_bucket(self, job: str, state: JobEvolution, last: int) -> None:
+    def _open_hot_bucket(self, job: str, state: JobEvolution, last: int) -> bool:
+        """Whether a bucket was opened (perhaps decided at once)."""
         since = max(0, last - self.config.hot_window_steps)
         region = store_evolve.region_swap_step(self.store, job)
         if region is not None:
@@ -370,7 +386,8 @@ class EvolveLoop:
                 if bt.phase not in _ACTIVE:
                     state.done[(bt.op, bt.bucket)] = bt
                     state.active = None
-                return
+                return True
+        return False
 
     def _open(self, job: str, state: JobEvolution, hs: dict, last: int) -> BucketTuning | None:
         op, bucket = hs["op"], hs["bucket"]
@@ -827,6 +844,7 @@ class EvolveLoop:
                 self._decide_record(job, bt, "drift", bt.winner, None, reason=reason)
                 log.info("evolve: job %s: %s %s drifted (%s): re-opened", job, bt.op, bt.bucket, reason)
                 del state.done[key]  # the next tick finds it hot again and re-tunes it
+                state.quiet_scans, state.next_scan_at = 0, 0.0
 
     # ---- plans and records -----------------------------------------------------------------------
     def _publish(self, job: str, bt: BucketTuning, entry: PlanEntry, last: int, decision: dict,
