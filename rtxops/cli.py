@@ -45,6 +45,8 @@ err = _Messages(stderr=True, emoji=False)
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # names, paths as they are
 TELEMETRY_FACTORY = "rtxops.telemetry.job:readings_for_job"
 PLAN_VERIFIER = "rtxops.governance.authority:plan_verifier_for_job"  # a job verifies signed plans
+FOLLOW_PACE_S = 0.25     # a follower caught up asks for a job's new lines this often at most
+FOLLOW_PAGE_LINES = 1000  # the daemon's page of lines (a full page: more are waiting)
 # the command's own options stay its own: rtxops' options come before the command
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True,
                "allow_interspersed_args": False}
@@ -448,6 +450,7 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
     while True:
         try:
             while True:
+                asked = time.monotonic()
                 page = client.logs(job_id, after=after, rank=rank, wait_s=1.0 if follow else 0)
                 for line in page["lines"]:
                     stream = sys.stderr if line["stream"] == "stderr" else sys.stdout
@@ -456,6 +459,11 @@ def _follow(client, job_id: str, rank: Optional[int] = None, cancel_on_interrupt
                     after = line["seq"]
                 if not page["lines"] and (page["done"] or not follow):
                     break
+                if follow and 0 < len(page["lines"]) < FOLLOW_PAGE_LINES:
+                    # caught up with a job that prints as it goes (a line a step): each answer
+                    # would hold the few lines of one log read and cost the daemon a query
+                    # beside the job; a few a second suffice at a terminal
+                    time.sleep(max(0.0, FOLLOW_PACE_S - (time.monotonic() - asked)))
             break
         except BrokenPipeError:
             # the reader went away (`| head`): the output has nowhere to go, which would end a

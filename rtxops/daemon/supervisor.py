@@ -243,8 +243,12 @@ class Supervisor:
         while True:
             with self._lock:
                 version = self._version
-                done = self._get(job_id).state.terminal
-            lines = self.logs(job_id, rank=rank, after_seq=after_seq, limit=limit)
+                job = self._get(job_id)
+                done = job.state.terminal
+                # a running job's lines are numbered up to log_seq before they are stored: past
+                # it the store has nothing yet (a follower caught up costs it no query a wake-up)
+                caught_up = not done and after_seq >= job.log_seq
+            lines = [] if caught_up else self.logs(job_id, rank=rank, after_seq=after_seq, limit=limit)
             remaining = deadline - time.monotonic()
             if lines or done or remaining <= 0:
                 return lines

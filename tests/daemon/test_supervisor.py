@@ -155,6 +155,45 @@ def test_follow_returns_new_lines_then_ends(sup, tmp_path):
     assert sup.job(job.id).state is JobState.SUCCEEDED
 
 
+class _CountingSink(InMemoryJobSink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = self.empty_reads = 0
+
+    def read_logs(self, job_id, **kw):
+        lines = super().read_logs(job_id, **kw)
+        self.reads += 1
+        self.empty_reads += not lines
+        return lines
+
+
+def test_a_follower_caught_up_costs_the_sink_no_read_until_a_line_is_stored(tmp_path, mark):
+    sink = _CountingSink()
+    s = Supervisor(sink, tmp_path / "work", extra_env={MARK: mark}, tick_s=0.02, log_poll_s=0.02)
+    try:
+        body = script(tmp_path, "slow.py", """
+            import time
+            for i in range(4):
+                print("line", i, flush=True)
+                time.sleep(0.3)
+        """)
+        job = s.submit(spec(PY, body))
+        seen, after = [], 0
+        while True:
+            lines = s.wait_for_logs(job.id, after_seq=after, timeout=5)
+            if not lines:
+                break
+            seen += [ln.text for ln in lines]
+            after = lines[-1].seq
+        assert seen == [f"line {i}" for i in range(4)]
+        # the wake-ups between lines (state changes, the other stream) read nothing: the empty
+        # reads are the last one, once the job has ended, and at most one woken between a line's
+        # numbering and its write (before, each wait for a line began with one: 7 in a run)
+        assert sink.empty_reads <= 2, (sink.reads, sink.empty_reads)
+    finally:
+        s.shutdown(grace_s=0.5)
+
+
 def test_cancel_kills_the_whole_tree_including_escaped_grandchildren(sup, tmp_path):
     pids = tmp_path / "pids"
     child = script(tmp_path, "child.py", """
