@@ -136,6 +136,17 @@ def test_job_runs_with_the_runtime_and_daemon_environment(sup, tmp_path):
     assert any(t.startswith("RTXOPS_TEST_MARK ") and t != "RTXOPS_TEST_MARK None" for t in text)
 
 
+def followed(sup: Supervisor, job_id: str) -> list[str]:
+    """The job's lines as a follower gets them, to the job's end."""
+    seen, after = [], 0
+    while True:
+        lines = sup.wait_for_logs(job_id, after_seq=after, timeout=5)
+        if not lines:
+            return seen
+        seen += [ln.text for ln in lines]
+        after = lines[-1].seq
+
+
 def test_follow_returns_new_lines_then_ends(sup, tmp_path):
     body = script(tmp_path, "slow.py", """
         import time
@@ -144,13 +155,7 @@ def test_follow_returns_new_lines_then_ends(sup, tmp_path):
             time.sleep(0.15)
     """)
     job = sup.submit(spec(PY, body))
-    seen, after = [], 0
-    while True:
-        lines = sup.wait_for_logs(job.id, after_seq=after, timeout=5)
-        if not lines:
-            break
-        seen += [ln.text for ln in lines]
-        after = lines[-1].seq
+    seen = followed(sup, job.id)
     assert seen == ["line 0", "line 1", "line 2"]
     assert sup.job(job.id).state is JobState.SUCCEEDED
 
@@ -178,13 +183,7 @@ def test_a_follower_caught_up_costs_the_sink_no_read_until_a_line_is_stored(tmp_
                 time.sleep(0.3)
         """)
         job = s.submit(spec(PY, body))
-        seen, after = [], 0
-        while True:
-            lines = s.wait_for_logs(job.id, after_seq=after, timeout=5)
-            if not lines:
-                break
-            seen += [ln.text for ln in lines]
-            after = lines[-1].seq
+        seen = followed(s, job.id)
         assert seen == [f"line {i}" for i in range(4)]
         # the wake-ups between lines (state changes, the other stream) read nothing: the empty
         # reads are the last one, once the job has ended, and at most one woken between a line's
