@@ -119,6 +119,7 @@ class JobEvolution:
     own_plan: int | None = None   # the version of a plan the job runs that the board does not hold
     quiet_scans: int = 0          # hot-spot scans in a row that opened nothing
     next_scan_at: float = 0.0     # (the loop's clock) no hot-spot scan before this
+    scanned_region: int | None = None   # the region swap step the last scan saw
 
 
 class EvolveLoop:
@@ -196,8 +197,11 @@ class EvolveLoop:
             self._advance(job, state, state.active, last)
         elif last >= self.config.min_steps and not self._runs_a_plan_of_its_own(job, state):
             self._check_drift(job, state, last)
-            if state.active is None and self.clock() >= state.next_scan_at:
-                self._scan(job, state, last)
+            if state.active is None:
+                if self.clock() < state.next_scan_at and self._region_swapped_since_scan(job, state):
+                    state.quiet_scans, state.next_scan_at = 0, 0.0   # new ops routed: look afresh
+                if self.clock() >= state.next_scan_at:
+                    self._scan(job, state, last)
 
     def _scan(self, job: str, state: JobEvolution, last: int) -> None:
         """Open the job's hottest untuned bucket. A scan that opens none puts the next one off by
@@ -209,6 +213,11 @@ class EvolveLoop:
         state.quiet_scans += 1
         gap = min(self.config.interval_s * 2 ** min(state.quiet_scans, 30), self.config.idle_scan_max_s)
         state.next_scan_at = self.clock() + gap
+
+    def _region_swapped_since_scan(self, job: str, state: JobEvolution) -> bool:
+        """A region (the whole model, the optimizer) swapped since the last scan: the ops the job
+        routes changed, and their hot spots are looked for now rather than after the back-off."""
+        return store_evolve.region_swap_step(self.store, job) != state.scanned_region
 
     def _runs_a_plan_of_its_own(self, job: str, state: JobEvolution) -> bool:
         """The job swapped to a plan newer than the board's for it (``rtxops run --plan``, or a
@@ -372,7 +381,7 @@ class EvolveLoop:
     def _open_hot_bucket(self, job: str, state: JobEvolution, last: int) -> bool:
         """Whether a bucket was opened (perhaps decided at once)."""
         since = max(0, last - self.config.hot_window_steps)
-        region = store_evolve.region_swap_step(self.store, job)
+        region = state.scanned_region = store_evolve.region_swap_step(self.store, job)
         if region is not None:
             since = max(since, region + 1)
         for hs in store_evolve.hotspots(self.store, job, since):

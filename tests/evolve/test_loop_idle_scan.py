@@ -33,7 +33,8 @@ def _scanning_loop(monkeypatch, rows: list[dict], hot: list[dict]):
         return list(hot)
 
     monkeypatch.setattr(store_evolve, "hotspots", hotspots)
-    monkeypatch.setattr(store_evolve, "region_swap_step", lambda q, job: None)
+    region = loop.region_swap = [None]   # the step of the job's last region swap (the test sets it)
+    monkeypatch.setattr(store_evolve, "region_swap_step", lambda q, job: region[0])
     return loop, scans, clock
 
 
@@ -93,3 +94,14 @@ def test_a_bucket_reopened_for_drift_is_scanned_for_at_the_next_tick(monkeypatch
     assert ("gelu", "b") not in loop.jobs["job"].done
     assert len(scans) == quiet + 1   # re-opened: the scan ran in the same tick
     assert loop.jobs["job"].quiet_scans == 1   # (nothing hot in this test's answer)
+
+
+def test_a_region_swap_brings_the_next_scan_forward(monkeypatch):
+    """The whole-model region swapped in: the ops the job routes changed, so their hot spots are
+    looked for at the next tick, not after the back-off."""
+    loop, scans, clock = _scanning_loop(monkeypatch, [], hot=[])
+    _ticks(loop, clock, 30)
+    assert scans == [0, 4, 12, 28]
+    loop.region_swap[0] = 80
+    _ticks(loop, clock, 10)          # 30..39 s
+    assert scans == [0, 4, 12, 28, 30, 34], scans   # at once, then backing off afresh
