@@ -319,7 +319,16 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
         signalled.append(signum)
         _stop_by_signal(signum, frame)
 
+    previous_hook = sys.unraisablehook
+
+    def unraisable(hook_args, default=previous_hook):
+        # a stop raised where Python cannot pass it on (a weakref callback of an import under
+        # way, a __del__) is dropped there: it is raised again before the follow loop
+        if not isinstance(hook_args.exc_value, _Stopped):
+            default(hook_args)
+
     stops = {s: signal.signal(s, stop_by_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    sys.unraisablehook = unraisable
     job_id = None
     try:
         if client is None:
@@ -390,6 +399,8 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
                          f"{client.url}/jobs/{job_id}")
             # a daemon of its own (not this process's) may go down and come back: follow it there
             client = _Reconnecting(client, home, job_id)
+        if signalled:   # a stop signal whose _Stopped was dropped (above) while the run started
+            raise _Stopped(signalled[0])
         return _follow(client, job_id, cancel_on_interrupt=True)
     except KeyboardInterrupt as e:   # Ctrl-C, SIGTERM or SIGHUP before the follow loop took over
         signum = getattr(e, "signum", signal.SIGINT)
@@ -418,6 +429,7 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
         finally:
             for s, handler in stops.items():
                 signal.signal(s, handler)
+            sys.unraisablehook = previous_hook
 
 
 def _serve_other_jobs(local, own_job: str | None) -> None:
