@@ -58,12 +58,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2500)
     p.add_argument("--at", type=int, default=1200, help="step the window starts at")
     p.add_argument("--window", type=float, default=10.0, help="seconds")
+    p.add_argument("--default-plan", action="store_true",
+                   help="issue #3's setting: the default plan, evolve loop off, nothing compiled")
     p.add_argument("--out")
     a = p.parse_args()
+    tuned = [] if a.default_plan else ["--compile-model", "--fuse-optimizer"]
     with tempfile.TemporaryDirectory(prefix="rtxops-runcpu-") as home:
-        env = {**os.environ, "RTXOPS_HOME": home, "RTXOPS_EVOLVE": "1", "OMP_NUM_THREADS": "2"}
+        env = {**os.environ, "RTXOPS_HOME": home, "RTXOPS_EVOLVE": "0" if a.default_plan else "1", "OMP_NUM_THREADS": "2"}
         run = subprocess.Popen(
-            [sys.executable, "-m", "rtxops.cli", "run", "--compile-model", "--fuse-optimizer",
+            [sys.executable, "-m", "rtxops.cli", "run", *tuned,
              "--name", "bench", "--no-summary", "--", sys.executable,
              str(ROOT / "examples" / "train_gpt.py"), "--json", "--steps", str(a.steps)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
@@ -76,7 +79,10 @@ def main() -> None:
             if window and out is None and time.monotonic() - window[0] >= a.window:
                 t0, s0, run0, job0 = window
                 n, seconds = steps - s0, time.monotonic() - t0
-                out = {"bench": "run_cpu", "cpus": os.cpu_count(), "window_s": round(seconds, 1),
+                out = {"bench": "run_cpu", "cpus": os.cpu_count(),
+                       "setting": "default plan, evolve off" if a.default_plan
+                       else "evolve on, --compile-model --fuse-optimizer",
+                       "window_s": round(seconds, 1),
                        "steps": n, "step_ms": round(seconds / n * 1e3, 2),
                        "rtxops_run": per_step(run.pid, run0, thread_cpu(run.pid), n),
                        "job": per_step(job, job0, thread_cpu(job), n)}

@@ -43,6 +43,7 @@ from .exits import ExitInfo, OomCounters, classify_exit, signal_name
 from .jobs import (MAX_NAME, STREAMS, Attempt, Job, JobEvent, JobSink, JobSpec, JobState, LogLine,
                    Outcome)
 from .logtail import MAX_STORED_BYTES, LogTail
+from .recent_logs import RecentLogs
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class Supervisor:
         self._changed = threading.Condition(self._lock)
         self._version = 0
         self._jobs: dict[str, Job] = {}
+        self._recent = RecentLogs()   # the newest stored lines: what followers read
         self._runners: dict[str, _Runner] = {}
         self._save_locks: dict[str, threading.Lock] = {}
         self._closed = False
@@ -233,6 +235,9 @@ class Supervisor:
         """Stored lines with ``seq > after_seq`` (one rank, or all when None), oldest first."""
         with self._lock:
             self._get(job_id)
+        held = self._recent.read(job_id, rank=rank, after_seq=after_seq, limit=limit)
+        if held is not None:
+            return held
         return self.sink.read_logs(job_id, rank=rank, after_seq=after_seq, limit=limit)
 
     def wait_for_logs(self, job_id: str, *, after_seq: int = 0, rank: int | None = None,
@@ -512,6 +517,7 @@ class Supervisor:
                     with self._lock:
                         self.sink_errors += 1
                     raise
+                self._recent.add(job_id, attempt, rank, stream, run)
                 run = []
         self._notify()
         return first + len(lines) - 1

@@ -193,6 +193,29 @@ def test_a_follower_caught_up_costs_the_sink_no_read_until_a_line_is_stored(tmp_
         s.shutdown(grace_s=0.5)
 
 
+def test_a_follower_of_a_running_job_gets_its_lines_from_memory(tmp_path, mark):
+    sink = _CountingSink()
+    s = Supervisor(sink, tmp_path / "work", extra_env={MARK: mark}, tick_s=0.02, log_poll_s=0.02)
+    try:
+        body = script(tmp_path, "chatty.py", """
+            import sys, time
+            for i in range(30):
+                print("line", i, flush=True)
+                if i % 10 == 0:
+                    print("err", i, file=sys.stderr, flush=True)
+                time.sleep(0.01)
+        """)
+        job = s.submit(spec(PY, body))
+        seen = followed(s, job.id)
+        assert [t for t in seen if t.startswith("line")] == [f"line {i}" for i in range(30)]
+        assert [t for t in seen if t.startswith("err")] == ["err 0", "err 10", "err 20"]
+        assert sink.reads == 0
+        # and what the sink has is what the follower got
+        assert [ln.text for ln in sink.read_logs(job.id, after_seq=0)] == seen
+    finally:
+        s.shutdown(grace_s=0.5)
+
+
 def test_cancel_kills_the_whole_tree_including_escaped_grandchildren(sup, tmp_path):
     pids = tmp_path / "pids"
     child = script(tmp_path, "child.py", """
