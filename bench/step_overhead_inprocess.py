@@ -73,6 +73,8 @@ def layer_cost(steps, layer: str, pairs: int, block: int, skip: int, daemon=None
                export_interval_s: float = DEFAULT_EXPORT_INTERVAL_S) -> dict:
     """``daemon``: (process, URL, token) of the daemon the ``daemon`` layer sends to."""
     blocks: dict[str, list[float]] = {"off": [], "on": []}
+    medians: dict[str, list[float]] = {"off": [], "on": []}   # where the cost is: spread or bursts
+    closings: list[float] = []
     threads: list = []
     daemon_cpu: dict[str, list[float]] = {"off": [], "on": []}
     shared = None
@@ -108,6 +110,9 @@ def layer_cost(steps, layer: str, pairs: int, block: int, skip: int, daemon=None
             if daemon is not None:
                 daemon_cpu["on" if on else "off"].append((_cpu_s(daemon) - cpu_before) / block)
         blocks["on" if on else "off"].append((sum(times) + closing) / len(times))
+        medians["on" if on else "off"].append(statistics.median(times))
+        if on:
+            closings.append(closing)
     if shared is not None:
         shared.shutdown()
     ratios = paired_ratios(blocks, "off", "on")
@@ -116,6 +121,11 @@ def layer_cost(steps, layer: str, pairs: int, block: int, skip: int, daemon=None
     out = {"overhead": round(statistics.median(ratios) - 1, 4),
            "overhead_95ci": [round(low - 1, 4), round(high - 1, 4)],
            "export_thread_cpu_ms_per_step": round(statistics.median(cpu) * 1e3, 3) if cpu else None,
+           # the blocks' median steps, paired as the means are: near 0 where the cost is bursts
+           "median_step_overhead": round(statistics.median(paired_ratios(medians, "off", "on")) - 1, 4),
+           # the closing export's wait, a block's figure includes it
+           "closing_ms_per_step": round(statistics.median(closings) / block * 1e3, 3) if closings
+           else None,
            "block_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in blocks.items()},
            "block_ratios": [round(r, 4) for r in ratios]}
     if daemon is not None:

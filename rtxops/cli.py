@@ -45,7 +45,7 @@ err = _Messages(stderr=True, emoji=False)
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)  # names, paths as they are
 TELEMETRY_FACTORY = "rtxops.telemetry.job:readings_for_job"
 PLAN_VERIFIER = "rtxops.governance.authority:plan_verifier_for_job"  # a job verifies signed plans
-FOLLOW_PACE_S = 0.25     # a follower caught up asks for a job's new lines this often at most
+FOLLOW_PACE_S = 0.5      # a follower caught up asks for a job's new lines this often at most
 FOLLOW_PAGE_LINES = 1000  # the daemon's page of lines (a full page: more are waiting)
 # the command's own options stay its own: rtxops' options come before the command
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True,

@@ -2,7 +2,8 @@
 
 Jobs write to files, not pipes, so a job outlives a daemon restart (a pipe whose reader died fails
 the job's next write) and the new daemon can go on reading where the old one stopped. Timestamps are
-taken when a line is read: at most ``poll_s`` after it was written.
+taken when a line is read: at most ``poll_s`` after it was written (``busy_poll_s`` while the job
+keeps writing: each read that finds lines is a write to the store).
 """
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ class LogTail:
     def __init__(self, paths: dict[str, Path], on_lines: Callable[[str, Lines], int | None], *,
                  offsets: dict[str, int] | None = None, seqs: dict[str, int] | None = None,
                  skip: dict[str, tuple[int, int]] | None = None, torchrun: bool = False,
-                 poll_s: float = 0.05, on_error: Callable[[Exception], None] | None = None,
+                 poll_s: float = 0.05, busy_poll_s: float | None = None,
+                 on_error: Callable[[Exception], None] | None = None,
                  max_bytes: int | None = MAX_STORED_BYTES,
                  on_late_drain: Callable[[], None] | None = None) -> None:
         self.paths = dict(paths)
@@ -69,6 +71,10 @@ class LogTail:
         self._on_error = on_error
         self._torchrun = torchrun
         self._poll_s = poll_s
+        # after a read that handed lines over: a job printing a line a step would otherwise
+        # cost the store a transaction every poll
+        self._busy_poll_s = poll_s if busy_poll_s is None else max(poll_s, busy_poll_s)
+        self._handed_over = False    # the last poll handed lines over
         self.max_bytes = max_bytes
         self._past_budget: set[str] = set()  # streams whose "not stored" line was handed over
         self._partial = {s: b"" for s in paths}
@@ -117,8 +123,9 @@ class LogTail:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._handed_over = False
             self._poll()
-            self._stop.wait(self._poll_s)
+            self._stop.wait(self._busy_poll_s if self._handed_over else self._poll_s)
         deadline = time.monotonic() + FINAL_RETRY_S
         self._drained = self._poll(final=True)
         self._final_read.set()
@@ -217,6 +224,7 @@ class LogTail:
                 seq = last_skipped
         if lines:   # (raises when the lines cannot be stored: this data is read again)
             seq = self._on_lines(stream, lines)
+            self._handed_over = True
         self._skip[stream] = skip
         with self._lock:
             self.offsets[stream] += len(data)

@@ -45,6 +45,7 @@ PLAN_LEAD_S = 4.0
 
 
 WRITE_ERROR_SHOWN_S = 30.0  # /readyz reports a failed store write this long
+LOG_BUSY_POLL_S = 0.5  # a job's output files are read this often while it keeps printing
 SERVER_GRACE_S = 5.0  # how long requests in flight at shutdown may take to finish
 
 
@@ -109,9 +110,11 @@ class Daemon:
             # front of the PATH the job has: the caller's, or the daemon's)
             "PATH": os.path.dirname(sys.executable),
         }
-        # polls at 5 Hz: a busier supervisor steals CPU from the jobs it watches on small machines
+        # polls at 5 Hz: a busier supervisor steals CPU from the jobs it watches on small machines;
+        # a job's output is stored at most twice a second while it keeps printing
         return Supervisor(self.jobs_sink, self.home.jobs, extra_env=env,
                           recovered_jobs=self.jobs_sink.saved_jobs(), tick_s=0.2, log_poll_s=0.2,
+                          log_busy_poll_s=LOG_BUSY_POLL_S,
                           log_max_bytes=self.job_log_max_bytes)
 
     def _make_evolve_loop(self):

@@ -73,7 +73,8 @@ class Supervisor:
 
     def __init__(self, sink: JobSink, work_dir: str | os.PathLike[str], *,
                  extra_env: Mapping[str, str] | None = None, recovered_jobs: Iterable[Job] = (),
-                 tick_s: float = 0.05, log_poll_s: float = 0.05, keep_log_files: bool = False,
+                 tick_s: float = 0.05, log_poll_s: float = 0.05,
+                 log_busy_poll_s: float | None = None, keep_log_files: bool = False,
                  log_max_bytes: int | None = None) -> None:
         self.sink = sink
         self.work_dir = Path(work_dir)
@@ -81,6 +82,7 @@ class Supervisor:
         self.extra_env = dict(extra_env or {})
         self.tick_s = tick_s
         self.log_poll_s = log_poll_s
+        self.log_busy_poll_s = log_busy_poll_s   # (LogTail's busy_poll_s)
         # what the store keeps of each stream of an attempt (the files keep everything)
         self.log_max_bytes = log_max_bytes if log_max_bytes is not None else settings.whole_number(
             "RTXOPS_JOB_LOG_MAX_BYTES", MAX_STORED_BYTES)
@@ -731,6 +733,7 @@ class _Runner:
 
         return LogTail(paths, on_lines, offsets=offsets, seqs=seqs, skip=skip,
                        torchrun=self.job.spec.nproc_per_node > 1, poll_s=self.sup.log_poll_s,
+                       busy_poll_s=self.sup.log_busy_poll_s,
                        on_error=on_error, max_bytes=self.sup.log_max_bytes,
                        on_late_drain=on_late_drain).start()
 

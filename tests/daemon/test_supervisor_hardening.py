@@ -527,3 +527,28 @@ def test_a_caller_that_turned_telemetry_off_keeps_it_off():
         env = launch.environment(JobSpec(command=["true"], base_env=own), job_id="j", token="t",
                                  attempt=1, base={}, extra_env=extra)
         assert env["RTXOPS_TELEMETRY"] == want, own
+
+
+def test_a_job_that_keeps_printing_is_stored_a_batch_per_busy_poll_and_nothing_is_lost(tmp_path):
+    path = tmp_path / "out"
+    path.write_text("")
+    calls: list[int] = []
+    got: list[str] = []
+
+    def on_lines(stream, lines):
+        calls.append(len(lines))
+        got.extend(t for _, _, t in lines)
+
+    tail = logtail.LogTail({"stdout": path}, on_lines, poll_s=0.01, busy_poll_s=0.3).start()
+    with open(path, "a") as f:
+        deadline = time.monotonic() + 1.2
+        i = 0
+        while time.monotonic() < deadline:   # a line every 10 ms: one a poll at poll_s
+            f.write(f"line {i}\n")
+            f.flush()
+            i += 1
+            time.sleep(0.01)
+    assert tail.stop(10)
+    assert got == [f"line {n}" for n in range(i)]
+    # a write to the store per busy poll (~4 in 1.2 s), not per poll (~100 at poll_s)
+    assert len(calls) <= 8, calls
