@@ -85,12 +85,24 @@ def call_samples(name: str) -> tuple[int, int] | None:
 # ---- the settings read in more than one place ----------------------------------------------
 
 EXPORT_INTERVAL_S = 2.0
+EXPORT_QUIET_INTERVAL_S = 10.0
 RECORDER_CAPACITY = 1 << 16
 
 
 def export_interval_s() -> float:
-    """Seconds between a job's span exports (``RTXOPS_EXPORT_INTERVAL_S``)."""
+    """Seconds between a job's span exports (``RTXOPS_EXPORT_INTERVAL_S``) while something in it
+    changes: its first half minute, the half minute after a plan or region swap, a plan that
+    explores."""
     return seconds("RTXOPS_EXPORT_INTERVAL_S", EXPORT_INTERVAL_S)
+
+
+def export_quiet_interval_s() -> float:
+    """Seconds between a job's span exports the rest of the time
+    (``RTXOPS_EXPORT_QUIET_INTERVAL_S``; by default 10, or ``RTXOPS_EXPORT_INTERVAL_S`` where
+    only that is set); never less than :func:`export_interval_s`."""
+    active = export_interval_s()
+    default = EXPORT_QUIET_INTERVAL_S if _raw("RTXOPS_EXPORT_INTERVAL_S") is None else active
+    return max(active, seconds("RTXOPS_EXPORT_QUIET_INTERVAL_S", default))
 
 
 def recorder_capacity() -> int:
@@ -233,7 +245,7 @@ def check_job(direct: bool) -> None:
     run`` checks before it submits; the job would train on without telemetry); ``direct``: the
     job also opens the store."""
     call_samples("RTXOPS_CALL_SAMPLES")
-    export_interval_s()
+    export_quiet_interval_s()
     recorder_capacity()
     if direct:
         store_connection()

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
+from .. import settings
 from .errors import JobSpecError
 from .jobs import JobSpec
 from .proctree import TOKEN_VARIABLE
@@ -96,6 +97,10 @@ def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
     else:
         env.pop("RTXOPS_ENABLE", None)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if spec.hang_timeout_s is not None and "RTXOPS_EXPORT_QUIET_INTERVAL_S" not in env:
+        # the job's exports are its heartbeats: a quiet job must still be heard well within it
+        quiet = min(settings.EXPORT_QUIET_INTERVAL_S, spec.hang_timeout_s / 3)
+        env["RTXOPS_EXPORT_QUIET_INTERVAL_S"] = f"{max(quiet, 0.001):g}"
     if spec.cwd and "PWD" not in spec.env:   # a shell's $PWD names the folder the job runs in
         env["PWD"] = spec.cwd
     env["RTXOPS_JOB_ID"] = job_id

@@ -53,6 +53,7 @@ if hasattr(os, "register_at_fork"):
 
 MAX_SPANS_PER_EXPORT = 8192   # ~4.5 MB of kernel spans in one OTLP request
 MAX_RETRY_PARTS = 4           # parts that failed once, held for one more try at the next export
+ACTIVE_S = 30.0               # exports come every interval_s this long after the start and a swap
 
 
 class ExportThread:
@@ -65,7 +66,9 @@ class ExportThread:
 
     def __init__(self, build: Callable[[StepRecord, dict], int], processor: StepProcessor,
                  exporter: SpanExporter, max_queue: int = 256, interval_s: float = 1.0,
-                 poll_s: float = 0.25, count: Callable[[StepRecord], None] | None = None) -> None:
+                 poll_s: float = 0.25, count: Callable[[StepRecord], None] | None = None,
+                 quiet_interval_s: float | None = None,
+                 exploring: Callable[[], bool] | None = None) -> None:
         self._build, self.processor, self.exporter = build, processor, exporter
         # ``count``: adds a dropped step's calls to the run's totals (no spans), so the summary
         # counts every call; at most ``max_queue * 16`` dropped records wait for it
@@ -74,6 +77,11 @@ class ExportThread:
         # spans of several steps go out together: fewer requests and commits competing with the
         # job for the CPU
         self.interval_s = interval_s
+        # ... and fewer still while nothing in the job changes (no swap for ACTIVE_S, nothing
+        # explored: ``exploring``), when no one waits for its figures but the dashboard
+        self.quiet_interval_s = max(interval_s, quiet_interval_s or interval_s)
+        self._exploring = exploring
+        self._active_until = time.monotonic() + ACTIVE_S
         self.poll_s = min(poll_s, interval_s)
         self.max_queue = max_queue
         self._pending: deque[StepRecord] = deque()  # append and popleft are atomic
@@ -118,7 +126,7 @@ class ExportThread:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        next_export = time.monotonic() + self.interval_s
+        last_export = time.monotonic()
         while True:
             self._wake.wait(self.poll_s)
             self._wake.clear()
@@ -128,12 +136,22 @@ class ExportThread:
             self._build_some(len(self._pending))
             if closing:
                 self._build_some(len(self._pending))  # the job's last flush, if it came meanwhile
-            if closing or time.monotonic() >= next_export:
+            if closing or time.monotonic() - last_export >= self.current_interval_s():
                 self._export(self.processor.drain())
-                next_export = time.monotonic() + self.interval_s
+                last_export = time.monotonic()
             self.cpu_s = time.thread_time()
             if closing:
                 return
+
+    def current_interval_s(self) -> float:
+        """Seconds from one export to the next, as the job is now."""
+        if self.quiet_interval_s == self.interval_s or time.monotonic() < self._active_until:
+            return self.interval_s
+        try:
+            exploring = self._exploring is not None and self._exploring()
+        except Exception:  # noqa: BLE001 - when in doubt, the short interval
+            exploring = True
+        return self.interval_s if exploring else self.quiet_interval_s
 
     def _count_dropped(self, rec: StepRecord) -> None:
         try:
@@ -146,6 +164,8 @@ class ExportThread:
             self._count_dropped(self._count_only.popleft())
         for _ in range(n):
             rec = self._pending.popleft()
+            if rec.swaps:   # a plan or region swapped in: the evolve loop waits for its figures
+                self._active_until = time.monotonic() + ACTIVE_S
             try:
                 self._build(rec, self.counters())
                 self.steps_built += 1

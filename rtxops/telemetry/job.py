@@ -8,9 +8,14 @@ runtime itself never imports this package. Configuration:
                       ``RTXOPS_STORE`` directly), or ``off``
 ``RTXOPS_CALL_SAMPLES`` sampled rtx.call spans, ``"per_slot/window_steps"`` (default ``2/10``)
 ``RTXOPS_RECORDER_CAPACITY`` call records held between steps (default 65536; a full buffer is handed over early)
-``RTXOPS_EXPORT_INTERVAL_S`` seconds between exports (default 2; spans of several steps go together: each
-                      request costs the daemon ~14 ms of CPU however few spans it holds, which on a
-                      small machine comes out of the job's step time; OTel's batch default is 5)
+``RTXOPS_EXPORT_INTERVAL_S`` seconds between exports while the job changes: its first 30 s, 30 s after
+                      a plan or region swap, while its plan explores (default 2; spans of several
+                      steps go together: each request costs the daemon ~14 ms of CPU however few
+                      spans it holds, which on a small machine comes out of the job's step time;
+                      OTel's batch default is 5)
+``RTXOPS_EXPORT_QUIET_INTERVAL_S`` seconds between exports the rest of the time (default 10, or the
+                      interval above where only that is set; the daemon lowers it to a third of a
+                      job's hang timeout: its exports are the job's heartbeats)
 ``RTXOPS_TELEMETRY_STATS`` a file to write the export thread's figures to at exit (JSON; benchmarks)
 """
 from __future__ import annotations
@@ -77,7 +82,8 @@ class JobTelemetry:
 def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store=None,
                         sampling: CallSampling | None = None, capacity: int = 1 << 16,
                         resource: dict | None = None,
-                        export_interval_s: float = DEFAULT_EXPORT_INTERVAL_S) -> JobTelemetry:
+                        export_interval_s: float = DEFAULT_EXPORT_INTERVAL_S,
+                        quiet_interval_s: float | None = None) -> JobTelemetry:
     """Wire a recorder into ``dispatcher`` that exports through ``exporter``."""
     # always on, no length limit: these spans are the run's measurements (each an aggregate of
     # a step), not a sample of traces. OTEL_TRACES_SAMPLER or a span limit from the environment
@@ -101,7 +107,8 @@ def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store
     if resource is None and torch.version.cuda and not torch.cuda.is_initialized():
         build = _with_gpu_once_initialized(builder.build, tracer)
     thread = ExportThread(build, processor, exporter, interval_s=export_interval_s,
-                          count=builder.count)
+                          count=builder.count, quiet_interval_s=quiet_interval_s,
+                          exploring=lambda: any(e.explore for e in dispatcher.plan.entries))
     holder["thread"] = thread
     # the recorder replaces the default CallStats: its totals (added up off-thread) serve the summary
     dispatcher.set_readings(recorder)
@@ -118,6 +125,7 @@ def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
     # read before the store opens: a malformed setting must not leave the store's file locked
     sampling = CallSampling.from_env()
     capacity, export_interval_s = settings.recorder_capacity(), settings.export_interval_s()
+    quiet_interval_s = settings.export_quiet_interval_s()
     store = None
     if mode == "duckdb":
         from .store import default_path
@@ -135,6 +143,7 @@ def readings_for_job(dispatcher: Dispatcher) -> JobTelemetry | None:
     telemetry = start_job_telemetry(
         dispatcher, exporter, store=store,
         sampling=sampling, capacity=capacity, export_interval_s=export_interval_s,
+        quiet_interval_s=quiet_interval_s,
     )
     return telemetry  # the bootstrap closes it at exit (Readings.close)
 
