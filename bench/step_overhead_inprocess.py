@@ -21,7 +21,9 @@ see it. Blocks are long (default 300 steps, ~8 s) so that several exports fall i
 block's closing export, which the block waits for, is counted in it too (this overstates by
 about that request's wall time, ~25 ms a block). The figure per layer is the median over blocks
 of on ÷ the mean of the off blocks on either side, with a bootstrap 95 % interval of that median
-(adjacent ratios share an off block, so the interval is somewhat too narrow). JSON on stdout
+(adjacent ratios share an off block, so the interval is somewhat too narrow). ``--settled``: each
+on block exports as a job does once settled (every 10 s, so mostly its closing export), not as in
+its first 30 s. JSON on stdout
 (``--out`` writes it too).
 """
 from __future__ import annotations
@@ -36,7 +38,9 @@ from _daemon import running_daemon
 from _gpt import block_options, emit, median_interval, paired_ratios, stepper
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from rtxops import settings
 from rtxops.runtime import patching
+from rtxops.telemetry import exporters
 from rtxops.telemetry.encode import encode
 from rtxops.telemetry.exporters import DeferredExporter, otlp_http_exporter
 from rtxops.telemetry.job import DEFAULT_EXPORT_INTERVAL_S, start_job_telemetry
@@ -70,7 +74,8 @@ class _Drop(SpanExporter):
 
 
 def layer_cost(steps, layer: str, pairs: int, block: int, skip: int, daemon=None,
-               export_interval_s: float = DEFAULT_EXPORT_INTERVAL_S) -> dict:
+               export_interval_s: float = DEFAULT_EXPORT_INTERVAL_S,
+               quiet_interval_s: float | None = None) -> dict:
     """``daemon``: (process, URL, token) of the daemon the ``daemon`` layer sends to."""
     blocks: dict[str, list[float]] = {"off": [], "on": []}
     medians: dict[str, list[float]] = {"off": [], "on": []}   # where the cost is: spread or bursts
@@ -88,9 +93,11 @@ def layer_cost(steps, layer: str, pairs: int, block: int, skip: int, daemon=None
             d = patching.enable()
             if layer == "daemon":
                 telemetry = start_job_telemetry(d, _KeepOpen(shared),
-                                                export_interval_s=export_interval_s)
+                                                export_interval_s=export_interval_s,
+                                                quiet_interval_s=quiet_interval_s)
             elif layer != "runtime":
-                telemetry = start_job_telemetry(d, _Drop(), export_interval_s=export_interval_s)
+                telemetry = start_job_telemetry(d, _Drop(), export_interval_s=export_interval_s,
+                                                quiet_interval_s=quiet_interval_s)
                 if layer == "recorder":
                     telemetry.thread._build = lambda rec, extra: 0
             if telemetry is not None:
@@ -147,7 +154,15 @@ def main() -> None:
     a = block_options(__doc__, block=300, skip=5, extra=lambda p: (
         p.add_argument("--layers", default=",".join(LAYERS)),
         p.add_argument("--export-interval", type=float, default=DEFAULT_EXPORT_INTERVAL_S,
-                       help="seconds between the job's exports (RTXOPS_EXPORT_INTERVAL_S)")))
+                       help="seconds between the job's exports (RTXOPS_EXPORT_INTERVAL_S)"),
+        p.add_argument("--settled", action="store_true",
+                       help="every block exports as a settled job does: every "
+                            "RTXOPS_EXPORT_QUIET_INTERVAL_S (10 s), not every --export-interval "
+                            "as in a job's first 30 s")))
+    quiet = None
+    if a.settled:
+        exporters.ACTIVE_S = 0.0
+        quiet = settings.EXPORT_QUIET_INTERVAL_S
     layers_wanted = a.layers.split(",")
     steps = stepper()
     steps(30)  # warm-up
@@ -155,16 +170,17 @@ def main() -> None:
     for layer in (x for x in LAYERS if x in layers_wanted):
         if layer != "daemon":
             layers[layer] = layer_cost(steps, layer, a.pairs, a.block, a.skip,
-                                       export_interval_s=a.export_interval)
+                                       export_interval_s=a.export_interval, quiet_interval_s=quiet)
             continue
         with tempfile.TemporaryDirectory(prefix="rtxops-overhead-") as tmp, \
                 running_daemon(Path(tmp) / "home", env={"RTXOPS_EVOLVE": "0"}) as daemon:
             layers[layer] = layer_cost(steps, layer, a.pairs, a.block, a.skip, daemon,
-                                       a.export_interval)
+                                       a.export_interval, quiet)
     emit("step_overhead_inprocess",
          "one process, the runtime switched on and off every block at a step boundary", a,
          {"routed_calls_per_step": routed_calls_per_step(steps),
-          "export_interval_s": a.export_interval, "layers": layers,
+          "export_interval_s": a.export_interval, "quiet_export_interval_s": quiet,
+          "layers": layers,
           "target_overhead_max": 0.02})
 
 
