@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import subprocess
@@ -75,6 +76,23 @@ def check_launchable(spec: JobSpec) -> None:
         raise JobSpecError("cwd: contains a NUL character")
 
 
+def _quiet_interval(env: Mapping[str, str], hang_timeout_s: float) -> float | None:
+    """The job's quiet export interval as its environment asks (the job's own rule:
+    ``RTXOPS_EXPORT_QUIET_INTERVAL_S``, else ``RTXOPS_EXPORT_INTERVAL_S``, else 10 s), at most a
+    tenth of its hang timeout; None for a malformed setting (the job refuses it itself)."""
+    asked = settings.EXPORT_QUIET_INTERVAL_S
+    for name in ("RTXOPS_EXPORT_QUIET_INTERVAL_S", "RTXOPS_EXPORT_INTERVAL_S"):
+        if env.get(name):
+            try:
+                asked = float(env[name])
+            except ValueError:
+                return None
+            break
+    if not (asked > 0 and math.isfinite(asked)):
+        return None
+    return min(asked, hang_timeout_s / 10)
+
+
 def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
                 base: Mapping[str, str], extra_env: Mapping[str, str],
                 step_base: int | None = None) -> dict[str, str]:
@@ -97,10 +115,11 @@ def environment(spec: JobSpec, *, job_id: str, token: str, attempt: int,
     else:
         env.pop("RTXOPS_ENABLE", None)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    if spec.hang_timeout_s is not None and "RTXOPS_EXPORT_QUIET_INTERVAL_S" not in env:
-        # the job's exports are its heartbeats: a quiet job must still be heard well within it
-        quiet = min(settings.EXPORT_QUIET_INTERVAL_S, spec.hang_timeout_s / 3)
-        env["RTXOPS_EXPORT_QUIET_INTERVAL_S"] = f"{max(quiet, 0.001):g}"
+    quiet = None if spec.hang_timeout_s is None else _quiet_interval(env, spec.hang_timeout_s)
+    if quiet is not None:
+        # the job's exports are its heartbeats: a settled job is heard several times within its
+        # hang timeout (a refused export is sent again only with the next)
+        env["RTXOPS_EXPORT_QUIET_INTERVAL_S"] = repr(quiet)
     if spec.cwd and "PWD" not in spec.env:   # a shell's $PWD names the folder the job runs in
         env["PWD"] = spec.cwd
     env["RTXOPS_JOB_ID"] = job_id

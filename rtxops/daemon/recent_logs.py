@@ -4,13 +4,16 @@ read every quarter second, just past the newest line) costs the store no query.
 The supervisor adds a job's lines once its sink has stored them, so a read from here returns what a
 read from the store would. Per job, every stored line numbered above ``floor`` is held; a read that
 starts below the floor, or of a job not held, is the store's to answer. The oldest lines of the
-job least recently written to are let go first, past a budget of characters for all jobs.
+job least recently written to are let go first, past a budget of bytes for all jobs, and lines
+older than :data:`MAX_AGE_S` (the store's retention may delete lines a day old; a follower wants
+the newest).
 """
 from __future__ import annotations
 
 import bisect
 import collections
 import threading
+import time
 from collections.abc import Sequence
 
 from rtxops.telemetry.store_jobs import MAX_PAGE_BYTES
@@ -19,6 +22,7 @@ from .jobs import LogLine
 
 MAX_BYTES = 8 << 20     # held for all jobs together: text plus LINE_OVERHEAD a line
 LINE_OVERHEAD = 128     # about what a held line costs besides its text
+MAX_AGE_S = 3600.0      # a line read from a job's output longer ago than this is let go
 
 
 class _Held:
@@ -55,24 +59,28 @@ class RecentLogs:
                 held = self._jobs[job_id] = _Held(floor=new[0].seq - 1)
             self._jobs.move_to_end(job_id)
             if len(held.lines) > held.head and new[0].seq <= held.lines[-1].seq:
-                # stored out of call order (two tails of one job at once): keep seq order
-                merged = sorted(zip(held.lines[held.head:] + new, held.sizes[held.head:] + sizes),
-                                key=lambda pair: pair[0].seq)
+                # stored out of call order (two tails of one job at once): keep seq order, and
+                # nothing at or below the floor (reads there are the store's)
+                merged = sorted((pair for pair in zip(held.lines[held.head:] + new,
+                                                      held.sizes[held.head:] + sizes)
+                                 if pair[0].seq > held.floor), key=lambda pair: pair[0].seq)
                 held.lines = [ln for ln, _ in merged]
                 held.sizes = [size for _, size in merged]
                 held.head = 0
+                cost = sum(size + LINE_OVERHEAD for _, size in merged) - held.held_bytes
             else:
                 held.lines += new
                 held.sizes += sizes
             held.held_bytes += cost
             self._bytes += cost
-            self._let_go()
+            self._let_go(time.time_ns() - int(MAX_AGE_S * 1e9))
 
     def read(self, job_id: str, *, rank: int | None = None, after_seq: int = 0,
              limit: int = 1000) -> list[LogLine] | None:
         """What :meth:`JobSink.read_logs` would return (its page-size rule too), or None when
         lines past ``after_seq`` may be missing here."""
         with self._lock:
+            self._let_go(time.time_ns() - int(MAX_AGE_S * 1e9))
             held = self._jobs.get(job_id)
             if held is None or after_seq < held.floor:
                 return None
@@ -95,19 +103,27 @@ class RecentLogs:
             if held is not None:
                 self._bytes -= held.held_bytes
 
-    def _let_go(self) -> None:
+    def _let_go(self, read_before_ns: int) -> None:
+        """Past the budget, the oldest lines of the jobs least recently written to; and every
+        line read before ``read_before_ns``."""
         while self._bytes > self.max_bytes:
             job_id, held = next(iter(self._jobs.items()))
-            cost = held.sizes[held.head] + LINE_OVERHEAD
-            held.floor = held.lines[held.head].seq
-            held.head += 1
-            held.held_bytes -= cost
-            self._bytes -= cost
-            if held.head == len(held.lines):
-                del self._jobs[job_id]
-            elif held.head > len(held.lines) // 2:
-                del held.lines[:held.head], held.sizes[:held.head]
-                held.head = 0
+            self._drop_oldest(job_id, held)
+        for job_id, held in list(self._jobs.items()):
+            while job_id in self._jobs and held.lines[held.head].ts_ns < read_before_ns:
+                self._drop_oldest(job_id, held)
+
+    def _drop_oldest(self, job_id: str, held: _Held) -> None:
+        cost = held.sizes[held.head] + LINE_OVERHEAD
+        held.floor = max(held.floor, held.lines[held.head].seq)
+        held.head += 1
+        held.held_bytes -= cost
+        self._bytes -= cost
+        if held.head == len(held.lines):
+            del self._jobs[job_id]
+        elif held.head > len(held.lines) // 2:
+            del held.lines[:held.head], held.sizes[:held.head]
+            held.head = 0
 
 
 def _seq(line: LogLine) -> int:

@@ -39,9 +39,11 @@ from .supervisor import Supervisor
 
 log = logging.getLogger("rtxops.daemon")
 
-# seconds between a plan's publication and its installation in a job: telemetry lag (1 s export
-# interval), the job's poll interval (2 s by default) and fetching + verifying the signed bundle
+# seconds between a plan's publication and its installation in a job: the job's poll interval
+# (2 s by default) and fetching + verifying the signed bundle (the telemetry's lag, up to an
+# export interval, is made up from the job's step rate: Daemon.current_step)
 PLAN_LEAD_S = 4.0
+MAX_BEHIND_S = 20.0   # a job's step is extrapolated this far at most past its newest reported one
 
 
 WRITE_ERROR_SHOWN_S = 30.0  # /readyz reports a failed store write this long
@@ -83,6 +85,7 @@ class Daemon:
         self._step_marks: dict[str, tuple[int, int]] = {}
         self._step_rates: dict[str, float] = {}
         self._rate_settled: set[str] = set()
+        self._newest_steps: dict[str, tuple[int, int]] = {}   # job → (step, its end ns)
         self.server: uvicorn.Server | None = None
         self._stopping = threading.Event()
         self._shutdown_lock = threading.Lock()
@@ -122,7 +125,8 @@ class Daemon:
         from rtxops.runtime.registry import default_registry
 
         return EvolveLoop(self.store, self.board, default_registry(), self.running_jobs,
-                          self.evolve_config, unfinished_jobs=self.unfinished_jobs)
+                          self.evolve_config, unfinished_jobs=self.unfinished_jobs,
+                          current_step=self.current_step)
 
     def _a_job_is_warm(self) -> bool:
         """Whether a running job has reported the loop's ``min_steps`` (before that the loop has
@@ -162,6 +166,8 @@ class Daemon:
         whole second is seen, over what has been seen: a plan published early still gets a lead)."""
         if end_ns is None:
             return
+        if step > self._newest_steps.get(job_id, (-1, 0))[0]:
+            self._newest_steps[job_id] = (step, end_ns)
         first = self._step_marks.setdefault(job_id, (step, end_ns))
         if step <= first[0] or end_ns <= first[1]:
             return
@@ -173,18 +179,26 @@ class Daemon:
         elif job_id not in self._rate_settled:  # an estimate until a whole second is seen
             self._step_rates[job_id] = rate
 
-    def last_step(self, job_id: str) -> int | None:
-        """The step a running job will have reached by the time it installs a plan published now,
-        or None: its last reported step, plus its step rate times PLAN_LEAD_S (telemetry lags
-        the job by an export interval; the job polls, fetches and verifies the bundle)."""
+    def current_step(self, job_id: str) -> int | None:
+        """The step a running job has reached by now, or None: its newest reported step plus
+        its step rate times the time since that step ended (a settled job reports every 10 s)."""
         try:
             job = self.supervisor.job(job_id)
         except Exception:
             return None
         if job.state.terminal or job.last_step is None:
             return None
-        rate = self._step_rates.get(job_id, 0.0)
-        return job.last_step + math.ceil(rate * PLAN_LEAD_S)
+        return reached_step(job.last_step, self._newest_steps.get(job_id),
+                            self._step_rates.get(job_id, 0.0), time.time_ns())
+
+    def last_step(self, job_id: str) -> int | None:
+        """The step a running job will have reached by the time it installs a plan published now,
+        or None: :meth:`current_step` plus its step rate times PLAN_LEAD_S (the job polls,
+        fetches and verifies the bundle)."""
+        now = self.current_step(job_id)
+        if now is None:
+            return None
+        return now + math.ceil(self._step_rates.get(job_id, 0.0) * PLAN_LEAD_S)
 
     def readiness_problems(self) -> list[str]:
         problems = []
@@ -432,3 +446,13 @@ def configure_logging() -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     root.propagate = False
+
+
+def reached_step(reported: int, newest: tuple[int, int] | None, rate: float, now_ns: int) -> int:
+    """A job's step now: ``reported`` (its heartbeat's), or ``newest`` = (step, end ns) carried on
+    at ``rate`` steps a second for the time since it ended, up to MAX_BEHIND_S."""
+    if newest is None:
+        return reported
+    step, end_ns = newest
+    behind_s = min(max(now_ns - end_ns, 0) / 1e9, MAX_BEHIND_S)
+    return max(reported, step + math.floor(rate * behind_s))

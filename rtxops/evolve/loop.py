@@ -130,8 +130,12 @@ class EvolveLoop:
 
     def __init__(self, store: Store, board, registry: Registry, running_jobs: Callable[[], list[str]],
                  config: LoopConfig | None = None,
-                 unfinished_jobs: Callable[[], set[str]] | None = None) -> None:
+                 unfinished_jobs: Callable[[], set[str]] | None = None,
+                 current_step: Callable[[str], int | None] | None = None) -> None:
         self.store, self.board, self.registry = store, board, registry
+        # the step a job has reached by now (the daemon's estimate; the store's newest step lags
+        # by up to an export interval, 10 s for a settled job): where a new plan starts from
+        self.current_step = current_step
         self.running_jobs = running_jobs
         # jobs whose tuning state is kept while they do not run (a restart's backoff)
         self.unfinished_jobs = unfinished_jobs
@@ -862,8 +866,9 @@ class EvolveLoop:
         for _ in range(PUBLISH_ATTEMPTS):
             current = self.board.current(job) or default_plan()
             entries = [e for e in current.entries if (e.op, e.bucket) != (entry.op, entry.bucket)]
+            now = self.current_step(job) if self.current_step is not None else None
             plan = current.derive(entries=entries + [entry],
-                                  effective_step=last + self.config.margin_steps)
+                                  effective_step=max(last, now or 0) + self.config.margin_steps)
             if plan.version <= bt.plan_version:
                 # the board lost the plan the job runs (its file damaged, then a reload): the
                 # job would refuse anything not newer than what it runs

@@ -137,8 +137,12 @@ class ExportThread:
             if closing:
                 self._build_some(len(self._pending))  # the job's last flush, if it came meanwhile
             if closing or time.monotonic() - last_export >= self.current_interval_s():
-                self._export(self.processor.drain())
-                last_export = time.monotonic()
+                spans = self.processor.drain()
+                # the interval runs from the last request: a quiet job's next step (its first,
+                # say: a heartbeat) goes out at once
+                if spans or self._retry or closing:
+                    self._export(spans)
+                    last_export = time.monotonic()
             self.cpu_s = time.thread_time()
             if closing:
                 return

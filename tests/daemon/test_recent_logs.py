@@ -3,6 +3,7 @@ so (None) where they cannot."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -10,6 +11,8 @@ from rtxops.daemon import recent_logs
 from rtxops.daemon.job_sink import DuckDBJobSink
 from rtxops.daemon.recent_logs import LINE_OVERHEAD, RecentLogs
 from rtxops.telemetry.store import Store
+
+NOW = time.time_ns()   # (lines read an hour ago are let go)
 
 
 @pytest.fixture
@@ -33,7 +36,7 @@ def test_reads_equal_the_stores_wherever_the_lines_are_held(sink):
         lines = []
         for _ in range(rng.randint(1, 4)):
             seq[job_id] += 1 + (rng.random() < 0.1)   # a failed write leaves a gap
-            lines.append((seq[job_id], seq[job_id], "é" * rng.randint(0, 40)))
+            lines.append((NOW + seq[job_id], seq[job_id], "é" * rng.randint(0, 40)))
         _store_both(sink, recent, job_id, 1, rng.choice([0, 1]), rng.choice(["stdout", "stderr"]),
                     lines)
     answered = 0
@@ -55,7 +58,7 @@ def test_a_page_stops_where_the_stores_does_at_the_byte_budget(sink, monkeypatch
     monkeypatch.setattr(store_jobs, "MAX_PAGE_BYTES", 100)
     recent = RecentLogs()
     _store_both(sink, recent, "j", 1, 0, "stdout",
-                [(i, i, "x" * n) for i, n in enumerate([30, 60, 20, 5, 300, 1], start=1)])
+                [(NOW + i, i, "x" * n) for i, n in enumerate([30, 60, 20, 5, 300, 1], start=1)])
     for after in range(7):
         held = recent.read("j", after_seq=after)
         assert held == sink.read_logs("j", after_seq=after)
@@ -65,8 +68,8 @@ def test_a_page_stops_where_the_stores_does_at_the_byte_budget(sink, monkeypatch
 
 def test_lines_stored_out_of_order_are_read_in_seq_order():
     recent = RecentLogs()
-    recent.add("j", 1, 0, "stdout", [(0, 1, "a"), (0, 4, "d")])
-    recent.add("j", 2, 0, "stdout", [(0, 2, "b"), (0, 3, "c")])
+    recent.add("j", 1, 0, "stdout", [(NOW, 1, "a"), (NOW, 4, "d")])
+    recent.add("j", 2, 0, "stdout", [(NOW, 2, "b"), (NOW, 3, "c")])
     assert [ln.text for ln in recent.read("j", after_seq=0)] == ["a", "b", "c", "d"]
     assert [ln.text for ln in recent.read("j", after_seq=2)] == ["c", "d"]
 
@@ -74,13 +77,13 @@ def test_lines_stored_out_of_order_are_read_in_seq_order():
 def test_the_job_written_to_least_recently_is_let_go_first():
     line = "x" * 72
     recent = RecentLogs(max_bytes=4 * (len(line) + LINE_OVERHEAD))
-    recent.add("old", 1, 0, "stdout", [(0, 1, line), (0, 2, line)])
-    recent.add("new", 1, 0, "stdout", [(0, 1, line), (0, 2, line)])
-    recent.add("new", 1, 0, "stdout", [(0, 3, line)])
+    recent.add("old", 1, 0, "stdout", [(NOW, 1, line), (NOW, 2, line)])
+    recent.add("new", 1, 0, "stdout", [(NOW, 1, line), (NOW, 2, line)])
+    recent.add("new", 1, 0, "stdout", [(NOW, 3, line)])
     assert recent.read("old", after_seq=0) is None
     assert [ln.seq for ln in recent.read("old", after_seq=1)] == [2]
     assert [ln.seq for ln in recent.read("new", after_seq=0)] == [1, 2, 3]
-    recent.add("new", 1, 0, "stdout", [(0, 4, line), (0, 5, line)])
+    recent.add("new", 1, 0, "stdout", [(NOW, 4, line), (NOW, 5, line)])
     assert recent.read("old", after_seq=1) is None      # all of it gone: the store answers
     assert recent.read("new", after_seq=0) is None
     assert [ln.seq for ln in recent.read("new", after_seq=1)] == [2, 3, 4, 5]
@@ -89,8 +92,29 @@ def test_the_job_written_to_least_recently_is_let_go_first():
 def test_a_job_not_held_or_forgotten_is_the_stores_to_answer():
     recent = RecentLogs()
     assert recent.read("j", after_seq=0) is None
-    recent.add("j", 1, 0, "stdout", [(0, 7, "resumed after a restart")])
+    recent.add("j", 1, 0, "stdout", [(NOW, 7, "resumed after a restart")])
     assert recent.read("j", after_seq=5) is None        # lines 1..6 were stored before
     assert [ln.seq for ln in recent.read("j", after_seq=6)] == [7]
     recent.forget("j")
     assert recent.read("j", after_seq=6) is None
+
+
+def test_the_floor_never_goes_down_when_lines_stored_out_of_order_are_let_go():
+    line = "x" * 72
+    recent = RecentLogs(max_bytes=3 * (len(line) + LINE_OVERHEAD))
+    recent.add("j", 1, 0, "stdout", [(NOW, 5, line), (NOW, 6, line), (NOW, 7, line)])
+    recent.add("j", 1, 0, "stdout", [(NOW, 8, line)])          # lets 5 go: floor 5
+    recent.add("j", 2, 0, "stdout", [(NOW, 3, line)])          # a late tail's line, below it
+    assert recent.read("j", after_seq=4) is None
+    assert [ln.seq for ln in recent.read("j", after_seq=5)] == [6, 7, 8]
+    recent.add("j", 1, 0, "stdout", [(NOW, 9, line)])
+    assert recent.read("j", after_seq=5) is None               # 6 went; never back to 3
+    assert [ln.seq for ln in recent.read("j", after_seq=6)] == [7, 8, 9]
+
+
+def test_lines_read_over_an_hour_ago_are_the_stores_to_answer(monkeypatch):
+    recent = RecentLogs()
+    hour = 3600 * 10**9
+    recent.add("j", 1, 0, "stdout", [(NOW - 2 * hour, 1, "old"), (NOW, 2, "new")])
+    assert recent.read("j", after_seq=0) is None     # the store's retention may have taken it
+    assert [ln.text for ln in recent.read("j", after_seq=1)] == ["new"]

@@ -39,3 +39,15 @@ def test_step_spans_of_jobs_the_daemon_does_not_run_keep_no_rate(tmp_path, monke
         assert d._step_marks == {} and d._step_rates == {}
     finally:
         d.shutdown()
+
+
+def test_a_jobs_step_now_is_carried_on_from_its_newest_report_at_its_rate():
+    from rtxops.daemon.server import MAX_BEHIND_S, reached_step
+
+    ended = 100 * S
+    assert reached_step(40, None, 5.0, ended + 3 * S) == 40          # no step span seen
+    assert reached_step(40, (40, ended), 5.0, ended + 3 * S) == 55   # 3 s at 5 steps/s
+    assert reached_step(40, (40, ended), 5.0, ended - S) == 40       # a clock behind: no less
+    assert reached_step(70, (40, ended), 5.0, ended + S) == 70       # a newer heartbeat wins
+    far = reached_step(40, (40, ended), 5.0, ended + 3600 * S)       # a job stuck for an hour
+    assert far == 40 + int(5 * MAX_BEHIND_S)

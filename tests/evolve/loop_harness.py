@@ -47,6 +47,7 @@ def loop_over_rows(monkeypatch, rows: list[dict], *, last: int, swapped: int = 9
     loop.store, loop.board, loop.registry = None, _Board(), _Registry()
     loop.running_jobs = lambda: ["job"]
     loop.unfinished_jobs = None
+    loop.current_step = None
     loop.config = LoopConfig(window_steps=20, min_steps=5)
     loop.tuning = L.TuningDB(None, _Registry())
     loop.tuning.key = lambda *a: {}

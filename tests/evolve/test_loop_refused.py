@@ -452,3 +452,22 @@ def test_a_job_running_a_plan_the_board_does_not_hold_is_left_to_it(monkeypatch,
     warned = [r for r in caplog.records if "plan board does not hold" in r.getMessage()]
     assert len(warned) == (0 if tuned else 1)
     assert loop.status()["job"].get("own_plan") == (None if tuned else 7)
+
+
+def test_a_plan_starts_from_the_step_the_job_has_reached_not_the_stores_newest(monkeypatch):
+    """A settled job reports every 10 s: the store's newest step lags. The plan's effective step
+    is counted from the daemon's estimate of where the job is now, where it has one."""
+    loop = loop_over_rows(monkeypatch, [], last=30, decisions=[])
+    loop.board = _Board()
+    bt = L.BucketTuning("gelu", "b", Arm.of("reference"),
+                        strategy=make_strategy("exhaustive", [Arm.of("fastish")], budget=2))
+    loop._next_round("job", bt, 30)
+    assert loop.board.current("job").effective_step == 30 + loop.config.margin_steps
+    loop.current_step = lambda job: 250
+    bt2 = L.BucketTuning("gelu", "c", Arm.of("reference"),
+                         strategy=make_strategy("exhaustive", [Arm.of("fastish")], budget=2))
+    loop._next_round("job", bt2, 30)
+    assert loop.board.current("job").effective_step == 250 + loop.config.margin_steps
+    loop.current_step = lambda job: None    # a job the daemon has no estimate for
+    loop._next_round("job", bt2, 40)
+    assert loop.board.current("job").effective_step == 40 + loop.config.margin_steps

@@ -51,28 +51,29 @@ def _stepping(thread: ExportThread, seconds: float, swap_at: float | None = None
 
 
 def test_a_quiet_job_exports_at_the_quiet_interval_after_its_start(monkeypatch):
-    monkeypatch.setattr(exporters, "ACTIVE_S", 0.5)
+    monkeypatch.setattr(exporters, "ACTIVE_S", 1.5)
     exports = _Exports()
+    started = time.monotonic()
     thread = _thread(exports)
     assert thread.current_interval_s() == 0.1
-    _stepping(thread, 2.0)
+    _stepping(thread, 3.5)
     assert thread.current_interval_s() == 30
     thread.close()
-    start = exports.at[0] - 0.1
-    early = [t for t in exports.at[:-1] if t - start < 0.7]
-    late = [t for t in exports.at[:-1] if t - start >= 0.7]
-    assert len(early) >= 3 and late == [], exports.at   # (the last one: the close)
+    early = [t for t in exports.at[:-1] if t - started < 1.5]
+    late = [t for t in exports.at[:-1] if t - started >= 1.8]   # (the last one: the close)
+    assert len(early) >= 3 and late == [], [round(t - started, 2) for t in exports.at]
 
 
 def test_a_swap_brings_the_short_interval_back(monkeypatch):
-    monkeypatch.setattr(exporters, "ACTIVE_S", 0.5)
+    monkeypatch.setattr(exporters, "ACTIVE_S", 1.5)
     exports = _Exports()
     thread = _thread(exports)
-    _stepping(thread, 1.0)
+    _stepping(thread, 2.0)
+    assert thread.current_interval_s() == 30
     quiet = len(exports.at)
-    _stepping(thread, 0.4, swap_at=0.0)
+    _stepping(thread, 1.0, swap_at=0.0)
     assert thread.current_interval_s() == 0.1
-    assert len(exports.at) - quiet >= 2
+    assert len(exports.at) - quiet >= 3
     thread.close()
 
 
@@ -99,8 +100,37 @@ def test_the_quiet_interval_is_the_interval_where_only_that_is_set(monkeypatch):
         settings.export_quiet_interval_s()
 
 
-@pytest.mark.parametrize("hang_timeout_s, expected", [(None, None), (6.0, "2"), (600.0, "10")])
-def test_a_job_with_a_hang_timeout_is_heard_well_within_it(tmp_path, hang_timeout_s, expected):
+@pytest.mark.parametrize("hang_timeout_s, own, expected", [
+    (None, {}, None),
+    (30.0, {}, 3.0),                                              # a tenth of the hang timeout
+    (600.0, {}, settings.EXPORT_QUIET_INTERVAL_S),
+    (600.0, {"RTXOPS_EXPORT_QUIET_INTERVAL_S": "300"}, 60.0),     # asked for, and clamped
+    (600.0, {"RTXOPS_EXPORT_INTERVAL_S": "0.5"}, 0.5),            # only that set: it stands
+    (600.0, {"RTXOPS_EXPORT_QUIET_INTERVAL_S": "soon"}, None),    # the job refuses that itself
+])
+def test_a_job_with_a_hang_timeout_is_heard_well_within_it(hang_timeout_s, own, expected):
     spec = JobSpec(command=["python", "train.py"], hang_timeout_s=hang_timeout_s)
-    env = environment(spec, job_id="j-1", token="t", attempt=1, base={}, extra_env={})
-    assert env.get("RTXOPS_EXPORT_QUIET_INTERVAL_S") == expected
+    env = environment(spec, job_id="j-1", token="t", attempt=1, base=own, extra_env={})
+    quiet = env.get("RTXOPS_EXPORT_QUIET_INTERVAL_S")
+    if expected is None:
+        assert quiet == own.get("RTXOPS_EXPORT_QUIET_INTERVAL_S")
+    else:
+        assert float(quiet) == expected
+
+
+def test_a_quiet_jobs_first_step_after_a_silence_goes_out_at_once(monkeypatch):
+    """The interval runs from the last request, not from the last look that found nothing: a
+    step (a heartbeat) after a long silence is not held back up to a quiet interval."""
+    monkeypatch.setattr(exporters, "ACTIVE_S", 0.0)
+    exports = _Exports()
+    processor = StepProcessor()
+    thread = ExportThread(lambda rec, counters: processor.on_end(("span of", rec.step)), processor,
+                          exports, interval_s=0.1, poll_s=0.02, quiet_interval_s=2.0)
+    time.sleep(2.5)                 # setting up, say: nothing to send
+    stepped = time.monotonic()
+    thread.submit(_record(1))
+    deadline = stepped + 5
+    while not exports.at and time.monotonic() < deadline:
+        time.sleep(0.01)
+    thread.close()
+    assert exports.at and exports.at[0] - stepped < 0.8, [t - stepped for t in exports.at]
