@@ -196,26 +196,3 @@ def _source_modules(fn: Callable) -> dict:
                 stack.extend(getattr(target, n, None) for n in names)   # module.attribute
             stack.append(target)
     return found
-    found[module.__name__] = module
-    package = module.__name__.split(".")[0]
-    code = getattr(fn, "__code__", None)
-    if code is None or depth >= 4:
-        return found
-    cells = []
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            cells.append(cell.cell_contents)
-        except ValueError:  # an empty cell
-            pass
-    names = set(code.co_names)
-    for const in code.co_consts:  # nested functions and lambdas
-        if isinstance(const, types.CodeType):
-            names.update(const.co_names)
-    used = cells + [fn.__globals__.get(n) for n in names]
-    for value in used:
-        if isinstance(value, types.FunctionType) and value.__module__ \
-                and value.__module__.split(".")[0] == package and value.__module__ not in found:
-            _source_modules(value, depth + 1, found)
-        elif isinstance(value, types.ModuleType) and value.__name__.split(".")[0] == package:
-            found.setdefault(value.__name__, value)
-    return found
