@@ -14,7 +14,7 @@ runtime itself never imports this package. Configuration:
                       spans it holds, which on a small machine comes out of the job's step time;
                       OTel's batch default is 5)
 ``RTXOPS_EXPORT_QUIET_INTERVAL_S`` seconds between exports the rest of the time (default 10, or the
-                      interval above where only that is set; the daemon lowers it to a third of a
+                      interval above where only that is set; the daemon lowers it to a tenth of a
                       job's hang timeout: its exports are the job's heartbeats)
 ``RTXOPS_TELEMETRY_STATS`` a file to write the export thread's figures to at exit (JSON; benchmarks)
 """
