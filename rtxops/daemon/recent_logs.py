@@ -1,5 +1,5 @@
 """The last log lines stored for each job, kept in memory: following a running job's output (a
-read every quarter second, just past the newest line) costs the store no query.
+read every half second, just past the newest line) costs the store no query.
 
 The supervisor adds a job's lines once its sink has stored them, so a read from here returns what a
 read from the store would. Per job, every stored line numbered above ``floor`` is held; a read that
