@@ -327,6 +327,17 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
         if not isinstance(hook_args.exc_value, _Stopped):
             default(hook_args)
 
+    def cancel_own_job(signum: int) -> int:
+        """Stopped before the follow loop took over: the job, if it exists, is cancelled."""
+        if job_id is not None:
+            with contextlib.suppress(Exception):   # (a local daemon's shutdown stops it anyway)
+                if client is not None:
+                    client.cancel(job_id)
+                else:
+                    local.supervisor.cancel(job_id)
+            err.print(f"rtxops: cancelled job {job_id}")
+        return 128 + signum
+
     stops = {s: signal.signal(s, stop_by_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     sys.unraisablehook = unraisable
     job_id = None
@@ -403,15 +414,7 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
             raise _Stopped(signalled[0])
         return _follow(client, job_id, cancel_on_interrupt=True)
     except KeyboardInterrupt as e:   # Ctrl-C, SIGTERM or SIGHUP before the follow loop took over
-        signum = getattr(e, "signum", signal.SIGINT)
-        if job_id is not None:
-            with contextlib.suppress(Exception):   # (a local daemon's shutdown stops it anyway)
-                if client is not None:
-                    client.cancel(job_id)
-                else:
-                    local.supervisor.cancel(job_id)
-            err.print(f"rtxops: cancelled job {job_id}")
-        return 128 + signum
+        return cancel_own_job(getattr(e, "signum", signal.SIGINT))
     except _DaemonGone as e:
         err.print(escape(f"rtxops: {e}"), style="red")
         raise typer.Exit(2) from None
@@ -420,6 +423,12 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
         if job_id is None:  # refused before a job existed: there is no summary to miss
             raise typer.Exit(2) from None
         return 2
+    except Exception:
+        if not signalled:
+            raise
+        # a stop raised inside a library's own code may come out as that library's error
+        # (pydantic building a validator wraps it in a SchemaError): the stop all the same
+        return cancel_own_job(signalled[0])
     finally:
         try:
             if local is not None:
