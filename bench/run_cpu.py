@@ -3,7 +3,8 @@ following) and the job's own rtxops threads take per training step, once the exa
 converged.
 
 ``rtxops run --compile-model --fuse-optimizer`` (evolve loop on) runs the GPT, which prints a JSON
-line a step; from step ``--at`` on, every thread's CPU time (``/proc/PID/task``) is read over
+line a step (``--default-plan``: issue #3's setting instead, the default plan with the evolve loop
+off; ``--every-10``: the GPT's own output, a line every 10 steps); from step ``--at`` on, every thread's CPU time (``/proc/PID/task``) is read over
 ``--window`` seconds, and named through ``py-spy dump``. On a 2-core machine any of it is taken
 from the job. JSON on stdout (``--out`` writes it too).
 """
