@@ -718,6 +718,20 @@ def test_at_a_terminal_run_says_where_to_watch_the_job(tmp_path):
     assert "on a daemon in this process until it ends; dashboard: http://127.0.0.1:" in r.stderr
 
 
+def _assert_stopped_while_starting(script: str, marker: str) -> None:
+    """``script`` runs ``rtxops run -- sleep MARKER`` and stops it while it starts: it ends as
+    stopped by SIGTERM, without a traceback, and leaves no job process behind."""
+    import signal
+
+    run = subprocess.run([sys.executable, "-c", script, marker], capture_output=True,
+                         text=True, env=_env(), timeout=90, cwd=ROOT)
+    assert run.returncode in (143, -signal.SIGTERM), (run.returncode, run.stderr)
+    assert "Traceback" not in run.stderr, run.stderr
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
+    assert left.stdout == "", f"the job's process outlived the run: {left.stdout}"
+
+
 _DROPPED_STOP = """
 import gc, signal, sys, weakref
 from rtxops import cli
@@ -748,16 +762,7 @@ cli.entrypoint()
 def test_a_stop_signal_python_could_not_raise_while_the_run_started_still_stops_it(tmp_path):
     """A SIGTERM whose exception Python dropped (it fell in a weakref callback of an import) left
     the run following its job, and printed a traceback (a flaky failure of the test above)."""
-    import signal
-
-    marker = "33.5"
-    run = subprocess.run([sys.executable, "-c", _DROPPED_STOP, marker], capture_output=True,
-                         text=True, env=_env(), timeout=90, cwd=ROOT)
-    assert run.returncode in (143, -signal.SIGTERM), (run.returncode, run.stderr)
-    assert "Traceback" not in run.stderr, run.stderr
-    time.sleep(1)
-    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
-    assert left.stdout == "", f"the job's process outlived the run: {left.stdout}"
+    _assert_stopped_while_starting(_DROPPED_STOP, "33.5")
 
 
 _WRAPPED_STOP = """
@@ -786,13 +791,4 @@ cli.entrypoint()
 def test_a_stop_signal_a_library_turned_into_its_own_error_still_stops_the_run(tmp_path):
     """SIGTERM while pydantic built a schema came out as a SchemaError: `rtxops run` ended with a
     traceback and status 1 (a flaky failure of the stop-while-starting test above)."""
-    import signal
-
-    marker = "34.5"
-    run = subprocess.run([sys.executable, "-c", _WRAPPED_STOP, marker], capture_output=True,
-                         text=True, env=_env(), timeout=90, cwd=ROOT)
-    assert run.returncode in (143, -signal.SIGTERM), (run.returncode, run.stderr)
-    assert "Traceback" not in run.stderr, run.stderr
-    time.sleep(1)
-    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
-    assert left.stdout == "", f"the job's process outlived the run: {left.stdout}"
+    _assert_stopped_while_starting(_WRAPPED_STOP, "34.5")
