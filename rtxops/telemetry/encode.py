@@ -252,3 +252,80 @@ def encode_python(spans: Sequence[Any]) -> bytes | None:
         # ValueError covers strings that are not UTF-8 encodable: the SDK's encoder decides
         return None
     return b"".join(out)
+
+
+def merge(bodies: Sequence[bytes]) -> bytes:
+    """One request holding the spans of ``bodies`` (requests :func:`encode` wrote, in order),
+    grouped by resource, then scope, as :func:`encode` groups them: the bytes :func:`encode`
+    writes for all their spans at once. A body it cannot take apart is appended as it is (two
+    requests' bytes concatenated are one valid request holding both)."""
+    if len(bodies) == 1:
+        return bodies[0]
+    resources: dict[tuple[bytes, bytes], dict[tuple[bytes, bytes], list[bytes]]] = {}
+    whole: list[bytes] = []
+    for body in bodies:
+        try:
+            parsed = [_resource_spans(raw) for _, raw in _fields(body, 0, len(body), {0x0A})]
+        except ValueError:
+            whole.append(body)
+            continue
+        for resource, schema, scopes in parsed:
+            group = resources.setdefault((resource, schema), {})
+            for scope, scope_schema, spans in scopes:
+                group.setdefault((scope, scope_schema), []).extend(spans)
+    out = []
+    for (resource, schema), scopes in resources.items():
+        inner = b"".join(_len(0x12, scope + b"".join(spans) + scope_schema)
+                         for (scope, scope_schema), spans in scopes.items())
+        out.append(_len(0x0A, resource + inner + schema))
+    return b"".join(out + whole)
+
+
+def _resource_spans(raw: bytes) -> tuple[bytes, bytes, list[tuple[bytes, bytes, list[bytes]]]]:
+    """A ResourceSpans field as (resource field, schema_url field, [(scope field, schema_url
+    field, span fields)]), each the field's bytes as written, tag included."""
+    _, start, end = _field_header(raw, 0)
+    resource, schema, scopes = b"", b"", []
+    for t, field in _fields(raw, start, end, {0x0A, 0x12, 0x1A}):
+        if t == 0x12:
+            _, s, e = _field_header(field, 0)
+            scope, scope_schema, spans = b"", b"", []
+            for t2, f2 in _fields(field, s, e, {0x0A, 0x12, 0x1A}):
+                if t2 == 0x12:
+                    spans.append(f2)
+                elif t2 == 0x0A:
+                    scope = f2
+                else:
+                    scope_schema = f2
+            scopes.append((scope, scope_schema, spans))
+        elif t == 0x0A:
+            resource = field
+        else:
+            schema = field
+    return resource, schema, scopes
+
+
+def _fields(buf: bytes, pos: int, end: int, tags: set[int]):
+    """The length-delimited fields in ``buf[pos:end]`` as (tag, the field's bytes); ValueError
+    for any other field or a broken length."""
+    while pos < end:
+        tag, _, stop = _field_header(buf, pos)
+        if tag not in tags or stop > end:
+            raise ValueError(f"unexpected field {tag:#x} at {pos}")
+        yield tag, buf[pos:stop]
+        pos = stop
+
+
+def _field_header(buf: bytes, pos: int) -> tuple[int, int, int]:
+    """(tag, start of the payload, end of the field) of the field at ``pos`` (a one-byte tag)."""
+    tag = buf[pos]
+    n, shift, pos = 0, 0, pos + 1
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated length")
+        b = buf[pos]
+        n |= (b & 0x7F) << shift
+        pos += 1
+        if b < 0x80:
+            return tag, pos, pos + n
+        shift += 7

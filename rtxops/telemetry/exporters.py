@@ -9,19 +9,20 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from .encode import encode
+from .encode import encode, merge
 from .recorder import StepRecord
 
 log = logging.getLogger("rtxops.telemetry")
 
 
 class StepProcessor(SpanProcessor):
-    """Collects ended spans until the export thread drains them as one batch."""
+    """Collects ended spans until the export thread takes them (after each look at new steps)."""
 
     def __init__(self) -> None:
         self._spans: list[ReadableSpan] = []
@@ -52,6 +53,21 @@ if hasattr(os, "register_at_fork"):
 
 
 MAX_SPANS_PER_EXPORT = 8192   # ~4.5 MB of kernel spans in one OTLP request
+
+
+@dataclass(frozen=True)
+class EncodedPart:
+    """An encoded request (OTLP protobuf) of ``spans`` spans, waiting to be sent."""
+
+    body: bytes
+    spans: int
+
+
+def takes_encoded(exporter: SpanExporter) -> bool:
+    """Whether ``exporter`` also takes its spans encoded ahead: it has ``encode_request(spans)``
+    (the request's bytes, or None: export these as spans) and ``export_encoded(body, spans)``."""
+    return (callable(getattr(exporter, "encode_request", None))
+            and callable(getattr(exporter, "export_encoded", None)))
 MAX_RETRY_PARTS = 4           # parts that failed once, held for one more try at the next export
 ACTIVE_S = 30.0               # exports come every interval_s this long after the start and a swap
 
@@ -62,7 +78,13 @@ class ExportThread:
     whose spans failed to build, spans an exporter failed to deliver.
 
     The training thread only appends; this thread looks for new records every ``poll_s`` (sooner
-    when half of ``max_queue`` is waiting), rather than being woken, a GIL hand-over, every step."""
+    when half of ``max_queue`` is waiting), rather than being woken, a GIL hand-over, every step.
+
+    An exporter that :func:`takes_encoded` gets the spans of each look encoded there and then, and
+    the requests of an interval merged into one: SDK spans live for a moment instead of until the
+    export. Held for an interval, they outlived the garbage collector's young generations, and
+    every few seconds' worth set off a full collection of the job's heap (120-170 ms with the GIL
+    held on the example GPT, often in the training thread; ``bench/export_gc.py``)."""
 
     def __init__(self, build: Callable[[StepRecord, dict], int], processor: StepProcessor,
                  exporter: SpanExporter, max_queue: int = 256, interval_s: float = 1.0,
@@ -93,7 +115,12 @@ class ExportThread:
         self.exports_failed = 0
         # a daemon busy for a moment (its 503 or 429: nothing of the request written) gets the
         # part again at the next export rather than losing it; a second failure drops it
-        self._retry: list[Sequence[ReadableSpan]] = []
+        self._retry: list[_Part] = []
+        # what the next export sends: requests encoded as their spans were built, and spans the
+        # exporter takes only as spans
+        self._encoded: list[EncodedPart] = []
+        self._held: list[ReadableSpan] = []
+        self._encodes: bool | None = None   # takes_encoded(exporter), asked at the first spans
         self.steps_built = 0
         self.steps_failed = 0
         self.cpu_s = 0.0                  # this thread's CPU time: what telemetry takes from the job
@@ -136,12 +163,12 @@ class ExportThread:
             self._build_some(len(self._pending))
             if closing:
                 self._build_some(len(self._pending))  # the job's last flush, if it came meanwhile
+            self._take_built()
             if closing or time.monotonic() - last_export >= self.current_interval_s():
-                spans = self.processor.drain()
                 # the interval runs from the last request: a quiet job's next step (its first,
                 # say: a heartbeat) goes out at once
-                if spans or self._retry or closing:
-                    self._export(spans)
+                if self._encoded or self._held or self._retry or closing:
+                    self._export()
                     last_export = time.monotonic()
             self.cpu_s = time.thread_time()
             if closing:
@@ -177,30 +204,61 @@ class ExportThread:
                 self.steps_failed += 1
                 log.exception("rtxops: building the spans of step %s failed", rec.step)
 
-    def _export(self, spans: Sequence[ReadableSpan]) -> None:
+    def _take_built(self) -> None:
+        """The processor's spans, encoded now where the exporter takes them so."""
+        spans = self.processor.drain()
+        if not spans:
+            return
+        if self._encodes is None:
+            self._encodes = takes_encoded(self.exporter)
+        if not self._encodes:
+            self._held.extend(spans)
+            return
+        for i in range(0, len(spans), MAX_SPANS_PER_EXPORT):
+            part = spans[i:i + MAX_SPANS_PER_EXPORT]
+            try:
+                body = self.exporter.encode_request(part)
+            except Exception as e:  # noqa: BLE001 - the spans go as spans instead
+                log.warning("rtxops: encoding spans raised %s", e)
+                body = None
+            if body is None:
+                self._held.extend(part)
+            else:
+                self._encoded.append(EncodedPart(body, len(part)))
+
+    def _export(self) -> None:
         # a fast job's interval can hold more spans than a receiver takes in one request (the
         # daemon's limit is 16 MiB, ~30 000 kernel spans; refused whole, with the step spans
         # that count the drops): sent in parts
         again, self._retry = self._retry, []
         for part in again:
             self._export_part(part, last_try=True)
-        for i in range(0, len(spans), MAX_SPANS_PER_EXPORT):
+        encoded, self._encoded = self._encoded, []
+        held, self._held = self._held, []
+        parts: list[_Part] = [held[i:i + MAX_SPANS_PER_EXPORT]
+                              for i in range(0, len(held), MAX_SPANS_PER_EXPORT)]
+        for group in _groups(encoded, MAX_SPANS_PER_EXPORT):
+            parts.append(EncodedPart(merge([p.body for p in group]), sum(p.spans for p in group)))
+        for part in parts:
             # the job's last export gets no second try: its exit would wait for one
-            self._export_part(spans[i:i + MAX_SPANS_PER_EXPORT], last_try=self._closing)
+            self._export_part(part, last_try=self._closing)
 
-    def _export_part(self, spans: Sequence[ReadableSpan], last_try: bool) -> None:
+    def _export_part(self, part: _Part, last_try: bool) -> None:
+        encoded = isinstance(part, EncodedPart)
+        count = part.spans if encoded else len(part)
         try:
-            result = self.exporter.export(spans)
+            result = (self.exporter.export_encoded(part.body, part.spans) if encoded
+                      else self.exporter.export(part))
         except Exception as e:
             log.warning("rtxops: span export raised %s", e)
             result = SpanExportResult.FAILURE
         if result is SpanExportResult.SUCCESS:
-            self.spans_exported += len(spans)
+            self.spans_exported += count
         elif not last_try and len(self._retry) < MAX_RETRY_PARTS:
-            self._retry.append(spans)
+            self._retry.append(part)
         else:
             self.exports_failed += 1
-            self.spans_failed += len(spans)
+            self.spans_failed += count
 
     def counters(self) -> dict:
         from . import schema as S
@@ -210,6 +268,22 @@ class ExportThread:
                 "rtx.dropped.spans": self.spans_failed}
 
 
+_Part = Sequence[ReadableSpan] | EncodedPart
+
+
+def _groups(parts: list[EncodedPart], max_spans: int) -> list[list[EncodedPart]]:
+    """``parts`` in order, cut into runs of at most ``max_spans`` spans (a bigger part alone)."""
+    groups: list[list[EncodedPart]] = []
+    size = 0
+    for part in parts:
+        if not groups or size + part.spans > max_spans:
+            groups.append([])
+            size = 0
+        groups[-1].append(part)
+        size += part.spans
+    return groups
+
+
 class DuckDBSpanExporter(SpanExporter):
     """Writes spans straight into a :class:`~rtxops.telemetry.store.Store` through the same OTLP →
     Arrow conversion as the HTTP receiver."""
@@ -217,16 +291,28 @@ class DuckDBSpanExporter(SpanExporter):
     def __init__(self, store) -> None:
         self.store = store
 
+    def encode_request(self, spans: Sequence[ReadableSpan]) -> bytes | None:
+        return encode(spans)
+
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        from .otlp import PROTOBUF, convert, encode_readable_spans, to_arrow
+        from .otlp import encode_readable_spans, to_arrow
+
+        body = encode(spans)
+        if body is not None:
+            return self.export_encoded(body, len(spans))
+        return self._write(lambda: to_arrow(encode_readable_spans(spans), time.time_ns()))
+
+    def export_encoded(self, body: bytes, spans: int) -> SpanExportResult:
+        from .otlp import PROTOBUF, convert
+
+        return self._write(lambda: convert(body, PROTOBUF, time.time_ns()))
+
+    def _write(self, batch: Callable) -> SpanExportResult:
         from .store import prepared
         from .store_claim import StoreHeldElsewhere
 
         try:
-            body = encode(spans)
-            batch = (to_arrow(encode_readable_spans(spans), time.time_ns()) if body is None
-                     else convert(body, PROTOBUF, time.time_ns()))
-            self.store.write(prepared(batch))
+            self.store.write(prepared(batch()))
         except StoreHeldElsewhere:   # said once, when the store was found held
             return SpanExportResult.FAILURE
         except Exception as e:
@@ -267,13 +353,25 @@ class DeferredExporter(SpanExporter):
             return self._exporter
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._send(lambda exporter: exporter.export(spans))
+
+    def encode_request(self, spans: Sequence[ReadableSpan]) -> bytes | None:
+        """The built exporter's encoding of ``spans`` (None where it takes spans only)."""
+        exporter = self._get()
+        return exporter.encode_request(spans) if takes_encoded(exporter) else None
+
+    def export_encoded(self, body: bytes, spans: int) -> SpanExportResult:
+        return self._send(lambda exporter: exporter.export_encoded(body, spans)
+                          if takes_encoded(exporter) else SpanExportResult.FAILURE)
+
+    def _send(self, export: Callable[[SpanExporter], SpanExportResult]) -> SpanExportResult:
         exporter = self._get()
         used = self._url
-        result = exporter.export(spans)
+        result = export(exporter)
         if (result is not SpanExportResult.SUCCESS and self._address is not None
                 and self._address() != used):
             log.info("rtxops: the daemon now listens at %s; sending the batch there", self._address())
-            result = self._get().export(spans)
+            result = export(self._get())
         return result
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
@@ -356,17 +454,33 @@ def _fast_otlp_exporter_class() -> type:
         version's internals differ."""
 
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            client = getattr(self, "_client", None)
-            metrics = getattr(self, "_metrics", None)
             if not isinstance(spans, (list, tuple)):  # read again if the encoder declines
                 spans = list(spans)
-            if getattr(self, "_shutdown", True) or client is None or metrics is None:
-                return super().export(spans)
+            body = self.encode_request(spans)
+            return super().export(spans) if body is None else self.export_encoded(body, len(spans))
+
+        def encode_request(self, spans: Sequence[ReadableSpan]) -> bytes | None:
+            """The request's bytes, or None where the SDK's own export should take the spans."""
+            if (getattr(self, "_shutdown", True) or getattr(self, "_client", None) is None
+                    or getattr(self, "_metrics", None) is None):
+                return None
             body = encode(spans)
             if body is None or len(body) > (getattr(self, "_max_request_size", None) or len(body)):
-                return super().export(spans)
-            with metrics.export_operation(len(spans)) as result:
-                sent = client.export(body)
+                return None
+            return body
+
+        def export_encoded(self, body: bytes, spans: int) -> SpanExportResult:
+            """Sends a request :meth:`encode_request` made (merged with others, perhaps)."""
+            if self._shutdown:
+                log.warning("rtxops: the span exporter is shut down; %d spans not sent", spans)
+                return SpanExportResult.FAILURE
+            limit = getattr(self, "_max_request_size", None)
+            if limit and len(body) > limit:
+                log.warning("rtxops: a request of %d spans is %d bytes, over the exporter's "
+                            "limit of %d; not sent", spans, len(body), limit)
+                return SpanExportResult.FAILURE
+            with self._metrics.export_operation(spans) as result:
+                sent = self._client.export(body)
                 if not sent.success:
                     result.error = sent.error
                     return SpanExportResult.FAILURE
