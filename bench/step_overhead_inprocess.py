@@ -57,6 +57,12 @@ class _KeepOpen(SpanExporter):
     def export(self, spans):
         return self.exporter.export(spans)
 
+    def encode_request(self, spans):
+        return self.exporter.encode_request(spans)
+
+    def export_encoded(self, body, spans):
+        return self.exporter.export_encoded(body, spans)
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.exporter.force_flush(timeout_millis)
 
@@ -65,8 +71,16 @@ class _KeepOpen(SpanExporter):
 
 
 class _Drop(SpanExporter):
+    """Encodes the spans as the job's OTLP exporter does (as they are built), sends nothing."""
+
     def export(self, spans):
         encode(spans)
+        return SpanExportResult.SUCCESS
+
+    def encode_request(self, spans):
+        return encode(spans)
+
+    def export_encoded(self, body, spans):
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:

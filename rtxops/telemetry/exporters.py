@@ -211,16 +211,16 @@ class ExportThread:
             return
         if self._encodes is None:
             self._encodes = takes_encoded(self.exporter)
-        if not self._encodes:
-            self._held.extend(spans)
-            return
         for i in range(0, len(spans), MAX_SPANS_PER_EXPORT):
             part = spans[i:i + MAX_SPANS_PER_EXPORT]
+            if not self._encodes:
+                self._held.extend(part)
+                continue
             try:
                 body = self.exporter.encode_request(part)
-            except Exception as e:  # noqa: BLE001 - the spans go as spans instead
-                log.warning("rtxops: encoding spans raised %s", e)
-                body = None
+            except Exception as e:  # noqa: BLE001 - these spans and the job's next go as spans
+                log.warning("rtxops: encoding spans raised %s; the exporter gets spans from now on", e)
+                self._encodes, body = False, None
             if body is None:
                 self._held.extend(part)
             else:
