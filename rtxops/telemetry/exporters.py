@@ -53,6 +53,8 @@ if hasattr(os, "register_at_fork"):
 
 
 MAX_SPANS_PER_EXPORT = 8192   # ~4.5 MB of kernel spans in one OTLP request
+MAX_RETRY_PARTS = 4           # parts that failed once, held for one more try at the next export
+ACTIVE_S = 30.0               # exports come every interval_s this long after the start and a swap
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,6 @@ def takes_encoded(exporter: SpanExporter) -> bool:
     (the request's bytes, or None: export these as spans) and ``export_encoded(body, spans)``."""
     return (callable(getattr(exporter, "encode_request", None))
             and callable(getattr(exporter, "export_encoded", None)))
-MAX_RETRY_PARTS = 4           # parts that failed once, held for one more try at the next export
-ACTIVE_S = 30.0               # exports come every interval_s this long after the start and a swap
 
 
 class ExportThread:
