@@ -6,7 +6,6 @@ DSSE), verifying it as a job would (signature, trusted key, digests, policy), an
 outcome in the ledger: the decision, or the denial with the policy's reason."""
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 from pathlib import Path
