@@ -127,16 +127,23 @@ def test_declines_integers_outside_int64(value):
     assert E.encode(memory.get_finished_spans()) is None
 
 
-def test_fast_exporter_posts_the_same_bytes(monkeypatch):
+def capturing_otlp_exporter(monkeypatch):
+    """The job's OTLP exporter with its HTTP client's export replaced: (exporter, the bodies it
+    posted)."""
     from rtxops.telemetry.exporters import otlp_http_exporter
 
     exporter = otlp_http_exporter("http://127.0.0.1:9", "tok")
-    sent = []
+    sent: list[bytes] = []
 
     class Result:
         success, error = True, None
 
     monkeypatch.setattr(exporter._client, "export", lambda body: sent.append(body) or Result())
+    return exporter, sent
+
+
+def test_fast_exporter_posts_the_same_bytes(monkeypatch):
+    exporter, sent = capturing_otlp_exporter(monkeypatch)
     spans = spans_of_every_shape()
     assert exporter.export(spans).name == "SUCCESS"
     assert sent == [encode_spans(spans).SerializeToString()]

@@ -21,12 +21,11 @@ from rtxops.telemetry.exporters import (
     DeferredExporter,
     ExportThread,
     StepProcessor,
-    otlp_http_exporter,
 )
 from rtxops.telemetry.job import start_job_telemetry
 
 from ..runtime.helpers import TinyNet, train_losses
-from .test_encode import spans_of_every_shape
+from .test_encode import capturing_otlp_exporter, spans_of_every_shape
 from .test_spans import RESOURCE, _record
 
 
@@ -174,13 +173,7 @@ def test_a_jobs_spans_do_not_outlive_the_look_that_built_them():
 
 
 def test_the_otlp_exporter_behind_a_deferred_one_posts_one_merged_request(monkeypatch):
-    exporter = otlp_http_exporter("http://127.0.0.1:9", "tok")
-    sent = []
-
-    class Result:
-        success, error = True, None
-
-    monkeypatch.setattr(exporter._client, "export", lambda body: sent.append(body) or Result())
+    exporter, sent = capturing_otlp_exporter(monkeypatch)
     thread = _thread(DeferredExporter(lambda: exporter), 10, interval_s=60, poll_s=0.01)
     for step in range(3):
         thread.submit(_record(step))
