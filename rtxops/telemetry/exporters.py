@@ -83,8 +83,8 @@ class ExportThread:
     An exporter that :func:`takes_encoded` gets the spans of each look encoded there and then, and
     the requests of an interval merged into one: SDK spans live for a moment instead of until the
     export. Held for an interval, they outlived the garbage collector's young generations, and
-    every few seconds' worth set off a full collection of the job's heap (120-170 ms with the GIL
-    held on the example GPT, often in the training thread; ``bench/export_gc.py``)."""
+    each half minute or so of them set off a full collection of the job's heap (120-170 ms with
+    the GIL held on the example GPT, at times in the training thread; ``bench/export_gc.py``)."""
 
     def __init__(self, build: Callable[[StepRecord, dict], int], processor: StepProcessor,
                  exporter: SpanExporter, max_queue: int = 256, interval_s: float = 1.0,
