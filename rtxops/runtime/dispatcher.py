@@ -53,6 +53,15 @@ _NOT_A_FAILURE: tuple[type[BaseException], ...] = tuple(
     cls for cls in (getattr(torch.utils.checkpoint, "_StopRecomputationError", None),) if cls)
 
 EXPLORE_PERIOD = 1000  # explore shares are laid out over this many calls, deterministically
+# one backward timed per route every this many steps: a sampled call's hooks cost ~40 µs (1.3 ms
+# a sampled step of the example GPT, 0.16 ms a step amortized at every 8th step). The arms of an
+# exploring bucket are sampled every EXPLORE_BACKWARD_EVERY steps: the evolve loop weighs them
+# by it (loop.BACKWARD_MIN_CALLS); a settled route's backward only feeds telemetry
+BACKWARD_EVERY = 64
+EXPLORE_BACKWARD_EVERY = 8
+# a step reports the process's RSS as read at most this long ago: right after a step the read
+# of /proc/self/statm took 25-40 µs on a 2-core VM (2-3 µs when idle), at every step
+RSS_EVERY_NS = 100_000_000
 SECOND_ORDER_REASON = ("the job differentiates gradients (create_graph=True), which this "
                        "variant's backward (torch.compile's) cannot")
 REGION_OP = "region"   # the op of the slots regions record (see Dispatcher.region_clock)
@@ -399,11 +408,13 @@ class FunctionSite:
         explore.schedule = schedule  # type: ignore[attr-defined]
         return self.self_recording(explore)
 
-    def arm_backward(self, make_sampler: Callable) -> None:
+    def arm_backward(self, make_sampler: Callable, settled: bool = True) -> None:
         """Make the next call of every timed route also time its backward (then disarm); the
-        arms of an exploring bucket each time theirs (the evolve loop weighs them by it)."""
+        arms of an exploring bucket each time theirs (the evolve loop weighs them by it).
+        ``settled`` False: only the arms of exploring buckets."""
         with self.dispatcher._lock:  # another thread's route miss may be adding a route
-            routes = {id(arm): arm for r in self.bucket_routes.values() for arm in _arms_of(r)}
+            arms = [_arms_of(r) for r in self.bucket_routes.values()]
+        routes = {id(arm): arm for each in arms if settled or len(each) > 1 for arm in each}
         for route in routes.values():
             fn, slot, on_error = self._parts(route)
             if slot < 0:   # untimed, or armed at a boundary before and not called since
@@ -665,13 +676,15 @@ class Dispatcher:
     """Holds the running plan, the sites, the build cache and what was disabled."""
 
     def __init__(self, registry: Registry | None = None, readings: Readings | None = None,
-                 verify_first_call: bool = True, backward_every: int = 8) -> None:
+                 verify_first_call: bool = True, backward_every: int = BACKWARD_EVERY) -> None:
         self.registry = registry or default_registry()
         self.readings: Readings = readings if readings is not None else CallStats()
         self.record_cell = [self.readings.record]  # the hot path reads the sink through this cell
         self.live = [LIVE]  # False once disabled: wrappers still held somewhere call torch's own
         self.verify_first_call = verify_first_call
-        self.backward_every = backward_every  # time one backward per route every N steps (0: never)
+        # time one backward per route every N steps (0: never); exploring arms at least every
+        # EXPLORE_BACKWARD_EVERY steps
+        self.backward_every = backward_every
         self.cuda_timer: CudaEventTimer | None = None
         # per-call CUDA memory readings reset torch's peak counter before each routed call, which
         # the job's own max_memory_allocated() would then report: only when asked for
@@ -700,6 +713,7 @@ class Dispatcher:
         self.regions = None  # a RegionCompiler when the whole model is to be compiled (regions.py)
         self.optimizer_region = None  # a FusedOptimizer when the optimizer may run fused
         self._compiling_elsewhere = False  # a background compile ran at the last step boundary
+        self._rss = (0, -RSS_EVERY_NS)   # (bytes, when read) of the last RSS reading
         self.second_order = False  # the job differentiated a gradient (second_order.py)
         self._lock = threading.RLock()
 
@@ -790,13 +804,19 @@ class Dispatcher:
                         site.clear()
         if self.regions is not None:
             self.regions.on_step(self.step)
-        if self.backward_every and self.step % self.backward_every == 0:
-            for site in self.sites:
-                site.arm_backward(self._backward_sampler)
+        every = self.backward_every
+        if every:
+            settled = self.step % every == 0
+            if settled or self.step % min(every, EXPLORE_BACKWARD_EVERY) == 0:
+                for site in self.sites:
+                    site.arm_backward(self._backward_sampler, settled)
         for timer in (self.cuda_timer, self.region_timer):
             if timer is not None:
                 timer.drain()
-        self.readings.step(self.step, perf_counter_ns(), ran_under, rss_bytes())
+        now = perf_counter_ns()
+        if now - self._rss[1] >= RSS_EVERY_NS:
+            self._rss = (rss_bytes(), now)
+        self.readings.step(self.step, now, ran_under, self._rss[0])
 
     def set_reroute_partial(self, on: bool) -> None:
         """Route gated-MLP-like classes on every plan (``RTXOPS_REROUTE_MLP=1``), or only on plans

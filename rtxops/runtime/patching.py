@@ -106,7 +106,9 @@ def _eps_of(module) -> float | None:
 
 
 def _split_rms_norm(module, hidden_states=None, *args, **kwargs):
-    weight = getattr(module, "weight", None)
+    # a parameter from the module's own table: getattr goes through Module.__getattr__ (0.7 µs)
+    weight = module._parameters.get("weight") if "weight" in module._parameters \
+        else getattr(module, "weight", None)
     if hidden_states is None or args or kwargs or not isinstance(hidden_states, torch.Tensor):
         return None
     if weight is None or weight.dim() != 1 or hidden_states.dim() == 0 or \

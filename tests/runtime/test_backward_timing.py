@@ -10,9 +10,11 @@ from torch import nn
 from torch.func import grad, vmap
 
 from rtxops.runtime import patching
+from rtxops.runtime.dispatcher import EXPLORE_BACKWARD_EVERY
+from rtxops.runtime.plan import ExploreArm
 from rtxops.runtime.timing import BackwardTimer
 
-from .helpers import train_losses
+from .helpers import bucket_id, plan_for, train_losses
 
 
 class InPlaceNet(nn.Module):
@@ -167,5 +169,38 @@ def test_a_sampled_calls_forward_figure_leaves_the_timers_own_cost_out(monkeypat
         F.gelu(x).sum().backward()
         assert sum(d.readings.calls) == calls + 1
         assert sum(d.readings.total_ns) - total < 0.05e9
+    finally:
+        patching.disable()
+
+
+def test_exploring_arms_have_their_backward_timed_more_often_than_settled_routes():
+    """The evolve loop weighs an exploring bucket's arms by their backward: every
+    EXPLORE_BACKWARD_EVERY steps; a settled route's backward only feeds telemetry, and its
+    sampling cost every step of the job: every ``backward_every`` steps."""
+    x = torch.randn(16, 64, requires_grad=True)
+    d = patching.enable()
+    d.backward_every = 4 * EXPLORE_BACKWARD_EVERY
+    d.install_plan(plan_for(1, ("gelu", bucket_id("gelu", x), "eager", {},
+                                [ExploreArm("algebraic", {}, 0.5)])))
+    d.apply_pending()
+    timed: dict[str, int] = {}
+    record = d.readings.backward
+
+    def seen(slot, start, duration):
+        op = d.slots[slot].op
+        timed[op] = timed.get(op, 0) + 1
+        record(slot, start, duration)
+
+    d.readings.backward = seen
+    try:
+        steps = 8 * d.backward_every
+        for _ in range(steps):
+            # a settled route (silu on the default plan) and an exploring one (gelu), a few calls each
+            (F.silu(x).sum() + sum(F.gelu(x).sum() for _ in range(4))).backward()
+            d.on_step()
+        # both arms of gelu once every EXPLORE_BACKWARD_EVERY steps, silu once in backward_every
+        # (the last boundary arms calls that never come)
+        assert timed["gelu"] == 2 * (steps // EXPLORE_BACKWARD_EVERY - 1)
+        assert timed["silu"] == steps // d.backward_every - 1
     finally:
         patching.disable()

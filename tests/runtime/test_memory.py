@@ -1,15 +1,16 @@
-"""Process RSS as the runtime reads it each step: current, the reading process's own, and one
-file held open however many threads and forks read it."""
+"""Process RSS as the runtime reads it at step boundaries: current, the reading process's own,
+one file held open however many threads and forks read it, and read at most every RSS_EVERY_NS."""
 from __future__ import annotations
 
 import mmap
 import os
 import select
 import threading
+import time
 
 import psutil
 
-from rtxops.runtime import memory
+from rtxops.runtime import dispatcher, memory, patching
 from rtxops.runtime.memory import rss_bytes
 
 from .._bounded import joined, reaped
@@ -87,3 +88,28 @@ def test_threads_reading_first_together_open_one_file():
     for t in threads:
         joined(t)
     assert _statm_fds() == before + 1
+
+
+def test_steps_report_an_rss_read_at_most_every_interval(monkeypatch):
+    """Right after a step the read cost 25-40 µs: a step reports the last reading while it is
+    younger than RSS_EVERY_NS, and a new one once it is older."""
+    reads: list[int] = []
+
+    def counted() -> int:
+        reads.append(len(reads) + 1)
+        return len(reads) << 20
+
+    monkeypatch.setattr(dispatcher, "rss_bytes", counted)
+    d = patching.enable()
+    reported: list[int] = []
+    d.readings.step = lambda step, end_ns, plan_version, rss: reported.append(rss)
+    try:
+        for _ in range(20):
+            d.on_step()
+        assert reads == [1]
+        assert reported == [1 << 20] * 20
+        time.sleep(dispatcher.RSS_EVERY_NS / 1e9 * 1.5)
+        d.on_step()
+        assert reads == [1, 2] and reported[-1] == 2 << 20
+    finally:
+        patching.disable()
