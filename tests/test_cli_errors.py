@@ -144,7 +144,6 @@ def test_a_daemon_on_a_port_in_use_says_so_and_touches_nothing(tmp_path):
 def test_readers_of_a_damaged_store_say_so_in_a_line(tmp_path, args):
     """`telemetry stats` on a store with damaged blocks printed DuckDB's checksum error as a
     traceback."""
-    import os
     import time
 
     from rtxops.telemetry import synthetic

@@ -255,7 +255,6 @@ def test_a_second_run_on_the_daemon_a_first_run_started_outlives_the_first(tmp_p
     second `rtxops run` there submits to it. The first one ending must not cancel the second's
     job: its daemon stays up until that job ends."""
     import os
-    import time
 
     home = Path(os.environ["RTXOPS_HOME"])
     go = tmp_path / "second-started"

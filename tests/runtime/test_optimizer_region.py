@@ -3,7 +3,6 @@ step boundary, timed against the default, kept only when faster; optimizers torc
 and jobs with two optimizers are left alone."""
 from __future__ import annotations
 
-import json
 import textwrap
 import time
 
