@@ -67,16 +67,16 @@ def memory_size(name: str, default: str) -> str:
 
 
 def call_samples(name: str) -> tuple[int, int] | None:
-    """``PER/STEPS`` (calls sampled per slot every STEPS steps; ``PER`` alone: every 10 steps;
+    """``PER/STEPS`` (calls sampled per slot every STEPS steps; ``PER`` alone: every 100 steps;
     ``0``: none), or None when unset."""
     raw = _raw(name)
     if raw is None:
         return None
     per, slash, window = raw.partition("/")
     try:
-        value = int(per), int(window) if slash else 10
+        value = int(per), int(window) if slash else 100
     except ValueError:
-        raise SettingError(f"{name}={raw!r} is not PER/STEPS (for example 2/10, or 0 for none)") from None
+        raise SettingError(f"{name}={raw!r} is not PER/STEPS (for example 2/100, or 0 for none)") from None
     if value[0] < 0 or value[1] < 1:
         raise SettingError(f"{name}={raw!r}: PER must be 0 or more and STEPS at least 1")
     return value

@@ -53,7 +53,7 @@ def test_a_malformed_value_is_refused_with_its_name(monkeypatch, name, raw, read
         read()
 
 
-@pytest.mark.parametrize("raw,expected", [("2/10", (2, 10)), ("0", (0, 10)), ("5", (5, 10)),
+@pytest.mark.parametrize("raw,expected", [("2/10", (2, 10)), ("0", (0, 100)), ("5", (5, 100)),
                                           ("1/1", (1, 1))])
 def test_call_samples_read_per_and_steps(monkeypatch, raw, expected):
     monkeypatch.setenv("RTXOPS_CALL_SAMPLES", raw)

@@ -6,7 +6,7 @@ runtime itself never imports this package. Configuration:
 ``RTXOPS_TELEMETRY``  ``otlp`` (to ``RTXOPS_DAEMON``, followed through ``RTXOPS_DAEMON_URL_FILE``,
                       or the standard ``OTEL_EXPORTER_OTLP_*`` endpoint), ``duckdb`` (write
                       ``RTXOPS_STORE`` directly), or ``off``
-``RTXOPS_CALL_SAMPLES`` sampled rtx.call spans, ``"per_slot/window_steps"`` (default ``2/10``)
+``RTXOPS_CALL_SAMPLES`` sampled rtx.call spans, ``"per_slot/window_steps"`` (default ``2/100``)
 ``RTXOPS_RECORDER_CAPACITY`` call records held between steps (default 65536; a full buffer is handed over early)
 ``RTXOPS_EXPORT_INTERVAL_S`` seconds between exports while the job changes: its first 30 s, 30 s after
                       a plan or region swap, while its plan explores (default 2; spans of several
