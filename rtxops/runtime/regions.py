@@ -12,12 +12,11 @@ better of eager-with-variants and the compiled model. Steps:
    share its storage but not its autograd version counters (so the job's optimizer stepping
    meanwhile cannot fail the pass; ``torch.autograd.grad``: no ``.grad`` is touched);
 3. *trial* — once compiled, ``trial_steps`` more eager steps are timed (with no compiler running
-   beside them), then ``model.forward`` is replaced at a step boundary by the compiled candidate
-   and as many of its steps are timed; two candidates take turns instead, in blocks of half as
-   many steps, :data:`TRIAL_ROUNDS` each (they differ by a few percent, which the host's drift
-   over a sequential trial would hide). The fastest of eager and the candidates (the median of
-   their steps) stays; each swap is reported as an ``rtx.swap`` with digest
-   ``region:model:<candidate|eager>``.
+   beside them), then the candidates and eager take turns as ``model.forward``, swapped at step
+   boundaries, in blocks of half as many steps, :data:`TRIAL_ROUNDS` each: the host's speed
+   drifts over a trial by more than what tells them apart, and turns put each beside the
+   others. The fastest of eager and the candidates (the median of all their steps) stays; each
+   swap is reported as an ``rtx.swap`` with digest ``region:model:<candidate|eager>``.
 
 The candidates: ``compiled`` (torch.compile as configured); for a CPU model whose step called
 ``F.scaled_dot_product_attention`` with small score matrices (at most
@@ -69,7 +68,7 @@ DISCOVER, WAIT_INPUTS, COMPILING, BASELINE, TRIAL, COMPILED, EAGER, FAILED = (
 SETTLED = (COMPILED, EAGER, FAILED)
 LIVE_WARM_UP_TRIES = 5   # warm-up passes on a live model its optimizer may step in between  # no compiler runs and no trial is timed any more
 MATH_ATTENTION = "compiled_math_attention"   # the candidate compiled with SDPA's math backend
-TRIAL_ROUNDS = 3   # blocks each candidate gets when two take turns
+TRIAL_ROUNDS = 3   # blocks each candidate, and eager, gets in the trial
 MATH_ATTENTION_MAX_SCORES = 1 << 22   # score entries (batch x heads x L x S) a call may have for it
 
 
@@ -359,10 +358,14 @@ class RegionCompiler:
             model = self._model_or_fail()
             if model is None:
                 return
-            self.step_medians_ns = {"eager": statistics.median(self._step_ns[self._baseline_from:])}
-            names = [name for name, _ in self._candidates]
-            self._untried = names if len(names) == 1 else names * TRIAL_ROUNDS
-            self._trial_ns = {}
+            baseline = self._step_ns[self._baseline_from:]
+            self.step_medians_ns = {"eager": statistics.median(baseline)}
+            # eager takes its turns too: each candidate is weighed against eager steps timed
+            # beside its own, not only before the trial (the host's speed drifts by more than
+            # the gain: a slow spell over the candidates' blocks once kept eager against a
+            # compiled step 20 % faster)
+            self._untried = ([name for name, _ in self._candidates] + ["eager"]) * TRIAL_ROUNDS
+            self._trial_ns = {"eager": list(baseline)}
             self._try_next(model, step)
         elif self.state == TRIAL and (self._dropped or len(self._step_ns) >= self._block_steps() + 2):
             model = self._model_or_fail()
@@ -370,7 +373,7 @@ class RegionCompiler:
                 return
             if self._dropped:   # the candidate raised and is gone: on with the others
                 self._dropped = False
-            elif self._calls == self._block_calls:
+            elif self._trying != "eager" and self._calls == self._block_calls:
                 # the job no longer calls the model (it deleted it and trains another): the
                 # steps timed another model's eager forward
                 self._restore_forward(model)
@@ -420,14 +423,17 @@ class RegionCompiler:
         return model
 
     def _block_steps(self) -> int:
-        """Timed steps of one trial block: ``trial_steps``, or half as many when candidates take
-        turns."""
-        return self.trial_steps if len(self._candidates) == 1 else max(2, self.trial_steps // 2)
+        """Timed steps of one trial block: half of ``trial_steps`` (eager and the candidates
+        take turns)."""
+        return max(2, self.trial_steps // 2)
 
     def _try_next(self, model: nn.Module, step: int) -> None:
-        """Swap the next untried candidate in and time its steps from here."""
+        """Swap the next untried candidate (or eager) in and time its steps from here."""
         name = self._untried.pop(0)
-        self._install(model, name)
+        if name == "eager":
+            self._restore_forward(model)
+        else:
+            self._install(model, name)
         self._block_calls = self._calls
         self._step_ns.clear()
         self.state, self._trying = TRIAL, name
