@@ -12,11 +12,12 @@ better of eager-with-variants and the compiled model. Steps:
    share its storage but not its autograd version counters (so the job's optimizer stepping
    meanwhile cannot fail the pass; ``torch.autograd.grad``: no ``.grad`` is touched);
 3. *trial* — once compiled, ``trial_steps`` more eager steps are timed (with no compiler running
-   beside them), then the candidates and eager take turns as ``model.forward``, swapped at step
-   boundaries, in blocks of half as many steps, :data:`TRIAL_ROUNDS` each: the host's speed
-   drifts over a trial by more than what tells them apart, and turns put each beside the
-   others. The fastest of eager and the candidates (the median of all their steps) stays; each
-   swap is reported as an ``rtx.swap`` with digest ``region:model:<candidate|eager>``.
+   beside them: the baseline), then the candidates and eager take turns as ``model.forward``,
+   swapped at step boundaries, in blocks of half as many steps, :data:`TRIAL_ROUNDS` each: the
+   host's speed drifts over a trial by more than what tells them apart, and turns put each
+   beside the others. The fastest of eager and the candidates (the median of their turns'
+   steps) stays; each swap is reported as an ``rtx.swap`` with digest
+   ``region:model:<candidate|eager>``.
 
 The candidates: ``compiled`` (torch.compile as configured); for a CPU model whose step called
 ``F.scaled_dot_product_attention`` with small score matrices (at most
@@ -358,14 +359,13 @@ class RegionCompiler:
             model = self._model_or_fail()
             if model is None:
                 return
-            baseline = self._step_ns[self._baseline_from:]
-            self.step_medians_ns = {"eager": statistics.median(baseline)}
-            # eager takes its turns too: each candidate is weighed against eager steps timed
-            # beside its own, not only before the trial (the host's speed drifts by more than
-            # the gain: a slow spell over the candidates' blocks once kept eager against a
-            # compiled step 20 % faster)
+            self.step_medians_ns = {"eager": statistics.median(self._step_ns[self._baseline_from:])}
+            # eager takes its turns too, and only its turns' steps weigh: each candidate is
+            # weighed against eager steps timed beside its own (the host's speed drifts by more
+            # than the gain: eager timed only before the trial once kept it against a compiled
+            # step 20 % faster)
             self._untried = ([name for name, _ in self._candidates] + ["eager"]) * TRIAL_ROUNDS
-            self._trial_ns = {"eager": list(baseline)}
+            self._trial_ns = {}
             self._try_next(model, step)
         elif self.state == TRIAL and (self._dropped or len(self._step_ns) >= self._block_steps() + 2):
             model = self._model_or_fail()
