@@ -242,8 +242,11 @@ class _Sleepy(nn.Module):
         return self.fc(x)
 
 
-_faster = threading.local()
-_faster.on = False
+class _Faster(threading.local):
+    on = False   # on every thread (the background compile's too) until a "compiled" call sets it
+
+
+_faster = _Faster()
 
 
 def test_a_slow_spell_over_the_trial_does_not_keep_eager_against_a_faster_candidate():
