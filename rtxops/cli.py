@@ -312,12 +312,22 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
     if plan:
         env["RTXOPS_PLAN"] = str(plan.resolve())
     # SIGTERM/SIGHUP (kill, timeout, a scheduler's preemption) stop the job as Ctrl-C does: the
-    # job runs in its own session, so it would outlive this process otherwise
+    # job runs in its own session, so it would outlive this process otherwise. While the run
+    # starts they are only recorded, and raised where the start looks (check_stop): raised from
+    # the handler, one landed between importlib's `_imp.acquire_lock()` and its `try` (the weakref
+    # callback of a module lock), left the import lock held for good, and this process's daemon
+    # hung on its first import
     signalled: list[int] = []
+    starting = True
 
     def stop_by_signal(signum, frame):
         signalled.append(signum)
-        _stop_by_signal(signum, frame)
+        if not starting:
+            _stop_by_signal(signum, frame)
+
+    def check_stop() -> None:
+        if signalled:
+            raise _Stopped(signalled[0])
 
     previous_hook = sys.unraisablehook
 
@@ -371,7 +381,7 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
                 # another `rtxops run` (or a restarted daemon) is starting its daemon there (its
                 # store is open before it answers), or one is shutting down (its store is open
                 # until it has stopped serving): submit to the first, take over from the second
-                client, local = _daemon_coming_up(home, open_here)
+                client, local = _daemon_coming_up(home, open_here, check_stop)
         if client is None:
             before = local.supervisor.unfinished()   # (jobs a daemon before this one left)
             try:
@@ -384,10 +394,11 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
                 raise
             local.start_in_thread(wait=False)  # the job starts while the server comes up
             try:
-                local.wait_started()
+                local.wait_started(stopping=lambda: bool(signalled))
             except RuntimeError as e:   # (the job is stopped with it)
                 local.shutdown()
                 raise DaemonError(str(e)) from None
+            check_stop()
             client = DaemonClient(local.url, local.token)
             _at_terminal(f"rtxops: job {job_id} on a daemon in this process until it ends; "
                          f"dashboard: {local.url}/jobs/{job_id} (`rtxops daemon` keeps one running)")
@@ -401,7 +412,7 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
                     raise
                 # the `rtxops run` whose daemon this is found no other job and is ending: once
                 # its daemon is gone, this run starts one (or submits to whoever did meanwhile)
-                _wait_until_gone(home, client.url)
+                _wait_until_gone(home, client.url, check_stop)
                 for s, handler in stops.items():
                     signal.signal(s, handler)
                 stops = {}
@@ -410,8 +421,9 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
                          f"{client.url}/jobs/{job_id}")
             # a daemon of its own (not this process's) may go down and come back: follow it there
             client = _Reconnecting(client, home, job_id)
-        if signalled:   # a stop signal whose _Stopped was dropped (above) while the run started
-            raise _Stopped(signalled[0])
+        check_stop()
+        starting = False
+        check_stop()   # (one that came in between)
         return _follow(client, job_id, cancel_on_interrupt=True)
     except KeyboardInterrupt as e:   # Ctrl-C, SIGTERM or SIGHUP before the follow loop took over
         return cancel_own_job(getattr(e, "signum", signal.SIGINT))
@@ -827,9 +839,10 @@ def _read_summary(path: Path) -> tuple[Optional[dict], str]:
     return (data, "") if isinstance(data, dict) else (None, "not a JSON object")
 
 
-def _wait_until_gone(h, url: str) -> None:
+def _wait_until_gone(h, url: str, check_stop: Callable[[], None]) -> None:
     """Wait for the daemon at ``url`` to finish shutting down: it takes its url file away last,
-    after closing the store (DaemonError after :data:`DAEMON_COMING_UP_S`)."""
+    after closing the store (DaemonError after :data:`DAEMON_COMING_UP_S`). ``check_stop`` raises
+    a stop signal received meanwhile."""
     from rtxops.daemon.client import DaemonError
 
     deadline = time.monotonic() + DAEMON_COMING_UP_S
@@ -839,16 +852,18 @@ def _wait_until_gone(h, url: str) -> None:
                 return
         except OSError:
             return
+        check_stop()
         time.sleep(0.1)
     raise DaemonError(f"the daemon at {url} is shutting down and did not finish within "
                       f"{DAEMON_COMING_UP_S:g} s")
 
 
-def _daemon_coming_up(h, open_here: Callable):
+def _daemon_coming_up(h, open_here: Callable, check_stop: Callable[[], None]):
     """``(client, None)`` for the daemon another process is starting on home ``h`` (its store is
     open, it does not answer yet), once it announces itself; ``(None, daemon)`` when the store
     comes free first (a daemon that was shutting down) and ``open_here()`` opens it; DaemonError
-    after :data:`DAEMON_COMING_UP_S` (whatever holds the store is no daemon)."""
+    after :data:`DAEMON_COMING_UP_S` (whatever holds the store is no daemon). ``check_stop``
+    raises a stop signal received meanwhile."""
     from rtxops.daemon.client import DaemonClient, DaemonError
 
     err.print(f"rtxops: another process holds the store of {h.root}; waiting up to "
@@ -861,6 +876,7 @@ def _daemon_coming_up(h, open_here: Callable):
         local = open_here()
         if local is not None:
             return None, local
+        check_stop()
         time.sleep(0.2)
     raise DaemonError(f"cannot open the store of {h.root}: another process holds it and no "
                       f"daemon answered within {DAEMON_COMING_UP_S:g} s")

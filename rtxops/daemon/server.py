@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import uvicorn
@@ -329,9 +330,14 @@ class Daemon:
         finally:
             self._served.set()
 
-    def wait_started(self, timeout: float = 30.0) -> Daemon:
+    def wait_started(self, timeout: float = 30.0,
+                     stopping: Callable[[], bool] = lambda: False) -> Daemon:
+        """Wait for :meth:`start_in_thread`'s server to serve, then announce it; return early,
+        unannounced, once ``stopping()`` says so (the caller shuts it down)."""
         deadline = time.monotonic() + timeout
         while not self.server.started:
+            if stopping():
+                return self
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the in-process daemon did not start")
             time.sleep(0.01)
