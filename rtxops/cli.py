@@ -333,7 +333,8 @@ def _run_supervised(command: list[str], plan: Optional[Path], summary_file: Path
 
     def unraisable(hook_args, default=previous_hook):
         # a stop raised where Python cannot pass it on (a weakref callback of an import under
-        # way, a __del__) is dropped there: it is raised again before the follow loop
+        # way, a __del__) is dropped there without a report; before the follow loop none is
+        # raised from the handler (check_stop raises it)
         if not isinstance(hook_args.exc_value, _Stopped):
             default(hook_args)
 
