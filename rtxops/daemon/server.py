@@ -48,7 +48,7 @@ MAX_BEHIND_S = 20.0   # a job's step is extrapolated this far at most past its n
 
 
 WRITE_ERROR_SHOWN_S = 30.0  # /readyz reports a failed store write this long
-LOG_BUSY_POLL_S = 0.5  # a job's output files are read this often while it keeps printing
+LOG_BUSY_POLL_S = 1.0  # a job's output files are read this often while it keeps printing
 SERVER_GRACE_S = 5.0  # how long requests in flight at shutdown may take to finish
 
 
@@ -115,7 +115,8 @@ class Daemon:
             "PATH": os.path.dirname(sys.executable),
         }
         # polls at 5 Hz: a busier supervisor steals CPU from the jobs it watches on small machines;
-        # a job's output is stored at most twice a second while it keeps printing
+        # a job's output is stored at most once a second while it keeps printing (each store is a
+        # DuckDB transaction and a follower's request; `bench/run_cpu.py`)
         return Supervisor(self.jobs_sink, self.home.jobs, extra_env=env,
                           recovered_jobs=self.jobs_sink.saved_jobs(), tick_s=0.2, log_poll_s=0.2,
                           log_busy_poll_s=LOG_BUSY_POLL_S,
