@@ -731,31 +731,42 @@ def _assert_stopped_while_starting(script: str, marker: str) -> None:
     assert left.stdout == "", f"the job's process outlived the run: {left.stdout}"
 
 
-_DROPPED_STOP = """
-import gc, signal, sys, weakref
+_STOP_IN_A_WEAKREF_CALLBACK = """
+import _imp, gc, signal, sys, weakref
 from rtxops import cli
 from rtxops.daemon.server import Daemon
 
 prepare = Daemon.prepare
 
-def prepare_after_a_dropped_stop(self):
-    # SIGTERM handled inside a weakref callback, as when it lands in one of an import under way:
-    # Python drops the exception raised there (it reports it as unraisable)
+def prepare_after_a_weakref_callback(self):
     class Thing:
         pass
     def callback(ref):
-        signal.raise_signal(signal.SIGTERM)
-        sum(range(1000))   # the handler runs here, at a bytecode boundary of the callback
+CALLBACK
     thing = Thing()
     ref = weakref.ref(thing, callback)
     del thing
     gc.collect()
     return prepare(self)
 
-Daemon.prepare = prepare_after_a_dropped_stop
+Daemon.prepare = prepare_after_a_weakref_callback
 sys.argv = ["rtxops", "run", "--no-summary", "--", "sleep", sys.argv[1]]
 cli.entrypoint()
 """
+
+
+def _stop_in_a_weakref_callback(callback: str) -> str:
+    """A script for :func:`_assert_stopped_while_starting` whose daemon, before it prepares, has a
+    weakref callback with the body ``callback`` run (it gets the SIGTERM)."""
+    return _STOP_IN_A_WEAKREF_CALLBACK.replace("CALLBACK", textwrap.indent(callback, " " * 8))
+
+
+# SIGTERM handled inside a weakref callback, as when it lands in one of an import under way:
+# Python drops the exception raised there (it reports it as unraisable)
+_DROPPED_STOP = _stop_in_a_weakref_callback("""\
+signal.raise_signal(signal.SIGTERM)
+sum(range(1000))   # the handler runs here, at a bytecode boundary of the callback
+""")
 
 
 def test_a_stop_signal_python_could_not_raise_while_the_run_started_still_stops_it(tmp_path):
@@ -793,36 +804,17 @@ def test_a_stop_signal_a_library_turned_into_its_own_error_still_stops_the_run(t
     _assert_stopped_while_starting(_WRAPPED_STOP, "34.5")
 
 
-_STOP_HOLDING_THE_IMPORT_LOCK = """
-import _imp, gc, signal, sys, weakref
-from rtxops import cli
-from rtxops.daemon.server import Daemon
-
-prepare = Daemon.prepare
-
-def prepare_with_a_stop_in_a_module_locks_callback(self):
-    # SIGTERM handled in importlib's weakref callback of a module lock, between its
-    # `_imp.acquire_lock()` and its `try`: raised there, the import lock stays held by this thread
-    class Lock:
-        pass
-    def callback(ref):
-        _imp.acquire_lock()
-        signal.raise_signal(signal.SIGTERM)
-        sum(range(1000))   # the handler runs here
-        try:
-            pass
-        finally:
-            _imp.release_lock()
-    lock = Lock()
-    ref = weakref.ref(lock, callback)
-    del lock
-    gc.collect()
-    return prepare(self)
-
-Daemon.prepare = prepare_with_a_stop_in_a_module_locks_callback
-sys.argv = ["rtxops", "run", "--no-summary", "--", "sleep", sys.argv[1]]
-cli.entrypoint()
-"""
+# SIGTERM handled in importlib's weakref callback of a module lock, between its
+# `_imp.acquire_lock()` and its `try`: raised there, the import lock stays held by this thread
+_STOP_HOLDING_THE_IMPORT_LOCK = _stop_in_a_weakref_callback("""\
+_imp.acquire_lock()
+signal.raise_signal(signal.SIGTERM)
+sum(range(1000))   # the handler runs here
+try:
+    pass
+finally:
+    _imp.release_lock()
+""")
 
 
 def test_a_stop_signal_while_the_run_starts_leaves_no_lock_held_for_its_daemon(tmp_path):
