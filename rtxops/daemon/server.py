@@ -35,6 +35,7 @@ from .hosts import is_loopback
 from .job_sink import DuckDBJobSink
 from .logtail import MAX_STORED_BYTES
 from .plans import PlanBoard
+from .quiet_server import QuietServer
 from .retention import RetentionThread, retention_from
 from .supervisor import Supervisor
 
@@ -87,7 +88,7 @@ class Daemon:
         self._step_rates: dict[str, float] = {}
         self._rate_settled: set[str] = set()
         self._newest_steps: dict[str, tuple[int, int]] = {}   # job → (step, its end ns)
-        self.server: uvicorn.Server | None = None
+        self.server: QuietServer | None = None
         self._stopping = threading.Event()
         self._shutdown_lock = threading.Lock()
         self._stopped = False
@@ -234,7 +235,7 @@ class Daemon:
             self.retention = RetentionThread(self.store, self.retention_s).start()
         return self
 
-    def _server(self) -> uvicorn.Server:
+    def _server(self) -> QuietServer:
         from .app import create_app
 
         self.prepare()
@@ -244,7 +245,7 @@ class Daemon:
         config = uvicorn.Config(create_app(self), host=self.host, port=self.port,
                                 log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=SERVER_GRACE_S)
-        self.server = uvicorn.Server(config)
+        self.server = QuietServer(config)
         return self.server
 
     def _bound_port(self) -> int:
