@@ -41,8 +41,7 @@ def test_an_idle_server_wakes_about_once_a_second(served):
 
 
 def test_should_exit_from_another_thread_stops_it_without_waiting_for_the_tick(served):
-    server, thread, url = served
-    assert httpx.get(url, trust_env=False).text == "ok"
+    server, thread, _ = served
     ticks = server.ticks
     while server.ticks == ticks:   # just past a tick: the next is a second away
         time.sleep(0.005)
@@ -50,7 +49,7 @@ def test_should_exit_from_another_thread_stops_it_without_waiting_for_the_tick(s
     server.should_exit = True
     thread.join(5)
     assert not thread.is_alive()
-    assert time.monotonic() - t0 < 0.5 * IDLE_TICK_S
+    assert time.monotonic() - t0 < 0.75 * IDLE_TICK_S   # waiting for the tick: ~1 s
 
 
 def test_the_date_header_still_moves_on(served):
