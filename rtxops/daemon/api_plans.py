@@ -31,7 +31,7 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
                                        404: {"description": "no plan published"}})
     async def current(request: Request, job: str | None = Query(None, max_length=MAX_JOB_ID)) -> Response:
         # on the event loop (the board answers from memory): every job asks every 2 s, and a
-        # worker thread's hand-over cost the daemon a sixth more CPU per poll
+        # worker thread's hand-over cost the daemon a fifth more CPU per poll (2.0 ms, not 1.65)
         plan = board.current(job)
         if plan is None:
             raise HTTPException(404, "no plan published")
