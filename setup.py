@@ -1,6 +1,6 @@
-"""Build of the optional C decoder and encoder (rtxops/telemetry/_native); everything else is in
-pyproject.toml. ``optional=True``: without a compiler the package still installs and uses the
-pure-Python decoder and encoder."""
+"""Build of the optional C decoder, encoder and step aggregation (rtxops/telemetry/_native);
+everything else is in pyproject.toml. ``optional=True``: without a compiler the package still
+installs and uses the pure-Python paths."""
 from setuptools import Extension, setup
 
 
@@ -9,4 +9,5 @@ def _native(name: str, source: str) -> Extension:
                      extra_compile_args=["-O2", "-std=c11"], optional=True)
 
 
-setup(ext_modules=[_native("_otlp_columns", "otlp_columns.c"), _native("_otlp_encode", "otlp_encode.c")])
+setup(ext_modules=[_native("_otlp_columns", "otlp_columns.c"), _native("_otlp_encode", "otlp_encode.c"),
+                   _native("_aggregate", "aggregate.c")])

@@ -7,6 +7,7 @@ Per step: one ``rtx.step`` span and, as its children, one ``rtx.kernel`` span pe
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -17,12 +18,18 @@ import numpy as np
 from opentelemetry import trace
 from opentelemetry.sdk.trace import Event, ReadableSpan, Tracer, sampling
 from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from rtxops import settings
 from rtxops.runtime.readings import Slot
 
 from . import schema as S
 from .recorder import RECORD_WIDTH, StepRecord
+
+try:   # built from _native/aggregate.c; RTXOPS_OTLP_NATIVE=0 turns it off with the codecs
+    from ._aggregate import aggregate as _aggregate_native
+except ImportError:  # built without a compiler: the Python loop and numpy below
+    _aggregate_native = None
 
 HIST_BINS = 40  # bit lengths of durations in ns: 2^39 ns ~ 9 minutes
 
@@ -59,7 +66,9 @@ class SpanBuilder:
         self._memory_carried: dict[int, tuple[int, int]] = {}   # slot -> (delta, peak) not shown yet
         self._totals_lock = threading.Lock()
         self._window = 0
+        self._window_full = (-1, 0)   # (window, slots then): every slot had its calls sampled
         self._direct = self._use_direct = _direct_spans(tracer)
+        self._new_context = _context_maker()
         # as the SDK sets them: sampled, and W3C "random trace id" where the SDK knows that flag
         random_id = getattr(getattr(tracer, "id_generator", None), "is_trace_id_random", lambda: False)()
         self._root_flags = TraceFlags(TraceFlags.SAMPLED | (
@@ -83,10 +92,16 @@ class SpanBuilder:
             self._add_totals(s, 0, 0, missed)
 
     def _add_totals(self, slot: int, count: int, total: int, missed: int) -> None:
+        self._add_totals_many(((slot, count, total, missed),))
+
+    def _add_totals_many(self, rows) -> None:
+        """``rows`` of (slot, calls, total ns, build misses) added to the run's totals."""
+        t = self.totals
         with self._totals_lock:   # the training thread counts here too when the export is stuck
-            self.totals.calls[slot] += count
-            self.totals.total_ns[slot] += total
-            self.totals.build_misses[slot] += missed
+            for slot, count, total, missed in rows:
+                t.calls[slot] += count
+                t.total_ns[slot] += total
+                t.build_misses[slot] += missed
 
     def build(self, rec: StepRecord, extra: dict | None = None) -> int:
         """Emit the spans for ``rec``; returns how many spans were made."""
@@ -136,8 +151,7 @@ class SpanBuilder:
             trace_id, flags = t.id_generator.generate_trace_id(), self._root_flags
         else:
             trace_id, flags = parent.trace_id, parent.trace_flags
-        context = SpanContext(trace_id, t.id_generator.generate_span_id(), is_remote=False,
-                              trace_flags=flags)
+        context = self._new_context(trace_id, t.id_generator.generate_span_id(), flags)
         return [name, context, parent, _clean(attrs) if clean else attrs, start,
                 tuple(Event(n, _clean(a), timestamp=at) for n, a, at in events)]
 
@@ -153,6 +167,15 @@ class SpanBuilder:
 
     def _emit(self, name: str, parent, attrs: dict, start: int, end: int, clean: bool = True) -> None:
         """``clean=False``: ``attrs`` is the caller's own new dict and holds no lists."""
+        if self._use_direct:   # the two steps below in one: a step's kernel spans come here
+            t = self.tracer
+            t.span_processor.on_end(ReadableSpan(
+                name, self._new_context(parent.trace_id, t.id_generator.generate_span_id(),
+                                        parent.trace_flags),
+                parent, t.resource, _clean(attrs) if clean else attrs, (), (),
+                trace.SpanKind.INTERNAL, t.instrumentation_info, _UNSET, start, end,
+                t._instrumentation_scope))
+            return
         self._end(self._start(name, parent, attrs, start, clean=clean), end)
 
     def _slot_attributes(self, slot: int, phase: str) -> dict:
@@ -172,10 +195,12 @@ class SpanBuilder:
                 self._memory_carried[s] = (delta, peak) if before is None else (
                     before[0] + delta, max(before[1], peak))
         made = 0
+        totals: list[tuple[int, int, int, int]] = []
+        emit, static, offset = self._emit, self._static_attributes, self._epoch_offset
+        plan_version, step = rec.plan_version, rec.step
         for s, (count, total, lo, hi, first, last, hist) in (aggregate(calls).items() if len(calls) else ()):
-            attrs = {**self._static_attributes(s, phase), S.COUNT: count, S.TOTAL_NS: total,
-                     S.MIN_NS: lo, S.MAX_NS: hi, S.HIST: hist, S.PLAN_VERSION: rec.plan_version,
-                     S.STEP_NUMBER: rec.step}
+            attrs = {**static(s, phase), S.COUNT: count, S.TOTAL_NS: total, S.MIN_NS: lo,
+                     S.MAX_NS: hi, S.HIST: hist, S.PLAN_VERSION: plan_version, S.STEP_NUMBER: step}
             if fwd:
                 memory = self._memory_carried.pop(s, None)
                 if memory is not None:
@@ -183,15 +208,15 @@ class SpanBuilder:
                 missed = misses.pop(s, 0)
                 attrs[S.CACHE_MISSES] = missed
                 attrs[S.CACHE_HITS] = count - missed
-                if self.totals is not None:
-                    self._add_totals(s, count, total, missed)
+                totals.append((s, count, total, missed))
             if sampled:
                 attrs[S.SAMPLED] = True
-            self._emit(S.KERNEL, ctx, attrs, self.epoch(first), self.epoch(last), clean=False)
+            emit(S.KERNEL, ctx, attrs, first + offset, last + offset, clean=False)
             made += 1
-        if self.totals is not None:
-            for s, missed in misses.items():   # builds with no call of theirs in this step
-                self._add_totals(s, 0, 0, missed)
+        # and builds with no call of theirs in this step
+        totals.extend((s, 0, 0, missed) for s, missed in misses.items())
+        if self.totals is not None and totals:
+            self._add_totals_many(totals)
         return made
 
     def _static_attributes(self, slot: int, phase: str) -> dict:
@@ -209,6 +234,8 @@ class SpanBuilder:
         window = step // max(1, self.sampling.window_steps) if step >= 0 else self._window
         if window != self._window:
             self._window, self._sampled = window, {}
+        if self._window_full == (window, len(self.slots)):   # nothing more to take until the next
+            return 0
         made = 0
         taken = self._sampled
         for slot, start, dur in calls.tolist():
@@ -220,6 +247,7 @@ class SpanBuilder:
                        self.epoch(start), self.epoch(start + dur), clean=False)
             made += 1
             if len(taken) >= len(self.slots) and all(v >= per for v in taken.values()):
+                self._window_full = (window, len(self.slots))
                 break
         return made
 
@@ -259,6 +287,31 @@ def _direct_spans(tracer) -> bool:
             and limits.max_events >= 128)
 
 
+def _context_maker() -> Callable[[int, int, TraceFlags], SpanContext]:
+    """``new(trace_id, span_id, flags)``: a local SpanContext as ``SpanContext(trace_id, span_id,
+    is_remote=False, trace_flags=flags)`` makes it, without its keyword and default handling
+    (half a span's cost on the export thread), where this SDK's SpanContext is the tuple that
+    reproduces; else that constructor."""
+    max_trace, max_span = (1 << 128) - 1, (1 << 64) - 1
+    make = tuple.__new__
+
+    def new(trace_id: int, span_id: int, flags: TraceFlags) -> SpanContext:
+        return make(SpanContext, (trace_id, span_id, False, flags, DEFAULT_TRACE_STATE,
+                                  0 < trace_id <= max_trace and 0 < span_id <= max_span))
+
+    def sdk(trace_id: int, span_id: int, flags: TraceFlags) -> SpanContext:
+        return SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags)
+
+    flags = TraceFlags(TraceFlags.SAMPLED)
+    try:
+        same = all(tuple(new(*args)) == tuple(sdk(*args)) and type(new(*args)) is SpanContext
+                   and new(*args).is_valid == sdk(*args).is_valid
+                   for args in ((3, 5, flags), (0, 5, flags), (3, 0, flags), (1 << 128, 1, flags)))
+    except Exception:  # noqa: BLE001 - a SpanContext this cannot make: the SDK's own
+        same = False
+    return new if same else sdk
+
+
 def _clean(attrs: dict) -> dict:
     """Attribute values as the SDK stores them (sequences become tuples)."""
     return {k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items()}
@@ -272,6 +325,10 @@ Aggregate = tuple[int, int, int, int, int, int, tuple]  # count, total, min, max
 def aggregate(calls: np.ndarray) -> dict[int, Aggregate]:
     """Per slot in ``calls`` (rows of slot, start_ns, duration_ns): count, total, min and max
     duration, first start, last end, and the log2 histogram of durations (trailing zeros cut)."""
+    if _aggregate_native is not None and os.environ.get("RTXOPS_OTLP_NATIVE", "1") != "0":
+        got = _aggregate_native(np.ascontiguousarray(calls, dtype=np.int64), HIST_BINS)
+        if got is not None:   # None: a slot or sum it does not take
+            return got
     if len(calls) <= _LOOP_MAX_CALLS:
         return _aggregate_loop(calls.tolist())
     return _aggregate_numpy(calls)

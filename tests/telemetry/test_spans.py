@@ -250,7 +250,9 @@ def test_spans_made_without_the_tracer_equal_the_tracers():
                  s.start_time, s.end_time, s.kind, s.status.status_code, s.resource,
                  s.instrumentation_scope, [(e.name, dict(e.attributes), e.timestamp) for e in s.events],
                  s.dropped_attributes, s.context.trace_flags,
-                 s.parent.trace_id == s.context.trace_id if s.parent else True) for s in spans]
+                 s.parent.trace_id == s.context.trace_id if s.parent else True,
+                 type(s.context), s.context.is_remote, s.context.trace_state, s.context.is_valid,
+                 sorted(vars(s))) for s in spans]
 
     a, b = view(made[True]), view(made[False])
     for x, y in zip(a, b):
@@ -259,10 +261,43 @@ def test_spans_made_without_the_tracer_equal_the_tracers():
     assert a == b and len(a) > 5
 
 
-def test_both_ways_of_aggregating_a_step_agree():
-    """Few calls are added up in a plain loop, many with numpy: the figures must not depend on it."""
+def test_a_slot_that_appears_after_its_window_filled_still_gets_its_call_spans():
+    """Once every slot had its calls sampled in a window, steps skip the search until the next
+    window, unless a slot was added since."""
+    from array import array
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from rtxops.runtime.readings import Slot
+    from rtxops.telemetry.exporters import StepProcessor
+    from rtxops.telemetry.recorder import StepRecord
+    from rtxops.telemetry.spans import SpanBuilder
+
+    provider = TracerProvider()
+    processor = StepProcessor()
+    provider.add_span_processor(processor)
+    slots = [Slot(i, "gelu", "eager", "{}", f"b{i}", "F.gelu", "eager") for i in range(2)]
+    builder = SpanBuilder(provider.get_tracer("rtxops"), slots, sampling=CallSampling(1, 10))
+
+    def calls_sampled(step: int, slot_ids) -> list:
+        calls = array("q", [v for i, s in enumerate(slot_ids) for v in (s, 100 * i, 50)])
+        builder.build(StepRecord(step, 0, 1000, 1, 0, calls))
+        return sorted(dict(s.attributes)[S.BUCKET] for s in processor.drain() if s.name == S.CALL)
+
+    assert calls_sampled(0, [0, 1, 0]) == ["b0", "b1"]
+    assert calls_sampled(1, [0, 1]) == []          # the window is full
+    slots.append(Slot(2, "gelu", "eager", "{}", "b2", "F.gelu", "eager"))
+    assert calls_sampled(2, [0, 1, 2]) == ["b2"]   # a new slot in the same window
+    assert calls_sampled(3, [0, 1, 2]) == []
+    assert calls_sampled(10, [1, 2]) == ["b1", "b2"]   # the next window
+
+
+def test_all_ways_of_aggregating_a_step_agree():
+    """Few calls are added up in a plain loop, many with numpy, any number in C where it was
+    built: the figures must not depend on it."""
     import numpy as np
 
+    from rtxops.telemetry import spans
     from rtxops.telemetry.spans import _aggregate_loop, _aggregate_numpy
 
     rng = np.random.default_rng(0)
@@ -271,6 +306,20 @@ def test_both_ways_of_aggregating_a_step_agree():
                       np.concatenate([[0, 1, 2, 3, 2**40], rng.integers(0, 10**7, n - 5)])], axis=1)
     loop, vectorized = _aggregate_loop(calls.tolist()), _aggregate_numpy(calls)
     assert loop == vectorized
+    assert list(loop) == sorted(loop)   # slot order, as the spans go out
+    if spans._aggregate_native is not None:
+        native = spans._aggregate_native
+        assert native(calls.astype(np.int64), spans.HIST_BINS) == loop
+        few = calls[:20].astype(np.int64)
+        assert native(few, spans.HIST_BINS) == _aggregate_loop(few.tolist())
+        assert native(np.zeros((0, 3), dtype=np.int64), spans.HIST_BINS) == {}
+        # what it does not take goes back to Python: a slot id past its table, a sum past int64
+        assert native(np.array([[1 << 20, 0, 5]], dtype=np.int64), spans.HIST_BINS) is None
+        assert native(np.array([[0, 0, 2**62], [0, 0, 2**62]], dtype=np.int64), spans.HIST_BINS) is None
+        assert spans.aggregate(np.array([[1 << 20, 0, 5]], dtype=np.int64)) == {
+            1 << 20: (1, 5, 5, 5, 0, 5, (0, 0, 0, 1))}
+        with pytest.raises(ValueError):
+            native(np.zeros(4, dtype=np.int64), spans.HIST_BINS)   # not whole triples
     # and against the definition, for one slot
     rows = calls[calls[:, 0] == 3]
     count, total, lo, hi, first, last, hist = loop[3]
