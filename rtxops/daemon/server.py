@@ -156,7 +156,9 @@ class Daemon:
             return
         import pyarrow.compute as pc
 
-        steps = spans.filter(pc.equal(spans["name"], "rtx.step"))
+        # the four columns read, not the whole table (~40 columns: ~0.15 ms a request)
+        steps = spans.select(["job_id", "rank", "step", "end_ns"]).filter(
+            pc.equal(spans["name"], "rtx.step"))
         for job_id, rank, step, end_ns in zip(steps["job_id"].to_pylist(), steps["rank"].to_pylist(),
                                               steps["step"].to_pylist(), steps["end_ns"].to_pylist()):
             # step rates only for the supervisor's running jobs: spans of any other job id (any
