@@ -160,6 +160,9 @@ class SpanBuilder:
             span.end(end_time=end)
             return
         name, context, parent, attrs, start, events = span
+        self._finish(name, context, parent, attrs, events, start, end)
+
+    def _finish(self, name: str, context, parent, attrs: dict, events, start: int, end: int) -> None:
         t = self.tracer
         t.span_processor.on_end(ReadableSpan(
             name, context, parent, t.resource, attrs, events, (), trace.SpanKind.INTERNAL,
@@ -167,14 +170,10 @@ class SpanBuilder:
 
     def _emit(self, name: str, parent, attrs: dict, start: int, end: int, clean: bool = True) -> None:
         """``clean=False``: ``attrs`` is the caller's own new dict and holds no lists."""
-        if self._use_direct:   # the two steps below in one: a step's kernel spans come here
-            t = self.tracer
-            t.span_processor.on_end(ReadableSpan(
-                name, self._new_context(parent.trace_id, t.id_generator.generate_span_id(),
-                                        parent.trace_flags),
-                parent, t.resource, _clean(attrs) if clean else attrs, (), (),
-                trace.SpanKind.INTERNAL, t.instrumentation_info, _UNSET, start, end,
-                t._instrumentation_scope))
+        if self._use_direct:   # _start and _end in one: a step's kernel spans come here
+            context = self._new_context(parent.trace_id, self.tracer.id_generator.generate_span_id(),
+                                        parent.trace_flags)
+            self._finish(name, context, parent, _clean(attrs) if clean else attrs, (), start, end)
             return
         self._end(self._start(name, parent, attrs, start, clean=clean), end)
 
