@@ -86,13 +86,9 @@ class SpanBuilder:
             return
         calls = np.frombuffer(rec.calls, dtype=np.int64).reshape(-1, RECORD_WIDTH)
         misses = _misses(rec)
-        for s, (count, total, *_) in aggregate(calls).items():
-            self._add_totals(s, count, total, misses.pop(s, 0))
-        for s, missed in misses.items():   # a build whose calls are recorded later (CUDA)
-            self._add_totals(s, 0, 0, missed)
-
-    def _add_totals(self, slot: int, count: int, total: int, missed: int) -> None:
-        self._add_totals_many(((slot, count, total, missed),))
+        rows = [(s, count, total, misses.pop(s, 0)) for s, (count, total, *_) in aggregate(calls).items()]
+        # and a build whose calls are recorded later (CUDA)
+        self._add_totals_many(rows + [(s, 0, 0, missed) for s, missed in misses.items()])
 
     def _add_totals_many(self, rows) -> None:
         """``rows`` of (slot, calls, total ns, build misses) added to the run's totals."""
