@@ -55,6 +55,7 @@ if hasattr(os, "register_at_fork"):
 MAX_SPANS_PER_EXPORT = 8192   # ~4.5 MB of kernel spans in one OTLP request
 MAX_RETRY_PARTS = 4           # parts that failed once, held for one more try at the next export
 ACTIVE_S = 30.0               # exports come every interval_s this long after the start and a swap
+STEPS_PER_ENCODE = 8          # steps whose spans are encoded together (and then let go)
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,18 @@ class ExportThread:
     and exports them. Every drop is counted: steps refused because ``max_queue`` were waiting or
     whose spans failed to build, spans an exporter failed to deliver.
 
-    The training thread only appends; this thread looks for new records every ``poll_s`` (sooner
-    when half of ``max_queue`` is waiting), rather than being woken, a GIL hand-over, every step.
+    The training thread only appends; this thread looks every ``poll_s`` whether an export is
+    due (sooner when half of ``max_queue`` is waiting), rather than being woken, a GIL hand-over,
+    every step. It builds the waiting steps' spans only then: one burst per export, on caches the
+    burst itself warms, instead of a small one every look on caches the job's compute has just
+    filled (in place, a step's spans cost ~3× what they cost in a loop).
 
-    An exporter that :func:`takes_encoded` gets the spans of each look encoded there and then, and
-    the requests of an interval merged into one: SDK spans live for a moment instead of until the
-    export. Held for an interval, they outlived the garbage collector's young generations, and
-    each half minute or so of them set off a full collection of the job's heap (120-170 ms with
-    the GIL held on the example GPT, at times in the training thread; ``bench/export_gc.py``)."""
+    An exporter that :func:`takes_encoded` gets the spans of every :data:`STEPS_PER_ENCODE` steps
+    encoded there and then, and the requests of an interval merged into one: SDK spans live for
+    a moment instead of until the export. Held for an interval, they outlived the garbage
+    collector's young generations, and each half minute or so of them set off a full collection
+    of the job's heap (120-170 ms with the GIL held on the example GPT, at times in the training
+    thread; ``bench/export_gc.py``)."""
 
     def __init__(self, build: Callable[[StepRecord, dict], int], processor: StepProcessor,
                  exporter: SpanExporter, max_queue: int = 256, interval_s: float = 1.0,
@@ -130,6 +135,8 @@ class ExportThread:
         _export_threads.add(self)
 
     def submit(self, rec: StepRecord) -> None:
+        if rec.swaps:   # a plan or region swapped in: the evolve loop waits for its figures
+            self._active_until = time.monotonic() + ACTIVE_S
         if self._forked:   # no export thread in a forked child: its steps are counted, not kept
             self.steps_dropped += 1
             return
@@ -158,18 +165,18 @@ class ExportThread:
             self._wake.wait(self.poll_s)
             self._wake.clear()
             closing = self._closing
-            # only what is here now: a job submitting as fast as this builds must not keep the
-            # export below from ever running
-            self._build_some(len(self._pending))
-            if closing:
-                self._build_some(len(self._pending))  # the job's last flush, if it came meanwhile
-            self._take_built()
-            if closing or time.monotonic() - last_export >= self.current_interval_s():
-                # the interval runs from the last request: a quiet job's next step (its first,
-                # say: a heartbeat) goes out at once
-                if self._encoded or self._held or self._retry or closing:
-                    self._export()
-                    last_export = time.monotonic()
+            # the interval runs from the last request: a quiet job's next step (its first, say:
+            # a heartbeat) goes out at the next look
+            due = closing or time.monotonic() - last_export >= self.current_interval_s()
+            if due or len(self._pending) >= self.max_queue // 2:
+                # only what is here now: a job submitting as fast as this builds must not keep
+                # the export below from ever running
+                self._build_some(len(self._pending))
+                if closing:
+                    self._build_some(len(self._pending))  # the job's last flush, if it came meanwhile
+            if due and (self._encoded or self._held or self._retry or closing):
+                self._export()
+                last_export = time.monotonic()
             self.cpu_s = time.thread_time()
             if closing:
                 return
@@ -193,16 +200,17 @@ class ExportThread:
     def _build_some(self, n: int) -> None:
         while self._count_only:
             self._count_dropped(self._count_only.popleft())
-        for _ in range(n):
+        for i in range(n):
             rec = self._pending.popleft()
-            if rec.swaps:   # a plan or region swapped in: the evolve loop waits for its figures
-                self._active_until = time.monotonic() + ACTIVE_S
             try:
                 self._build(rec, self.counters())
                 self.steps_built += 1
             except Exception:  # telemetry must never take the job down; the next step goes on
                 self.steps_failed += 1
                 log.exception("rtxops: building the spans of step %s failed", rec.step)
+            if (i + 1) % STEPS_PER_ENCODE == 0:
+                self._take_built()
+        self._take_built()
 
     def _take_built(self) -> None:
         """The processor's spans, encoded now where the exporter takes them so."""

@@ -18,6 +18,7 @@ from rtxops.runtime.plan import Plan
 from rtxops.telemetry import encode as E
 from rtxops.telemetry.exporters import (
     MAX_SPANS_PER_EXPORT,
+    STEPS_PER_ENCODE,
     DeferredExporter,
     ExportThread,
     StepProcessor,
@@ -150,26 +151,76 @@ def _job_spans_alive(provider) -> int:
                if issubclass(type(o), ReadableSpan) and o.resource is provider.resource)
 
 
-def test_a_jobs_spans_do_not_outlive_the_look_that_built_them():
+def test_a_jobs_spans_do_not_outlive_the_export_that_built_them():
     """Held until the export (10 s), they outlived the collector's young generations and set off
     full collections of the job's heap, the GIL held for 100+ ms."""
     d = patching.enable(plan=Plan(version=1, defaults={"gelu": "eager"}))
     exporter = _EncodingExporter()
-    telemetry = start_job_telemetry(d, exporter, resource=RESOURCE, export_interval_s=60)
+    telemetry = start_job_telemetry(d, exporter, resource=RESOURCE, export_interval_s=0.3)
     try:
         train_losses(TinyNet(), steps=4)
         deadline = time.monotonic() + 30
         while telemetry.thread.steps_built < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert exporter.bodies, "the export that built the steps sent them"
         deadline = time.monotonic() + 5
         while _job_spans_alive(telemetry.provider) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _job_spans_alive(telemetry.provider) == 0 and not exporter.bodies
+        assert _job_spans_alive(telemetry.provider) == 0
     finally:
         telemetry.close(d)
         patching.disable()
-    assert len(exporter.bodies) == 1
-    assert _span_count(exporter.bodies[0]) == telemetry.thread.spans_exported > 4
+    assert sum(_span_count(b) for b in exporter.bodies) == telemetry.thread.spans_exported > 4
+
+
+def test_steps_are_built_only_when_their_export_is_due():
+    """A look that finds no export due builds nothing: the spans of an interval are made in one
+    burst before its request, not a few at every look on caches the job's compute has filled."""
+    exporter = _EncodingExporter()
+    thread = _thread(exporter, 10, interval_s=60, poll_s=0.01)
+    for step in range(5):
+        thread.submit(_record(step))
+    time.sleep(0.3)                               # some 30 looks
+    assert thread.steps_built == 0
+    thread.close()
+    assert thread.steps_built == 5 and [_span_count(b) for b in exporter.bodies] == [50]
+
+
+def test_half_a_queue_waiting_is_built_before_its_export_is_due():
+    exporter = _EncodingExporter()
+    thread = _thread(exporter, 10, max_queue=8, interval_s=60, poll_s=60)
+    for step in range(5):          # the fifth finds half the queue waiting and wakes the thread
+        thread.submit(_record(step))
+    deadline = time.monotonic() + 10
+    while thread.steps_built < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert thread.steps_built == 5 and not exporter.bodies and thread.steps_dropped == 0
+    thread.close()
+    assert [_span_count(b) for b in exporter.bodies] == [50]
+
+
+def test_a_burst_of_steps_is_encoded_a_few_steps_at_a_time():
+    """Building an interval's steps at once must not hold all their SDK spans at once."""
+    processor = StepProcessor()
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("test")
+    waiting: list[int] = []
+
+    def build(rec, counters):
+        waiting.append(len(processor._spans))     # spans made and not yet encoded
+        for _ in range(10):
+            tracer.start_span("rtx.kernel").end()
+        return 10
+
+    exporter = _EncodingExporter()
+    thread = ExportThread(build, processor, exporter, interval_s=60, poll_s=60)
+    for step in range(5 * STEPS_PER_ENCODE):
+        thread.submit(_record(step))
+    thread.close()
+    assert len(waiting) == 5 * STEPS_PER_ENCODE
+    assert max(waiting) == 10 * (STEPS_PER_ENCODE - 1)
+    assert [_span_count(b) for b in exporter.bodies] == [50 * STEPS_PER_ENCODE]
 
 
 def test_the_otlp_exporter_behind_a_deferred_one_posts_one_merged_request(monkeypatch):
