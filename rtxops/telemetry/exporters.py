@@ -22,7 +22,7 @@ log = logging.getLogger("rtxops.telemetry")
 
 
 class StepProcessor(SpanProcessor):
-    """Collects ended spans until the export thread takes them (after each look at new steps)."""
+    """Collects ended spans until the export thread takes them (every few steps it builds)."""
 
     def __init__(self) -> None:
         self._spans: list[ReadableSpan] = []
