@@ -959,15 +959,18 @@ def _spans_through(exporter, steps: int):
         return 10
 
     thread = ExportThread(build, processor, exporter, interval_s=0.05, poll_s=0.01)
+    def attempts() -> int:
+        return exporter.exports + getattr(exporter, "failed", 0)
+
     for step in range(steps):
+        before = attempts()
         thread.submit(_record(step))
         deadline = time.monotonic() + 30
-        while thread.steps_built <= step and time.monotonic() < deadline:
+        # the step's spans are built when their export is due and sent in the same look: an
+        # export between steps (not at close)
+        while (thread.steps_built <= step or attempts() == before) and time.monotonic() < deadline:
             time.sleep(0.01)
-        attempts = exporter.exports + getattr(exporter, "failed", 0)
-        while exporter.exports + getattr(exporter, "failed", 0) == attempts \
-                and time.monotonic() < deadline:   # an export between steps (not at close)
-            time.sleep(0.01)
+        assert thread.steps_built > step and attempts() > before
     thread.close()
     return thread
 
