@@ -959,6 +959,7 @@ def _spans_through(exporter, steps: int):
         return 10
 
     thread = ExportThread(build, processor, exporter, interval_s=0.05, poll_s=0.01)
+
     def attempts() -> int:
         return exporter.exports + getattr(exporter, "failed", 0)
 
