@@ -210,6 +210,10 @@ class ExportThread:
                 log.exception("rtxops: building the spans of step %s failed", rec.step)
             if (i + 1) % STEPS_PER_ENCODE == 0:
                 self._take_built()
+                # hand the GIL over: the training thread, back from an op, waits for it no longer
+                # than one chunk (an interval's burst held it for up to the 5 ms switch interval,
+                # a timing outlier in the call that waited)
+                time.sleep(0)
         self._take_built()
 
     def _take_built(self) -> None:
