@@ -209,6 +209,20 @@ def _scope(scope: Any) -> bytes:
         0x1A, scope.attributes)
 
 
+# A local INTERNAL span's closing fields: its unset status and its flags (parent not remote).
+SPAN_TAIL = b"\x7a\x00" + _FLAGS_LOCAL
+
+
+def span_head(name: str) -> bytes:
+    """An INTERNAL span's name and kind fields, as :func:`encode` writes them."""
+    return _string(0x2A, name) + _KIND_FIELDS[0]
+
+
+def key_field(key: str) -> bytes:
+    """A KeyValue's key field."""
+    return _string(0x0A, key)
+
+
 def encode(spans: Sequence[Any]) -> bytes | None:
     """Request bytes for SDK ``ReadableSpan``s, or None (use the SDK's encoder)."""
     if not isinstance(spans, (list, tuple)):  # read twice where the compiled encoder declines
@@ -254,15 +268,28 @@ def encode_python(spans: Sequence[Any]) -> bytes | None:
     return b"".join(out)
 
 
-def merge(bodies: Sequence[bytes]) -> bytes:
-    """One request holding the spans of ``bodies`` (requests :func:`encode` wrote, in order),
-    grouped by resource, then scope, as :func:`encode` groups them: the bytes :func:`encode`
-    writes for all their spans at once. A body it cannot take apart is appended as it is (two
-    requests' bytes concatenated are one valid request holding both)."""
-    if len(bodies) == 1:
+def merge(bodies: Sequence[bytes], pieces: Sequence[tuple[Any, Any, bytes]] = ()) -> bytes:
+    """One request holding the spans of ``bodies`` (requests :func:`encode` wrote, in order)
+    and of ``pieces`` ((resource, scope, Span fields) of spans already encoded: ``0x12``,
+    length, Span, as :func:`encode` writes them), grouped by resource, then scope, as
+    :func:`encode` groups them: the bytes :func:`encode` writes for all their spans at once,
+    but for their order. A body it cannot take apart is appended as it is (two requests' bytes
+    concatenated are one valid request holding both)."""
+    if len(bodies) == 1 and not pieces:
         return bodies[0]
     resources: dict[tuple[bytes, bytes], dict[tuple[bytes, bytes], list[bytes]]] = {}
     whole: list[bytes] = []
+    fields: dict[int, tuple[bytes, bytes]] = {}   # by id(): the pieces' objects live meanwhile
+    for resource, scope, spans in pieces:
+        key = fields.get(id(resource))
+        if key is None:
+            key = fields[id(resource)] = (_len(0x0A, _attributes(0x0A, resource.attributes)),
+                                          _string(0x1A, resource.schema_url or ""))
+        scope_key = fields.get(id(scope))
+        if scope_key is None:
+            scope_key = fields[id(scope)] = (_len(0x0A, _scope(scope)), _string(
+                0x1A, scope.schema_url if scope is not None and scope.schema_url else ""))
+        resources.setdefault(key, {}).setdefault(scope_key, []).append(spans)
     for body in bodies:
         try:
             parsed = [_resource_spans(raw) for _, raw in _fields(body, 0, len(body), {0x0A})]

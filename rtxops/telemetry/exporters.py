@@ -22,20 +22,46 @@ log = logging.getLogger("rtxops.telemetry")
 
 
 class StepProcessor(SpanProcessor):
-    """Collects ended spans until the export thread takes them (every few steps it builds)."""
+    """Collects ended spans until the export thread takes them (every few steps it builds).
+
+    While ``accepts_encoded`` (the export thread sets it once its exporter has taken a request's
+    bytes) it also takes spans already encoded (:meth:`on_encoded`): a step's kernel spans, which
+    the span builder writes as OTLP bytes rather than as ReadableSpans."""
 
     def __init__(self) -> None:
         self._spans: list[ReadableSpan] = []
+        self._encoded: list[EncodedSpans] = []
         self._lock = threading.Lock()
+        self.accepts_encoded = False
 
     def on_end(self, span: ReadableSpan) -> None:
         with self._lock:
             self._spans.append(span)
 
+    def on_encoded(self, resource, scope, span_fields: bytes, spans: int) -> None:
+        """``spans`` spans of ``resource`` and ``scope`` as encoded Span fields."""
+        with self._lock:
+            self._encoded.append(EncodedSpans(resource, scope, span_fields, spans))
+
     def drain(self) -> list[ReadableSpan]:
         with self._lock:
             spans, self._spans = self._spans, []
         return spans
+
+    def drain_encoded(self) -> list[EncodedSpans]:
+        with self._lock:
+            encoded, self._encoded = self._encoded, []
+        return encoded
+
+
+@dataclass(frozen=True)
+class EncodedSpans:
+    """Spans of one resource and scope as OTLP Span fields (``0x12``, length, Span), in order."""
+
+    resource: object
+    scope: object
+    span_fields: bytes
+    spans: int
 
 
 _export_threads: weakref.WeakSet = weakref.WeakSet()
@@ -123,7 +149,7 @@ class ExportThread:
         self._retry: list[_Part] = []
         # what the next export sends: requests encoded as their spans were built, and spans the
         # exporter takes only as spans
-        self._encoded: list[EncodedPart] = []
+        self._encoded: list[EncodedPart | EncodedSpans] = []
         self._held: list[ReadableSpan] = []
         self._encodes: bool | None = None   # takes_encoded(exporter), asked at the first spans
         self.steps_built = 0
@@ -219,6 +245,9 @@ class ExportThread:
     def _take_built(self) -> None:
         """The processor's spans, encoded now where the exporter takes them so."""
         spans = self.processor.drain()
+        # spans the builder wrote as bytes go out with the next export's requests (an exporter
+        # whose encoder broke meanwhile still sends bytes: its export_encoded is not its encoder)
+        self._encoded.extend(self.processor.drain_encoded())
         if not spans:
             return
         if self._encodes is None:
@@ -233,10 +262,14 @@ class ExportThread:
             except Exception as e:  # noqa: BLE001 - these spans and the job's next go as spans
                 log.warning("rtxops: encoding spans raised %s; the exporter gets spans from now on", e)
                 self._encodes, body = False, None
+                self.processor.accepts_encoded = False
             if body is None:
                 self._held.extend(part)
             else:
                 self._encoded.append(EncodedPart(body, len(part)))
+                # the exporter takes OTLP bytes: the builder may write kernel spans as bytes
+                self.processor.accepts_encoded = True
+
 
     def _export(self) -> None:
         # a fast job's interval can hold more spans than a receiver takes in one request (the
@@ -250,7 +283,10 @@ class ExportThread:
         parts: list[_Part] = [held[i:i + MAX_SPANS_PER_EXPORT]
                               for i in range(0, len(held), MAX_SPANS_PER_EXPORT)]
         for group in _groups(encoded, MAX_SPANS_PER_EXPORT):
-            parts.append(EncodedPart(merge([p.body for p in group]), sum(p.spans for p in group)))
+            body = merge([p.body for p in group if isinstance(p, EncodedPart)],
+                         [(p.resource, p.scope, p.span_fields) for p in group
+                          if isinstance(p, EncodedSpans)])
+            parts.append(EncodedPart(body, sum(p.spans for p in group)))
         for part in parts:
             # the job's last export gets no second try: its exit would wait for one
             self._export_part(part, last_try=self._closing)
@@ -283,7 +319,7 @@ class ExportThread:
 _Part = Sequence[ReadableSpan] | EncodedPart
 
 
-def _groups(parts: list[EncodedPart], max_spans: int) -> list[list[EncodedPart]]:
+def _groups(parts: list, max_spans: int) -> list[list]:
     """``parts`` in order, cut into runs of at most ``max_spans`` spans (a bigger part alone)."""
     groups: list[list[EncodedPart]] = []
     size = 0

@@ -102,7 +102,8 @@ def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store
     # a job that has not stepped an optimizer hands its calls over every export interval
     recorder = Recorder(lambda rec: holder["thread"].submit(rec), capacity=capacity,
                         flush_every_s=export_interval_s)
-    builder = SpanBuilder(tracer, recorder.slots, _step_attributes, sampling, recorder.totals)
+    builder = SpanBuilder(tracer, recorder.slots, _step_attributes, sampling, recorder.totals,
+                          encoded_to=processor)
     build = builder.build
     if resource is None and torch.version.cuda and not torch.cuda.is_initialized():
         build = _with_gpu_once_initialized(builder.build, tracer)
