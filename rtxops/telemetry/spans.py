@@ -245,10 +245,13 @@ class SpanBuilder:
             ids = ctx.trace_id.to_bytes(16, "big") + ctx.span_id.to_bytes(8, "big")
         except (Unsupported, ValueError, OverflowError):   # what the encoder declines too
             return None
-        got = _kernel_spans_native(
-            np.ascontiguousarray(calls, dtype=np.int64), HIST_BINS, prefixes, _kernel_layout(),
-            ids, t.id_generator.generate_span_id, self._epoch_offset, rec.plan_version, rec.step,
-            self._memory_carried if fwd else None, misses if fwd else None, sampled)
+        try:
+            got = _kernel_spans_native(
+                np.ascontiguousarray(calls, dtype=np.int64), HIST_BINS, prefixes, _kernel_layout(),
+                ids, t.id_generator.generate_span_id, self._epoch_offset, rec.plan_version,
+                rec.step, self._memory_carried if fwd else None, misses if fwd else None, sampled)
+        except OverflowError:   # a step or plan version past int64: the encoder declines it too
+            return None
         if got is None:
             return None
         fields, made, totals = got

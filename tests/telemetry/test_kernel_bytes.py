@@ -52,7 +52,7 @@ def _records() -> list[StepRecord]:
     return out
 
 
-def _build(as_bytes: bool, records: list[StepRecord], id_generator=None):
+def _build(as_bytes: bool, records: list[StepRecord], id_generator=None, offset=None):
     random.seed(11)   # the SDK's span and trace ids: the same in both ways
     provider = TracerProvider(resource=Resource.create(RESOURCE), id_generator=id_generator)
     processor = StepProcessor()
@@ -63,7 +63,7 @@ def _build(as_bytes: bool, records: list[StepRecord], id_generator=None):
         totals.register_slot(slot)
     builder = SpanBuilder(provider.get_tracer("rtxops"), SLOTS, sampling=CallSampling(1, 2),
                           totals=totals, encoded_to=processor)
-    builder._epoch_offset = 1_700_000_000 * 10 ** 9
+    builder._epoch_offset = 1_700_000_000 * 10 ** 9 if offset is None else offset
     made = sum(builder.build(rec, {S.DROPPED_STEPS: 0}) for rec in records)
     spans = processor.drain()
     pieces = [(e.resource, e.scope, e.span_fields) for e in processor.drain_encoded()]
@@ -93,17 +93,20 @@ def test_kernel_spans_written_as_bytes_are_the_bytes_of_the_spans_they_replace()
     assert sum(totals_b.build_misses) == 2
 
 
-def test_a_step_the_writer_declines_is_built_as_readable_spans():
-    """Span ids no OTLP span carries (past 64 bits): the C writer declines, and nothing of the
-    step is taken twice (the memory reading it carried shows once)."""
+class _WideIds(RandomIdGenerator):
+    def generate_span_id(self) -> int:
+        return 1 << 64
 
-    class WideIds(RandomIdGenerator):
-        def generate_span_id(self) -> int:
-            return 1 << 64
 
-    made, spans, pieces, builder, totals = _build(True, _records(), id_generator=WideIds())
+@pytest.mark.parametrize("odd", ["span ids past 64 bits", "times before 1970"])
+def test_a_step_the_writer_declines_is_built_as_readable_spans(odd):
+    """What OTLP cannot carry as the encoder writes it, the C writer declines, and nothing of the
+    step is taken twice (the memory readings it carried show once, as in the other way)."""
+    wide = _WideIds() if odd == "span ids past 64 bits" else None
+    offset = -(1 << 62) if odd == "times before 1970" else None
+    made, spans, pieces, builder, totals = _build(True, _records(), wide, offset)
     assert not pieces and made == len(spans)
-    _, as_spans, _, _, _ = _build(False, _records(), id_generator=WideIds())
+    _, as_spans, _, _, _ = _build(False, _records(), wide, offset)
     kernels = [(dict(s.attributes), s.start_time, s.end_time) for s in spans if s.name == S.KERNEL]
     assert kernels and kernels == [(dict(s.attributes), s.start_time, s.end_time)
                                    for s in as_spans if s.name == S.KERNEL]

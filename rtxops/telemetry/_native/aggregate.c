@@ -283,8 +283,13 @@ static PyObject *kernel_spans(PyObject *self, PyObject *args) {
             int r = as_int64(t->missed, &missed);
             if (r) { if (r > 0) out = Py_NewRef(Py_None); goto done; }
         }
-        /* the Span message, as encode._span writes it for this ReadableSpan */
-        int64_t start = a->first + offset, end = a->last + offset;
+        /* the Span message, as encode._span writes it for this ReadableSpan (whose times it
+         * packs as unsigned 64-bit: it declines others, and so does this) */
+        int64_t start, end;
+        if (__builtin_add_overflow(a->first, (int64_t)offset, &start)
+            || __builtin_add_overflow(a->last, (int64_t)offset, &end) || start < 0 || end < 0) {
+            out = Py_NewRef(Py_None); goto done;
+        }
         int64_t *h = &sums.hist[s * bins];
         int used = used_bins(h, bins);
         Py_ssize_t array = hist_array_len(h, used);
