@@ -167,7 +167,8 @@ def cuda_time_every() -> int:
 
 
 def plan_poll_s() -> float:
-    """``RTXOPS_PLAN_POLL_S``: seconds between a job's polls for a new plan; 0 turns polling off."""
+    """``RTXOPS_PLAN_POLL_S``: the least time between a job's polls for a new plan (each waits
+    up to 30 s at the daemon for one); 0 turns polling off."""
     return seconds("RTXOPS_PLAN_POLL_S", 2.0, zero="no polling")
 
 

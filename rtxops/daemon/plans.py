@@ -11,14 +11,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import re
 import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from rtxops.runtime.errors import PlanError, PlanNotIssued, PlanVersionConflict
 from rtxops.runtime.plan import Plan
+
+log = logging.getLogger("rtxops.daemon")
 
 DEFAULT_KEY = "_default"  # governance.authority.EVERY_JOB: the scope its bundles are signed for
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -33,6 +37,8 @@ class PlanBoard:
         self._plans: dict[str, Plan] = {}
         self.reports: list[dict] = []  # jobs telling us they refused a plan (the last 1000)
         self.refused_total = 0         # all of them, since this board started
+        self._listeners: list[Callable[[], None]] = []
+        self.waits_stopped = False     # the daemon is stopping: polls no longer wait for changes
         self._load_plans()  # the authority loads its policies itself, when first needed
 
     def reload(self) -> None:
@@ -41,8 +47,26 @@ class PlanBoard:
         it. Raises when the policies cannot be loaded (the old ones stay)."""
         with self._publish_lock:
             self._load_plans()
+            self._changed()
             if self.authority is not None:
                 self.authority.reload()
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every change of the plans served (a publish, a reload) and
+        when :meth:`stop_waits` is called; on the changing thread, so it must be quick."""
+        self._listeners.append(listener)
+
+    def stop_waits(self) -> None:
+        """The daemon is stopping: plan polls waiting for a change answer now, and wait no more."""
+        self.waits_stopped = True
+        self._changed()
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:  # noqa: BLE001 - a listener's failure is not the publisher's
+                log.exception("rtxops: a plan-change listener failed")
 
     def _load_plans(self) -> None:
         with self._lock:
@@ -106,6 +130,7 @@ class PlanBoard:
                 raise PlanNotIssued(f"plan version {plan.version} could not be saved: {e}") from None
             with self._lock:
                 self._plans[key] = plan
+        self._changed()
         return plan
 
     def _issue(self, plan: Plan, key: str, decision: dict, evidence: dict | None) -> None:

@@ -375,6 +375,7 @@ class Daemon:
             if self._stopped:
                 return
             self._stopping.set()
+            self.board.stop_waits()   # plan long polls answer now: none holds the server's stop
             if self.supervisor is not None:   # from the moment /readyz says it is stopping
                 self.supervisor.refuse_new_jobs()
             systemd.notify("STOPPING=1")

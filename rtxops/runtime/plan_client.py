@@ -2,6 +2,12 @@
 its signed bundle, has it verified, queues it in the dispatcher (which swaps it in at a step
 boundary) and reports refusals back.
 
+A poll is a long poll: it names the answer it has (``If-None-Match``) and the daemon holds it up
+to :data:`LONG_POLL_S` until that changes, so a published plan reaches the job at once (every
+rank of a job at the same moment) and an unchanged one costs a request a half minute, not one
+every 2 s on both sides. Polls that come back sooner (a daemon that does not wait: an older one,
+or one stopping) go out no more often than ``interval_s``.
+
 The runtime knows nothing of signatures: the bootstrap injects ``verifier``, a callable
 ``(bundle files, running version) -> plan.json bytes`` that raises with the reason a bundle is
 refused. Without a verifier every plan is refused (fail closed).
@@ -12,10 +18,13 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import http.client
 import json
 import logging
+import socket
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -31,6 +40,7 @@ log = logging.getLogger("rtxops.runtime")
 
 
 MISSING_BUNDLE_POLLS = 5  # a plan served with no bundle this many polls in a row has none
+LONG_POLL_S = 30.0        # how long the daemon may hold a poll whose answer has not changed
 # what the job reads of an answer, at most: a plan's JSON (the verifier's own limit), and a
 # bundle's files (128 MiB in all, the verifier's limit) base64-encoded in JSON
 MAX_PLAN_BYTES = 16 << 20
@@ -52,12 +62,16 @@ class _Retry(Exception):
 class PlanPoller:
     def __init__(self, dispatcher: Dispatcher, daemon: str | DaemonAddress, job_id: str,
                  token: str | None, interval_s: float = 2.0,
-                 verifier: PlanVerifier | None = None) -> None:
+                 verifier: PlanVerifier | None = None, wait_s: float = LONG_POLL_S) -> None:
         self.dispatcher, self.job_id, self.token = dispatcher, job_id, token
         self.verifier = verifier
         self.address = daemon if isinstance(daemon, DaemonAddress) else DaemonAddress(daemon)
         self.interval_s = interval_s
+        self.wait_s = wait_s
         self.etag: str | None = None
+        self._none_etag: str | None = None   # the "no plan" answer's ETag, while that is the answer
+        self._conn: http.client.HTTPConnection | None = None   # the poll in flight (stop ends it)
+        self._conn_lock = threading.Lock()
         self.installed: list[int] = []
         self.refused: list[tuple[int, str]] = []
         self._missing: dict[str | None, int] = {}  # ETag → polls that found no bundle
@@ -73,6 +87,11 @@ class PlanPoller:
 
     def stop(self, join_s: float = 0.0) -> None:
         self._stop.set()
+        with self._conn_lock:   # a long poll in flight ends now, not when the daemon answers
+            conn = self._conn
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
         if join_s and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(join_s)
 
@@ -84,6 +103,7 @@ class PlanPoller:
     def _run(self) -> None:
         warm = getattr(self.verifier, "warm", None)
         while True:
+            started = time.monotonic()
             try:
                 self.poll_once()
             except Exception as e:  # the daemon may be away for a while; the job goes on
@@ -96,7 +116,8 @@ class PlanPoller:
                 except Exception as e:
                     log.warning("rtxops: plan verifier warm-up failed: %s", e)
                 warm = None
-            if self._stop.wait(self.interval_s):
+            # a long poll has waited at the daemon; an answer that came sooner waits here
+            if self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started))):
                 return
 
     def poll_once(self) -> str:
@@ -104,19 +125,13 @@ class PlanPoller:
         (the bundle could not be fetched; the ETag is kept unrecorded so the next poll tries the
         same version again). The ETag is recorded only once a version is installed or refused.
         A plan still served without any bundle after MISSING_BUNDLE_POLLS polls is refused."""
-        query = urllib.parse.urlencode({"job": self.job_id})
-        req = urllib.request.Request(f"{self.base}/v1/plans/current?{query}", headers=self._auth())
-        if self.etag:
-            req.add_header("If-None-Match", self.etag)
-        try:
-            with _DIRECT.open(req, timeout=5) as resp:
-                body, etag = _read_at_most(resp, MAX_PLAN_BYTES), resp.headers.get("ETag")
-        except urllib.error.HTTPError as e:
-            if e.code == 304:
-                return "unchanged"
-            if e.code == 404:
-                return "none"
-            raise
+        status, body, etag = self._current()
+        if status == 304:
+            return "unchanged"
+        if status == 404:
+            self._none_etag = etag
+            return "none"
+        self._none_etag = None
         try:
             if body is None:
                 raise PlanError(f"the served plan is over {MAX_PLAN_BYTES >> 20} MiB: not read")
@@ -161,6 +176,36 @@ class PlanPoller:
         self.etag = etag
         self.installed.append(plan.version)
         return "installed"
+
+    def _current(self) -> tuple[int, bytes | None, str | None]:
+        """GET the current plan: (status, body of a 200 or None past MAX_PLAN_BYTES, ETag).
+        A long poll where the job has an answer to name; plain HTTP, no proxy (the daemon is
+        local), on a connection :meth:`stop` can end."""
+        seen = self.etag or self._none_etag
+        wait_s = self.wait_s if seen else 0.0
+        query = {"job": self.job_id, **({"wait_s": f"{wait_s:g}"} if wait_s else {})}
+        url = urllib.parse.urlsplit(self.base)
+        cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        conn = cls(url.hostname, url.port, timeout=wait_s + 5)
+        try:
+            conn.connect()
+            with self._conn_lock:
+                if self._stop.is_set():
+                    raise ConnectionAbortedError("the plan poller is stopping")
+                self._conn = conn
+            conn.request("GET", f"{url.path.rstrip('/')}/v1/plans/current?{urllib.parse.urlencode(query)}",
+                         headers={**self._auth(), **({"If-None-Match": seen} if seen else {})})
+            resp = conn.getresponse()
+            etag = resp.headers.get("ETag")
+            if resp.status == 200:
+                return 200, _read_at_most(resp, MAX_PLAN_BYTES), etag
+            if resp.status in (304, 404):
+                return resp.status, None, etag
+            raise http.client.HTTPException(f"the daemon answered the plan poll with HTTP {resp.status}")
+        finally:
+            with self._conn_lock:
+                self._conn = None
+            conn.close()
 
     def _verified(self, served: Plan) -> Plan:
         """The plan inside the served plan's signed bundle, once the verifier accepts it."""

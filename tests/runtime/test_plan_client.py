@@ -6,7 +6,9 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -27,6 +29,9 @@ class Endpoint:
         self.oversize: tuple[str, bool] | None = None   # (endpoint, send a Content-Length)
         self.token: str | None = None                   # wanted on every request when set
         self.streamed = 0                               # bytes of an oversize answer sent
+        self.polls: list[tuple[str, str | None]] = []   # (path, If-None-Match) of each plan poll
+        self.long_polls = True      # hold a poll naming the current answer for its wait_s
+        self.release = threading.Event()                # ends the polls held now
 
     def _stream_oversize(self, handler, prefix: bytes, length_sent: bool) -> None:
         """An endless answer: sends until the client stops reading (its socket closed)."""
@@ -65,7 +70,12 @@ class Endpoint:
                 if ep.oversize and self.path.startswith(f"/v1/plans/{ep.oversize[0]}"):
                     return ep._stream_oversize(self, b'{"files": {"plan.json": "', ep.oversize[1])
                 if self.path.startswith("/v1/plans/current"):
-                    if self.headers.get("If-None-Match") == etag:
+                    seen = self.headers.get("If-None-Match")
+                    ep.polls.append((self.path, seen))
+                    wait = parse_qs(urlsplit(self.path).query).get("wait_s")
+                    if seen == etag and wait and ep.long_polls:
+                        ep.release.wait(float(wait[0]))
+                    if seen == etag:
                         return self._send(304)
                     return self._send(200, ep.plan_json, {"ETag": etag})
                 if self.path.startswith("/v1/plans/bundle"):
@@ -88,6 +98,7 @@ class Endpoint:
                 self._send(200, b"{}")
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.handle_error = lambda request, address: None   # a poll the client cut short
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
 
@@ -236,3 +247,44 @@ def test_the_job_sends_its_token_on_its_plan_reads_too(endpoint):
     endpoint.token = "t0k"
     poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", "t0k", verifier=accept)
     assert poller.poll_once() == "installed" and poller.installed == [7]
+
+
+def test_a_poll_names_the_answer_it_has_and_waits_for_a_change_only_then(endpoint):
+    d = Dispatcher()
+    poller = PlanPoller(d, endpoint.url, "job-1", None, verifier=accept, wait_s=0.3)
+    assert poller.poll_once() == "installed"
+    started = time.monotonic()
+    assert poller.poll_once() == "unchanged"
+    assert time.monotonic() - started >= 0.25          # held at the endpoint for its wait_s
+    (first, none), (second, seen) = endpoint.polls
+    assert none is None and "wait_s" not in first       # nothing to name: no long poll
+    assert seen == '"v7"' and "wait_s=0.3" in second
+
+
+def test_stopping_the_poller_ends_the_poll_it_has_in_flight(endpoint):
+    """At the job's exit the poller is stopped and joined: a long poll held 30 s at the daemon
+    would hold the exit for the join's 5 s."""
+    d = Dispatcher()
+    poller = PlanPoller(d, endpoint.url, "job-1", None, verifier=accept, interval_s=0.05)
+    poller.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not (poller.installed and len(endpoint.polls) >= 2) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert poller.installed == [7] and len(endpoint.polls) == 2    # the second one is held
+        time.sleep(0.2)
+        started = time.monotonic()
+        poller.stop(join_s=5.0)
+        assert not poller._thread.is_alive() and time.monotonic() - started < 2
+    finally:
+        endpoint.release.set()
+
+
+def test_polls_a_daemon_answers_at_once_go_out_no_more_often_than_the_interval(endpoint):
+    """An older daemon does not hold a poll: the job must not ask it in a loop."""
+    endpoint.long_polls = False
+    poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", None, verifier=accept, interval_s=0.25)
+    poller.start()
+    time.sleep(1.2)
+    poller.stop(join_s=5.0)
+    assert 3 <= len(endpoint.polls) <= 7 and poller.installed == [7]
