@@ -6,6 +6,7 @@ import base64
 import contextlib
 import dataclasses
 import threading
+from typing import Callable
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,8 +30,10 @@ class _Waits:
         self._lock = threading.Lock()
         board.on_change(self.wake)
 
-    async def wait(self, timeout_s: float) -> None:
-        """Until the board changes, the daemon stops, or ``timeout_s`` passes."""
+    async def wait(self, timeout_s: float, unchanged: Callable[[], bool]) -> None:
+        """Until the board changes, the daemon stops, or ``timeout_s`` passes; at once where
+        ``unchanged()`` says the change came already (asked once this wait is registered: a
+        publish between the caller's look and then would wake no one)."""
         loop = asyncio.get_running_loop()
         entry = (loop, loop.create_future())
         with self._lock:
@@ -38,6 +41,8 @@ class _Waits:
                 return
             self._waiting.add(entry)
         try:
+            if not unchanged():
+                return
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(entry[1], timeout_s)
         finally:
@@ -96,7 +101,7 @@ def make_router(board: PlanBoard, auth, step_of=lambda job: None, margin_steps: 
                 left = deadline - asyncio.get_running_loop().time()
                 if left <= 0:
                     break
-                await waits.wait(left)
+                await waits.wait(left, lambda: seen == _etag(board.current(job)))
                 plan = board.current(job)
         etag = _etag(plan)
         headers = {"ETag": etag}
