@@ -270,7 +270,6 @@ class ExportThread:
                 # the exporter takes OTLP bytes: the builder may write kernel spans as bytes
                 self.processor.accepts_encoded = True
 
-
     def _export(self) -> None:
         # a fast job's interval can hold more spans than a receiver takes in one request (the
         # daemon's limit is 16 MiB, ~30 000 kernel spans; refused whole, with the step spans
