@@ -32,7 +32,8 @@ def test_ledger_endpoint_pages(store, tmp_path):
     head = tmp_path / "ledger.head"
     append(store, head, 5)
     board = SimpleNamespace(authority=SimpleNamespace(store=store, head_file=head,
-                                                      ledger_lock=threading.Lock()))
+                                                      ledger_lock=threading.Lock()),
+                            on_change=lambda listener: None)
     app = FastAPI()
     app.include_router(make_router(board, auth=lambda: None))
     client = TestClient(app)

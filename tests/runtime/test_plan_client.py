@@ -30,7 +30,7 @@ class Endpoint:
         self.token: str | None = None                   # wanted on every request when set
         self.streamed = 0                               # bytes of an oversize answer sent
         self.polls: list[tuple[str, str | None]] = []   # (path, If-None-Match) of each plan poll
-        self.long_polls = True      # hold a poll naming the current answer for its wait_s
+        self.long_polls = False     # hold a poll naming the current answer for its wait_s
         self.release = threading.Event()                # ends the polls held now
 
     def _stream_oversize(self, handler, prefix: bytes, length_sent: bool) -> None:
@@ -250,6 +250,7 @@ def test_the_job_sends_its_token_on_its_plan_reads_too(endpoint):
 
 
 def test_a_poll_names_the_answer_it_has_and_waits_for_a_change_only_then(endpoint):
+    endpoint.long_polls = True
     d = Dispatcher()
     poller = PlanPoller(d, endpoint.url, "job-1", None, verifier=accept, wait_s=0.3)
     assert poller.poll_once() == "installed"
@@ -264,6 +265,7 @@ def test_a_poll_names_the_answer_it_has_and_waits_for_a_change_only_then(endpoin
 def test_stopping_the_poller_ends_the_poll_it_has_in_flight(endpoint):
     """At the job's exit the poller is stopped and joined: a long poll held 30 s at the daemon
     would hold the exit for the join's 5 s."""
+    endpoint.long_polls = True
     d = Dispatcher()
     poller = PlanPoller(d, endpoint.url, "job-1", None, verifier=accept, interval_s=0.05)
     poller.start()
@@ -282,7 +284,6 @@ def test_stopping_the_poller_ends_the_poll_it_has_in_flight(endpoint):
 
 def test_polls_a_daemon_answers_at_once_go_out_no_more_often_than_the_interval(endpoint):
     """An older daemon does not hold a poll: the job must not ask it in a loop."""
-    endpoint.long_polls = False
     poller = PlanPoller(Dispatcher(), endpoint.url, "job-1", None, verifier=accept, interval_s=0.25)
     poller.start()
     time.sleep(1.2)
