@@ -59,7 +59,8 @@ class SpanBuilder:
     span_fields, spans)`` (:class:`~.exporters.StepProcessor`). While it accepts them, a step's
     rtx.kernel spans, most of its spans, go there as the OTLP bytes :func:`.encode.encode` would
     write for them, made in one C call from the step's call records (``_aggregate.kernel_spans``)
-    instead of as ReadableSpans: about a tenth of their cost on the export thread."""
+    instead of as ReadableSpans: a third or less of their cost on the export thread
+    (`bench/export_cost.py`)."""
 
     def __init__(self, tracer: Tracer, slots: Sequence[Slot],
                  step_attributes: Callable[[StepRecord], dict] | None = None,
