@@ -1,7 +1,9 @@
 """CPU cost of the job's telemetry export thread per training step: building a step's spans and
 encoding them as an OTLP request, the SDK way (tracer.start_span/end, the OTLP exporters' encoder)
-vs rtxops' (ReadableSpans made directly, cached attribute bytes). Same spans, same bytes. Thread CPU
-time, so a busy machine moves it less than wall time. Prints JSON (and writes it with ``--out``).
+vs rtxops' (``rtxops_spans``: ReadableSpans made directly, cached attribute bytes; ``rtxops``: the
+kernel spans written straight to bytes in C, as a job does once its exporter takes bytes). Same
+spans, same bytes. Thread CPU time, so a busy machine moves it less than wall time. Prints JSON
+(and writes it with ``--out``).
 """
 from __future__ import annotations
 
