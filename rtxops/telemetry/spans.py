@@ -244,14 +244,13 @@ class SpanBuilder:
                 prefixes.append(b"".join(key_value(0x4A, k, v) for k, v in
                                          self._static_attributes(len(prefixes), phase).items()))
             ids = ctx.trace_id.to_bytes(16, "big") + ctx.span_id.to_bytes(8, "big")
-        except (Unsupported, ValueError, OverflowError):   # what the encoder declines too
-            return None
-        try:
             got = _kernel_spans_native(
-                np.ascontiguousarray(calls, dtype=np.int64), HIST_BINS, prefixes, _kernel_layout(),
+                np.ascontiguousarray(calls, dtype=np.int64), HIST_BINS, prefixes, _KERNEL_LAYOUT,
                 ids, t.id_generator.generate_span_id, self._epoch_offset, rec.plan_version,
                 rec.step, self._memory_carried if fwd else None, misses if fwd else None, sampled)
-        except OverflowError:   # a step or plan version past int64: the encoder declines it too
+        except (Unsupported, ValueError, OverflowError):
+            # what the encoder declines too: an attribute it does not take, ids or a step
+            # past their widths
             return None
         if got is None:
             return None
@@ -314,21 +313,14 @@ def _misses(rec: StepRecord) -> dict[int, int]:
     return misses
 
 
-_layout: tuple[bytes, ...] | None = None
-
-
-def _kernel_layout() -> tuple[bytes, ...]:
-    """What ``_aggregate.kernel_spans`` writes around a kernel span's figures, in its order:
-    head (name, kind), tail (status, flags), the rtx.sampled attribute, then the key fields of
-    count, total, min, max, histogram, plan version, step, memory delta and peak, cache misses
-    and hits (the attributes' order in :meth:`SpanBuilder._kernel_spans`)."""
-    global _layout
-    if _layout is None:
-        _layout = (span_head(S.KERNEL), SPAN_TAIL, key_value(0x4A, S.SAMPLED, True),
-                   *(key_field(k) for k in (S.COUNT, S.TOTAL_NS, S.MIN_NS, S.MAX_NS, S.HIST,
-                                            S.PLAN_VERSION, S.STEP_NUMBER, S.MEM_DELTA,
-                                            S.MEM_PEAK, S.CACHE_MISSES, S.CACHE_HITS)))
-    return _layout
+# What ``_aggregate.kernel_spans`` writes around a kernel span's figures, in its order: head
+# (name, kind), tail (status, flags), the rtx.sampled attribute, then the key fields of count,
+# total, min, max, histogram, plan version, step, memory delta and peak, cache misses and hits
+# (the attributes' order in SpanBuilder._kernel_spans).
+_KERNEL_LAYOUT = (span_head(S.KERNEL), SPAN_TAIL, key_value(0x4A, S.SAMPLED, True),
+                  *(key_field(k) for k in (S.COUNT, S.TOTAL_NS, S.MIN_NS, S.MAX_NS, S.HIST,
+                                           S.PLAN_VERSION, S.STEP_NUMBER, S.MEM_DELTA,
+                                           S.MEM_PEAK, S.CACHE_MISSES, S.CACHE_HITS)))
 
 
 _MAX_EVENTS = 128                      # the SDK's default span limit, checked in _direct_spans

@@ -216,7 +216,7 @@ static int as_int64(PyObject *v, int64_t *out) {
     return 0;
 }
 
-typedef struct { int64_t slot; PyObject *memory; PyObject *missed; } Taken;
+typedef struct { int64_t slot, missed; PyObject *memory, *missed_value; } Taken;
 
 static PyObject *kernel_spans(PyObject *self, PyObject *args) {
     Py_buffer view, ids;
@@ -266,11 +266,12 @@ static PyObject *kernel_spans(PyObject *self, PyObject *args) {
         Taken *t = &taken[made];
         t->slot = s;
         t->memory = memory == Py_None ? NULL : PyDict_GetItemWithError(memory, key);
-        t->missed = (t->memory == NULL && PyErr_Occurred()) ? NULL
-                    : misses == Py_None ? NULL : PyDict_GetItemWithError(misses, key);
+        t->missed_value = (t->memory == NULL && PyErr_Occurred()) ? NULL
+                        : misses == Py_None ? NULL : PyDict_GetItemWithError(misses, key);
         Py_DECREF(key);
         if (PyErr_Occurred()) goto done;
         int64_t delta = 0, peak = 0, missed = 0;
+        t->missed = 0;
         if (t->memory) {
             if (!PyTuple_CheckExact(t->memory) || PyTuple_GET_SIZE(t->memory) != 2) {
                 out = Py_NewRef(Py_None); goto done;
@@ -279,9 +280,10 @@ static PyObject *kernel_spans(PyObject *self, PyObject *args) {
             if (!r) r = as_int64(PyTuple_GET_ITEM(t->memory, 1), &peak);
             if (r) { if (r > 0) out = Py_NewRef(Py_None); goto done; }
         }
-        if (t->missed) {
-            int r = as_int64(t->missed, &missed);
+        if (t->missed_value) {
+            int r = as_int64(t->missed_value, &missed);
             if (r) { if (r > 0) out = Py_NewRef(Py_None); goto done; }
+            t->missed = missed;
         }
         /* the Span message, as encode._span writes it for this ReadableSpan (whose times it
          * packs as unsigned 64-bit: it declines others, and so does this) */
@@ -352,10 +354,8 @@ static PyObject *kernel_spans(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(totals); i++) {
         Taken *t = &taken[i];
         Acc *a = &sums.acc[t->slot];
-        int64_t missed = 0;
-        if (t->missed) as_int64(t->missed, &missed);   /* read above: an exact int64 */
         PyObject *row = Py_BuildValue("(LLLL)", (long long)t->slot, (long long)a->count,
-                                      (long long)a->total, (long long)missed);
+                                      (long long)a->total, (long long)t->missed);
         if (!row) { Py_DECREF(totals); goto done; }
         PyList_SET_ITEM(totals, i, row);
     }
@@ -363,7 +363,7 @@ static PyObject *kernel_spans(PyObject *self, PyObject *args) {
         PyObject *key = PyLong_FromLongLong(taken[i].slot);
         if (!key) { Py_DECREF(totals); goto done; }
         int failed = (taken[i].memory && PyDict_DelItem(memory, key))
-                     || (taken[i].missed && PyDict_DelItem(misses, key));
+                     || (taken[i].missed_value && PyDict_DelItem(misses, key));
         Py_DECREF(key);
         if (failed) { Py_DECREF(totals); goto done; }
     }
