@@ -1,4 +1,5 @@
-"""A real rtxops daemon for a bench: its own process, any free port, a given home."""
+"""A real rtxops daemon for a bench: its own process, any free port, a given home; an exporter
+that outlives the job telemetry sending through it."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+from opentelemetry.sdk.trace.export import SpanExporter
 
 
 def start_daemon(home: Path, env: dict | None = None, log: Path | None = None,
@@ -46,3 +48,25 @@ def running_daemon(home: Path, env: dict | None = None, log: Path | None = None)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+class KeepOpen(SpanExporter):
+    """``exporter`` for one block (or part) of a bench: its shutdown leaves it open for the next."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+
+    def export(self, spans):
+        return self.exporter.export(spans)
+
+    def encode_request(self, spans):
+        return self.exporter.encode_request(spans)
+
+    def export_encoded(self, body, spans):
+        return self.exporter.export_encoded(body, spans)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        pass

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import psutil
-from _daemon import running_daemon
+from _daemon import KeepOpen, running_daemon
 from _gpt import block_options, emit, median_interval, paired_ratios, stepper
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -46,28 +46,6 @@ from rtxops.telemetry.exporters import DeferredExporter, otlp_http_exporter
 from rtxops.telemetry.job import DEFAULT_EXPORT_INTERVAL_S, start_job_telemetry
 
 LAYERS = ("runtime", "recorder", "telemetry", "daemon")
-
-
-class _KeepOpen(SpanExporter):
-    """``exporter`` for one block: the block's shutdown leaves it open for the next."""
-
-    def __init__(self, exporter: SpanExporter) -> None:
-        self.exporter = exporter
-
-    def export(self, spans):
-        return self.exporter.export(spans)
-
-    def encode_request(self, spans):
-        return self.exporter.encode_request(spans)
-
-    def export_encoded(self, body, spans):
-        return self.exporter.export_encoded(body, spans)
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.exporter.force_flush(timeout_millis)
-
-    def shutdown(self) -> None:
-        pass
 
 
 class _Drop(SpanExporter):
@@ -106,7 +84,7 @@ def layer_cost(steps, layer: str, pairs: int, block: int, skip: int, daemon=None
         if on:
             d = patching.enable()
             if layer == "daemon":
-                telemetry = start_job_telemetry(d, _KeepOpen(shared),
+                telemetry = start_job_telemetry(d, KeepOpen(shared),
                                                 export_interval_s=export_interval_s,
                                                 quiet_interval_s=quiet_interval_s)
             elif layer != "runtime":

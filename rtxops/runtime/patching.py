@@ -96,6 +96,19 @@ def active() -> Dispatcher | None:
     return _active.dispatcher if _active else None
 
 
+@contextlib.contextmanager
+def suspended():
+    """Nothing routed meanwhile, in any thread (torch's functions and the classes' forwards as
+    they were); the dispatcher, its routes and its step hook stay. A no-op while not enabled."""
+    with _lock:
+        patch = _active
+    if patch is None:
+        yield
+        return
+    with patch.suspended():
+        yield
+
+
 # ---- module patterns ------------------------------------------------------------------------
 def _eps_of(module) -> float | None:
     for name in ("variance_epsilon", "eps", "epsilon"):

@@ -38,6 +38,30 @@ def test_enable_disable_round_trip_restores_torch_exactly():
     assert routed == plain  # the default plan runs every reference: bit-identical
 
 
+def test_suspended_puts_torch_back_for_a_while_and_keeps_the_dispatcher():
+    before = {name: getattr(F, name) for name in originals.PATCHABLE}
+    forward = TinyRMSNorm.forward
+    with patching.suspended():   # not enabled: nothing to put back
+        assert {name: getattr(F, name) for name in originals.PATCHABLE} == before
+    d = patching.enable()
+    wrappers = {name: getattr(F, name) for name in originals.PATCHABLE}
+    train_losses(TinyNet(), steps=1)
+    calls, steps = sum(d.readings.calls), d.readings.steps
+    assert calls > 0 and steps == 1
+    with patching.suspended():
+        with patching.suspended():   # nested: the outer one puts the wrappers back
+            pass
+        assert {name: getattr(F, name) for name in originals.PATCHABLE} == before
+        assert TinyRMSNorm.forward is forward
+        train_losses(TinyNet(), steps=2)
+    # no call routed or counted meanwhile; the step hook stayed
+    assert sum(d.readings.calls) == calls and d.readings.steps == steps + 2
+    assert {name: getattr(F, name) for name in originals.PATCHABLE} == wrappers
+    assert TinyRMSNorm.forward is not forward
+    train_losses(TinyNet(), steps=1)
+    assert sum(d.readings.calls) > calls
+
+
 def test_default_plan_is_bit_identical_per_op():
     x = torch.randn(4, 7, 16)
     w = torch.randn(16)
@@ -281,7 +305,7 @@ def test_a_class_put_back_for_good_while_scripting_stays_back():
     d = patching.enable()
     site = d.site_named(f"module:{GeluGatedMLP.__module__}.{GeluGatedMLP.__qualname__}")
     assert GeluGatedMLP.forward is not own_forward
-    with patching._active.suspended():  # another thread scripts a model meanwhile
+    with patching.suspended():  # another thread scripts a model meanwhile
         site.give_up("its first call failed its check")
     assert GeluGatedMLP.forward is own_forward
 
