@@ -36,8 +36,13 @@ from .registry import Registry, default_registry
 from .spec import REFERENCE, OpSpec, Tolerance, Variant
 
 log = logging.getLogger("rtxops.runtime")
-_is_compiling = torch.compiler.is_compiling
+# The wrappers ask ``torch.compiler.is_compiling() and _traced_here()`` on every call, spelled
+# ``_is_dynamo_compiling() or (_compiler._is_compiling_flag and _traced_here())``: one Python call
+# where is_compiling() makes two. Dynamo folds is_dynamo_compiling() to True as it traces, so the
+# flag (which it would guard on) is read only outside its traces; torch holds the flag through a
+# compile session (and an export) beyond what dynamo itself traces.
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+_compiler = torch.compiler
 _tracing_state = torch._C._get_tracing_state
 _functorch_active = torch._C._are_functorch_transforms_active
 _dispatch_modes = torch._C._len_torch_dispatch_stack   # FakeTensorMode and the like
@@ -214,6 +219,10 @@ class Scoped(NamedTuple):
     scope: Any
 
 
+# ``Scoped(key, scope)`` made as ``_scoped((key, scope))``: no Python frame (a module's key is
+# scoped on every call)
+_scoped = functools.partial(tuple.__new__, Scoped)
+
 any_autocast = torch._C._is_any_autocast_enabled
 
 
@@ -296,7 +305,8 @@ class FunctionSite:
             inspect.isfunction(ref) else None
 
         def dispatching(*args, **kwargs):
-            if not live[0] or (_is_compiling() and _traced_here()):
+            if not live[0] or _is_dynamo_compiling() or (
+                    _compiler._is_compiling_flag and _traced_here()):
                 # not live: a wrapper held past disable() (``self.act = F.gelu``) is torch's again
                 return ref(*args, **kwargs)
             if here.unrouted:   # a tracer's (fx) proxies still take the call, under this name
@@ -515,7 +525,8 @@ class ModuleSite(FunctionSite):
         key_of = self.key_of
 
         def forward(module, *args, **kwargs):
-            if dormant[0] or not live[0] or here.unrouted or (_is_compiling() and _traced_here()) or (
+            if dormant[0] or not live[0] or here.unrouted or _is_dynamo_compiling() or (
+                    _compiler._is_compiling_flag and _traced_here()) or (
                     (_has_torch_function(args) or (kwargs and _has_torch_function(kwargs.values())))
                     and _subclass_among(args, kwargs)):
                 return original(module, *args, **kwargs)
@@ -532,9 +543,9 @@ class ModuleSite(FunctionSite):
                 # them (dropout); so is a subclass that inherits the forward (it may set what
                 # that forward reads differently)
                 sub = type(module)
-                key = Scoped(key, (module.training, autocast_scope() if any_autocast() else None,
-                                   None if sub is cls else sub,
-                                   module.__dict__.get(_SETTINGS) or _settings_of(module)))
+                key = _scoped((key, (module.training, autocast_scope() if any_autocast() else None,
+                                     None if sub is cls else sub,
+                                     module.__dict__.get(_SETTINGS) or _settings_of(module))))
             route = route_of(key)
             if route is None:
                 if key is None:

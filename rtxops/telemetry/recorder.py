@@ -1,7 +1,8 @@
 """The hot-path recorder: fixed-width call records in a preallocated buffer.
 
-``record(slot, start_ns, duration_ns)`` is the only telemetry code that runs per call: three array
-stores into a preallocated ``array('q')``, no OpenTelemetry object, no lock, no allocation. At each
+``record(slot, start_ns, duration_ns)`` is the only telemetry code that runs per call: three int64
+stores into a preallocated buffer (a C method, ``_native/call_buffer.c``; closures over an
+``array('q')`` where it is not built), no OpenTelemetry object, no lock, no allocation. At each
 optimizer step the training thread hands the step's records to the export thread as one
 :class:`StepRecord` (a single copy of the used part of the buffer) and starts over. A job that
 has not stepped an optimizer yet (an inference loop, a long evaluation before training) hands
@@ -18,6 +19,11 @@ from typing import Callable
 import torch
 
 from rtxops.runtime.readings import CallStats, Readings, Slot
+
+try:   # built from _native/call_buffer.c: record() without a Python frame
+    from ._call_buffer import CallBuffer as _NativeCallBuffer
+except ImportError:  # built without a compiler: the closures of _make_buffer
+    _NativeCallBuffer = None
 
 RECORD_WIDTH = 3  # slot, start_ns, duration_ns
 
@@ -186,7 +192,11 @@ def _make_buffer(capacity: int, on_full: Callable[[], None] | None = None,
     that finds the buffer full first has ``on_full`` empty it (through ``take``); one that finds
     it full again (``on_full`` failed, or is running) is dropped and counted. With ``every_ns``,
     a call starting ``every_ns`` after the last ``take`` has ``on_full`` empty it too, until
-    ``stop_timer()``."""
+    ``stop_timer()``. The C buffer's methods where it is built (the same, without a Python frame
+    per record)."""
+    if _NativeCallBuffer is not None:
+        native = _NativeCallBuffer(capacity, on_full, every_ns)
+        return native.record, native.take, native.stop_timer
     limit = capacity * RECORD_WIDTH
     buf = _CallBuffer("q", bytes(8 * limit))
     pos = 0
