@@ -7,10 +7,11 @@ plan, the telemetry recorder and export thread, OTLP/HTTP to a real ``rtxops dae
 process (evolve loop off), exports at a settled job's cadence. Three parts, each measured where
 the drift cannot reach it:
 
-* ``routed_ms``: the training thread's cost of routing, timing and recording a step's calls.
+* ``routed``: the training thread's cost of routing, timing and recording a step's calls.
   The routing is suspended on every other step (:func:`rtxops.runtime.patching.suspended`:
   torch's functions and the classes' forwards put back between two steps), in ABBA order; the
-  figure is the median over pairs of (routed step - suspended step), a step apart;
+  figure is the median over pairs of routed step / suspended step - 1, a step apart (a ratio:
+  a slow spell slows both steps of a pair; ``routed_ms`` is the median difference);
 * ``boundary_ms``: the median wall time of the optimizer-step hook, which runs in both steps of
   a pair and so drops out of the difference;
 * ``other_threads_fraction``: with every step routed (``--whole`` steps, their own telemetry,
@@ -20,7 +21,7 @@ the drift cannot reach it:
   time), so a millisecond of another thread costs the step at most a millisecond. A ratio of
   times taken together, so a slow spell moves both.
 
-``overhead`` = (routed + boundary) / the median suspended step + other_threads_fraction;
+``overhead`` = routed + boundary / the median suspended step + other_threads_fraction;
 ``overhead_95ci`` moves only the routed part by its bootstrap interval. Left out: the wait for
 the job's closing export (once per job) and the plan poller (a long poll a half minute).
 JSON on stdout (``--out`` writes it too).
@@ -109,8 +110,9 @@ def _routed(steps, d, exporter, pairs: int, warm: int) -> dict:
                         suspended.extend(steps(1))
     finally:
         telemetry.close()
-    diffs = [r - s for r, s in zip(routed, suspended)]
-    return {"diffs": diffs, "base": statistics.median(suspended),
+    return {"diffs": [r - s for r, s in zip(routed, suspended)],
+            "ratios": [r / s for r, s in zip(routed, suspended)],
+            "base": statistics.median(suspended),
             "boundary": statistics.median(boundary) / 1e9,
             "spread": (min(suspended), max(suspended))}
 
@@ -139,17 +141,18 @@ def measure(steps, daemon, pairs: int, whole: int, warm: int) -> dict:
     finally:
         exporter.shutdown()
 
-    diffs, base, boundary_s = paired["diffs"], paired["base"], paired["boundary"]
-    routed_s = statistics.median(diffs)
-    low, high = median_interval(diffs)
+    base, boundary_s = paired["base"], paired["boundary"]
+    routed = statistics.median(paired["ratios"]) - 1
+    low, high = (x - 1 for x in median_interval(paired["ratios"]))
     fraction = other.pop("fraction")
     rest = boundary_s / base + fraction
     return {
-        "overhead": round(routed_s / base + rest, 4),
-        "overhead_95ci": [round(low / base + rest, 4), round(high / base + rest, 4)],
+        "overhead": round(routed + rest, 4),
+        "overhead_95ci": [round(low + rest, 4), round(high + rest, 4)],
+        "routed": round(routed, 4),
+        "routed_95ci": [round(low, 4), round(high, 4)],
         "suspended_step_ms": round(base * 1e3, 3),
-        "routed_ms": round(routed_s * 1e3, 4),
-        "routed_95ci_ms": [round(low * 1e3, 4), round(high * 1e3, 4)],
+        "routed_ms": round(statistics.median(paired["diffs"]) * 1e3, 4),
         "boundary_ms": round(boundary_s * 1e3, 4),
         "other_threads_fraction": round(fraction, 4),
         "other_threads": other,
