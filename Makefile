@@ -50,6 +50,7 @@ bench: install
 	  --out bench/results/step_overhead_direct.json
 	$(PY) bench/step_overhead.py --pairs 5 --steps 300 --warmup 20 --out bench/results/step_overhead.json
 	$(PY) bench/step_overhead_inprocess.py --pairs 10 --out bench/results/step_overhead_inprocess.json
+	$(PY) bench/step_overhead_interleaved.py --out bench/results/step_overhead_interleaved.json
 	$(PY) bench/daemon_request_cost.py --out bench/results/daemon_request_cost.json
 	$(PY) bench/startup.py --out bench/results/startup.json
 	$(PY) bench/ingest.py --out bench/results/ingest.json
