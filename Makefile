@@ -13,10 +13,10 @@ DEMO_STEPS ?= 1500
 
 install: $(STAMP) bytecode
 
-# the C decoder, encoder and aggregation are built by the install: a changed source installs
-# again, and the old builds go first (a source that no longer compiles must not leave its last
-# build in use)
-NATIVE_BUILDS = rtxops/telemetry/_otlp_*.so rtxops/telemetry/_aggregate*.so
+# the C decoder, encoder, aggregation and call buffer are built by the install: a changed source
+# installs again, and the old builds go first (a source that no longer compiles must not leave its
+# last build in use)
+NATIVE_BUILDS = rtxops/telemetry/*.so
 $(STAMP): pyproject.toml Makefile setup.py $(wildcard rtxops/telemetry/_native/*.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
