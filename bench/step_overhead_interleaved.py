@@ -92,8 +92,8 @@ def _other_threads(steps, d, exporter, proc, daemon_idle_per_s: float, n: int,
 
 
 def _routed(steps, d, exporter, pairs: int, warm: int) -> dict:
-    """Routing suspended every other step (ABBA): routed - suspended per pair, and the step
-    hook's own time."""
+    """Routing suspended every other step (ABBA): each pair's difference and ratio, and the
+    step hook's own time."""
     telemetry = start_job_telemetry(d, exporter, quiet_interval_s=settings.EXPORT_QUIET_INTERVAL_S)
     boundary: list[int] = []
     routed: list[float] = []
