@@ -1,5 +1,5 @@
-"""A real rtxops daemon for a bench: its own process, any free port, a given home; an exporter
-that outlives the job telemetry sending through it."""
+"""A real rtxops daemon for a bench: its own process, any free port, a given home; its CPU time;
+an exporter that outlives the job telemetry sending through it."""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 from opentelemetry.sdk.trace.export import SpanExporter
 
 
@@ -48,6 +49,12 @@ def running_daemon(home: Path, env: dict | None = None, log: Path | None = None)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def cpu_s(pid: int) -> float:
+    """The process's CPU seconds so far (user and system)."""
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 class KeepOpen(SpanExporter):

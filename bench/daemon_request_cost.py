@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
-from _daemon import running_daemon
+from _daemon import cpu_s, running_daemon
 from _report import report
 from export_cost import records
 from opentelemetry.sdk.resources import Resource
@@ -63,11 +62,8 @@ def main() -> None:
     sizes = {n: request_bodies(n, a.requests + 2, seed=n) for n in SIZES}
     with tempfile.TemporaryDirectory(prefix="rtxops-reqcost-") as tmp, \
             running_daemon(Path(tmp) / "home", env={"RTXOPS_EVOLVE": "0"}) as (proc, url, token):
-        daemon = psutil.Process(proc.pid)
-
         def cpu() -> float:
-            t = daemon.cpu_times()
-            return t.user + t.system
+            return cpu_s(proc.pid)
 
         client = httpx.Client(headers={"Authorization": f"Bearer {token}",
                                        "Content-Type": "application/x-protobuf"}, timeout=60)

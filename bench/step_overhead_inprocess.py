@@ -33,8 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-from _daemon import KeepOpen, running_daemon
+from _daemon import KeepOpen, cpu_s, running_daemon
 from _gpt import block_options, emit, median_interval, paired_ratios, stepper
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -136,10 +135,7 @@ def layer_cost(steps, layer: str, pairs: int, block: int, skip: int, daemon=None
 
 
 def _cpu_s(daemon) -> float:
-    if daemon is None:
-        return 0.0
-    t = psutil.Process(daemon[0].pid).cpu_times()
-    return t.user + t.system
+    return 0.0 if daemon is None else cpu_s(daemon[0].pid)
 
 
 def main() -> None:

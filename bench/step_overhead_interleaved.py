@@ -36,9 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import torch
-from _daemon import KeepOpen, running_daemon
+from _daemon import KeepOpen, cpu_s, running_daemon
 from _gpt import median_interval, stepper
 from _report import report
 
@@ -47,11 +46,6 @@ from rtxops.runtime import patching
 from rtxops.telemetry import exporters
 from rtxops.telemetry.exporters import DeferredExporter, otlp_http_exporter
 from rtxops.telemetry.job import start_job_telemetry
-
-
-def _cpu_s(pid: int) -> float:
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
 
 
 def _timed_boundary(dispatcher, times: list[int]) -> None:
@@ -74,14 +68,14 @@ def _other_threads(steps, d, exporter, proc, daemon_idle_per_s: float, n: int,
     telemetry = start_job_telemetry(d, exporter, quiet_interval_s=settings.EXPORT_QUIET_INTERVAL_S)
     try:
         steps(warm)
-        daemon_before, wall_before = _cpu_s(proc.pid), time.monotonic()
+        daemon_before, wall_before = cpu_s(proc.pid), time.monotonic()
         export_before = telemetry.thread.cpu_s
         step_s = sum(steps(n))
     finally:
         telemetry.close()   # the last request, its spans among those counted
     time.sleep(2.0)         # the daemon commits what it acknowledged
     wall = time.monotonic() - wall_before
-    daemon_cpu = max(_cpu_s(proc.pid) - daemon_before - daemon_idle_per_s * wall, 0.0)
+    daemon_cpu = max(cpu_s(proc.pid) - daemon_before - daemon_idle_per_s * wall, 0.0)
     export_cpu = telemetry.thread.cpu_s - export_before
     return {"fraction": (export_cpu + daemon_cpu) / step_s,
             "export_thread_cpu_ms_per_step": round(export_cpu / n * 1e3, 4),
@@ -120,9 +114,9 @@ def _routed(steps, d, exporter, pairs: int, warm: int) -> dict:
 def measure(steps, daemon, pairs: int, whole: int, warm: int) -> dict:
     proc, url, token = daemon
     idle_s = 10.0
-    idle_before = _cpu_s(proc.pid)
+    idle_before = cpu_s(proc.pid)
     time.sleep(idle_s)
-    daemon_idle_per_s = (_cpu_s(proc.pid) - idle_before) / idle_s
+    daemon_idle_per_s = (cpu_s(proc.pid) - idle_before) / idle_s
 
     exporters.ACTIVE_S = 0.0   # a settled job: exports every quiet interval
     exporter = DeferredExporter(lambda: otlp_http_exporter(url, token))
