@@ -349,6 +349,21 @@ def test_compaction_merges_minute_rows_without_changing_results(store):
     assert again == stats
 
 
+@pytest.mark.parametrize("every_s, merged", [(0.0, True), (3600.0, False)])
+def test_the_writer_compacts_every_compact_every_s(tmp_path, every_s, merged):
+    """The writer merges earlier minutes' rows itself, after a commit, once ``compact_every_s``
+    has passed since its last pass; not before."""
+    start = time.time_ns() - 20 * 60 * 10**9
+    with Store(tmp_path / "t.duckdb", compact_every_s=every_s) as s:
+        for seed in range(3):
+            req = synthetic.otlp_request(200, seed=seed, start_ns=start, step_ns=10**9)
+            s.write(otlp.convert(req.SerializeToString(), otlp.PROTOBUF, 1))
+        s.call(lambda cur: None)   # the writer's next turn: after its pass, if it made one
+        row = s.query("SELECT count(*) AS n, count(DISTINCT (key_id, minute)) AS k "
+                      "FROM kernel_minutes")[0]
+    assert (row["n"] == row["k"]) is merged
+
+
 def test_kernel_totals_past_int64_saturate_and_compaction_goes_on(store):
     """1100 kernel spans of 2^53 ns each (within the figures the store takes) summed to a negative
     total in the rollup, and the compaction, which sums in SQL, failed on every run after, so no
