@@ -506,6 +506,39 @@ def _train_norm(norm: _BiasedRMSNorm, steps: int = 4) -> tuple[list[float], torc
     return losses, norm.bias
 
 
+class _NoEpsRMSNorm(nn.Module):
+    def __init__(self, dim: int = 8):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * self.weight
+
+
+def test_an_rms_norm_classs_key_is_the_ops_key_of_its_split():
+    """The key an RMSNorm class's call is routed by is the op's key of the op's arguments the
+    split makes of it, and None wherever the split makes none (the call runs as written)."""
+    from rtxops.runtime.ops import rms_norm
+    from rtxops.runtime.patching import _rms_norm_key, _split_rms_norm
+
+    norm, bf16 = TinyRMSNorm(8), TinyRMSNorm(8).to(torch.bfloat16)
+    x = torch.randn(2, 3, 8)
+    calls = [
+        (norm, (x,), {}), (norm, (x.transpose(0, 1),), {}), (norm, (x[..., :4],), {}),
+        (norm, (x.to(torch.bfloat16),), {}), (bf16, (x,), {}), (norm, (torch.randn(8),), {}),
+        (norm, (torch.tensor(1.0),), {}), (norm, (), {}), (norm, (x, x), {}),
+        (norm, (), {"x": x}), (norm, ([1.0] * 8,), {}), (_NoEpsRMSNorm(), (x,), {}),
+        (TinyRMSNorm(4), (x,), {}), (nn.Module(), (x,), {}),
+    ]
+    keys = []
+    for module, args, kwargs in calls:
+        parts = _split_rms_norm(module, *args, **kwargs)
+        want = None if parts is None else rms_norm.key(*parts[0])
+        assert _rms_norm_key(module, *args, **kwargs) == want
+        keys.append(want)
+    assert sum(k is not None for k in keys) == 5 and len(set(keys)) == 6   # five keys and None
+
+
 def test_a_norm_class_with_a_parameter_the_op_does_not_take_is_not_rewritten():
     """Once a plan routed rms_norm, the class was rewritten as the bare op after its first call
     matched: its bias then never moved and never counted."""
