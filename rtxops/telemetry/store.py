@@ -369,10 +369,11 @@ class Store:
     counts as a span there): past either, :meth:`submit` refuses with :class:`StoreBusy` and
     counts the refused spans.
     ``max_commit_spans`` caps how many queued spans one transaction takes. Every
-    ``compact_every_s`` the writer merges the kernel_minutes rows separate commits wrote: a pass
-    costs 20-40 ms of CPU however few rows it merges (four statements planned and run), which
-    every half minute was a third of the daemon's CPU beside a settled job; five minutes of
-    unmerged rows (a few hundred a key) cost the readers, who sum them anyway, nothing to see.
+    ``compact_every_s`` the writer merges the kernel_minutes rows separate commits wrote. A pass
+    costs 20-40 ms of CPU however few rows it merges (four statements planned and run): every
+    half minute, that was a third of the daemon's CPU beside a settled job. The readers sum the
+    rows anyway; five minutes of them unmerged (a few hundred a key at most) cost them nothing
+    measurable.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, max_queue_batches: int = 256,
