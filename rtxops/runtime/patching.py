@@ -152,6 +152,32 @@ def _rms_norm_key(module, hidden_states=None, *args, **kwargs):
             True if hidden_states.is_contiguous() else hidden_states.stride())
 
 
+def _lean_linear_forward(torch_forward: Callable) -> Callable:
+    """``nn.Linear.forward`` while rtxops is on: ``F.linear`` (routed) of the input and the
+    module's weight and bias as its parameter table holds them. torch's own forward reads each
+    through ``Module.__getattr__``, a Python call: two a call, 30 a step of the example GPT, on
+    the path the routing adds its own calls to. Anything else (a subclass, a parametrization, a
+    parameter replaced by a plain attribute, a trace) runs torch's forward."""
+    linear = nn.Linear
+    compiler = torch.compiler
+    is_dynamo_compiling = compiler.is_dynamo_compiling
+
+    def forward(self, input):
+        if type(self) is linear and not (is_dynamo_compiling() or compiler._is_compiling_flag):
+            own = self.__dict__
+            params = own["_parameters"]
+            if "weight" in params and "bias" in params and "weight" not in own \
+                    and "bias" not in own:
+                return F.linear(input, params["weight"], params["bias"])
+        return torch_forward(self, input)
+
+    forward.__wrapped__ = torch_forward  # type: ignore[attr-defined]
+    forward.__rtxops_wrapper__ = True  # type: ignore[attr-defined]
+    forward.__name__, forward.__qualname__ = torch_forward.__name__, torch_forward.__qualname__
+    forward.__module__, forward.__doc__ = torch_forward.__module__, torch_forward.__doc__
+    return forward
+
+
 _MLP_LAYOUTS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 
 
@@ -282,6 +308,8 @@ class _Patch:
             setattr(F, fname, wrapper)
         for cls in _all_subclasses(nn.Module):
             self.patch_class(cls)
+        self.classes[nn.Linear] = nn.Linear.forward
+        nn.Linear.forward = _lean_linear_forward(nn.Linear.forward)
         self._hook_new_classes()
         self.scan_functions()
         self._wrap_entry_points()

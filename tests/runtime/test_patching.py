@@ -19,7 +19,7 @@ from .helpers import GeluGatedMLP, LlamaMLP, TinyNet, TinyRMSNorm, bucket_id, pl
 def test_enable_disable_round_trip_restores_torch_exactly():
     before = {name: getattr(F, name) for name in originals.PATCHABLE}
     init_subclass = nn.Module.__dict__.get("__init_subclass__")
-    forward = TinyRMSNorm.forward
+    forward, linear_forward = TinyRMSNorm.forward, nn.Linear.forward
     torch.manual_seed(0)
     plain = train_losses(TinyNet())
 
@@ -33,6 +33,7 @@ def test_enable_disable_round_trip_restores_torch_exactly():
     assert {name: getattr(F, name) for name in originals.PATCHABLE} == before
     assert nn.Module.__dict__.get("__init_subclass__") is init_subclass
     assert TinyRMSNorm.forward is forward
+    assert nn.Linear.forward is linear_forward
     torch.manual_seed(0)
     assert train_losses(TinyNet()) == plain
     assert routed == plain  # the default plan runs every reference: bit-identical
@@ -537,6 +538,63 @@ def test_an_rms_norm_classs_key_is_the_ops_key_of_its_split():
         assert _rms_norm_key(module, *args, **kwargs) == want
         keys.append(want)
     assert sum(k is not None for k in keys) == 5 and len(set(keys)) == 6   # five keys and None
+
+
+def _linears() -> dict[str, nn.Module]:
+    torch.manual_seed(0)
+    plain, no_bias, lazy = nn.Linear(8, 4), nn.Linear(8, 4, bias=False), nn.LazyLinear(4)
+    normed = torch.nn.utils.parametrizations.weight_norm(nn.Linear(8, 4))
+    replaced = nn.Linear(8, 4)
+    weight = replaced.weight.detach().clone().requires_grad_()
+    del replaced.weight
+    replaced.weight = weight            # a plain tensor attribute, as some wrappers leave it
+    return {"plain": plain, "no bias": no_bias, "lazy": lazy, "weight norm": normed,
+            "plain attribute": replaced}
+
+
+def test_linear_layers_compute_as_torchs_own_and_plain_ones_route_through_f_linear():
+    """While rtxops is on, ``nn.Linear`` reads its weight and bias from its parameter table
+    (torch's forward reads them through ``Module.__getattr__``): every kind of linear layer
+    computes what torch's own forward does, gradients included, and a plain one's call is
+    routed (and counted) as ``F.linear``."""
+    x = torch.randn(3, 8)
+
+    def run(layers):
+        out = {}
+        for name, layer in layers.items():
+            y = layer(x)
+            y.sum().backward()
+            out[name] = (y.detach(), [p.grad for p in layer.parameters()])
+        return out
+
+    want = run(_linears())
+    d = patching.enable()
+    try:
+        got = run(_linears())
+        counted = sum(d.readings.calls[s.id] for s in d.slots if s.site == "F.linear")
+        looked_up = []
+        getattr_of_modules = nn.Module.__getattr__
+
+        def counting(module, name):
+            looked_up.append(name)
+            return getattr_of_modules(module, name)
+
+        nn.Module.__getattr__ = counting
+        try:
+            layers = _linears()
+            looked_up.clear()
+            layers["plain"](x)
+            plain = list(looked_up)
+            layers["weight norm"](x)
+        finally:
+            nn.Module.__getattr__ = getattr_of_modules
+    finally:
+        patching.disable()
+    for name, (y, grads) in want.items():
+        assert torch.equal(got[name][0], y), name
+        assert all(torch.equal(a, b) for a, b in zip(got[name][1], grads)), name
+    assert counted == len(want)          # each layer's call routed once
+    assert plain == [] and "bias" in looked_up   # the table for a plain one, torch's otherwise
 
 
 def test_a_norm_class_with_a_parameter_the_op_does_not_take_is_not_rewritten():
