@@ -157,7 +157,8 @@ def _lean_linear_forward(torch_forward: Callable) -> Callable:
     module's weight and bias as its parameter table holds them. torch's own forward reads each
     through ``Module.__getattr__``, a Python call: two a call, 30 a step of the example GPT, on
     the path the routing adds its own calls to. Anything else (a subclass, a parametrization, a
-    parameter replaced by a plain attribute, a trace) runs torch's forward."""
+    parameter replaced by a plain attribute, dynamo's traces, a compile session) runs torch's
+    forward."""
     linear = nn.Linear
     compiler = torch.compiler
     is_dynamo_compiling = compiler.is_dynamo_compiling
