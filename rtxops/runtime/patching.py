@@ -118,7 +118,8 @@ def _eps_of(module) -> float | None:
     return None
 
 
-def _split_rms_norm(module, hidden_states=None, *args, **kwargs):
+def _rms_norm_weight_eps(module, hidden_states, args: tuple, kwargs: dict):
+    """(weight, eps) of an RMSNorm class's call the op can take, else None."""
     # a parameter from the module's own table: getattr goes through Module.__getattr__ (0.7 µs)
     weight = module._parameters.get("weight") if "weight" in module._parameters \
         else getattr(module, "weight", None)
@@ -128,27 +129,28 @@ def _split_rms_norm(module, hidden_states=None, *args, **kwargs):
             weight.shape[0] != hidden_states.shape[-1]:
         return None
     eps = _eps_of(module)
-    if eps is None:
+    return None if eps is None else (weight, eps)
+
+
+def _split_rms_norm(module, hidden_states=None, *args, **kwargs):
+    found = _rms_norm_weight_eps(module, hidden_states, args, kwargs)
+    if found is None:
         return None
+    weight, eps = found
     return (hidden_states, (hidden_states.shape[-1],), weight, eps), None
 
 
 def _rms_norm_key(module, hidden_states=None, *args, **kwargs):
     """The call key of an RMSNorm class's call: ``rms_norm.key`` of what
-    :func:`_split_rms_norm` makes of it (None where it makes nothing), in one Python call where
-    the split, its eps lookup, the op's key and its layout key were four: five such calls a step
-    of the example GPT."""
-    params = module._parameters
-    weight = params.get("weight") if "weight" in params else getattr(module, "weight", None)
-    if hidden_states is None or args or kwargs or not isinstance(hidden_states, torch.Tensor) \
-            or weight is None:
+    :func:`_split_rms_norm` makes of it (None where it makes nothing), without making the op's
+    arguments or calling the op's key and its layout key (five such calls a step of the
+    example GPT)."""
+    found = _rms_norm_weight_eps(module, hidden_states, args, kwargs)
+    if found is None:
         return None
-    shape, weight_shape = hidden_states.shape, weight.shape
-    if len(weight_shape) != 1 or not shape or weight_shape[0] != shape[-1] or \
-            _eps_of(module) is None:
-        return None
+    weight, shape = found[0], hidden_states.shape
     return (shape, hidden_states.dtype, hidden_states.device, (shape[-1],),
-            (weight.dtype, weight_shape),
+            (weight.dtype, weight.shape),
             True if hidden_states.is_contiguous() else hidden_states.stride())
 
 
