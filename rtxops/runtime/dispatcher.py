@@ -342,7 +342,7 @@ class FunctionSite:
                     raise
                 return on_error(e, args, kwargs)
             if slot >= 0:
-                record_cell[0](slot, t0, perf_counter_ns() - t0)
+                record_cell[0](slot, t0)
             return out
 
         dispatching.__name__ = getattr(ref, "__name__", self.op.name)
@@ -412,7 +412,7 @@ class FunctionSite:
                     raise
                 return on_error(e, args, kwargs)
             if slot >= 0:
-                record_cell[0](slot, t0, perf_counter_ns() - t0)
+                record_cell[0](slot, t0)
             return out
 
         explore.schedule = schedule  # type: ignore[attr-defined]
@@ -608,7 +608,7 @@ class ModuleSite(FunctionSite):
                 t0 = perf_counter_ns()
                 out = fn(module, *args, **kwargs)
                 if slot >= 0:
-                    record_cell[0](slot, t0, perf_counter_ns() - t0)
+                    record_cell[0](slot, t0)
                 return out
             whole_forward.parts, whole_forward.whole = (fn, slot, on_error), True  # type: ignore[attr-defined]
             return whole_forward
@@ -631,7 +631,7 @@ class ModuleSite(FunctionSite):
                     raise
                 return on_error(e, (module, parts, args, kwargs), {})
             if slot >= 0:
-                record_cell[0](slot, t0, perf_counter_ns() - t0)
+                record_cell[0](slot, t0)
             return out if post is None else post(module, out)
 
         route.parts, route.whole = (fn, slot, on_error), False  # type: ignore[attr-defined]
@@ -690,7 +690,8 @@ class Dispatcher:
                  verify_first_call: bool = True, backward_every: int = BACKWARD_EVERY) -> None:
         self.registry = registry or default_registry()
         self.readings: Readings = readings if readings is not None else CallStats()
-        self.record_cell = [self.readings.record]  # the hot path reads the sink through this cell
+        # the hot path reads the sink through this cell
+        self.record_cell = [self.readings.record_since]
         self.live = [LIVE]  # False once disabled: wrappers still held somewhere call torch's own
         self.verify_first_call = verify_first_call
         # time one backward per route every N steps (0: never); exploring arms at least every
@@ -854,7 +855,7 @@ class Dispatcher:
         """Send readings elsewhere; routes are rebuilt so the hot path calls the new sink."""
         with self._lock:
             self.readings = readings
-            self.record_cell[0] = readings.record
+            self.record_cell[0] = readings.record_since
             for timer in (self.cuda_timer, self.region_timer):
                 if timer is not None:
                     timer.readings = readings
@@ -883,7 +884,7 @@ class Dispatcher:
         cell = self.record_cell
 
         def stop(t0: int) -> None:
-            cell[0](slot, t0, perf_counter_ns() - t0)
+            cell[0](slot, t0)
 
         return perf_counter_ns, stop
 
@@ -1191,7 +1192,7 @@ class Dispatcher:
         def forward(args, kwargs):
             t0 = perf_counter_ns()
             out = fn(*args, **kwargs)
-            record_cell[0](slot, t0, perf_counter_ns() - t0)
+            record_cell[0](slot, t0)
             return out
 
         def sampled(*args, **kwargs):

@@ -1,8 +1,9 @@
 """The hot-path recorder: fixed-width call records in a preallocated buffer.
 
-``record(slot, start_ns, duration_ns)`` is the only telemetry code that runs per call: three int64
-stores into a preallocated buffer (a C method, ``_native/call_buffer.c``; closures over an
-``array('q')`` where it is not built), no OpenTelemetry object, no lock, no allocation. At each
+``record_since(slot, start_ns)`` (``record(slot, start_ns, duration_ns)`` where the caller has the
+duration) is the only telemetry code that runs per call: a clock read and three int64 stores
+into a preallocated buffer (C methods, ``_native/call_buffer.c``; closures over an ``array('q')``
+where it is not built), no OpenTelemetry object, no lock, no allocation. At each
 optimizer step the training thread hands the step's records to the export thread as one
 :class:`StepRecord` (a single copy of the used part of the buffer) and starts over. A job that
 has not stepped an optimizer yet (an inference loop, a long evaluation before training) hands
@@ -71,7 +72,7 @@ class Recorder(Readings):
         self._dropped_elsewhere = 0   # records a CUDA timer could not queue
         self._plan_version = 0        # the plan the job runs (the last swap's), for a full buffer
         self._stepped = False
-        self.record, self._take, self._steps_now = _make_buffer(
+        self.record, self.record_since, self._take, self._steps_now = _make_buffer(
             capacity, _HandOver(self._hand_over_early),
             None if flush_every_s is None else int(flush_every_s * 1e9))
         self.totals = CallStats()
@@ -188,7 +189,8 @@ _NEVER = 2**63 - 1
 
 def _make_buffer(capacity: int, on_full: Callable[[], None] | None = None,
                  every_ns: int | None = None):
-    """(record, take, stop_timer) sharing one preallocated buffer through closure cells. A call
+    """(record, record_since, take, stop_timer) sharing one preallocated buffer through closure
+    cells (``record_since(slot, start_ns)``: ``record`` of a call that ends now). A call
     that finds the buffer full first has ``on_full`` empty it (through ``take``); one that finds
     it full again (``on_full`` failed, or is running) is dropped and counted. With ``every_ns``,
     a call starting ``every_ns`` after the last ``take`` has ``on_full`` empty it too, until
@@ -196,7 +198,7 @@ def _make_buffer(capacity: int, on_full: Callable[[], None] | None = None,
     per record)."""
     if _NativeCallBuffer is not None:
         native = _NativeCallBuffer(capacity, on_full, every_ns)
-        return native.record, native.take, native.stop_timer
+        return native.record, native.record_since, native.take, native.stop_timer
     limit = capacity * RECORD_WIDTH
     buf = _CallBuffer("q", bytes(8 * limit))
     pos = 0
@@ -232,6 +234,9 @@ def _make_buffer(capacity: int, on_full: Callable[[], None] | None = None,
         buf[i + 2] = duration_ns
         pos = i + 3
 
+    def record_since(slot: int, start_ns: int) -> None:
+        record(slot, start_ns, perf_counter_ns() - start_ns)
+
     def take() -> tuple[array, int]:
         nonlocal pos, dropped, due
         out, n = buf[:pos], dropped
@@ -244,4 +249,4 @@ def _make_buffer(capacity: int, on_full: Callable[[], None] | None = None,
         nonlocal every_ns, due
         every_ns, due = None, _NEVER
 
-    return record, take, stop_timer
+    return record, record_since, take, stop_timer

@@ -21,7 +21,7 @@ def make_buffer(request, monkeypatch):
 
 
 def test_records_are_kept_in_order_and_taken_once(make_buffer):
-    record, take, _ = make_buffer(4)
+    record, _, take, _ = make_buffer(4)
     record(0, 100, 5)
     record(3, 200, 2**62)
     calls, dropped = take()
@@ -32,7 +32,7 @@ def test_records_are_kept_in_order_and_taken_once(make_buffer):
 
 def test_a_full_buffer_is_emptied_by_on_full_and_nothing_is_lost(make_buffer):
     handed = []
-    record, take, _ = make_buffer(2, lambda: handed.append(take()))
+    record, _, take, _ = make_buffer(2, lambda: handed.append(take()))
     for i in range(5):
         record(i, i, 1)
     calls, dropped = take()
@@ -45,7 +45,7 @@ def test_calls_that_find_it_full_again_are_dropped_and_counted(make_buffer):
     def broken():
         raise RuntimeError("the consumer is gone")
 
-    record, take, _ = make_buffer(2, broken)
+    record, _, take, _ = make_buffer(2, broken)
     for i in range(5):
         record(i, i, 1)
     calls, dropped = take()
@@ -59,7 +59,7 @@ def test_a_record_made_while_on_full_runs_does_not_call_it_again(make_buffer):
         calls_of_on_full.append(1)
         record(9, 9, 9)   # full, and on_full is running: dropped, no recursion
 
-    record, take, _ = make_buffer(1, on_full)
+    record, _, take, _ = make_buffer(1, on_full)
     record(0, 0, 1)
     record(1, 1, 1)
     calls, dropped = take()
@@ -68,7 +68,7 @@ def test_a_record_made_while_on_full_runs_does_not_call_it_again(make_buffer):
 
 def test_the_timer_hands_over_once_every_interval_until_stopped(make_buffer):
     handed = []
-    record, take, stop_timer = make_buffer(100, lambda: handed.append(take()),
+    record, _, take, stop_timer = make_buffer(100, lambda: handed.append(take()),
                                            int(0.05 * 1e9))
     record(0, time.perf_counter_ns(), 1)
     record(0, time.perf_counter_ns(), 1)
@@ -83,7 +83,7 @@ def test_the_timer_hands_over_once_every_interval_until_stopped(make_buffer):
 
 
 def test_record_refuses_what_is_not_three_integers(make_buffer):
-    record, take, _ = make_buffer(4)
+    record, _, take, _ = make_buffer(4)
     with pytest.raises(TypeError):
         record(0, "now", 1)
     with pytest.raises((TypeError, OverflowError)):
@@ -91,14 +91,31 @@ def test_record_refuses_what_is_not_three_integers(make_buffer):
     assert len(take()[0]) == 0
 
 
+def test_record_since_records_a_call_that_ends_now(make_buffer):
+    record, record_since, take, _ = make_buffer(4)
+    before = time.perf_counter_ns()
+    start = before - 5000
+    record_since(7, start)
+    after = time.perf_counter_ns()
+    with pytest.raises(TypeError):
+        record_since(7, "then")
+    with pytest.raises(TypeError):
+        record_since(7)
+    slot, begun, duration = take()[0]
+    assert (slot, begun) == (7, start) and 5000 <= duration <= after - start
+
+
 def test_a_pickled_record_goes_without_the_calls_or_the_consumer():
     if recorder._NativeCallBuffer is None:
         pytest.fail("rtxops/telemetry/_native/call_buffer.c is not built")
-    record, take, _ = recorder._make_buffer(1 << 16, lambda: pytest.fail("must not travel"))
+    record, record_since, take, _ = recorder._make_buffer(1 << 16,
+                                                          lambda: pytest.fail("must not travel"))
     for i in range(1000):
         record(i, i, i)
     blob = pickle.dumps(record)
     assert len(blob) < 200
     copy = pickle.loads(blob)
     copy(0, 0, 1)     # an empty buffer with no consumer: counted as dropped, never raising
+    since = pickle.loads(pickle.dumps(record_since))
+    since(0, 0)
     assert len(take()[0]) // 3 == 1000

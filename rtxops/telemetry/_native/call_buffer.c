@@ -2,10 +2,11 @@
  * with record() a C method, so that a routed call costs no Python frame to record.
  *
  * CallBuffer(capacity, on_full=None, every_ns=None) holds capacity (slot, start_ns, duration_ns)
- * int64 triples. record(slot, start_ns, duration_ns) stores one; a call that finds the buffer
- * full, or that starts every_ns after the last take(), first has on_full() empty it (through
- * take()); one that finds it full again (on_full failed, or is the caller) is dropped and
- * counted. take() -> (array('q') of the triples stored, records dropped), and starts over.
+ * int64 triples. record(slot, start_ns, duration_ns) stores one (record_since(slot, start_ns):
+ * one that ends now, the clock read in C); a call that finds the buffer full, or that starts
+ * every_ns after the last take(), first has on_full() empty it (through take()); one that
+ * finds it full again (on_full failed, or is the caller) is dropped and counted. take() ->
+ * (array('q') of the triples stored, records dropped), and starts over.
  * stop_timer() ends the every_ns hand-overs. Pickled, it is an empty one with no on_full: a
  * wrapper shipped to another process (dispatcher._Live) takes record() with it, not the calls.
  */
@@ -77,6 +78,20 @@ static void make_room(CallBuffer *self) {
     self->emptying = 0;
 }
 
+static PyObject *store(CallBuffer *self, int64_t slot, int64_t start_ns, int64_t duration_ns) {
+    if (self->pos >= self->limit || start_ns >= self->due) {
+        make_room(self);
+        if (self->pos >= self->limit) {
+            self->dropped++;
+            Py_RETURN_NONE;
+        }
+    }
+    int64_t *row = self->buf + self->pos;
+    row[0] = slot; row[1] = start_ns; row[2] = duration_ns;
+    self->pos += 3;
+    Py_RETURN_NONE;
+}
+
 static PyObject *CallBuffer_record(CallBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "record(slot, start_ns, duration_ns)");
@@ -87,17 +102,23 @@ static PyObject *CallBuffer_record(CallBuffer *self, PyObject *const *args, Py_s
         v[i] = PyLong_AsLongLong(args[i]);
         if (v[i] == -1 && PyErr_Occurred()) return NULL;
     }
-    if (self->pos >= self->limit || v[1] >= self->due) {
-        make_room(self);
-        if (self->pos >= self->limit) {
-            self->dropped++;
-            Py_RETURN_NONE;
-        }
+    return store(self, v[0], v[1], v[2]);
+}
+
+/* record_since(slot, start_ns): record(slot, start_ns, now - start_ns) with the clock read here
+ * (a routed call's end: one C call where reading the clock and recording were two) */
+static PyObject *CallBuffer_record_since(CallBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    int64_t now = now_ns();
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "record_since(slot, start_ns)");
+        return NULL;
     }
-    int64_t *row = self->buf + self->pos;
-    row[0] = v[0]; row[1] = v[1]; row[2] = v[2];
-    self->pos += 3;
-    Py_RETURN_NONE;
+    int64_t v[2];
+    for (int i = 0; i < 2; i++) {
+        v[i] = PyLong_AsLongLong(args[i]);
+        if (v[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    return store(self, v[0], v[1], now - v[1]);
 }
 
 static PyObject *CallBuffer_take(CallBuffer *self, PyObject *Py_UNUSED(ignored)) {
@@ -142,6 +163,8 @@ static void CallBuffer_dealloc(CallBuffer *self) {
 static PyMethodDef CallBuffer_methods[] = {
     {"record", (PyCFunction)(void (*)(void))CallBuffer_record, METH_FASTCALL,
      "record(slot, start_ns, duration_ns): one call's record"},
+    {"record_since", (PyCFunction)(void (*)(void))CallBuffer_record_since, METH_FASTCALL,
+     "record_since(slot, start_ns): one call's record, from start_ns to now"},
     {"take", (PyCFunction)CallBuffer_take, METH_NOARGS,
      "take() -> (array('q') of the records since the last take, records dropped)"},
     {"stop_timer", (PyCFunction)CallBuffer_stop_timer, METH_NOARGS,
