@@ -128,16 +128,13 @@ def _handed_over(public: Callable, torch_own: Callable | None, args: tuple, kwar
     which hands the call over itself (its arguments named as its handlers expect) under the
     name its module holds, the wrapper. Whatever the handler calls meanwhile on this thread runs
     unrouted, as torch's own."""
-    _this_thread.unrouted += 1
-    try:
+    with unrouted_on_this_thread():
         if torch_own is not None:
             return torch_own(*args, **kwargs)
         if _nested_among(args, kwargs):
             # torch's jagged tensors compare with the C function itself (nested/_internal/ops.py)
             return public.__wrapped__(*args, **kwargs)
         return _handle_torch_function(public, (*args, *kwargs.values()), *args, **kwargs)
-    finally:
-        _this_thread.unrouted -= 1
 
 
 def _nested_among(args: tuple, kwargs: dict) -> bool:
@@ -154,6 +151,11 @@ class _ThisThread(threading.local):
 
 
 _this_thread = _ThisThread()
+# threads in an unrouted scope now: a routed call reads this cell, and this thread's own depth only
+# while it is not 0 (a thread-local read cost a call ~7 µs with its caches cold, as between a
+# step's ops: bench/dispatch_cold.py)
+_unrouted_threads = [0]
+_unrouted_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -161,11 +163,15 @@ def unrouted_on_this_thread():
     """Nothing routed on this thread meanwhile (an fx or TorchScript trace, which must record
     torch's own ops); other threads, the job's among them (a background compile traces beside
     it), stay routed."""
+    with _unrouted_lock:
+        _unrouted_threads[0] += 1
     _this_thread.unrouted += 1
     try:
         yield
     finally:
         _this_thread.unrouted -= 1
+        with _unrouted_lock:
+            _unrouted_threads[0] -= 1
 
 
 @contextlib.contextmanager
@@ -297,7 +303,8 @@ class FunctionSite:
 
     def _make_wrapper(self) -> Callable:
         call_key, route_of, ref, miss = self.op.call_key, self.routes.get, self.reference, self._miss
-        record_cell, live, here = self.dispatcher.record_cell, self.dispatcher.live, _this_thread
+        record_cell, live = self.dispatcher.record_cell, self.dispatcher.live
+        here, unrouted_threads = _this_thread, _unrouted_threads
         # a job's own function (matched by name) knows no torch functions: it runs as written
         as_written = naming_itself(ref) if self.matched_by_name else None
         # torch's Python function itself (``ref`` is a copy naming itself, see originals.py)
@@ -309,7 +316,8 @@ class FunctionSite:
                     _compiler._is_compiling_flag and _traced_here()):
                 # not live: a wrapper held past disable() (``self.act = F.gelu``) is torch's again
                 return ref(*args, **kwargs)
-            if here.unrouted:   # a tracer's (fx) proxies still take the call, under this name
+            if unrouted_threads[0] and here.unrouted:
+                # a tracer's (fx) proxies still take the call, under this name
                 if as_written is None and (_has_torch_function(args) or (
                         kwargs and _has_torch_function(kwargs.values()))):
                     return _handed_over(dispatching, torch_own, args, kwargs)
@@ -522,10 +530,12 @@ class ModuleSite(FunctionSite):
         )
 
         cls, dormant, live, here = self.cls, self._dormant, self.dispatcher.live, _this_thread
+        unrouted_threads = _unrouted_threads
         key_of = self.key_of
 
         def forward(module, *args, **kwargs):
-            if dormant[0] or not live[0] or here.unrouted or _is_dynamo_compiling() or (
+            if dormant[0] or not live[0] or (unrouted_threads[0] and here.unrouted) or \
+                    _is_dynamo_compiling() or (
                     _compiler._is_compiling_flag and _traced_here()) or (
                     (_has_torch_function(args) or (kwargs and _has_torch_function(kwargs.values())))
                     and _subclass_among(args, kwargs)):
