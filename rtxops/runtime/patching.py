@@ -110,34 +110,35 @@ def suspended():
 
 
 # ---- module patterns ------------------------------------------------------------------------
-def _eps_of(module) -> float | None:
-    for name in ("variance_epsilon", "eps", "epsilon"):
-        value = getattr(module, name, None)
-        if isinstance(value, float):
-            return value
-    return None
+_EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
 
 
 def _rms_norm_weight_eps(module, hidden_states, args: tuple, kwargs: dict):
-    """(weight, eps) of an RMSNorm class's call the op can take, else None."""
+    """(weight, eps, input's shape, weight's shape) of an RMSNorm class's call the op can take,
+    else None. One frame, each tensor property read once: the call key runs this on every call,
+    where each read costs several µs with the caches cold (``bench/dispatch_cold.py``)."""
+    params = module._parameters
     # a parameter from the module's own table: getattr goes through Module.__getattr__ (0.7 µs)
-    weight = module._parameters.get("weight") if "weight" in module._parameters \
-        else getattr(module, "weight", None)
-    if hidden_states is None or args or kwargs or not isinstance(hidden_states, torch.Tensor):
+    weight = params.get("weight") if "weight" in params else getattr(module, "weight", None)
+    if hidden_states is None or args or kwargs or weight is None or \
+            not isinstance(hidden_states, torch.Tensor):
         return None
-    if weight is None or weight.dim() != 1 or hidden_states.dim() == 0 or \
-            weight.shape[0] != hidden_states.shape[-1]:
+    shape, weight_shape = hidden_states.shape, weight.shape
+    if len(weight_shape) != 1 or not shape or weight_shape[0] != shape[-1]:
         return None
-    eps = _eps_of(module)
-    return None if eps is None else (weight, eps)
+    for name in _EPS_NAMES:
+        eps = getattr(module, name, None)
+        if isinstance(eps, float):
+            return weight, eps, shape, weight_shape
+    return None
 
 
 def _split_rms_norm(module, hidden_states=None, *args, **kwargs):
     found = _rms_norm_weight_eps(module, hidden_states, args, kwargs)
     if found is None:
         return None
-    weight, eps = found
-    return (hidden_states, (hidden_states.shape[-1],), weight, eps), None
+    weight, eps, shape, _ = found
+    return (hidden_states, (shape[-1],), weight, eps), None
 
 
 def _rms_norm_key(module, hidden_states=None, *args, **kwargs):
@@ -148,9 +149,10 @@ def _rms_norm_key(module, hidden_states=None, *args, **kwargs):
     found = _rms_norm_weight_eps(module, hidden_states, args, kwargs)
     if found is None:
         return None
-    weight, shape = found[0], hidden_states.shape
-    return (shape, hidden_states.dtype, hidden_states.device, (shape[-1],),
-            (weight.dtype, weight.shape),
+    weight, _, shape, weight_shape = found
+    return (shape, hidden_states.dtype,
+            True if hidden_states.is_cpu else hidden_states.device, (shape[-1],),
+            (weight.dtype, weight_shape),
             True if hidden_states.is_contiguous() else hidden_states.stride())
 
 
@@ -224,8 +226,9 @@ def _gated_mlp_key(module, *args, **kwargs):
         return None
     gate, up, _ = layers
     x = args[0]
-    return ("gated_mlp", x.shape, x.dtype, x.device, layout_key(x), gate.out_features,
-            gate.weight.dtype, up.weight.dtype, gate.bias is None, up.bias is None)
+    return ("gated_mlp", x.shape, x.dtype, True if x.is_cpu else x.device, layout_key(x),
+            gate.out_features, gate.weight.dtype, up.weight.dtype, gate.bias is None,
+            up.bias is None)
 
 
 def _down_projection(down):

@@ -48,7 +48,10 @@ class OpSpec:
     ``bucket`` looks at (shapes, dtypes, devices, flags), or None for calls it cannot describe.
     ``bucket(*args, **kwargs)`` runs once per new signature: it returns the bucket key
     ``(dtype, device_type, *dims)`` or None when the call is outside what the variants take; such
-    calls run the reference untouched. Without ``key``, ``bucket`` is used on the hot path.
+    calls run the reference untouched. Without ``key``, ``bucket`` is used on the hot path. The
+    ops' keys hold a CPU tensor's device as ``True`` (``t.is_cpu``), other devices as
+    ``t.device``: reading ``t.device`` makes a device object, which a call pays for several
+    times over with its caches cold, as between a step's ops (``bench/dispatch_cold.py``).
     ``example_inputs(bucket, seed)`` makes real inputs for a bucket (correctness gate, tests).
     """
 

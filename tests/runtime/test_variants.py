@@ -228,3 +228,29 @@ def test_chunked_elementwise_ops_answer_a_sliced_transposed_input_in_torchs_layo
         got, want = over_elements(F.gelu, 4096, x), F.gelu(x)
         assert got.stride() == want.stride(), (x.stride(), got.stride(), want.stride())
         torch.testing.assert_close(got, want)
+
+
+
+def _on_meta(args, kwargs):
+    def to(o):
+        if isinstance(o, torch.Tensor):
+            return o.detach().to("meta")
+        return tuple(to(x) for x in o) if isinstance(o, tuple) else o
+    return tuple(to(a) for a in args), {k: to(v) for k, v in kwargs.items()}
+
+
+@pytest.mark.parametrize("op", OP_MODULES)
+def test_a_calls_key_tells_its_device_apart_and_equal_calls_share_one(op):
+    """The keys hold a CPU tensor's device as True (``is_cpu``: no device object made per call):
+    a meta tensor's call, all else equal, keys apart; equal calls on other tensors key alike."""
+    spec = default_registry().op(op)
+    module = importlib.import_module(f"rtxops.runtime.ops.{op}")
+    for name, args, kwargs in module.cases(torch.float32):
+        here = spec.call_key(*args, **kwargs)
+        copy_args, copy_kwargs = _clone_args(args, kwargs)
+        again = spec.call_key(*copy_args, **copy_kwargs)
+        meta_args, meta_kwargs = _on_meta(args, kwargs)
+        meta = spec.call_key(*meta_args, **meta_kwargs)
+        assert here is not None and here == again and hash(here) == hash(again), name
+        assert meta != here and torch.device("meta") in meta, name
+        assert torch.device("cpu") not in here, name

@@ -28,9 +28,9 @@ def key(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, sc
         # the layouts too: torch's output follows the query's (a (B, L, H, E) view transposed
         # to (B, H, L, E) gets an output the job can .view() back), a variant's may not; each
         # layout's first call is checked for it
-        return (query.shape, query.dtype, query.device, key.shape, key.dtype, value.shape,
-                value.dtype, mask, dropout_p, is_causal, enable_gqa, query.stride(),
-                key.stride(), value.stride())
+        return (query.shape, query.dtype, True if query.is_cpu else query.device, key.shape,
+                key.dtype, value.shape, value.dtype, mask, dropout_p, is_causal, enable_gqa,
+                query.stride(), key.stride(), value.stride())
     except AttributeError:
         return None
 

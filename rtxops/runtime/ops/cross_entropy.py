@@ -26,8 +26,9 @@ def reference(input, target, weight=None, size_average=None, ignore_index=-100, 
 def key(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
         reduction="mean", label_smoothing=0.0):
     try:
-        return (input.shape, input.dtype, input.device, target.shape, target.dtype, weight is None,
-                size_average, reduce, reduction, label_smoothing, ignore_index)
+        return (input.shape, input.dtype, True if input.is_cpu else input.device, target.shape,
+                target.dtype, weight is None, size_average, reduce, reduction, label_smoothing,
+                ignore_index)
     except AttributeError:
         return None
 

@@ -25,7 +25,8 @@ def reference(input, approximate="none"):
 
 def key(input, *, approximate="none"):   # keyword-only, as torch takes it
     try:
-        return (input.shape, input.dtype, input.device, approximate, layout_key(input))
+        return (input.shape, input.dtype, True if input.is_cpu else input.device, approximate,
+                layout_key(input))
     except AttributeError:
         return None
 

@@ -22,7 +22,7 @@ def reference(input, normalized_shape, weight=None, bias=None, eps=1e-05):
 def key(input, normalized_shape, weight=None, bias=None, eps=1e-05):
     try:
         ns = normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape)
-        return (input.shape, input.dtype, input.device, ns,
+        return (input.shape, input.dtype, True if input.is_cpu else input.device, ns,
                 None if weight is None else (weight.dtype, weight.shape),
                 None if bias is None else (bias.dtype, bias.shape), layout_key(input))
     except (AttributeError, TypeError):

@@ -17,8 +17,8 @@ def reference(input, weight, bias=None):
 
 def key(input, weight, bias=None):
     try:
-        return (input.shape, input.dtype, input.device, weight.shape, weight.dtype,
-                None if bias is None else (bias.shape, bias.dtype))
+        return (input.shape, input.dtype, True if input.is_cpu else input.device, weight.shape,
+                weight.dtype, None if bias is None else (bias.shape, bias.dtype))
     except AttributeError:
         return None
 

@@ -21,7 +21,7 @@ def reference(input, normalized_shape, weight=None, eps=None):
 def key(input, normalized_shape, weight=None, eps=None):
     try:
         ns = normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape)
-        return (input.shape, input.dtype, input.device, ns,
+        return (input.shape, input.dtype, True if input.is_cpu else input.device, ns,
                 None if weight is None else (weight.dtype, weight.shape), layout_key(input))
     except (AttributeError, TypeError):
         return None

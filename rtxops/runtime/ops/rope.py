@@ -32,8 +32,8 @@ def key(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     try:
         # with the layouts: the output follows q's and k's (often transposed views), and each
         # layout's first call is checked for it
-        return (q.shape, q.dtype, q.device, k.shape, k.dtype, cos.shape, cos.dtype, sin.shape,
-                sin.dtype, unsqueeze_dim, q.stride(), k.stride())
+        return (q.shape, q.dtype, True if q.is_cpu else q.device, k.shape, k.dtype, cos.shape,
+                cos.dtype, sin.shape, sin.dtype, unsqueeze_dim, q.stride(), k.stride())
     except AttributeError:
         return None
 

@@ -19,7 +19,8 @@ def reference(input, inplace=False):
 
 def key(input, inplace=False):
     try:
-        return (input.shape, input.dtype, input.device, inplace, layout_key(input))
+        return (input.shape, input.dtype, True if input.is_cpu else input.device, inplace,
+                layout_key(input))
     except AttributeError:
         return None
 

@@ -20,7 +20,8 @@ def reference(input, dim=None, _stacklevel=3, dtype=None):
 
 def key(input, dim=None, _stacklevel=3, dtype=None):
     try:
-        return (input.shape, input.dtype, input.device, dim, dtype, layout_key(input))
+        return (input.shape, input.dtype, True if input.is_cpu else input.device, dim, dtype,
+                layout_key(input))
     except AttributeError:
         return None
 

@@ -21,7 +21,8 @@ def reference(a, b):
 
 def key(a, b):
     try:
-        return (a.shape, a.dtype, a.device, b.shape, b.dtype, layout_key(a), layout_key(b))
+        return (a.shape, a.dtype, True if a.is_cpu else a.device, b.shape, b.dtype, layout_key(a),
+                layout_key(b))
     except AttributeError:
         return None
 
