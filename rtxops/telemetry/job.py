@@ -82,6 +82,10 @@ class JobTelemetry:
             self.store.close()
 
 
+def _no_thread_yet(rec: StepRecord) -> None:
+    raise RuntimeError("the recorder's export thread is not made yet")
+
+
 def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store=None,
                         sampling: CallSampling | None = None, capacity: int = 1 << 16,
                         resource: dict | None = None,
@@ -100,11 +104,9 @@ def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store
     processor = StepProcessor()
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("rtxops")
-    holder: dict = {}
-
-    # a job that has not stepped an optimizer hands its calls over every export interval
-    recorder = Recorder(lambda rec: holder["thread"].submit(rec), capacity=capacity,
-                        flush_every_s=export_interval_s)
+    # a job that has not stepped an optimizer hands its calls over every export interval; its
+    # steps go to the export thread's submit, set once the thread exists (below)
+    recorder = Recorder(_no_thread_yet, capacity=capacity, flush_every_s=export_interval_s)
     builder = SpanBuilder(tracer, recorder.slots, _step_attributes, sampling, recorder.totals,
                           encoded_to=processor)
     build = builder.build
@@ -113,7 +115,7 @@ def start_job_telemetry(dispatcher: Dispatcher, exporter: SpanExporter, *, store
     thread = ExportThread(build, processor, exporter, interval_s=export_interval_s,
                           count=builder.count, quiet_interval_s=quiet_interval_s,
                           exploring=lambda: any(e.explore for e in dispatcher.plan.entries))
-    holder["thread"] = thread
+    recorder.on_step = thread.submit
     # the recorder replaces the default CallStats: its totals (added up off-thread) serve the summary
     dispatcher.set_readings(recorder)
     telemetry = JobTelemetry(recorder, builder, thread, provider, exporter, store)

@@ -27,6 +27,8 @@ except ImportError:  # built without a compiler: the closures of _make_buffer
     _NativeCallBuffer = None
 
 RECORD_WIDTH = 3  # slot, start_ns, duration_ns
+# a build without CUDA never initializes it: its steps skip the check (a Python call at every step)
+_CUDA_BUILT = torch.backends.cuda.is_built()
 
 
 @dataclass
@@ -148,7 +150,8 @@ class Recorder(Readings):
             rec = StepRecord(step, self._start_ns, end_ns, plan_version, rss_bytes, calls,
                              self._backward, self._builds, self._errors, self._swaps, self._memory,
                              dropped + self._dropped_elsewhere,
-                             torch.cuda.current_device() if torch.cuda.is_initialized() else -1)
+                             torch.cuda.current_device() if _CUDA_BUILT and torch.cuda.is_initialized()
+                             else -1)
             self._backward, self._builds, self._errors, self._swaps = [], [], [], []
             self._memory, self._dropped_elsewhere = {}, 0
         return rec

@@ -738,9 +738,10 @@ def test_step_memory_is_read_from_the_training_threads_cuda_device(monkeypatch):
     whatever the rank set on its own thread: every rank reported device 0's memory. (No GPU
     here: torch's device getters stand in.)"""
     from rtxops.runtime.readings import Slot
-    from rtxops.telemetry import job
+    from rtxops.telemetry import job, recorder as recorder_module
     from rtxops.telemetry.recorder import Recorder
 
+    monkeypatch.setattr(recorder_module, "_CUDA_BUILT", True)   # a build with CUDA
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)   # the rank's, set_device(3)
     asked = []
