@@ -115,8 +115,8 @@ _EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
 
 def _rms_norm_weight_eps(module, hidden_states, args: tuple, kwargs: dict):
     """(weight, eps, input's shape, weight's shape) of an RMSNorm class's call the op can take,
-    else None. One frame, each tensor property read once: the call key runs this on every call,
-    where each read costs several µs with the caches cold (``bench/dispatch_cold.py``)."""
+    else None (the shapes for the key and the split, read here once; the key runs this on every
+    call)."""
     params = module._parameters
     # a parameter from the module's own table: getattr goes through Module.__getattr__ (0.7 µs)
     weight = params.get("weight") if "weight" in params else getattr(module, "weight", None)

@@ -1,8 +1,8 @@
 """The readings interface: where the dispatcher reports what it measured.
 
 The dispatcher calls :meth:`Readings.record_since` once per routed call (hot path) and the other
-methods off the hot path. The telemetry package plugs in a recorder with the same methods; the runtime's own
-:class:`CallStats` keeps per-slot totals for ``rtxops run``'s summary.
+methods off the hot path. The telemetry package plugs in a recorder with the same methods; the
+runtime's own :class:`CallStats` keeps per-slot totals for ``rtxops run``'s summary.
 """
 from __future__ import annotations
 

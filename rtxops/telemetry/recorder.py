@@ -3,8 +3,8 @@
 ``record_since(slot, start_ns)`` (``record(slot, start_ns, duration_ns)`` where the caller has the
 duration) is the only telemetry code that runs per call: a clock read and three int64 stores
 into a preallocated buffer (C methods, ``_native/call_buffer.c``; closures over an ``array('q')``
-where it is not built), no OpenTelemetry object, no lock, no allocation. At each
-optimizer step the training thread hands the step's records to the export thread as one
+where it is not built), no OpenTelemetry object, no lock, no allocation. At each optimizer
+step the training thread hands the step's records to the export thread as one
 :class:`StepRecord` (a single copy of the used part of the buffer) and starts over. A job that
 has not stepped an optimizer yet (an inference loop, a long evaluation before training) hands
 its records over as step -1 once the buffer is full or ``flush_every_s`` has passed.
