@@ -93,7 +93,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="blocks of each way, alternated")
     p.add_argument("--out")
     a = p.parse_args()
-    exporters.ACTIVE_S = 0.0   # settled from the start: an export every quiet interval (30 s)
+    exporters.ACTIVE_S = 0.0   # settled from the start: an export every 10 s
     steps = stepper()
     steps(30)  # warm-up
     ways = {"encoded": _Encoded, "held": _Held}

@@ -22,7 +22,7 @@ block's closing export, which the block waits for, is counted in it too (this ov
 about that request's wall time, ~25 ms a block). The figure per layer is the median over blocks
 of on ÷ the mean of the off blocks on either side, with a bootstrap 95 % interval of that median
 (adjacent ratios share an off block, so the interval is somewhat too narrow). ``--settled``: each
-on block exports as a job does once settled (every 30 s, so mostly its closing export), not as in
+on block exports as a job does once settled (every 10 s, so mostly its closing export), not as in
 its first 30 s. JSON on stdout
 (``--out`` writes it too).
 """

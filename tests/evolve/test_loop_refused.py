@@ -455,7 +455,7 @@ def test_a_job_running_a_plan_the_board_does_not_hold_is_left_to_it(monkeypatch,
 
 
 def test_a_plan_starts_from_the_step_the_job_has_reached_not_the_stores_newest(monkeypatch):
-    """A settled job reports every 30 s: the store's newest step lags. The plan's effective step
+    """A settled job reports every 10 s: the store's newest step lags. The plan's effective step
     is counted from the daemon's estimate of where the job is now, where it has one."""
     loop = loop_over_rows(monkeypatch, [], last=30, decisions=[])
     loop.board = _Board()
