@@ -85,7 +85,7 @@ def call_samples(name: str) -> tuple[int, int] | None:
 # ---- the settings read in more than one place ----------------------------------------------
 
 EXPORT_INTERVAL_S = 2.0
-EXPORT_QUIET_INTERVAL_S = 30.0
+EXPORT_QUIET_INTERVAL_S = 10.0
 RECORDER_CAPACITY = 1 << 16
 
 
@@ -98,7 +98,7 @@ def export_interval_s() -> float:
 
 def export_quiet_interval_s() -> float:
     """Seconds between a job's span exports the rest of the time
-    (``RTXOPS_EXPORT_QUIET_INTERVAL_S``; by default 30, or ``RTXOPS_EXPORT_INTERVAL_S`` where
+    (``RTXOPS_EXPORT_QUIET_INTERVAL_S``; by default 10, or ``RTXOPS_EXPORT_INTERVAL_S`` where
     only that is set); never less than :func:`export_interval_s`."""
     active = export_interval_s()
     default = EXPORT_QUIET_INTERVAL_S if _raw("RTXOPS_EXPORT_INTERVAL_S") is None else active

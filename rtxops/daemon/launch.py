@@ -78,7 +78,7 @@ def check_launchable(spec: JobSpec) -> None:
 
 def _quiet_interval(env: Mapping[str, str], hang_timeout_s: float) -> float | None:
     """The job's quiet export interval as its environment asks (the job's own rule:
-    ``RTXOPS_EXPORT_QUIET_INTERVAL_S``, else ``RTXOPS_EXPORT_INTERVAL_S``, else 30 s), at most a
+    ``RTXOPS_EXPORT_QUIET_INTERVAL_S``, else ``RTXOPS_EXPORT_INTERVAL_S``, else 10 s), at most a
     tenth of its hang timeout; None for a malformed setting (the job refuses it itself)."""
     asked = settings.EXPORT_QUIET_INTERVAL_S
     for name in ("RTXOPS_EXPORT_QUIET_INTERVAL_S", "RTXOPS_EXPORT_INTERVAL_S"):

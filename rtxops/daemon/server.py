@@ -186,7 +186,7 @@ class Daemon:
 
     def current_step(self, job_id: str) -> int | None:
         """The step a running job has reached by now, or None: its newest reported step plus
-        its step rate times the time since that step ended (a settled job reports every 30 s)."""
+        its step rate times the time since that step ended (a settled job reports every 10 s)."""
         try:
             job = self.supervisor.job(job_id)
         except Exception:

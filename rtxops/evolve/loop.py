@@ -134,7 +134,7 @@ class EvolveLoop:
                  current_step: Callable[[str], int | None] | None = None) -> None:
         self.store, self.board, self.registry = store, board, registry
         # the step a job has reached by now (the daemon's estimate; the store's newest step lags
-        # by up to an export interval, 30 s for a settled job): where a new plan starts from
+        # by up to an export interval, 10 s for a settled job): where a new plan starts from
         self.current_step = current_step
         self.running_jobs = running_jobs
         # jobs whose tuning state is kept while they do not run (a restart's backoff)

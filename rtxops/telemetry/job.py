@@ -13,12 +13,9 @@ runtime itself never imports this package. Configuration:
                       steps go together: each request costs the daemon ~14 ms of CPU however few
                       spans it holds, which on a small machine comes out of the job's step time;
                       OTel's batch default is 5)
-``RTXOPS_EXPORT_QUIET_INTERVAL_S`` seconds between exports the rest of the time (default 30, or the
-                      interval above where only that is set: a settled job's figures change
-                      slowly, and at 10 s its requests' fixed cost was ~0.1 % of the example
-                      GPT's step time on 2 cores; a crash loses at most this much of its spans;
-                      the daemon lowers it to a tenth of a job's hang timeout: its exports are the
-                      job's heartbeats)
+``RTXOPS_EXPORT_QUIET_INTERVAL_S`` seconds between exports the rest of the time (default 10, or the
+                      interval above where only that is set; the daemon lowers it to a tenth of a
+                      job's hang timeout: its exports are the job's heartbeats)
 ``RTXOPS_TELEMETRY_STATS`` a file to write the export thread's figures to at exit (JSON; benchmarks)
 """
 from __future__ import annotations
