@@ -92,32 +92,34 @@ static PyObject *store(CallBuffer *self, int64_t slot, int64_t start_ns, int64_t
     Py_RETURN_NONE;
 }
 
+/* args[0..n) as int64s into v; -1 with a Python error set where one is not */
+static int as_int64s(PyObject *const *args, int n, int64_t *v) {
+    for (int i = 0; i < n; i++) {
+        v[i] = PyLong_AsLongLong(args[i]);
+        if (v[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
 static PyObject *CallBuffer_record(CallBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    int64_t v[3];
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "record(slot, start_ns, duration_ns)");
         return NULL;
     }
-    int64_t v[3];
-    for (int i = 0; i < 3; i++) {
-        v[i] = PyLong_AsLongLong(args[i]);
-        if (v[i] == -1 && PyErr_Occurred()) return NULL;
-    }
+    if (as_int64s(args, 3, v) < 0) return NULL;
     return store(self, v[0], v[1], v[2]);
 }
 
 /* record_since(slot, start_ns): record(slot, start_ns, now - start_ns) with the clock read here
  * (a routed call's end: one C call where reading the clock and recording were two) */
 static PyObject *CallBuffer_record_since(CallBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    int64_t now = now_ns();
+    int64_t now = now_ns(), v[2];
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "record_since(slot, start_ns)");
         return NULL;
     }
-    int64_t v[2];
-    for (int i = 0; i < 2; i++) {
-        v[i] = PyLong_AsLongLong(args[i]);
-        if (v[i] == -1 && PyErr_Occurred()) return NULL;
-    }
+    if (as_int64s(args, 2, v) < 0) return NULL;
     return store(self, v[0], v[1], now - v[1]);
 }
 
