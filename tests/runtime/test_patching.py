@@ -383,6 +383,27 @@ def test_a_trace_on_another_thread_leaves_the_jobs_thread_routed():
     assert torch.ops.aten.gelu.default in targets   # the trace saw torch's own op
 
 
+def test_a_thread_left_unrouted_by_an_exception_routes_again():
+    """A routed call reads one count of the threads in an unrouted scope (a thread-local read
+    every call cost several µs with the caches cold): a scope ended by an exception sets it back,
+    and meanwhile the thread's own calls ran unrouted."""
+    from rtxops.runtime import dispatcher
+
+    d = patching.enable()
+    x = torch.randn(4, 8)
+    F.gelu(x)
+    slot = next(s.id for s in d.readings.slots if s.op == "gelu")
+    before = d.readings.calls[slot]
+    with pytest.raises(RuntimeError, match="the trace failed"):
+        with dispatcher.unrouted_on_this_thread():
+            assert dispatcher._unrouted_threads[0] == 1
+            F.gelu(x)   # torch's own, not recorded
+            raise RuntimeError("the trace failed")
+    assert dispatcher._unrouted_threads[0] == 0 and d.readings.calls[slot] == before
+    F.gelu(x)
+    assert d.readings.calls[slot] == before + 1
+
+
 class _HoldsFunctions(nn.Module):
     """Holds F functions taken before scripting or tracing (as nn.TransformerEncoderLayer does)."""
 

@@ -230,7 +230,6 @@ def test_chunked_elementwise_ops_answer_a_sliced_transposed_input_in_torchs_layo
         torch.testing.assert_close(got, want)
 
 
-
 def _on_meta(args, kwargs):
     def to(o):
         if isinstance(o, torch.Tensor):

@@ -69,7 +69,7 @@ def test_a_record_made_while_on_full_runs_does_not_call_it_again(make_buffer):
 def test_the_timer_hands_over_once_every_interval_until_stopped(make_buffer):
     handed = []
     record, _, take, stop_timer = make_buffer(100, lambda: handed.append(take()),
-                                           int(0.05 * 1e9))
+                                              int(0.05 * 1e9))
     record(0, time.perf_counter_ns(), 1)
     record(0, time.perf_counter_ns(), 1)
     assert handed == []
