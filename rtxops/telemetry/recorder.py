@@ -27,8 +27,9 @@ except ImportError:  # built without a compiler: the closures of _make_buffer
     _NativeCallBuffer = None
 
 RECORD_WIDTH = 3  # slot, start_ns, duration_ns
-# a build without CUDA never initializes it: its steps skip the check (a Python call at every step)
-_CUDA_BUILT = torch.backends.cuda.is_built()
+# a build without CUDA (or ROCm, which torch.cuda also serves) never initializes it: its steps
+# skip the check (a Python call at every step)
+_CUDA_BUILT = torch.backends.cuda.is_built() or torch.version.hip is not None
 
 
 @dataclass
