@@ -476,6 +476,59 @@ class FunctionSite:
         return out, perf_counter_ns() - t0
 
 
+def routed_linear_forward(site: FunctionSite, torch_forward: Callable) -> Callable:
+    """``nn.Linear.forward`` while rtxops is on: the ``F.linear`` site's routing of the input and
+    the module's weight and bias as its parameter table holds them, in this one frame (torch's
+    forward reads each through ``Module.__getattr__``, a Python call, then calls the site's
+    wrapper, another frame: with a step's caches cold each costs the call a microsecond or more,
+    15 calls a step of the example GPT, ``bench/dispatch_cold_sites.py``). A call this frame does
+    not route itself (a miss, autocast, a tracer, a tensor subclass, ``F.linear`` replaced by
+    someone else) goes to ``F.linear`` as torch's forward sends it; anything else (a subclass, a
+    parametrization, a parameter replaced by a plain attribute, dynamo's traces, a compile
+    session) runs torch's forward."""
+    call_key, route_of, wrapper = site.op.call_key, site.routes.get, site.wrapper
+    record_cell, live = site.dispatcher.record_cell, site.dispatcher.live
+    unrouted_threads = _unrouted_threads
+    linear, functional = torch.nn.Linear, torch.nn.functional
+
+    def forward(self, input):
+        if type(self) is not linear or _is_dynamo_compiling() or _compiler._is_compiling_flag:
+            return torch_forward(self, input)
+        own = self.__dict__
+        params = own["_parameters"]
+        if "weight" not in params or "bias" not in params or "weight" in own or "bias" in own:
+            return torch_forward(self, input)
+        args = (input, params["weight"], params["bias"])
+        if not live[0] or unrouted_threads[0] or functional.linear is not wrapper or \
+                any_autocast() or _has_torch_function(args):
+            return functional.linear(*args)
+        try:
+            route = route_of(call_key(*args))
+        except Exception:  # an unhashable key (an input that is no tensor): the wrapper decides
+            route = None
+        if route is None:
+            return wrapper(*args)
+        fn, slot, on_error = route
+        t0 = perf_counter_ns()
+        try:
+            out = fn(*args)
+        except _NOT_A_FAILURE:
+            raise
+        except Exception as e:
+            if on_error is None:
+                raise
+            return on_error(e, args, {})
+        if slot >= 0:
+            record_cell[0](slot, t0)
+        return out
+
+    forward.__wrapped__ = torch_forward  # type: ignore[attr-defined]
+    forward.__rtxops_wrapper__ = True  # type: ignore[attr-defined]
+    forward.__name__, forward.__qualname__ = torch_forward.__name__, torch_forward.__qualname__
+    forward.__module__, forward.__doc__ = torch_forward.__module__, torch_forward.__doc__
+    return forward
+
+
 class ModuleSite(FunctionSite):
     """A module class whose forward is hand-written math for an op (an RMSNorm, a gated MLP).
 

@@ -30,7 +30,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch import nn
 
 from . import originals, script_shims, second_order
-from .dispatcher import Dispatcher, ModuleSite, unrouted_on_this_thread
+from .dispatcher import Dispatcher, ModuleSite, routed_linear_forward, unrouted_on_this_thread
 from .ops._layout import layout_key
 from .plan import Plan
 from .readings import Readings
@@ -156,33 +156,6 @@ def _rms_norm_key(module, hidden_states=None, *args, **kwargs):
             True if hidden_states.is_contiguous() else hidden_states.stride())
 
 
-def _lean_linear_forward(torch_forward: Callable) -> Callable:
-    """``nn.Linear.forward`` while rtxops is on: ``F.linear`` (routed) of the input and the
-    module's weight and bias as its parameter table holds them. torch's own forward reads each
-    through ``Module.__getattr__``, a Python call: two a call, 30 a step of the example GPT, on
-    the path the routing adds its own calls to. Anything else (a subclass, a parametrization, a
-    parameter replaced by a plain attribute, dynamo's traces, a compile session) runs torch's
-    forward."""
-    linear = nn.Linear
-    compiler = torch.compiler
-    is_dynamo_compiling = compiler.is_dynamo_compiling
-
-    def forward(self, input):
-        if type(self) is linear and not (is_dynamo_compiling() or compiler._is_compiling_flag):
-            own = self.__dict__
-            params = own["_parameters"]
-            if "weight" in params and "bias" in params and "weight" not in own \
-                    and "bias" not in own:
-                return F.linear(input, params["weight"], params["bias"])
-        return torch_forward(self, input)
-
-    forward.__wrapped__ = torch_forward  # type: ignore[attr-defined]
-    forward.__rtxops_wrapper__ = True  # type: ignore[attr-defined]
-    forward.__name__, forward.__qualname__ = torch_forward.__name__, torch_forward.__qualname__
-    forward.__module__, forward.__doc__ = torch_forward.__module__, torch_forward.__doc__
-    return forward
-
-
 _MLP_LAYOUTS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 
 
@@ -297,10 +270,12 @@ class _Patch:
 
     def apply(self) -> None:
         d = self.dispatcher
+        sites = {}
         for fname, op in FUNCTIONAL_OPS.items():
             self.functional[fname] = getattr(F, fname)
             reference = originals.original(fname)
-            wrapper = d.function_site(op, f"F.{fname}", reference).wrapper
+            sites[fname] = d.function_site(op, f"F.{fname}", reference)
+            wrapper = sites[fname].wrapper
             # pickle finds it where it stands (a module holding F.gelu is saved as F.gelu)
             wrapper.__module__, wrapper.__qualname__ = F.__name__, fname
             torch_fn = originals.torch_function(fname)
@@ -315,7 +290,7 @@ class _Patch:
         for cls in _all_subclasses(nn.Module):
             self.patch_class(cls)
         self.classes[nn.Linear] = nn.Linear.forward
-        nn.Linear.forward = _lean_linear_forward(nn.Linear.forward)
+        nn.Linear.forward = routed_linear_forward(sites["linear"], nn.Linear.forward)
         self._hook_new_classes()
         self.scan_functions()
         self._wrap_entry_points()

@@ -618,6 +618,74 @@ def test_linear_layers_compute_as_torchs_own_and_plain_ones_route_through_f_line
     assert plain == [] and "bias" in looked_up   # the table for a plain one, torch's otherwise
 
 
+class _LinearExplodingLater:
+    """A linear variant whose first call (the checked one) is right and whose later calls raise."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, input, weight, bias=None):
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError("linear kernel exploded")
+        return torch.ops.aten.linear(input, weight, bias)
+
+
+def test_a_linear_layers_routed_calls_are_each_counted_and_a_variant_failing_later_is_put_aside():
+    """``nn.Linear`` routes its calls itself once ``F.linear``'s route is known: each call
+    recorded as F.linear's; a variant that raises there is disabled and torch answers."""
+    from rtxops.runtime.registry import load_builtin
+    from rtxops.runtime.spec import Variant
+
+    registry = load_builtin()
+    registry.add_variant(Variant("linear", "explodes_later", "eager",
+                                 lambda config, bucket: _LinearExplodingLater()))
+    torch.manual_seed(0)
+    layer, x = nn.Linear(8, 4), torch.randn(3, 8)
+    want = torch.ops.aten.linear(x, layer.weight, layer.bias)
+    d = patching.enable(registry=registry)
+    try:
+        for _ in range(3):
+            torch.testing.assert_close(layer(x), want)
+        counted = sum(d.readings.calls[s.id] for s in d.slots if s.site == "F.linear")
+        d.install_plan(plan_for(2, ("linear", bucket_id("linear", x, layer.weight, layer.bias),
+                                    "explodes_later")))
+        d.apply_pending(at_once=True)
+        for _ in range(3):
+            torch.testing.assert_close(layer(x), want)
+    finally:
+        patching.disable()
+    assert counted == 3
+    (key, reason), = d.disabled.items()
+    assert key[:2] == ("linear", "explodes_later") and "exploded" in reason
+
+
+def test_a_linear_layer_calls_f_linear_as_it_stands_when_another_library_replaced_it():
+    """Put in after rtxops, another library's ``F.linear`` takes nn.Linear's calls, as it
+    does without rtxops (torch's forward calls ``F.linear`` as its module holds it)."""
+    layer, x = nn.Linear(8, 4), torch.randn(3, 8)
+    seen = []
+    d = patching.enable()
+    try:
+        layer(x)   # the route is known: the layer would route the next call itself
+        ours = F.linear
+
+        def theirs(*args, **kwargs):
+            seen.append(len(args))
+            return ours(*args, **kwargs)
+
+        F.linear = theirs
+        try:
+            got = layer(x)
+        finally:
+            F.linear = ours
+        counted = sum(d.readings.calls[s.id] for s in d.slots if s.site == "F.linear")
+    finally:
+        patching.disable()
+    assert seen == [3] and counted == 2
+    torch.testing.assert_close(got, torch.ops.aten.linear(x, layer.weight, layer.bias))
+
+
 def test_a_norm_class_with_a_parameter_the_op_does_not_take_is_not_rewritten():
     """Once a plan routed rms_norm, the class was rewritten as the bare op after its first call
     matched: its bias then never moved and never counted."""
