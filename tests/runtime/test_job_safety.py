@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rtxops.runtime import originals, patching
+from rtxops.runtime.dispatcher import Scoped
 from rtxops.runtime.summary import summarize
 
 from .helpers import LlamaMLP
@@ -673,6 +674,27 @@ def test_an_rms_norm_class_with_a_dropout_keeps_it_after_an_eval_pass():
         assert int((got == 0).sum()) > 20
     finally:
         patching.disable()
+
+
+def test_an_rms_norm_classs_calls_find_their_route_after_the_first_in_each_mode():
+    """A class's call looks its route up by a plain tuple, filed on the miss as a Scoped key:
+    the two must be equal, or every call would resolve again (the bucket's route found anew,
+    the job's modules scanned, at each call)."""
+    torch.manual_seed(0)
+    m, x = OffsetRMSNorm(16), torch.randn(8, 16)
+    d = patching.enable(_plan({"rms_norm": "eager"}))
+    resolved = []
+    resolve = d._resolve
+    d._resolve = lambda *a, **k: resolved.append(a[1]) or resolve(*a, **k)
+    try:
+        for mode in (True, False, True):
+            m.train(mode)
+            for _ in range(3):
+                torch.testing.assert_close(m(x), OffsetRMSNorm.forward.__wrapped__(m, x))
+    finally:
+        patching.disable()
+    assert len(resolved) == 2   # once in train mode, once in eval
+    assert all(isinstance(k, Scoped) for k in resolved) and resolved[0].scope[0] is True
 
 
 def test_a_subclass_inheriting_an_rms_norm_forward_is_checked_on_its_own():
