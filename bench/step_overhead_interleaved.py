@@ -8,10 +8,12 @@ process (evolve loop off), exports at a settled job's cadence. Three parts, each
 the drift cannot reach it:
 
 * ``routed``: the training thread's cost of routing, timing and recording a step's calls.
-  The routing is suspended on every other step (:func:`rtxops.runtime.patching.suspended`:
-  torch's functions and the classes' forwards put back between two steps), in ABBA order; the
-  figure is the median over pairs of routed step / suspended step - 1, a step apart (a ratio:
-  a slow spell slows both steps of a pair; ``routed_ms`` is the median difference);
+  The routing is suspended on every other two steps (:func:`rtxops.runtime.patching.suspended`:
+  torch's functions and the classes' forwards put back between two steps), RRSS then SSRR; the
+  figure is the median over pairs of routed step / suspended step - 1, two steps apart (a
+  ratio: a slow spell slows both steps of a pair; ``routed_ms`` is the median difference).
+  ``routed_first_steps`` takes the pairs of the blocks' first steps alone, each right after the
+  switch, ``routed_second_steps`` those of their second steps, as in a run that never switches;
 * ``boundary_ms``: the median wall time of the optimizer-step hook, which runs in both steps of
   a pair and so drops out of the difference;
 * ``other_threads_fraction``: with every step routed (``--whole`` steps, their own telemetry,
@@ -90,29 +92,37 @@ def _other_threads(steps, d, exporter, proc, daemon_idle_per_s: float, n: int,
 
 
 def _routed(steps, d, exporter, pairs: int, warm: int) -> dict:
-    """Routing suspended every other step (ABBA): each pair's difference and ratio, and the
-    step hook's own time."""
+    """Routing suspended every other two steps (RRSS, then SSRR): each pair's difference and
+    ratio, and the step hook's own time. A pair is a block's first steps (each right after the
+    routing was put back or taken down: the classes' forwards replaced, torch's caches of their
+    attributes dropped) or its second steps (neither right after a change, as every step of a
+    real run): the two halves show what the switching itself adds."""
     telemetry = start_job_telemetry(d, exporter, quiet_interval_s=settings.EXPORT_QUIET_INTERVAL_S)
     boundary: list[int] = []
-    routed: list[float] = []
-    suspended: list[float] = []
+    routed: list[list[float]] = [[], []]      # [block's first steps, second steps]
+    suspended: list[list[float]] = [[], []]
     try:
         steps(warm)
         _timed_boundary(d, boundary)
-        for i in range(pairs):
+        for i in range((pairs + 1) // 2):
             for on in ((True, False) if i % 2 == 0 else (False, True)):
                 if on:
-                    routed.extend(steps(1))
+                    got = steps(2)
                 else:
                     with patching.suspended():
-                        suspended.extend(steps(1))
+                        got = steps(2)
+                for side, t in zip(routed if on else suspended, got):
+                    side.append(t)
     finally:
         telemetry.close()
-    return {"diffs": [r - s for r, s in zip(routed, suspended)],
-            "ratios": [r / s for r, s in zip(routed, suspended)],
-            "base": statistics.median(suspended),
+    halves = [([r / s for r, s in zip(rs, ss)], [r - s for r, s in zip(rs, ss)])
+              for rs, ss in zip(routed, suspended)]
+    return {"diffs": halves[0][1] + halves[1][1],
+            "ratios": halves[0][0] + halves[1][0],
+            "ratios_first": halves[0][0], "ratios_second": halves[1][0],
+            "base": statistics.median(suspended[0] + suspended[1]),
             "boundary": statistics.median(boundary) / 1e9,
-            "spread": (min(suspended), max(suspended))}
+            "spread": (min(suspended[0] + suspended[1]), max(suspended[0] + suspended[1]))}
 
 
 def measure(steps, daemon, pairs: int, whole: int, warm: int) -> dict:
@@ -141,6 +151,7 @@ def measure(steps, daemon, pairs: int, whole: int, warm: int) -> dict:
 
     base, boundary_s = paired["base"], paired["boundary"]
     routed = statistics.median(paired["ratios"]) - 1
+    first, second = (statistics.median(paired[k]) - 1 for k in ("ratios_first", "ratios_second"))
     low, high = (x - 1 for x in median_interval(paired["ratios"]))
     fraction = other.pop("fraction")
     rest = boundary_s / base + fraction
@@ -149,6 +160,8 @@ def measure(steps, daemon, pairs: int, whole: int, warm: int) -> dict:
         "overhead_95ci": [round(low + rest, 4), round(high + rest, 4)],
         "routed": round(routed, 4),
         "routed_95ci": [round(low, 4), round(high, 4)],
+        "routed_first_steps": round(first, 4),    # right after the routing was switched
+        "routed_second_steps": round(second, 4),  # a step later
         "suspended_step_ms": round(base * 1e3, 3),
         "routed_ms": round(statistics.median(paired["diffs"]) * 1e3, 4),
         "boundary_ms": round(boundary_s * 1e3, 4),
@@ -174,8 +187,8 @@ def main() -> None:
         figures = measure(steps, daemon, a.pairs, a.whole, a.warm)
     report({"bench": "step_overhead_interleaved", "python": platform.python_version(),
             "cpus": os.cpu_count(), "torch": torch.__version__,
-            "method": "one job on the whole default path, routing suspended every other step "
-                      "(ABBA); other threads' CPU charged in full",
+            "method": "one job on the whole default path, routing suspended every other two steps "
+                      "(RRSS, SSRR); other threads' CPU charged in full",
             "pairs": a.pairs, "whole_steps": a.whole, **figures, "target_overhead_max": 0.02}, a.out)
 
 
