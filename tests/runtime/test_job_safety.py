@@ -676,7 +676,7 @@ def test_an_rms_norm_class_with_a_dropout_keeps_it_after_an_eval_pass():
         patching.disable()
 
 
-def test_an_rms_norm_classs_calls_find_their_route_after_the_first_in_each_mode():
+def test_an_rms_norm_class_finds_its_route_after_its_first_call_in_each_mode():
     """A class's call looks its route up by a plain tuple, filed on the miss as a Scoped key:
     the two must be equal, or every call would resolve again (the bucket's route found anew,
     the job's modules scanned, at each call)."""

@@ -12,6 +12,8 @@ from torch import nn
 
 from rtxops.runtime import originals, patching
 from rtxops.runtime.dispatcher import ModuleSite
+from rtxops.runtime.registry import load_builtin
+from rtxops.runtime.spec import Variant
 
 from .helpers import GeluGatedMLP, LlamaMLP, TinyNet, TinyRMSNorm, bucket_id, plan_for, train_losses
 
@@ -149,8 +151,6 @@ def test_a_variant_that_fails_to_build_leaves_a_class_its_own_forward_if_it_diff
     """On a build failure the class got the op's math without the check against its forward:
     a gated MLP that is no swiglu gave other values on every call."""
     from rtxops.runtime.plan import Plan
-    from rtxops.runtime.registry import load_builtin
-    from rtxops.runtime.spec import Variant
 
     def unbuildable(config, bucket):   # a Triton kernel on a machine whose triton fails, say
         raise ImportError("no triton here")
@@ -634,9 +634,6 @@ class _LinearExplodingLater:
 def test_a_linear_layers_routed_calls_are_each_counted_and_a_variant_failing_later_is_put_aside():
     """``nn.Linear`` routes its calls itself once ``F.linear``'s route is known: each call
     recorded as F.linear's; a variant that raises there is disabled and torch answers."""
-    from rtxops.runtime.registry import load_builtin
-    from rtxops.runtime.spec import Variant
-
     registry = load_builtin()
     registry.add_variant(Variant("linear", "explodes_later", "eager",
                                  lambda config, bucket: _LinearExplodingLater()))
