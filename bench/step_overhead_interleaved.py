@@ -20,8 +20,13 @@ the drift cannot reach it:
   closed before the pairs), the export thread's CPU and the daemon's CPU above its idle, up to
   the closing export committed, over the same steps' wall time. Counted in full: the job's two
   threads keep both cores busy (a perf sample of this job shows each at ~100 % of the wall
-  time), so a millisecond of another thread costs the step at most a millisecond. A ratio of
-  times taken together, so a slow spell moves both.
+  time), so a millisecond of another thread costs the step about a millisecond. A ratio of
+  times taken together, so a slow spell moves both. ``observed`` checks that: each build and
+  export of the export thread (the daemon's work within the export, which waits for its reply)
+  timed and its CPU taken, and the steps it overlaps set against the untouched steps around
+  them; ``excess_to_cpu`` is what those steps lost over the CPU the bursts took (under 1: the
+  job's threads had idle moments to give; over 1: a burst costs more than its CPU, as the GIL
+  it holds). ``overhead_observed`` weighs the other threads' CPU by it.
 
 ``overhead`` = routed + boundary / the median suspended step + other_threads_fraction;
 ``overhead_95ci`` moves only the routed part by its bootstrap interval. Left out, as once per
@@ -33,6 +38,7 @@ JSON on stdout (``--out`` writes it too).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import statistics
@@ -66,29 +72,75 @@ def _timed_boundary(dispatcher, times: list[int]) -> None:
     dispatcher.on_step = timed
 
 
+def _watch_bursts(thread, proc) -> list[list[float]]:
+    """``[wall start, wall end, export thread CPU, daemon CPU]`` of each build and export the
+    export thread runs (an export waits for the daemon's reply, sent once it committed)."""
+    bursts: list[list[float]] = []
+
+    def watched(fn):
+        def run(*args, **kwargs):
+            t0, c0, d0 = time.perf_counter(), time.thread_time(), cpu_s(proc.pid)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                bursts.append([t0, time.perf_counter(), time.thread_time() - c0,
+                               cpu_s(proc.pid) - d0])
+        return run
+
+    thread._build_some, thread._export = watched(thread._build_some), watched(thread._export)
+    return bursts
+
+
+def _observed(starts: list[float], times: list[float], bursts: list[list[float]]) -> dict:
+    """What the bursts cost the steps they overlap, against the CPU they took: each overlapped
+    step's time over the median of the 50 untouched steps around it. A step counts as
+    overlapped from a burst's start to 5 ms after its end."""
+    touched = [any(b[0] < s + t and s < b[1] + 0.005 for b in bursts)
+               for s, t in zip(starts, times)]
+    excess = 0.0
+    for i, hit in enumerate(touched):
+        if hit:
+            around = [times[j] for j in range(max(0, i - 25), min(len(times), i + 26))
+                      if not touched[j]]
+            excess += times[i] - statistics.median(around)
+    inside = [b for b in bursts if starts[0] <= b[0] and b[1] <= starts[-1] + times[-1]]
+    cpu = sum(b[2] + b[3] for b in inside)
+    return {"bursts": len(inside), "steps_overlapped": sum(touched),
+            "excess_ms": round(excess * 1e3, 2), "cpu_ms": round(cpu * 1e3, 2),
+            "excess_to_cpu": round(excess / cpu, 3) if cpu > 0 else None}
+
+
 def _other_threads(steps, d, exporter, proc, daemon_idle_per_s: float, n: int,
                    warm: int) -> dict:
-    """Every step routed: the export thread's and the daemon's CPU over the steps' time."""
+    """Every step routed: the export thread's and the daemon's CPU over the steps' time; and,
+    beside it, what the export thread's bursts (the daemon's work within them) cost the steps
+    they overlap, against the CPU they took (``observed``: under 1 where the job's threads had
+    idle time to give, over 1 where a burst costs the job more than its CPU, as GIL waits)."""
     telemetry = start_job_telemetry(d, exporter, quiet_interval_s=settings.EXPORT_QUIET_INTERVAL_S)
     try:
         steps(warm)
         while not telemetry.thread.spans_exported:   # the job's first export, once per job
             steps(10)
+        bursts = _watch_bursts(telemetry.thread, proc)
         daemon_before, wall_before = cpu_s(proc.pid), time.monotonic()
         export_before = telemetry.thread.cpu_s
-        step_s = sum(steps(n))
+        begun = time.perf_counter()
+        times = steps(n)
+        step_s = sum(times)
     finally:
         telemetry.close()   # the last request, its spans among those counted
     time.sleep(2.0)         # the daemon commits what it acknowledged
     wall = time.monotonic() - wall_before
     daemon_cpu = max(cpu_s(proc.pid) - daemon_before - daemon_idle_per_s * wall, 0.0)
     export_cpu = telemetry.thread.cpu_s - export_before
+    starts = list(itertools.accumulate(times[:-1], initial=begun))
     return {"fraction": (export_cpu + daemon_cpu) / step_s,
             "export_thread_cpu_ms_per_step": round(export_cpu / n * 1e3, 4),
             "daemon_cpu_ms_per_step": round(daemon_cpu / n * 1e3, 4),
             "mean_step_ms": round(step_s / n * 1e3, 3),
             "spans_exported": telemetry.thread.spans_exported,
-            "spans_failed": telemetry.thread.spans_failed}
+            "spans_failed": telemetry.thread.spans_failed,
+            "observed": _observed(starts, times, bursts)}
 
 
 def _routed(steps, d, exporter, pairs: int, warm: int) -> dict:
@@ -155,6 +207,7 @@ def measure(steps, daemon, pairs: int, whole: int, warm: int) -> dict:
     low, high = (x - 1 for x in median_interval(paired["ratios"]))
     fraction = other.pop("fraction")
     rest = boundary_s / base + fraction
+    ratio = other["observed"]["excess_to_cpu"]
     return {
         "overhead": round(routed + rest, 4),
         "overhead_95ci": [round(low + rest, 4), round(high + rest, 4)],
@@ -166,6 +219,9 @@ def measure(steps, daemon, pairs: int, whole: int, warm: int) -> dict:
         "routed_ms": round(statistics.median(paired["diffs"]) * 1e3, 4),
         "boundary_ms": round(boundary_s * 1e3, 4),
         "other_threads_fraction": round(fraction, 4),
+        # the other threads' CPU weighed by what their bursts were seen to cost the steps
+        "overhead_observed": None if ratio is None else round(
+            routed + boundary_s / base + fraction * ratio, 4),
         "other_threads": other,
         "daemon_idle_cpu_ms_per_s": round(daemon_idle_per_s * 1e3, 3),
         "step_ms_spread": [round(x * 1e3, 2) for x in paired["spread"]],
