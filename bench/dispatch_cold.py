@@ -89,13 +89,19 @@ def paired(fn, reference, args: tuple, n: int, junk: torch.Tensor | None) -> flo
     return round(statistics.median(diffs) / 1e3, 2)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--pairs", type=int, default=2000)
+def arguments(doc: str, pairs: int) -> argparse.Namespace:
+    """``--pairs``, ``--rounds`` and ``--out`` of a cold-cache bench, on one thread from here on."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--pairs", type=int, default=pairs)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out")
     a = p.parse_args()
     torch.set_num_threads(1)
+    return a
+
+
+def main() -> None:
+    a = arguments(__doc__, 2000)
     args = (torch.randn(2, 16), torch.randn(16, 16), torch.randn(16))
     junk = torch.empty(24 * 2**20 // 4)
     torch_own = originals.original("linear")

@@ -12,7 +12,6 @@ stdout (``--out`` writes it too).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -21,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from _gpt import train_gpt
 from _report import report
-from dispatch_cold import _Nowhere, paired
+from dispatch_cold import _Nowhere, arguments, paired
 
 from rtxops.runtime import originals, patching
 from rtxops.telemetry.job import start_job_telemetry
@@ -66,12 +65,7 @@ def sites(d, model) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--pairs", type=int, default=1000)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out")
-    a = p.parse_args()
-    torch.set_num_threads(1)
+    a = arguments(__doc__, 1000)
     torch.manual_seed(0)
     model = train_gpt.GPT(2048, 128, 2, 4, 64)
     junk = torch.empty(24 * 2**20 // 4)
