@@ -15,13 +15,16 @@ install: $(STAMP) bytecode
 
 # the C decoder, encoder, aggregation and call buffer are built by the install: a changed source
 # installs again, and the old builds go first (a source that no longer compiles must not leave its
-# last build in use)
-NATIVE_BUILDS = rtxops/telemetry/*.so
-$(STAMP): pyproject.toml Makefile setup.py $(wildcard rtxops/telemetry/_native/*.c)
+# last build in use). The C++ dispatch core compiles against the torch just installed (~40 s);
+# where it does not build, the routing runs in Python
+NATIVE_BUILDS = rtxops/telemetry/*.so rtxops/runtime/*.so
+$(STAMP): pyproject.toml Makefile setup.py $(wildcard rtxops/telemetry/_native/*.c) \
+		$(wildcard rtxops/runtime/_native/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	rm -f $(NATIVE_BUILDS)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) rtxops/runtime/_native/build.py || echo "rtxops: the C++ dispatch core did not build; routing runs in Python"
 	touch $(STAMP)
 
 # rtxops's own bytecode, as a wheel install compiles it: an editable install leaves the sources to

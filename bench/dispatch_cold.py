@@ -7,8 +7,10 @@ push its code and data out. Here each timed call comes after a 24 MB write, once
 ``F.linear``'s wrapper and once through torch's own function (paired, alternating; tiny tensors,
 so the op's own time is small), and the same for stand-ins that do one part of the wrapper's work
 each (a bare Python wrapper, its guards, its call key, the key and the route lookup, the timing and
-record), to show where the cold cost goes. Hot figures (no write between calls) beside them.
-Medians of per-pair differences, µs. JSON on stdout (``--out`` writes it too).
+record), to show where the cold cost goes in Python. The routed call goes through the C++ core
+where it is built (``dispatch_core`` in the JSON; ``RTXOPS_DISPATCH_CORE=0``: the Python path).
+Hot figures (no write between calls) beside them. Medians of per-pair differences, µs. JSON on
+stdout (``--out`` writes it too).
 """
 from __future__ import annotations
 
@@ -128,7 +130,7 @@ def main() -> None:
     median = {name: {k: statistics.median(r[name][k] for r in rounds) for k in ("cold_us", "hot_us")}
               for name in rounds[0]}
     report({"bench": "dispatch_cold", "python": platform.python_version(), "cpus": os.cpu_count(),
-            "torch": torch.__version__, "op": "F.linear on (2, 16) x (16, 16)", "pairs": a.pairs,
+            "torch": torch.__version__, "dispatch_core": D._Core is not None, "op": "F.linear on (2, 16) x (16, 16)", "pairs": a.pairs,
             "method": "each timed call after a 24 MB write (cold) or right after the last (hot); "
                       "median of per-pair differences against torch's own function",
             "median_of_rounds": median, "rounds": rounds}, a.out)

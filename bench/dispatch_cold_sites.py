@@ -7,8 +7,9 @@ put there (the ``RMSNorm`` class's forward, ``nn.Linear``'s, the job's ``apply_r
 there without rtxops (the class's own forward, torch's functions), each timed call after a 24 MB
 write, with autograd on as in training. ``per_step_us`` weighs each site by its calls in one step
 of the example's defaults (2 layers): what the routing costs a step, to set beside
-``step_overhead_interleaved.py``'s ``routed_ms``. Medians of per-pair differences, µs. JSON on
-stdout (``--out`` writes it too).
+``step_overhead_interleaved.py``'s ``routed_ms``. ``RTXOPS_DISPATCH_CORE=0`` measures the routing
+in Python instead of the C++ core (``dispatch_core`` in the JSON). Medians of per-pair
+differences, µs. JSON on stdout (``--out`` writes it too).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from _gpt import train_gpt
 from _report import report
 from dispatch_cold import _Nowhere, arguments, paired
 
-from rtxops.runtime import originals, patching
+from rtxops.runtime import dispatcher, originals, patching
 from rtxops.telemetry.job import start_job_telemetry
 
 # routed calls of each kind in one step of the example GPT (2 layers): per layer two RMSNorms,
@@ -86,6 +87,7 @@ def main() -> None:
     per_step = sum(median[name] * n for name, n in CALLS_PER_STEP.items())
     report({"bench": "dispatch_cold_sites", "python": platform.python_version(),
             "cpus": os.cpu_count(), "torch": torch.__version__, "pairs": a.pairs,
+            "dispatch_core": dispatcher._Core is not None,
             "method": "each timed call after a 24 MB write, autograd on; median of per-pair "
                       "differences, routed call minus the call without rtxops, µs",
             "calls_per_step": CALLS_PER_STEP, "median_of_rounds_us": median,

@@ -8,6 +8,7 @@ once per (site, call signature) and plan version.
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import functools
 import inspect
 import itertools
@@ -24,6 +25,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 import torch
 import torch.utils.checkpoint
 
+from .. import settings
 from .bucket import Bucket
 from .errors import PlanError
 from .memory import rss_bytes
@@ -34,6 +36,16 @@ from .plan import Plan, default_plan
 from .readings import CallStats, Readings, Slot
 from .registry import Registry, default_registry
 from .spec import REFERENCE, OpSpec, Tolerance, Variant
+
+try:   # built from _native/dispatch_core.cpp by `make install` (_native/build.py)
+    from ._dispatch_core import Core as _Core
+except ImportError:   # not built (no compiler, another torch): the routing runs in Python
+    _Core = None
+try:
+    if not settings.switch("RTXOPS_DISPATCH_CORE", True):
+        _Core = None
+except settings.SettingError as e:   # (`rtxops run` refuses it before the job starts)
+    print(f"rtxops: {e}; the C++ dispatch core stays on", file=sys.stderr)
 
 log = logging.getLogger("rtxops.runtime")
 # The wrappers ask ``torch.compiler.is_compiling() and _traced_here()`` on every call, spelled
@@ -268,6 +280,24 @@ class _SiteLeftBehind:
     calls it."""
 
 
+class _CoreLeftBehind:
+    """What a site's C++ core pickles as (see :class:`_Live`): its routes stay in this process."""
+
+    version = 0
+
+    def call(self, *args, **kwargs):
+        raise RuntimeError("a pickled rtxops wrapper does not route")
+
+    insert = call
+
+    def clear(self) -> None:
+        pass
+
+
+if _Core is not None:
+    copyreg.pickle(_Core, lambda core: (_CoreLeftBehind, ()))
+
+
 @dataclass(frozen=True)
 class Choice:
     variant: Variant
@@ -299,12 +329,14 @@ class FunctionSite:
         self.matched_by_name = matched_by_name
         self.routes: dict[Any, Any] = _RouteTable()  # call key -> route
         self.bucket_routes: dict[tuple, Any] = {}  # bucket key -> route (shared by call keys)
+        self.core = None   # the C++ routing of plain calls (function sites; see _make_wrapper)
         self.wrapper = self._make_wrapper()
 
     def _make_wrapper(self) -> Callable:
         call_key, route_of, ref, miss = self.op.call_key, self.routes.get, self.reference, self._miss
         record_cell, live = self.dispatcher.record_cell, self.dispatcher.live
         here, unrouted_threads = _this_thread, _unrouted_threads
+        core = core_call = core_insert = None
         # a job's own function (matched by name) knows no torch functions: it runs as written
         as_written = naming_itself(ref) if self.matched_by_name else None
         # torch's Python function itself (``ref`` is a copy naming itself, see originals.py)
@@ -316,6 +348,11 @@ class FunctionSite:
                     _compiler._is_compiling_flag and _traced_here()):
                 # not live: a wrapper held past disable() (``self.act = F.gelu``) is torch's again
                 return ref(*args, **kwargs)
+            if core_call is not None:   # a call it does not route itself comes to routed()
+                return core_call(*args, **kwargs)
+            return routed(*args, **kwargs)
+
+        def routed(*args, **kwargs):
             if unrouted_threads[0] and here.unrouted:
                 # a tracer's (fx) proxies still take the call, under this name
                 if as_written is None and (_has_torch_function(args) or (
@@ -328,6 +365,7 @@ class FunctionSite:
                 if as_written is not None:
                     return as_written(*args, **kwargs)
                 return _handed_over(dispatching, torch_own, args, kwargs)
+            version = 0 if core is None else core.version
             try:
                 key = call_key(*args, **kwargs)
                 if any_autocast() and key is not None:
@@ -340,6 +378,9 @@ class FunctionSite:
                     return ref(*args, **kwargs)
                 route = miss(key, args, kwargs)
             fn, slot, on_error = route
+            if core is not None and route_of(key) is route:
+                # not a route a miss made without keeping it (a TorchScript trace's)
+                core_insert(version, fn, slot, on_error, *args, **kwargs)
             t0 = perf_counter_ns()
             try:
                 out = fn(*args, **kwargs)
@@ -353,6 +394,9 @@ class FunctionSite:
                 record_cell[0](slot, t0)
             return out
 
+        if _Core is not None:
+            self.core = core = _Core(unrouted_threads, record_cell, routed, _NOT_A_FAILURE)
+            core_call, core_insert = core.call, core.insert
         dispatching.__name__ = getattr(ref, "__name__", self.op.name)
         dispatching.__qualname__ = getattr(ref, "__qualname__", dispatching.__name__)
         # pickle finds a function by module and name: there the wrapper stands in for the original
@@ -455,6 +499,8 @@ class FunctionSite:
         """Forget every route; the next calls resolve again (plan swap, disabled variant)."""
         self.routes.clear()
         self.bucket_routes.clear()
+        if self.core is not None:
+            self.core.clear()
 
     def replace(self, old: Any, new: Any) -> None:
         """Put ``new`` wherever ``old`` is installed, directly or as an explore arm."""
@@ -465,6 +511,8 @@ class FunctionSite:
                         table[k] = new
                     else:
                         _replace_in_explore(v, old, new)
+            if self.core is not None:
+                self.core.clear()
 
     def run_reference(self, args: tuple, kwargs: dict) -> Any:
         return self.reference(*args, **kwargs)
@@ -485,10 +533,12 @@ def routed_linear_forward(site: FunctionSite, torch_forward: Callable) -> Callab
     not route itself (a miss, autocast, a tracer, a tensor subclass, ``F.linear`` replaced by
     someone else) goes to ``F.linear`` as torch's forward sends it; anything else (a subclass, a
     parametrization, a parameter replaced by a plain attribute, dynamo's traces, a compile
-    session) runs torch's forward."""
+    session) runs torch's forward. With the C++ core built, the call goes to the site's core,
+    whose misses go to the site's Python path."""
     call_key, route_of, wrapper = site.op.call_key, site.routes.get, site.wrapper
     record_cell, live = site.dispatcher.record_cell, site.dispatcher.live
     unrouted_threads = _unrouted_threads
+    core_call = None if site.core is None else site.core.call   # its misses go to the site's Python path
     linear, functional = torch.nn.Linear, torch.nn.functional
 
     def forward(self, input):
@@ -502,6 +552,8 @@ def routed_linear_forward(site: FunctionSite, torch_forward: Callable) -> Callab
         if not live[0] or unrouted_threads[0] or functional.linear is not wrapper or \
                 any_autocast() or _has_torch_function(args):
             return functional.linear(*args)
+        if core_call is not None:
+            return core_call(*args)
         try:
             route = route_of(call_key(*args))
         except Exception:  # an unhashable key (an input that is no tensor): the wrapper decides
