@@ -52,7 +52,8 @@ from _gpt import median_interval, stepper
 from _report import report
 
 from rtxops import settings
-from rtxops.runtime import dispatcher, patching
+from rtxops.runtime import dispatcher as D
+from rtxops.runtime import patching
 from rtxops.telemetry import exporters
 from rtxops.telemetry.exporters import DeferredExporter, otlp_http_exporter
 from rtxops.telemetry.job import start_job_telemetry
@@ -243,7 +244,7 @@ def main() -> None:
         figures = measure(steps, daemon, a.pairs, a.whole, a.warm)
     report({"bench": "step_overhead_interleaved", "python": platform.python_version(),
             "cpus": os.cpu_count(), "torch": torch.__version__,
-            "dispatch_core": dispatcher._Core is not None,   # RTXOPS_DISPATCH_CORE=0: off
+            "dispatch_core": D._Core is not None,   # RTXOPS_DISPATCH_CORE=0: off
             "method": "one job on the whole default path, routing suspended every other two steps "
                       "(RRSS, SSRR); other threads' CPU charged in full",
             "pairs": a.pairs, "whole_steps": a.whole, **figures, "target_overhead_max": 0.02}, a.out)
