@@ -30,7 +30,7 @@ namespace {
 constexpr size_t kMaxRoutes = 4096;  // past it the table starts over (see ROUTES_PER_SITE)
 
 enum Tag : int64_t { kNone = -1, kTensor = -2, kParameter = -3, kBool = -4, kInt = -5, kFloat = -6,
-                     kName = -7, kStr = -8, kTuple = -9, kSize = -10 };
+                     kStr = -7, kTuple = -8, kSize = -9 };
 
 PyTypeObject* parameter_type = nullptr;
 PyTypeObject* size_type = nullptr;   // torch.Size
