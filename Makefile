@@ -19,7 +19,7 @@ install: $(STAMP) bytecode
 # where it does not build, the routing runs in Python
 NATIVE_BUILDS = rtxops/telemetry/*.so rtxops/runtime/*.so
 $(STAMP): pyproject.toml Makefile setup.py $(wildcard rtxops/telemetry/_native/*.c) \
-		$(wildcard rtxops/runtime/_native/*)
+		rtxops/runtime/_native/dispatch_core.cpp rtxops/runtime/_native/build.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	rm -f $(NATIVE_BUILDS)
