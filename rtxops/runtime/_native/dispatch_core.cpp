@@ -418,6 +418,21 @@ PyTypeObject CoreType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_dispatch_core",
                           "The routing of a function site's calls in C++.", -1, nullptr};
 
+// ``module.name``, a type (a new reference), or nullptr with the error set.
+PyTypeObject* torch_type(const char* module, const char* name) {
+  PyObject* m = PyImport_ImportModule(module);
+  if (m == nullptr) return nullptr;
+  PyObject* type = PyObject_GetAttrString(m, name);
+  Py_DECREF(m);
+  if (type == nullptr) return nullptr;
+  if (!PyType_Check(type)) {
+    Py_DECREF(type);
+    PyErr_Format(PyExc_TypeError, "%s.%s is not a type", module, name);
+    return nullptr;
+  }
+  return reinterpret_cast<PyTypeObject*>(type);
+}
+
 }  // namespace
 
 PyMODINIT_FUNC PyInit__dispatch_core(void) {
@@ -433,28 +448,10 @@ PyMODINIT_FUNC PyInit__dispatch_core(void) {
   CoreType.tp_methods = Core_methods;
   CoreType.tp_getset = Core_getset;
   if (PyType_Ready(&CoreType) < 0) return nullptr;
-  PyObject* nn = PyImport_ImportModule("torch.nn");
-  if (nn == nullptr) return nullptr;
-  PyObject* parameter = PyObject_GetAttrString(nn, "Parameter");
-  Py_DECREF(nn);
-  if (parameter == nullptr) return nullptr;
-  if (!PyType_Check(parameter)) {
-    Py_DECREF(parameter);
-    PyErr_SetString(PyExc_TypeError, "torch.nn.Parameter is not a type");
-    return nullptr;
-  }
-  parameter_type = reinterpret_cast<PyTypeObject*>(parameter);   // kept for the module's life
-  PyObject* torch_module = PyImport_ImportModule("torch");
-  if (torch_module == nullptr) return nullptr;
-  PyObject* size = PyObject_GetAttrString(torch_module, "Size");
-  Py_DECREF(torch_module);
-  if (size == nullptr) return nullptr;
-  if (!PyType_Check(size)) {
-    Py_DECREF(size);
-    PyErr_SetString(PyExc_TypeError, "torch.Size is not a type");
-    return nullptr;
-  }
-  size_type = reinterpret_cast<PyTypeObject*>(size);
+  parameter_type = torch_type("torch.nn", "Parameter");   // both kept for the module's life
+  if (parameter_type == nullptr) return nullptr;
+  size_type = torch_type("torch", "Size");
+  if (size_type == nullptr) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&CoreType);
