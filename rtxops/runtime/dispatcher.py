@@ -581,6 +581,19 @@ def routed_linear_forward(site: FunctionSite, torch_forward: Callable) -> Callab
     return forward
 
 
+def _insert_module_route(core_insert: Callable, version: int, route: Callable, module, args: tuple,
+                         kwargs: dict) -> None:
+    """Give a module class's route to its site's C++ core, which calls what it holds as the
+    forward is called: the class's own forward timed as the route times it (``whole``), else the
+    route itself, which splits the call and times the op."""
+    if getattr(route, "whole", None) is True:
+        fn, slot, _ = route.parts   # (the route hands no errors on: the class's own)
+        core_insert(version, fn, slot, None, module, *args, **kwargs)
+    else:
+        core_insert(version, lambda module, *args, **kwargs: route(module, None, args, kwargs), -1,
+                    None, module, *args, **kwargs)
+
+
 class ModuleSite(FunctionSite):
     """A module class whose forward is hand-written math for an op (an RMSNorm, a gated MLP).
 
@@ -597,8 +610,13 @@ class ModuleSite(FunctionSite):
     matched_by_name = True   # a class taken for the op by its pattern (see FunctionSite)
 
     def __init__(self, dispatcher, op, name, cls: type, split: Callable, whole_forward: bool,
-                 unfit: Callable | None = None, key_of: Callable | None = None) -> None:
+                 unfit: Callable | None = None, key_of: Callable | None = None,
+                 core_reads: tuple[tuple[str, ...], tuple[str, ...]] | None = None) -> None:
         self.cls, self.split, self.whole_forward = cls, split, whole_forward
+        # ``(parameter names, float names)``: all that ``key_of`` reads of the module besides its
+        # class, ``training`` and settings, for the C++ core to describe a call by (see
+        # _native/dispatch_core.cpp); None: the calls are routed in Python
+        self.core_reads = core_reads if key_of is not None else None
         # ``key_of(module, *args, **kwargs)``: the call's key without running the split, for a
         # split that computes (a gated MLP's gate and up projections). Then routes get parts
         # None and split when they run the op: a route that runs the class's own forward (or a
@@ -637,14 +655,22 @@ class ModuleSite(FunctionSite):
         cls, dormant, live, here = self.cls, self._dormant, self.dispatcher.live, _this_thread
         unrouted_threads = _unrouted_threads
         key_of = self.key_of
+        core = core_call = core_insert = None
 
         def forward(module, *args, **kwargs):
-            if dormant[0] or not live[0] or (unrouted_threads[0] and here.unrouted) or \
-                    _is_dynamo_compiling() or (
-                    _compiler._is_compiling_flag and _traced_here()) or (
+            if dormant[0] or not live[0] or _is_dynamo_compiling() or (
+                    _compiler._is_compiling_flag and _traced_here()):
+                return original(module, *args, **kwargs)
+            if core_call is not None:   # a call it does not route itself comes to routed()
+                return core_call(module, *args, **kwargs)
+            return routed(module, *args, **kwargs)
+
+        def routed(module, *args, **kwargs):
+            if (unrouted_threads[0] and here.unrouted) or (
                     (_has_torch_function(args) or (kwargs and _has_torch_function(kwargs.values())))
                     and _subclass_among(args, kwargs)):
                 return original(module, *args, **kwargs)
+            version = 0 if core is None else core.version
             try:
                 if key_of is None:
                     parts = split(module, *args, **kwargs)
@@ -678,8 +704,14 @@ class ModuleSite(FunctionSite):
                     route = miss(key, canonical[0], {})
                 else:
                     route = miss(key, parts[0], {})
+            if core is not None and route_of(key) is route:
+                _insert_module_route(core_insert, version, route, module, args, kwargs)
             return route(module, parts, args, kwargs)
 
+        if _Core is not None and self.core_reads is not None:
+            self.core = core = _Core(unrouted_threads, self.dispatcher.record_cell, routed,
+                                     _NOT_A_FAILURE, module_reads=self.core_reads)
+            core_call, core_insert = core.call, core.insert
         forward.__wrapped__ = original  # type: ignore[attr-defined]
         forward.__rtxops_wrapper__ = True  # type: ignore[attr-defined]
         return forward
@@ -857,9 +889,11 @@ class Dispatcher:
         return site
 
     def module_site(self, op: str, cls: type, split: Callable, whole_forward: bool,
-                    unfit: Callable | None = None, key_of: Callable | None = None) -> ModuleSite:
+                    unfit: Callable | None = None, key_of: Callable | None = None,
+                    core_reads: tuple | None = None) -> ModuleSite:
         name = f"module:{cls.__module__}.{cls.__qualname__}"
-        site = ModuleSite(self, self.registry.op(op), name, cls, split, whole_forward, unfit, key_of)
+        site = ModuleSite(self, self.registry.op(op), name, cls, split, whole_forward, unfit, key_of,
+                          core_reads)
         self.sites.append(site)
         return site
 

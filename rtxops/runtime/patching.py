@@ -245,11 +245,15 @@ def _is_gated_mlp_class(cls: type) -> bool:
 
 
 MODULE_PATTERNS: list[tuple[str, Callable[[type], bool], Callable, bool, Callable,
-                           Callable | None]] = [
+                           Callable | None, tuple | None]] = [
     # (op, class test, split, op is the whole forward, why an instance cannot be rewritten,
-    #  the call's key without the split (None: the key of the split's op arguments))
-    ("rms_norm", _is_rms_norm_class, _split_rms_norm, True, _rms_norm_unfit, _rms_norm_key),
-    ("swiglu", _is_gated_mlp_class, _split_gated_mlp, False, _gated_mlp_unfit, _gated_mlp_key),
+    #  the call's key without the split (None: the key of the split's op arguments),
+    #  what that key reads of the module: (its parameters, names one of which holds a float),
+    #  for the C++ core (None: routed in Python; a gated MLP's key reads its layers))
+    ("rms_norm", _is_rms_norm_class, _split_rms_norm, True, _rms_norm_unfit, _rms_norm_key,
+     (("weight",), _EPS_NAMES)),
+    ("swiglu", _is_gated_mlp_class, _split_gated_mlp, False, _gated_mlp_unfit, _gated_mlp_key,
+     None),
 ]
 
 
@@ -394,9 +398,9 @@ class _Patch:
     def patch_class(self, cls: type) -> None:
         if cls in self.classes or "forward" not in cls.__dict__:
             return
-        for op, matches, split, whole, unfit, key_of in MODULE_PATTERNS:
+        for op, matches, split, whole, unfit, key_of, core_reads in MODULE_PATTERNS:
             if matches(cls):
-                site = self.dispatcher.module_site(op, cls, split, whole, unfit, key_of)
+                site = self.dispatcher.module_site(op, cls, split, whole, unfit, key_of, core_reads)
                 self.classes[cls] = cls.forward
                 cls.forward = site.wrapper
                 return

@@ -1,5 +1,6 @@
 """The C++ dispatch core (``_native/dispatch_core.cpp``): the routing of plain calls at function
-sites, the same routes and records as the Python path, which takes everything else."""
+sites and RMSNorm classes, the same routes and records as the Python path, which takes
+everything else."""
 from __future__ import annotations
 
 import os
@@ -18,7 +19,7 @@ from rtxops.runtime import dispatcher, patching
 from rtxops.runtime.registry import load_builtin
 from rtxops.runtime.spec import Variant
 
-from .helpers import bucket_id, plan_for
+from .helpers import LlamaMLP, TinyRMSNorm, bucket_id, plan_for
 
 
 def _counts(d) -> dict[tuple[str, str], int]:
@@ -253,6 +254,142 @@ def test_threads_routing_at_once_each_get_every_call_recorded():
     finally:
         patching.disable()
     assert _counts(d)[("F.silu", "reference")] == 800
+
+
+NORM_SITE = f"module:{TinyRMSNorm.__module__}.{TinyRMSNorm.__qualname__}"
+
+
+def _norm_plan(variant: str):
+    x, w = torch.randn(4, 16), torch.ones(16)
+    return plan_for(2, ("rms_norm", bucket_id("rms_norm", x, (16,), w, 1e-6), variant))
+
+
+def _run_norms(monkeypatch, core: bool, variant: str | None = None):
+    """Two instances (their eps apart), each called in train and in eval mode, with autograd
+    and without: the outputs, the counts, the routes the core holds."""
+    if not core:
+        monkeypatch.setattr(dispatcher, "_Core", None)
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, requires_grad=True)
+    d = patching.enable()
+    try:
+        if variant is not None:
+            d.install_plan(_norm_plan(variant))
+            d.apply_pending(at_once=True)
+        norms = [TinyRMSNorm(16), TinyRMSNorm(16, eps=1e-5)]
+        outs = []
+        for _ in range(4):
+            for norm in norms:
+                outs.append(norm(x))
+                with torch.no_grad():
+                    outs.append(norm(x))
+                norm.eval()
+                outs.append(norm(x))
+                norm.train()
+        core = d.site_named(NORM_SITE).core
+        size = None if core is None else core.size
+    finally:
+        patching.disable()
+    return outs, _counts(d), size
+
+
+@pytest.mark.parametrize("variant", [None, "fused"])
+def test_an_rms_norm_class_is_routed_by_the_core_as_by_the_python_path(monkeypatch, variant):
+    """The class's own forward (the default plan) or a variant in its place: every call counted
+    once under the same variant with the core as without it, the outputs the same; the core
+    holds a route per instance and mode (each instance's settings are checked apart)."""
+    with_core, counted, size = _run_norms(monkeypatch, True, variant)
+    without, counted_python, no_size = _run_norms(monkeypatch, False, variant)
+    assert counted == counted_python
+    assert counted[(NORM_SITE, variant or "reference")] == 2 * 4 * 3
+    for got, want in zip(with_core, without):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert no_size is None and size == 2 * 3
+
+
+class _SubRMSNorm(TinyRMSNorm):
+    """Inherits the wrapped forward: its calls are checked apart from the class's own."""
+
+
+class _ClassEpsRMSNorm(TinyRMSNorm):
+    variance_epsilon = 1e-6   # (the instances drop theirs: the class holds it)
+
+
+class _Marked(torch.Tensor):
+    pass
+
+
+def _changing_state():
+    """A weight cast in place, a subclass inheriting the forward: each a new description, found
+    by the Python path; the core holds one route for each."""
+    x, norm = torch.randn(4, 16), TinyRMSNorm(16)
+    return [(norm, x), (_SubRMSNorm(16), x), (norm.double(), x.double())], 3
+
+
+def _undescribed():
+    """A weight that is no parameter, an eps the instance does not hold (its class does), a
+    tensor subclass: the core holds nothing."""
+    x, plain_weight, class_eps = torch.randn(4, 16), TinyRMSNorm(16), _ClassEpsRMSNorm(16)
+    weight = plain_weight.weight.detach().clone()
+    del plain_weight.weight
+    plain_weight.weight = weight
+    del class_eps.variance_epsilon
+    return [(plain_weight, x), (class_eps, x), (TinyRMSNorm(16), x.as_subclass(_Marked))], 0
+
+
+def _run_module_calls(monkeypatch, core: bool, calls) -> tuple[list, dict]:
+    if not core:
+        monkeypatch.setattr(dispatcher, "_Core", None)
+    torch.manual_seed(0)
+    d = patching.enable()
+    try:
+        made, held = calls()
+        outs = []
+        for module, input in made:
+            for _ in range(3):
+                out = module(input)
+                torch.testing.assert_close(out, TinyRMSNorm.forward.__wrapped__(module, input),
+                                           rtol=0, atol=0)
+                outs.append(out)
+        if core:
+            assert d.site_named(NORM_SITE).core.size == held
+    finally:
+        patching.disable()
+    return outs, _counts(d)
+
+
+@pytest.mark.parametrize("calls", [_changing_state, _undescribed])
+def test_module_calls_are_counted_and_answered_as_by_the_python_path(monkeypatch, calls):
+    with_core, counted = _run_module_calls(monkeypatch, True, calls)
+    without, counted_python = _run_module_calls(monkeypatch, False, calls)
+    assert counted == counted_python and counted[(NORM_SITE, "reference")] > 0
+    for got, want in zip(with_core, without):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_autocast_module_calls_take_the_python_path():
+    d = patching.enable()
+    try:
+        norm, x = TinyRMSNorm(16), torch.randn(4, 16)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            norm(x)
+            norm(x)
+        assert d.site_named(NORM_SITE).core.size == 0
+        assert any(isinstance(k, tuple) and k[1][1] is not None
+                   for k in d.site_named(NORM_SITE).routes)
+    finally:
+        patching.disable()
+
+
+def test_a_gated_mlp_class_is_routed_in_python():
+    """Its key reads its layers, which the core does not describe."""
+    d = patching.enable()
+    try:
+        LlamaMLP()(torch.randn(2, 8))
+        site = next(s for s in d.sites if getattr(s, "cls", None) is LlamaMLP)
+        assert site.core is None
+    finally:
+        patching.disable()
 
 
 def test_the_core_can_be_switched_off():

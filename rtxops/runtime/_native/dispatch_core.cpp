@@ -1,6 +1,6 @@
-// The routing of a function site's calls, in C++ (rtxops.runtime._dispatch_core).
+// The routing of a site's calls, in C++ (rtxops.runtime._dispatch_core).
 //
-// The Python wrapper (dispatcher.FunctionSite) keeps the checks dynamo and compile sessions
+// The Python wrapper (dispatcher.FunctionSite, ModuleSite) keeps the checks dynamo and compile sessions
 // need, then calls Core.call(*args, **kwargs). It describes the call from the arguments
 // themselves (a tensor's or parameter's dtype, device, flags, sizes and strides; None, bool,
 // int, float and str values and tuples of ints; keyword names; grad mode) and looks the
@@ -10,6 +10,12 @@
 // kind, a tensor subclass, autocast on, a thread running unrouted) goes to ``fallback``, the
 // wrapper's Python path, which finds the route and inserts it. A description holds everything
 // an op's call key reads, so it maps to one key's route.
+//
+// A module class's site (Core(..., module_reads=(parameter names, float names))) is called as
+// its forward, ``call(module, *args, **kwargs)``. The module is described by its class, its
+// ``training`` and its settings (``dispatcher._SETTINGS``) as its instance dict holds them, and
+// the named parameters as its parameter table holds them; a float under one of the float names
+// must be in its instance dict. Anything else about the module goes to ``fallback``.
 //
 // With a step's caches cold a call costs several µs less than the same work in Python
 // (bench/dispatch_cold_sites.py, with and without RTXOPS_DISPATCH_CORE=0). The table is cleared
@@ -30,10 +36,13 @@ namespace {
 constexpr size_t kMaxRoutes = 4096;  // past it the table starts over (see ROUTES_PER_SITE)
 
 enum Tag : int64_t { kNone = -1, kTensor = -2, kParameter = -3, kBool = -4, kInt = -5, kFloat = -6,
-                     kStr = -7, kTuple = -8, kSize = -9 };
+                     kStr = -7, kTuple = -8, kSize = -9, kModule = -10 };
 
 PyTypeObject* parameter_type = nullptr;
 PyTypeObject* size_type = nullptr;   // torch.Size
+PyObject* training_name = nullptr;     // interned attribute names a module's description reads
+PyObject* parameters_name = nullptr;
+PyObject* settings_name = nullptr;
 
 struct Entry {
   PyObject* fn;                    // owned
@@ -42,6 +51,14 @@ struct Entry {
   std::vector<int64_t> words;      // the description
   std::vector<PyObject*> strings;  // owned: its str arguments, then its keyword names, checked
                                    // by value on a hit (the words hold only their hashes)
+  std::vector<PyObject*> held;     // owned: a module's class and settings, which the words name
+                                   // by address (held, so no other object takes that address)
+};
+
+struct Description {   // the call at hand's; borrowed references
+  std::vector<int64_t> words;
+  std::vector<PyObject*> strings;
+  std::vector<PyObject*> held;
 };
 
 struct CoreObject {
@@ -50,10 +67,11 @@ struct CoreObject {
   PyObject* record_cell;   // list [record_since]
   PyObject* fallback;
   PyObject* not_a_failure; // tuple of exception types raised through a route, never handled
+  PyObject* module_params; // a module class's site: tuple of parameter names, else nullptr
+  PyObject* module_floats; // and of attribute names, one of which holds a float
   std::unordered_map<uint64_t, Entry>* routes;
   uint64_t version;
-  std::vector<int64_t>* scratch;
-  std::vector<PyObject*>* scratch_strings;   // borrowed, for the call at hand
+  Description* scratch;    // for the call at hand
 };
 
 int64_t now_ns() {  // time.perf_counter_ns()'s clock on Linux
@@ -142,15 +160,68 @@ bool describe_arg(PyObject* a, std::vector<int64_t>& out, std::vector<PyObject*>
   return false;
 }
 
-bool describe_args(PyObject* const* args, size_t nargsf, PyObject* kwnames, std::vector<int64_t>& out,
-                   std::vector<PyObject*>& strings) {
+// A module's instance-dict entry ``name``, borrowed, or nullptr (none, or an error: cleared).
+PyObject* own_attribute(PyObject* dict, PyObject* name) {
+  PyObject* value = PyDict_GetItemWithError(dict, name);
+  if (value == nullptr) PyErr_Clear();
+  return value;
+}
+
+bool describe_module_state(CoreObject* self, PyObject* dict, Description& d) {
+  PyObject* training = own_attribute(dict, training_name);
+  PyObject* settings = own_attribute(dict, settings_name);   // set by the module's first call
+  PyObject* params = own_attribute(dict, parameters_name);
+  if ((training != Py_True && training != Py_False) || settings == nullptr || params == nullptr ||
+      !PyDict_Check(params))
+    return false;
+  bool has_float = false;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->module_floats) && !has_float; i++) {
+    PyObject* value = own_attribute(dict, PyTuple_GET_ITEM(self->module_floats, i));
+    has_float = value != nullptr && PyFloat_CheckExact(value);
+  }
+  if (!has_float) return false;
+  d.words.push_back(training == Py_True);
+  d.words.push_back(reinterpret_cast<intptr_t>(settings));
+  d.held.push_back(settings);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->module_params); i++) {
+    PyObject* param = own_attribute(params, PyTuple_GET_ITEM(self->module_params, i));
+    if (param == nullptr || param == Py_None || !describe_arg(param, d.words, d.strings)) return false;
+  }
+  return true;
+}
+
+bool describe_module(CoreObject* self, PyObject* module, Description& d) {
+  PyObject* dict = PyObject_GenericGetDict(module, nullptr);
+  if (dict == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(module));
+  d.words.push_back(kModule);
+  d.words.push_back(reinterpret_cast<intptr_t>(type));
+  d.held.push_back(type);
+  bool ok = PyDict_Check(dict) && describe_module_state(self, dict, d);
+  Py_DECREF(dict);   // (the instance keeps it, and what the description borrows from it)
+  return ok;
+}
+
+bool describe_args(CoreObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames,
+                   Description& d) {
   Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  std::vector<int64_t>& out = d.words;
+  std::vector<PyObject*>& strings = d.strings;
   out.clear();
   strings.clear();
+  d.held.clear();
   out.push_back(n);
   out.push_back(nk);
   out.push_back(c10::GradMode::is_enabled());
-  for (Py_ssize_t i = 0; i < n + nk; i++) {
+  Py_ssize_t first = 0;
+  if (self->module_params != nullptr) {   // called as the forward: the module, then its arguments
+    if (n < 1 || !describe_module(self, args[0], d)) return false;
+    first = 1;
+  }
+  for (Py_ssize_t i = first; i < n + nk; i++) {
     if (!describe_arg(args[i], out, strings)) return false;
   }
   for (Py_ssize_t i = 0; i < nk; i++) {
@@ -161,10 +232,10 @@ bool describe_args(PyObject* const* args, size_t nargsf, PyObject* kwnames, std:
 
 // A tensor whose metadata torch will not give (a functorch wrapper's strides, say) is left to the
 // Python path, which reads it as the op's key does.
-bool describe(PyObject* const* args, size_t nargsf, PyObject* kwnames, std::vector<int64_t>& out,
-              std::vector<PyObject*>& strings) {
+bool describe(CoreObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames,
+              Description& d) {
   try {
-    return describe_args(args, nargsf, kwnames, out, strings);
+    return describe_args(self, args, nargsf, kwnames, d);
   } catch (const std::exception&) {
     return false;
   }
@@ -194,6 +265,7 @@ void drop(Entry& e) {
   Py_XDECREF(e.fn);
   Py_XDECREF(e.on_error);
   for (PyObject* string : e.strings) Py_DECREF(string);
+  for (PyObject* object : e.held) Py_DECREF(object);
 }
 
 void clear_routes(CoreObject* self) {
@@ -241,15 +313,14 @@ PyObject* Core_call(CoreObject* self, PyObject* const* args, size_t nargsf, PyOb
     PyErr_SetString(PyExc_TypeError, "Core.__init__ was not called");
     return nullptr;
   }
-  std::vector<int64_t>& words = *self->scratch;
-  std::vector<PyObject*>& strings = *self->scratch_strings;
+  Description& d = *self->scratch;
   PyObject* count = PyList_GET_ITEM(self->unrouted, 0);
   if ((count != nullptr && PyObject_IsTrue(count)) || any_autocast() ||
-      !describe(args, nargsf, kwnames, words, strings)) {
+      !describe(self, args, nargsf, kwnames, d)) {
     return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
   }
-  auto it = self->routes->find(hash_of(words));
-  if (it == self->routes->end() || it->second.words != words || !same_strings(it->second, strings))
+  auto it = self->routes->find(hash_of(d.words));
+  if (it == self->routes->end() || it->second.words != d.words || !same_strings(it->second, d.strings))
     return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
   // the function may release the GIL or change the routes (clear()): nothing of the entry is
   // read after it returns
@@ -304,18 +375,15 @@ PyObject* Core_insert(CoreObject* self, PyObject* const* args, size_t nargsf, Py
   long slot = PyLong_AsLong(args[2]);
   if (PyErr_Occurred()) return nullptr;
   if (version != self->version || any_autocast()) Py_RETURN_FALSE;
-  std::vector<int64_t> words;
-  std::vector<PyObject*> strings;
-  if (!describe(args + 4, static_cast<size_t>(n - 4), kwnames, words, strings)) Py_RETURN_FALSE;
+  Description d;
+  if (!describe(self, args + 4, static_cast<size_t>(n - 4), kwnames, d)) Py_RETURN_FALSE;
   if (self->routes->size() >= kMaxRoutes) clear_routes(self);
-  Entry e{args[1], slot, args[3] == Py_None ? nullptr : args[3], words, {}};
+  Entry e{args[1], slot, args[3] == Py_None ? nullptr : args[3], d.words, d.strings, d.held};
   Py_INCREF(e.fn);
   Py_XINCREF(e.on_error);
-  for (PyObject* string : strings) {
-    Py_INCREF(string);
-    e.strings.push_back(string);
-  }
-  uint64_t h = hash_of(words);
+  for (PyObject* string : e.strings) Py_INCREF(string);
+  for (PyObject* object : e.held) Py_INCREF(object);
+  uint64_t h = hash_of(e.words);
   auto it = self->routes->find(h);
   if (it != self->routes->end()) {   // the same description again, or a collision: the newest
     Entry old = it->second;
@@ -337,16 +405,35 @@ PyObject* Core_version(CoreObject* self, void*) { return PyLong_FromUnsignedLong
 PyObject* Core_size(CoreObject* self, void*) { return PyLong_FromSize_t(self->routes->size()); }
 
 int Core_init(CoreObject* self, PyObject* args, PyObject* kwds) {
-  static const char* names[] = {"unrouted", "record_cell", "fallback", "not_a_failure", nullptr};
-  PyObject *unrouted, *record_cell, *fallback, *not_a_failure;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!", const_cast<char**>(names), &PyList_Type,
+  static const char* names[] = {"unrouted", "record_cell", "fallback", "not_a_failure",
+                                "module_reads", nullptr};
+  PyObject *unrouted, *record_cell, *fallback, *not_a_failure, *module_reads = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!|O", const_cast<char**>(names), &PyList_Type,
                                    &unrouted, &PyList_Type, &record_cell, &fallback,
-                                   &PyTuple_Type, &not_a_failure))
+                                   &PyTuple_Type, &not_a_failure, &module_reads))
     return -1;
   if (PyList_GET_SIZE(unrouted) != 1 || PyList_GET_SIZE(record_cell) != 1) {
     PyErr_SetString(PyExc_ValueError, "unrouted and record_cell are one-item lists");
     return -1;
   }
+  PyObject *module_params = nullptr, *module_floats = nullptr;
+  if (module_reads != Py_None) {
+    if (!PyArg_ParseTuple(module_reads, "O!O!", &PyTuple_Type, &module_params, &PyTuple_Type,
+                          &module_floats))
+      return -1;
+    for (PyObject* names_tuple : {module_params, module_floats}) {
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names_tuple); i++) {
+        if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(names_tuple, i))) {
+          PyErr_SetString(PyExc_TypeError, "module_reads holds two tuples of names (str)");
+          return -1;
+        }
+      }
+    }
+    Py_INCREF(module_params);
+    Py_INCREF(module_floats);
+  }
+  Py_XSETREF(self->module_params, module_params);
+  Py_XSETREF(self->module_floats, module_floats);
   Py_INCREF(unrouted);
   Py_INCREF(record_cell);
   Py_INCREF(fallback);
@@ -362,8 +449,7 @@ PyObject* Core_new(PyTypeObject* type, PyObject*, PyObject*) {
   CoreObject* self = reinterpret_cast<CoreObject*>(type->tp_alloc(type, 0));
   if (self == nullptr) return nullptr;
   self->routes = new std::unordered_map<uint64_t, Entry>();
-  self->scratch = new std::vector<int64_t>();
-  self->scratch_strings = new std::vector<PyObject*>();
+  self->scratch = new Description();
   self->version = 0;
   return reinterpret_cast<PyObject*>(self);
 }
@@ -373,10 +459,13 @@ int Core_traverse(CoreObject* self, visitproc visit, void* arg) {
   Py_VISIT(self->record_cell);
   Py_VISIT(self->fallback);
   Py_VISIT(self->not_a_failure);
+  Py_VISIT(self->module_params);
+  Py_VISIT(self->module_floats);
   if (self->routes != nullptr) {
     for (auto& kv : *self->routes) {
       Py_VISIT(kv.second.fn);
       Py_VISIT(kv.second.on_error);
+      for (PyObject* object : kv.second.held) Py_VISIT(object);
     }
   }
   return 0;
@@ -387,6 +476,8 @@ int Core_tp_clear(CoreObject* self) {
   Py_CLEAR(self->record_cell);
   Py_CLEAR(self->fallback);
   Py_CLEAR(self->not_a_failure);
+  Py_CLEAR(self->module_params);
+  Py_CLEAR(self->module_floats);
   if (self->routes != nullptr) clear_routes(self);
   return 0;
 }
@@ -396,7 +487,6 @@ void Core_dealloc(CoreObject* self) {
   Core_tp_clear(self);
   delete self->routes;
   delete self->scratch;
-  delete self->scratch_strings;
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -416,7 +506,7 @@ PyGetSetDef Core_getset[] = {
 PyTypeObject CoreType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_dispatch_core",
-                          "The routing of a function site's calls in C++.", -1, nullptr};
+                          "The routing of a site's calls in C++.", -1, nullptr};
 
 // ``module.name``, a type (a new reference), or nullptr with the error set.
 PyTypeObject* torch_type(const char* module, const char* name) {
@@ -439,7 +529,8 @@ PyMODINIT_FUNC PyInit__dispatch_core(void) {
   CoreType.tp_name = "rtxops.runtime._dispatch_core.Core";
   CoreType.tp_basicsize = sizeof(CoreObject);
   CoreType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-  CoreType.tp_doc = "Core(unrouted, record_cell, fallback, not_a_failure): one site's routes.";
+  CoreType.tp_doc =
+      "Core(unrouted, record_cell, fallback, not_a_failure, module_reads=None): one site's routes.";
   CoreType.tp_new = Core_new;
   CoreType.tp_init = reinterpret_cast<initproc>(Core_init);
   CoreType.tp_dealloc = reinterpret_cast<destructor>(Core_dealloc);
@@ -452,6 +543,11 @@ PyMODINIT_FUNC PyInit__dispatch_core(void) {
   if (parameter_type == nullptr) return nullptr;
   size_type = torch_type("torch", "Size");
   if (size_type == nullptr) return nullptr;
+  training_name = PyUnicode_InternFromString("training");
+  parameters_name = PyUnicode_InternFromString("_parameters");
+  settings_name = PyUnicode_InternFromString("_rtxops_settings");   // dispatcher._SETTINGS
+  if (training_name == nullptr || parameters_name == nullptr || settings_name == nullptr)
+    return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&CoreType);
