@@ -329,7 +329,7 @@ class FunctionSite:
         self.matched_by_name = matched_by_name
         self.routes: dict[Any, Any] = _RouteTable()  # call key -> route
         self.bucket_routes: dict[tuple, Any] = {}  # bucket key -> route (shared by call keys)
-        self.core = None   # the C++ routing of plain calls (function sites; see _make_wrapper)
+        self.core = None   # the C++ routing of plain calls (see _make_wrapper)
         self.wrapper = self._make_wrapper()
 
     def _make_wrapper(self) -> Callable:

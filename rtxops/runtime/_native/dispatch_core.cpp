@@ -1,9 +1,9 @@
 // The routing of a site's calls, in C++ (rtxops.runtime._dispatch_core).
 //
-// The Python wrapper (dispatcher.FunctionSite, ModuleSite) keeps the checks dynamo and compile sessions
-// need, then calls Core.call(*args, **kwargs). It describes the call from the arguments
-// themselves (a tensor's or parameter's dtype, device, flags, sizes and strides; None, bool,
-// int, float and str values and tuples of ints; keyword names; grad mode) and looks the
+// The Python wrapper (dispatcher.FunctionSite's, ModuleSite's) keeps the checks dynamo and
+// compile sessions need, then calls Core.call(*args, **kwargs). It describes the call from the
+// arguments themselves (a tensor's or parameter's dtype, device, flags, sizes and strides; None,
+// bool, int, float and str values and tuples of ints; keyword names; grad mode) and looks the
 // description up in a table the Python path fills. A hit times the route's function, records it
 // through the recorder's ``record_since(slot, t0)`` (``record_cell[0]``) and hands its errors to
 // the route's on_error as the Python path does. Anything else (a miss, an argument of another
